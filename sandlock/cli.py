@@ -1,0 +1,219 @@
+"""The full command-line interface (click; rich for people, plain text otherwise).
+
+`sandlock run` normally goes through the lighter parser in :mod:`sandlock.runcli`;
+it is defined here too so that ``sandlock run --help`` documents it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+import click
+
+from . import __version__
+from .errors import ExitCode, SandlockError
+from .runcli import execute, parse_vars
+
+EPILOG = """\b
+Examples:
+  sandlock run --policy policies/read_file.toml --var workspace=$PWD -- cat notes.md
+  sandlock explain --policy policies/shell.toml --var workspace=$PWD
+  sandlock validate policies/*.toml
+  sandlock check
+"""
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, markup=False, soft_wrap=True)
+
+
+def _fail(exc: SandlockError) -> "click.exceptions.Exit":
+    print(f"sandlock: {exc}", file=sys.stderr)
+    return click.exceptions.Exit(int(exc.exit_code))
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A rich table on a terminal, tab-separated lines otherwise."""
+    if not sys.stdout.isatty():
+        print(f"# {title}")
+        for row in rows:
+            print("\t".join(row))
+        return
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    _console().print(table)
+
+
+@click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sandlock")
+def cli() -> None:
+    """Run each tool call of an AI agent in its own sandbox (Landlock + seccomp).
+
+    A TOML policy names what one tool may touch; everything else is denied.
+    """
+
+
+var_option = click.option("--var", "variables", multiple=True, metavar="NAME=VALUE",
+                          help="Define ${NAME} for the policy (repeatable).")
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+             epilog="\b\nExit codes: the command's own; 128+N killed by signal N; 124 timeout;\n"
+                    "125 sandlock failed; 126 not executable (or exec denied); 127 not found.")
+@click.option("--policy", type=click.Path(dir_okay=False), help="Policy file (TOML).")
+@click.option("--tool", help="Tool name in the --policies registry.")
+@click.option("--policies", type=click.Path(), help="Directory of policies, or one file with [tools.NAME] tables.")
+@var_option
+@click.option("--timeout", help="Wall-clock limit, e.g. 30s (overrides [limits] timeout).")
+@click.option("--best-effort", is_flag=True, help="Run even if the kernel cannot enforce everything; warn.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(policy: Optional[str], tool: Optional[str], policies: Optional[str], variables: Sequence[str],
+        timeout: Optional[str], best_effort: bool, command: Sequence[str]) -> None:
+    """Run COMMAND confined by a policy."""
+    try:
+        parsed = parse_vars(variables)
+    except SandlockError as exc:
+        raise _fail(exc) from None
+    sys.exit(execute(policy, parsed, timeout, best_effort, list(command), tool=tool,
+                     policies=policies))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def check(as_json: bool) -> None:
+    """What this kernel supports: Landlock ABI and rights, seccomp, user namespaces."""
+    from .support import kernel_report
+
+    report = kernel_report()
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    rows = [[item["feature"], "yes" if item["available"] else "no", item["detail"]]
+            for item in report["features"]]
+    _table(f"Kernel {report['kernel']} (Landlock ABI {report['landlock_abi']})",
+           ["feature", "available", "detail"], rows)
+
+
+@cli.command()
+@click.option("--policy", type=click.Path(dir_okay=False), help="Policy file (TOML).")
+@click.option("--tool", help="Tool name in the --policies registry.")
+@click.option("--policies", type=click.Path(), help="Directory of policies, or one registry file.")
+@var_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def explain(policy: Optional[str], tool: Optional[str], policies: Optional[str],
+            variables: Sequence[str], as_json: bool) -> None:
+    """The effective policy after extends and variables, and what this kernel enforces."""
+    from .runcli import load
+    from .support import explain_policy
+
+    try:
+        loaded = load(policy, tool, policies, parse_vars(variables))
+        report = explain_policy(loaded)
+    except SandlockError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    out = _console()
+    out.print(f"policy: {report['source']}  ({report['description']})")
+    out.print(f"layers: {' -> '.join(report['layers'])}")
+    out.print(f"compat: {report['compat']}   kernel Landlock ABI: {report['abi']}")
+    _table("filesystem", ["access", "path", "from"],
+           [[r["access"], r["path"], r["origin"]] for r in report["paths"]])
+    net = report["network"]
+    out.print(f"network: tcp connect {net['connect'] or 'none'}; tcp bind {net['bind'] or 'none'}; "
+              f"udp {'yes' if net['udp'] else 'no'}; unix sockets {'yes' if net['unix'] else 'no'}")
+    out.print(f"scopes: signals {'on' if report['scope']['signals'] else 'off'}; abstract unix "
+              f"{'on' if report['scope']['abstract_unix'] else 'off'}")
+    out.print(f"environment: pass {report['env']['pass']}; set {report['env']['set']}")
+    out.print(f"limits: {report['limits']}")
+    out.print(f"seccomp: {report['seccomp']['rules']} rules; denied syscalls: "
+              f"{', '.join(report['seccomp']['denied'])}")
+    if report["not_enforced"]:
+        out.print("NOT enforced on this kernel:")
+        for line in report["not_enforced"]:
+            out.print(f"  - {line}")
+        if report["compat"] == "strict":
+            out.print("strict mode: `sandlock run` will refuse to start with this policy here.")
+    else:
+        out.print("Everything this policy relies on is enforced on this kernel.")
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@var_option
+def validate(files: Sequence[str], variables: Sequence[str]) -> None:
+    """Check policy files (for CI): non-zero exit on any problem.
+
+    Variables a policy uses but --var does not define are given placeholder
+    values, and paths are not required to exist on this machine, so that syntax,
+    schema and values can be checked anywhere.
+    """
+    from .policy import load_policy
+    from .seccomp import check_names
+
+    failed = 0
+    for file in files:
+        try:
+            given = parse_vars(variables)
+            check_names(_load_for_validation(load_policy, file, given))
+            print(f"{file}: ok")
+        except SandlockError as exc:
+            print(f"sandlock: {exc}", file=sys.stderr)
+            failed += 1
+    if failed:
+        raise click.exceptions.Exit(ExitCode.LAUNCHER)
+
+
+def _load_for_validation(load_policy: Any, file: str, given: dict[str, str]) -> Any:
+    """Load ``file``; undefined variables become a placeholder directory."""
+    import re
+
+    from .errors import PolicyError
+
+    for _ in range(50):
+        try:
+            return load_policy(file, given, check_paths=False)
+        except PolicyError as exc:
+            match = re.search(r"undefined variable \$\{([A-Za-z_][A-Za-z0-9_]*)\}", str(exc))
+            if not match:
+                raise
+            given[match.group(1)] = os.getcwd()
+    raise PolicyError("too many undefined variables", source=file)
+
+
+@cli.command()
+@click.argument("name", required=False)
+def policies(name: Optional[str]) -> None:
+    """List the built-in profiles, or show one."""
+    from .policy import PROFILE_DIR, builtin_profiles, load_profile
+
+    if name is None:
+        rows = []
+        for profile in builtin_profiles():
+            try:
+                description = load_profile(profile).description
+            except SandlockError as exc:
+                description = f"(not loadable here: {exc})"
+            rows.append([profile, description])
+        _table("built-in profiles (use with extends = [\"NAME\"])", ["name", "description"], rows)
+        return
+    path = PROFILE_DIR / f"{name}.toml"
+    if not path.is_file():
+        print(f"sandlock: unknown built-in profile {name!r}", file=sys.stderr)
+        raise click.exceptions.Exit(ExitCode.LAUNCHER)
+    sys.stdout.write(path.read_text())
+
+
+def main() -> None:
+    cli.main(prog_name="sandlock")

@@ -1,0 +1,180 @@
+"""The few raw syscalls sandlock makes, through ctypes.
+
+Landlock (https://docs.kernel.org/userspace-api/landlock.html) has no libc
+wrapper, and the PyPI ``landlock`` binding knows only filesystem rights up to
+ABI 5 (no TCP rules, no scopes), so sandlock calls the three syscalls itself.
+The seccomp filter is compiled by libseccomp (:mod:`sandlock.seccomp`) but
+loaded here with ``seccomp(2)`` so that the child after fork does not need
+libseccomp at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from typing import Optional
+
+_MACHINE = platform.machine()
+#: Syscall numbers per architecture (from the kernel's syscall tables).
+_NR = {
+    "x86_64": {"seccomp": 317, "close_range": 436, "landlock_create_ruleset": 444,
+               "landlock_add_rule": 445, "landlock_restrict_self": 446},
+    "aarch64": {"seccomp": 277, "close_range": 436, "landlock_create_ruleset": 444,
+                "landlock_add_rule": 445, "landlock_restrict_self": 446},
+}
+NR = _NR.get(_MACHINE, {})
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_prctl = _libc.prctl
+_prctl.restype = ctypes.c_int
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+# prctl(2) options, from linux/prctl.h
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+PR_GET_SECCOMP = 21
+# seccomp(2), from linux/seccomp.h
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_GET_ACTION_AVAIL = 2
+SECCOMP_RET_USER_NOTIF = 0x7FC00000
+# landlock(7), from linux/landlock.h
+LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
+LANDLOCK_RULE_PATH_BENEATH = 1
+LANDLOCK_RULE_NET_PORT = 2
+# close_range(2)
+CLOSE_RANGE_CLOEXEC = 1 << 2
+
+
+class RulesetAttr(ctypes.Structure):
+    """``struct landlock_ruleset_attr``."""
+
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class PathBeneathAttr(ctypes.Structure):
+    """``struct landlock_path_beneath_attr`` (packed)."""
+
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class NetPortAttr(ctypes.Structure):
+    """``struct landlock_net_port_attr``."""
+
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
+
+
+class SockFilter(ctypes.Structure):
+    """``struct sock_filter`` (one classic BPF instruction, 8 bytes)."""
+
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]
+
+
+class SockFprog(ctypes.Structure):
+    """``struct sock_fprog``."""
+
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def landlock_abi() -> int:
+    """The running kernel's Landlock ABI version, 0 when Landlock is unavailable."""
+    if "landlock_create_ruleset" not in NR:
+        return 0
+    version = _syscall(NR["landlock_create_ruleset"], None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    return max(0, int(version))
+
+
+def landlock_errno() -> int:
+    """Why :func:`landlock_abi` returned 0 (EOPNOTSUPP: disabled at boot; ENOSYS: not built)."""
+    return ctypes.get_errno()
+
+
+def create_ruleset(fs: int, net: int, scoped: int, abi: int) -> int:
+    """Create a ruleset fd (close-on-exec). The struct size follows the ABI."""
+    attr = RulesetAttr(fs, net, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    return _check(_syscall(NR["landlock_create_ruleset"], ctypes.byref(attr),
+                           ctypes.c_size_t(size), ctypes.c_uint32(0)), "landlock_create_ruleset")
+
+
+def add_path_rule(ruleset: int, path_fd: int, access: int) -> None:
+    attr = PathBeneathAttr(access, path_fd)
+    _check(_syscall(NR["landlock_add_rule"], ruleset, LANDLOCK_RULE_PATH_BENEATH,
+                    ctypes.byref(attr), ctypes.c_uint32(0)), "landlock_add_rule(path)")
+
+
+def add_port_rule(ruleset: int, port: int, access: int) -> None:
+    attr = NetPortAttr(access, port)
+    _check(_syscall(NR["landlock_add_rule"], ruleset, LANDLOCK_RULE_NET_PORT,
+                    ctypes.byref(attr), ctypes.c_uint32(0)), "landlock_add_rule(port)")
+
+
+def restrict_self(ruleset: int) -> None:
+    _check(_syscall(NR["landlock_restrict_self"], ruleset, ctypes.c_uint32(0)),
+           "landlock_restrict_self")
+
+
+def no_new_privs() -> None:
+    _check(_prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+def set_pdeathsig(signal_number: int) -> None:
+    _check(_prctl(PR_SET_PDEATHSIG, signal_number, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+
+
+def set_child_subreaper() -> None:
+    _check(_prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def make_fprog(bpf: bytes) -> tuple[SockFprog, object]:
+    """A ``sock_fprog`` over ``bpf``; keep the second value alive as long as the first."""
+    count = len(bpf) // 8
+    array = (SockFilter * count).from_buffer_copy(bpf)
+    return SockFprog(count, ctypes.cast(array, ctypes.POINTER(SockFilter))), array
+
+
+def load_seccomp(prog: SockFprog) -> None:
+    _check(_syscall(NR["seccomp"], SECCOMP_SET_MODE_FILTER, 0, ctypes.byref(prog)),
+           "seccomp(SECCOMP_SET_MODE_FILTER)")
+
+
+def seccomp_action_available(action: int) -> bool:
+    value = ctypes.c_uint32(action)
+    return _syscall(NR["seccomp"], SECCOMP_GET_ACTION_AVAIL, 0, ctypes.byref(value)) == 0
+
+
+def cloexec_from(low: int) -> None:
+    """Mark every descriptor >= ``low`` close-on-exec (one syscall, Linux 5.11+)."""
+    if _syscall(NR["close_range"], ctypes.c_uint(low), ctypes.c_uint(0xFFFFFFFF),
+                ctypes.c_uint(CLOSE_RANGE_CLOEXEC)) < 0:
+        os.closerange(low, _max_fd())
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (OSError, ValueError):  # pragma: no cover
+        return 65536
+
+
+def seccomp_supported() -> Optional[str]:
+    """None if seccomp filters can be installed, else why not."""
+    if "seccomp" not in NR:
+        return f"architecture {_MACHINE} is not supported"
+    if _prctl(PR_GET_SECCOMP, 0, 0, 0, 0) < 0:
+        return f"prctl(PR_GET_SECCOMP): {os.strerror(ctypes.get_errno())}"
+    return None

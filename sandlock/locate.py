@@ -1,0 +1,99 @@
+"""Find the line of a key in TOML source text, for error messages.
+
+TOML parsers return plain data without positions, so a validation error would
+otherwise say only *what* is wrong. This scanner recovers *where*: the line of
+``[table]`` + ``key =`` (or a dotted key), and for an array element the line on
+which that element starts. It is best effort and never raises: an unknown
+position simply yields ``None``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence, Union
+
+Key = Sequence[Union[str, int]]
+
+_HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+_ASSIGN = re.compile(r"^\s*([A-Za-z0-9_\-\.\"' ]+?)\s*=")
+
+
+def _norm(dotted: str) -> str:
+    return ".".join(part.strip().strip("\"'") for part in dotted.split("."))
+
+
+def find_line(text: str, key: Key) -> Optional[int]:
+    """1-based line of ``key`` (e.g. ``["filesystem", "read", 2]``) in ``text``."""
+    names: list[str] = []
+    for part in key:
+        if not isinstance(part, str):
+            break
+        names.append(part)
+    if not names:
+        return None
+    lines = text.splitlines()
+    wanted = ".".join(names)
+    table = ""
+    best: Optional[int] = None
+    for number, line in enumerate(lines):
+        header = _HEADER.match(line)
+        if header:
+            table = _norm(header.group(1))
+            if table == wanted:
+                best = number
+            continue
+        assign = _ASSIGN.match(line)
+        if not assign:
+            continue
+        full = _norm(table + "." + assign.group(1) if table else assign.group(1))
+        if full == wanted or wanted.startswith(full + "."):
+            best = number
+            break
+    if best is None:
+        return None
+    if len(key) > len(names):
+        index = key[len(names)]
+        assert isinstance(index, int)
+        return _element_line(lines, best, index) + 1
+    return best + 1
+
+
+def _element_line(lines: list[str], start: int, index: int) -> int:
+    """Line on which element ``index`` of the array assigned at ``start`` begins."""
+    depth = 0
+    element = -1
+    expect_new = False
+    quote = ""
+    for number in range(start, len(lines)):
+        line = lines[number]
+        position = lines[start].find("=") + 1 if number == start else 0
+        while position < len(line):
+            char = line[position]
+            position += 1
+            if quote:
+                if char == "\\" and quote == '"':
+                    position += 1
+                elif char == quote:
+                    quote = ""
+                continue
+            if char == "#":
+                break
+            if char.isspace():
+                continue
+            if depth == 1 and expect_new and char not in ",]":
+                element += 1
+                expect_new = False
+                if element == index:
+                    return number
+            if char in "\"'":
+                quote = char
+            elif char in "[{":
+                depth += 1
+                expect_new = depth == 1
+            elif char in "]}":
+                depth -= 1
+                if depth <= 0:
+                    return start
+            elif char == "," and depth == 1:
+                expect_new = True
+    return start

@@ -1,0 +1,619 @@
+"""Parse a TOML allowlist into an immutable, validated :class:`Policy`.
+
+Parse, then apply: this module reads policy files and checks that named paths
+exist, but it never opens a path for the sandbox or calls a restricting syscall.
+Everything not granted here is denied by :mod:`sandlock.ruleset` and
+:mod:`sandlock.seccomp`.
+
+Pipeline: TOML text -> schema check of one layer (keys, types, values, with the
+file and line of every error) -> variable expansion -> ``extends`` merge (lists
+union, scalars overridden by the child) -> path checks -> :class:`Policy`.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from .errors import PolicyError
+from .locate import find_line
+
+try:  # Python 3.11+
+    import tomllib as _toml
+except ImportError:  # pragma: no cover - Python < 3.11
+    import tomli as _toml  # type: ignore[no-redef]
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+DEFAULT_ENV_PASS = ("PATH", "LANG", "LC_*", "TERM", "TZ")
+#: Paths a policy may never grant write access to (nor anything beneath /proc, /sys).
+FORBIDDEN_WRITE = ("/", "/proc", "/sys")
+
+
+class Access(str, enum.Enum):
+    READ = "read"
+    WRITE = "write"
+    EXEC = "exec"
+
+
+class Compat(str, enum.Enum):
+    STRICT = "strict"
+    BEST_EFFORT = "best-effort"
+
+
+@dataclass(frozen=True)
+class PathRule:
+    path: str
+    access: Access
+    optional: bool = False
+    origin: str = ""  #: "file:line key" for messages
+
+
+@dataclass(frozen=True)
+class PortRange:
+    low: int
+    high: int
+
+    def __str__(self) -> str:
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+
+
+@dataclass(frozen=True)
+class Network:
+    connect: tuple[PortRange, ...] = ()
+    bind: tuple[PortRange, ...] = ()
+    udp: bool = False
+    unix: bool = False
+
+    @property
+    def tcp(self) -> bool:
+        return bool(self.connect or self.bind)
+
+
+@dataclass(frozen=True)
+class Scopes:
+    signals: bool = True
+    abstract_unix: bool = True
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    passed: tuple[str, ...] = DEFAULT_ENV_PASS
+    set: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Limits:
+    timeout: Optional[float] = None  #: seconds of wall clock
+    cpu: Optional[int] = None  #: seconds of CPU (RLIMIT_CPU)
+    memory: Optional[int] = None  #: bytes of address space (RLIMIT_AS)
+    processes: Optional[int] = None  #: RLIMIT_NPROC (per user: see README)
+    open_files: Optional[int] = None  #: RLIMIT_NOFILE
+    file_size: Optional[int] = None  #: bytes (RLIMIT_FSIZE)
+
+
+@dataclass(frozen=True)
+class Syscalls:
+    deny: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The effective policy of one tool after ``extends`` and variables."""
+
+    source: str = "<policy>"
+    description: str = ""
+    compat: Compat = Compat.STRICT
+    paths: tuple[PathRule, ...] = ()
+    network: Network = field(default_factory=Network)
+    scope: Scopes = field(default_factory=Scopes)
+    env: EnvSpec = field(default_factory=EnvSpec)
+    limits: Limits = field(default_factory=Limits)
+    syscalls: Syscalls = field(default_factory=Syscalls)
+    layers: tuple[str, ...] = ()  #: every file merged, base first
+
+    def with_compat(self, compat: Compat) -> "Policy":
+        from dataclasses import replace
+
+        return replace(self, compat=compat)
+
+    def with_timeout(self, timeout: Optional[float]) -> "Policy":
+        from dataclasses import replace
+
+        return replace(self, limits=replace(self.limits, timeout=timeout))
+
+
+# ----------------------------------------------------------------------------
+# Schema of one layer: key -> validator. A validator returns the normalized value
+# or raises _Bad; the caller adds file, line and key path.
+
+
+class _Bad(Exception):
+    def __init__(self, message: str, subkey: Sequence[Union[str, int]] = ()) -> None:
+        super().__init__(message)
+        self.subkey = tuple(subkey)
+
+
+def _typename(value: object) -> str:
+    return {
+        bool: "a boolean", int: "an integer", float: "a float", str: "a string",
+        list: "an array", dict: "a table",
+    }.get(type(value), type(value).__name__)
+
+
+def _expect(value: object, kind: type, what: str) -> Any:
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise _Bad(f"expected {what}, got {_typename(value)}")
+    return value
+
+
+def _string(value: object) -> str:
+    text: str = _expect(value, str, "a string")
+    if "\x00" in text:
+        raise _Bad("must not contain a NUL character")
+    return text
+
+
+def _boolean(value: object) -> bool:
+    result: bool = _expect(value, bool, "true or false")
+    return result
+
+
+def _string_list(value: object) -> tuple[str, ...]:
+    items = _expect(value, list, "an array of strings")
+    out = []
+    for index, item in enumerate(items):
+        try:
+            out.append(_string(item))
+        except _Bad as bad:
+            raise _Bad(str(bad), (index,)) from None
+    return tuple(out)
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1000, "KIB": 1024, "M": 1024**2, "MB": 1000**2,
+               "MIB": 1024**2, "G": 1024**3, "GB": 1000**3, "GIB": 1024**3, "T": 1024**4,
+               "TB": 1000**4, "TIB": 1024**4}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_size(value: object) -> int:
+    """``512MiB``, ``64MB``, ``1G`` or a plain integer number of bytes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise _Bad(f"size must be positive, got {value}")
+        return value
+    text = _expect(value, str, 'a size such as 512MiB or an integer number of bytes')
+    match = _SIZE.match(text)
+    if not match or match.group(2).upper() not in _SIZE_UNITS:
+        raise _Bad(f"invalid size {text!r} (use e.g. 64MiB, 1GiB, 500MB)")
+    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+    if size <= 0:
+        raise _Bad(f"size must be positive, got {text!r}")
+    return size
+
+
+def parse_duration(value: object) -> float:
+    """``30s``, ``500ms``, ``2m``, ``1h`` or a number of seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = _expect(value, str, "a duration such as 30s or a number of seconds")
+        match = _DURATION.match(text)
+        if not match:
+            raise _Bad(f"invalid duration {text!r} (use e.g. 500ms, 30s, 2m, 1h)")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not seconds > 0 or seconds > 10**9:
+        raise _Bad(f"duration must be positive and finite, got {value!r}")
+    return seconds
+
+
+def _count(value: object) -> int:
+    number: int = _expect(value, int, "a positive integer")
+    if number <= 0 or number > 2**62:
+        raise _Bad(f"expected a positive integer, got {number}")
+    return number
+
+
+def _cpu_seconds(value: object) -> int:
+    return max(1, int(-(-parse_duration(value) // 1)))
+
+
+def parse_ports(value: object) -> tuple[PortRange, ...]:
+    """An array of ports: integers 1-65535 or ``"low-high"`` strings."""
+    items = _expect(value, list, "an array of ports (integers or \"low-high\" strings)")
+    out = []
+    for index, item in enumerate(items):
+        try:
+            out.append(_port_range(item))
+        except _Bad as bad:
+            raise _Bad(str(bad), (index,)) from None
+    return tuple(out)
+
+
+def _port_range(item: object) -> PortRange:
+    if isinstance(item, int) and not isinstance(item, bool):
+        low = high = item
+    elif isinstance(item, str) and re.fullmatch(r"\s*\d+\s*(-\s*\d+\s*)?", item):
+        parts = [int(p) for p in item.split("-")]
+        low, high = parts[0], parts[-1]
+    else:
+        raise _Bad(f"expected a port number or \"low-high\" range, got {item!r}")
+    if not 1 <= low <= high <= 65535:
+        raise _Bad(f"invalid port range {item!r}: ports are 1-65535, low <= high")
+    return PortRange(low, high)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_GLOB = re.compile(r"^[A-Za-z0-9_*?\[\]]+$")
+_SYSCALL = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def _env_pass(value: object) -> tuple[str, ...]:
+    names = _string_list(value)
+    for index, name in enumerate(names):
+        if not _ENV_GLOB.match(name):
+            raise _Bad(f"invalid variable name or glob {name!r}", (index,))
+    return names
+
+
+def _env_set(value: object) -> tuple[tuple[str, str], ...]:
+    table = _expect(value, dict, "a table of NAME = \"value\"")
+    out = []
+    for name, item in table.items():
+        if not _ENV_NAME.match(name):
+            raise _Bad(f"invalid environment variable name {name!r}", (name,))
+        try:
+            out.append((name, _string(item)))
+        except _Bad as bad:
+            raise _Bad(str(bad), (name,)) from None
+    return tuple(out)
+
+
+def _syscall_names(value: object) -> tuple[str, ...]:
+    names = _string_list(value)
+    for index, name in enumerate(names):
+        if not _SYSCALL.match(name):
+            raise _Bad(f"invalid syscall name {name!r}", (index,))
+    return names
+
+
+def _compat(value: object) -> Compat:
+    text = _string(value)
+    try:
+        return Compat(text)
+    except ValueError:
+        raise _Bad(f'expected "strict" or "best-effort", got {text!r}') from None
+
+
+def _version(value: object) -> int:
+    if _expect(value, int, "an integer") != 1:
+        raise _Bad(f"unsupported policy version {value!r} (this sandlock reads version 1)")
+    return 1
+
+
+def _path_entries(value: object) -> tuple[tuple[str, bool], ...]:
+    items = _expect(value, list, 'an array of paths or { path = "...", optional = true } tables')
+    out = []
+    for index, item in enumerate(items):
+        if isinstance(item, str):
+            out.append((_string(item), False))
+            continue
+        if not isinstance(item, dict):
+            raise _Bad(f"expected a path string or a table, got {_typename(item)}", (index,))
+        unknown = sorted(set(item) - {"path", "optional"})
+        if unknown:
+            raise _Bad(f"unknown key {unknown[0]!r} (expected path, optional)", (index, unknown[0]))
+        if "path" not in item:
+            raise _Bad("missing key 'path'", (index,))
+        try:
+            path = _string(item["path"])
+        except _Bad as bad:
+            raise _Bad(str(bad), (index, "path")) from None
+        try:
+            optional = _boolean(item.get("optional", False))
+        except _Bad as bad:
+            raise _Bad(str(bad), (index, "optional")) from None
+        out.append((path, optional))
+    return tuple(out)
+
+
+Validator = Callable[[object], Any]
+SCHEMA: dict[str, Union[Validator, dict[str, Validator]]] = {
+    "version": _version,
+    "description": _string,
+    "extends": _string_list,
+    "compat": _compat,
+    "filesystem": {"read": _path_entries, "write": _path_entries, "exec": _path_entries},
+    "network": {"connect": parse_ports, "bind": parse_ports, "udp": _boolean, "unix": _boolean},
+    "scope": {"signals": _boolean, "abstract_unix": _boolean},
+    "env": {"pass": _env_pass, "set": _env_set},
+    "limits": {
+        "timeout": parse_duration, "cpu": _cpu_seconds, "memory": parse_size,
+        "processes": _count, "open_files": _count, "file_size": parse_size,
+    },
+    "syscalls": {"deny": _syscall_names, "allow": _syscall_names},
+}
+
+
+# ----------------------------------------------------------------------------
+# One layer
+
+
+@dataclass
+class _Layer:
+    source: str
+    text: Optional[str]
+    base_dir: Optional[Path]
+    values: dict[str, Any]  # "section.key" or "key" -> validated value
+
+    def error(self, message: str, key: Sequence[Union[str, int]]) -> PolicyError:
+        line = find_line(self.text, key) if self.text is not None else None
+        return PolicyError(message, source=self.source, key=_keypath(key), line=line)
+
+
+def _keypath(key: Sequence[Union[str, int]]) -> str:
+    out = ""
+    for part in key:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _check_layer(data: Mapping[str, Any], layer: _Layer) -> None:
+    for name, value in data.items():
+        rule = SCHEMA.get(name)
+        if rule is None:
+            raise layer.error(f"unknown key (expected one of: {', '.join(SCHEMA)})", [name])
+        if callable(rule):
+            layer.values[name] = _run(rule, value, [name], layer)
+            continue
+        if not isinstance(value, dict):
+            raise layer.error(f"expected a table, got {_typename(value)}", [name])
+        for key, item in value.items():
+            check = rule.get(key)
+            if check is None:
+                raise layer.error(f"unknown key (expected one of: {', '.join(rule)})", [name, key])
+            layer.values[f"{name}.{key}"] = _run(check, item, [name, key], layer)
+        if name == "env":
+            layer.values["env"] = True
+
+
+def _run(check: Validator, value: object, key: list[Union[str, int]], layer: _Layer) -> Any:
+    try:
+        return check(value)
+    except _Bad as bad:
+        raise layer.error(str(bad), key + list(bad.subkey)) from None
+
+
+# ----------------------------------------------------------------------------
+# Variables
+
+_VAR = re.compile(r"\$\{([^}]*)\}")
+
+
+def builtin_vars() -> dict[str, str]:
+    """``${cwd}``, ``${home}`` and ``${tmpdir}`` of the caller."""
+    return {
+        "cwd": os.getcwd(),
+        "home": os.path.expanduser("~"),
+        "tmpdir": os.environ.get("TMPDIR") or "/tmp",
+    }
+
+
+def _expand(text: str, variables: Mapping[str, str]) -> str:
+    def one(match: "re.Match[str]") -> str:
+        name = match.group(1)
+        if name not in variables:
+            known = ", ".join(sorted(variables)) or "none"
+            raise _Bad(f"undefined variable ${{{name}}} (defined: {known}; set one with --var {name}=VALUE)")
+        return variables[name]
+
+    if "${" in _VAR.sub("", text):
+        raise _Bad(f"unterminated variable reference in {text!r}")
+    out = _VAR.sub(one, text)
+    if out == "~" or out.startswith("~/"):
+        out = variables.get("home", os.path.expanduser("~")) + out[1:]
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Loading and merging
+
+
+def _profile_path(name: str) -> Path:
+    return PROFILE_DIR / f"{name}.toml"
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped with sandlock."""
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+
+
+def _parse_text(text: str, source: str) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = _toml.loads(text)
+        return data
+    except _toml.TOMLDecodeError as exc:
+        match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+        line, column = (int(match.group(1)), int(match.group(2))) if match else (None, None)
+        raise PolicyError(f"TOML syntax error: {message}", source=source, line=line,
+                          column=column) from None
+
+
+def _read(path: Path, source: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PolicyError("policy file does not exist", source=source) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"cannot read policy file: {exc}", source=source) from None
+
+
+def _load_layers(
+    data: Mapping[str, Any], source: str, text: Optional[str], base_dir: Optional[Path],
+    stack: tuple[str, ...],
+) -> list[_Layer]:
+    """This layer and everything it extends, base first."""
+    layer = _Layer(source, text, base_dir, {})
+    _check_layer(data, layer)
+    layers: list[_Layer] = []
+    for index, name in enumerate(layer.values.get("extends", ())):
+        key = ["extends", index]
+        if "/" in name or name.endswith(".toml"):
+            if base_dir is None and not os.path.isabs(name):
+                raise layer.error(f"cannot resolve relative path {name!r} without a policy file", key)
+            path = (base_dir or Path("/")) / name
+        else:
+            path = _profile_path(name)
+            if not path.is_file():
+                known = ", ".join(builtin_profiles())
+                raise layer.error(f"unknown built-in profile {name!r} (known: {known})", key)
+        real = str(path.resolve())
+        if real in stack:
+            chain = " -> ".join([*stack, real])
+            raise layer.error(f"extends cycle: {chain}", key)
+        if not path.is_file():
+            raise layer.error(f"extended policy {str(path)!r} does not exist", key)
+        shown = f"<builtin:{name}>" if path.parent == PROFILE_DIR else str(path)
+        child_text = _read(path, shown)
+        layers += _load_layers(_parse_text(child_text, shown), shown, child_text, path.parent,
+                               (*stack, real))
+    layers.append(layer)
+    return layers
+
+
+def _union(items: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def _merge(layers: list[_Layer], variables: Mapping[str, str], check_paths: bool = True) -> Policy:
+    scalars: dict[str, Any] = {}
+    lists: dict[str, list[Any]] = {}
+    env_set: dict[str, str] = {}
+    env_given = False
+    paths: list[PathRule] = []
+    for layer in layers:
+        for key, value in layer.values.items():
+            section, _, name = key.partition(".")
+            if key in ("extends", "version", "env"):
+                env_given = env_given or key == "env"
+            elif section == "filesystem":
+                paths += _resolve_paths(layer, name, value, variables, check_paths)
+            elif key == "env.set":
+                for var, raw in value:
+                    try:
+                        env_set[var] = _expand(raw, variables)
+                    except _Bad as bad:
+                        raise layer.error(str(bad), ["env", "set", var]) from None
+            elif isinstance(value, tuple):
+                lists.setdefault(key, []).extend(value)
+            else:
+                scalars[key] = value
+    get = scalars.get
+    merged = {k: _union(v) for k, v in lists.items()}
+    return Policy(
+        source=layers[-1].source,
+        description=get("description", ""),
+        compat=get("compat", Compat.STRICT),
+        paths=_union(paths),
+        network=Network(merged.get("network.connect", ()), merged.get("network.bind", ()),
+                        get("network.udp", False), get("network.unix", False)),
+        scope=Scopes(get("scope.signals", True), get("scope.abstract_unix", True)),
+        env=EnvSpec(merged.get("env.pass", ()), tuple(env_set.items())) if env_given
+        else EnvSpec(),
+        limits=Limits(get("limits.timeout"), get("limits.cpu"), get("limits.memory"),
+                      get("limits.processes"), get("limits.open_files"), get("limits.file_size")),
+        syscalls=Syscalls(merged.get("syscalls.deny", ()), merged.get("syscalls.allow", ())),
+        layers=tuple(layer.source for layer in layers),
+    )
+
+
+def _resolve_paths(
+    layer: _Layer, name: str, entries: tuple[tuple[str, bool], ...], variables: Mapping[str, str],
+    check_paths: bool = True,
+) -> list[PathRule]:
+    access = Access(name)
+    out = []
+    for index, (raw, optional) in enumerate(entries):
+        key: list[Union[str, int]] = ["filesystem", name, index]
+        try:
+            path = _expand(raw, variables)
+        except _Bad as bad:
+            raise layer.error(str(bad), key) from None
+        if not os.path.isabs(path):
+            raise layer.error(f"path {path!r} is not absolute (use ${{cwd}}/... or an absolute path)",
+                              key)
+        path = os.path.normpath(path)
+        if path.startswith("//"):
+            path = "/" + path.lstrip("/")
+        if access is Access.WRITE:
+            for real in {path, os.path.realpath(path)}:
+                if real in FORBIDDEN_WRITE or real.startswith(("/proc/", "/sys/")):
+                    raise layer.error(f"write access to {real!r} is never allowed", key)
+        if check_paths and not os.path.exists(path):
+            if optional:
+                continue
+            raise layer.error(f"{path!r} does not exist (mark it {{ path = ..., optional = true }} "
+                              "if it may be absent)", key)
+        line = find_line(layer.text, key) if layer.text is not None else None
+        origin = f"{layer.source}:{line}" if line else layer.source
+        out.append(PathRule(path, access, optional, f"{origin} filesystem.{name}[{index}]"))
+    return out
+
+
+def _variables(extra: Optional[Mapping[str, str]]) -> dict[str, str]:
+    variables = builtin_vars()
+    for name, value in (extra or {}).items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise PolicyError(f"invalid variable name {name!r}", source="--var")
+        variables[name] = value
+    return variables
+
+
+def load_policy(path: Union[str, os.PathLike[str]], variables: Optional[Mapping[str, str]] = None,
+                *, check_paths: bool = True) -> Policy:
+    """Load a policy file with ``--var`` style variables.
+
+    ``check_paths=False`` skips the existence check (for linting on another machine).
+    """
+    file = Path(path)
+    source = str(path)
+    text = _read(file, source)
+    return loads_policy(text, variables, source=source, base_dir=file.resolve().parent,
+                        check_paths=check_paths)
+
+
+def loads_policy(
+    text: str, variables: Optional[Mapping[str, str]] = None, *, source: str = "<string>",
+    base_dir: Optional[Path] = None, check_paths: bool = True,
+) -> Policy:
+    """Load a policy from TOML text."""
+    data = _parse_text(text, source)
+    real = str(Path(source).resolve()) if base_dir is not None else source
+    return _merge(_load_layers(data, source, text, base_dir, (real,)), _variables(variables),
+                  check_paths)
+
+
+def policy_from_dict(
+    data: Mapping[str, Any], variables: Optional[Mapping[str, str]] = None, *,
+    source: str = "<dict>", base_dir: Optional[Path] = None,
+) -> Policy:
+    """Load a policy from an already-parsed mapping (same schema as the TOML file)."""
+    if not isinstance(data, Mapping):
+        raise PolicyError(f"expected a mapping, got {_typename(data)}", source=source)
+    return _merge(_load_layers(data, source, None, base_dir, (source,)), _variables(variables))
+
+
+def load_profile(name: str, variables: Optional[Mapping[str, str]] = None) -> Policy:
+    """Load a built-in profile by name."""
+    path = _profile_path(name)
+    if not path.is_file():
+        raise PolicyError(f"unknown built-in profile {name!r} (known: {', '.join(builtin_profiles())})",
+                          source=name)
+    return load_policy(path, variables)

@@ -1,0 +1,154 @@
+"""Landlock rights for a policy on a given ABI, and the ruleset that carries them.
+
+:func:`plan` is pure: it maps each policy path to the rights this ABI knows and
+lists every protection the policy relies on that the ABI lacks (:class:`Gap`).
+:func:`build` turns a plan into one ruleset fd (filesystem, TCP ports and scopes
+together: a second layered ruleset would deny cross-directory rename and link).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from . import abi as A
+from . import kernel
+from .errors import LandlockError
+from .policy import Access, Policy
+
+#: Devices whose ioctls are harmless; granting them does not rely on IOCTL_DEV.
+HARMLESS_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+ENV_ABI = "SANDLOCK_ABI"
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A protection the policy relies on that this kernel cannot apply."""
+
+    protection: str
+    needs_abi: int
+    consequence: str
+
+    def __str__(self) -> str:
+        return f"{self.protection} (needs Landlock ABI {self.needs_abi}): {self.consequence}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    abi: int
+    handled_fs: int
+    handled_net: int
+    scoped: int
+    paths: tuple[tuple[str, int], ...]  #: (path, rights for a directory at that path)
+    ports: tuple[tuple[int, int], ...]  #: (port, Net rights)
+    gaps: tuple[Gap, ...]
+
+
+def access_rights(access: Access, abi: int, *, sockets: bool) -> int:
+    if access is Access.READ:
+        return int(A.fs_read(abi))
+    if access is Access.EXEC:
+        return int(A.fs_exec(abi))
+    return int(A.fs_write(abi, sockets=sockets))
+
+
+def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
+    """Protections ``policy`` relies on that Landlock ABI ``abi`` cannot enforce."""
+    out = []
+    if abi < 1:
+        out.append(Gap("filesystem confinement", 1,
+                       "Landlock is unavailable: every file the user can reach is reachable"))
+    if 1 <= abi < 3:
+        out.append(Gap("truncate restriction", 3,
+                       "files outside the write paths can be truncated with truncate(2)"))
+    if abi < A.NET_SINCE and policy.network.tcp:
+        out.append(Gap("TCP port restriction", A.NET_SINCE,
+                       "TCP connect/bind is possible to and on any port, not only the granted ones"))
+    if abi < 5 and any(r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
+                       for r in policy.paths):
+        out.append(Gap("device ioctl restriction", 5,
+                       "ioctl(2) on granted devices is not restricted"))
+    if abi < A.SCOPE_SINCE and policy.scope.signals:
+        out.append(Gap("signal scope", A.SCOPE_SINCE,
+                       "the tool can signal every process of the same user"))
+    if abi < A.SCOPE_SINCE and policy.scope.abstract_unix and policy.network.unix:
+        out.append(Gap("abstract unix socket scope", A.SCOPE_SINCE,
+                       "the tool can connect to abstract unix sockets outside the sandbox"))
+    return tuple(out)
+
+
+def plan(policy: Policy, abi: int) -> Plan:
+    """Rights per path and port for ``policy`` on ``abi``: pure, testable for every ABI."""
+    sockets = policy.network.unix
+    merged: dict[str, int] = {}
+    for rule in policy.paths:
+        merged[rule.path] = merged.get(rule.path, 0) | access_rights(rule.access, abi, sockets=sockets)
+    ports: dict[int, int] = {}
+    if abi >= A.NET_SINCE:
+        for kind, ranges in ((A.Net.CONNECT_TCP, policy.network.connect),
+                             (A.Net.BIND_TCP, policy.network.bind)):
+            for span in ranges:
+                for port in range(span.low, span.high + 1):
+                    ports[port] = ports.get(port, 0) | int(kind)
+    scoped = A.Scope(0)
+    if abi >= A.SCOPE_SINCE:
+        if policy.scope.signals:
+            scoped |= A.Scope.SIGNAL
+        if policy.scope.abstract_unix:
+            scoped |= A.Scope.ABSTRACT_UNIX_SOCKET
+    return Plan(abi, int(A.fs_handled(abi)), int(A.net_handled(abi)), int(scoped),
+                tuple(merged.items()), tuple(sorted(ports.items())), gaps(policy, abi))
+
+
+def detect_abi() -> int:
+    """The kernel's Landlock ABI, lowered by ``SANDLOCK_ABI`` to pretend an older kernel."""
+    real = kernel.landlock_abi()
+    wanted = os.environ.get(ENV_ABI)
+    if wanted:
+        try:
+            pretend = int(wanted)
+        except ValueError:
+            raise LandlockError(f"{ENV_ABI}={wanted!r} is not an integer") from None
+        if pretend > real:
+            raise LandlockError(f"{ENV_ABI}={pretend} but this kernel only has Landlock ABI {real}")
+        return max(pretend, 0)
+    return real
+
+
+def build(p: Plan) -> int:
+    """Create the ruleset fd for ``p`` (close-on-exec). Paths are opened O_PATH here,
+    in the parent, so the child only has to call landlock_restrict_self."""
+    if p.abi < 1:
+        return -1
+    try:
+        fd = kernel.create_ruleset(p.handled_fs, p.handled_net, p.scoped, p.abi)
+    except OSError as exc:
+        raise LandlockError(f"cannot create the Landlock ruleset: {exc.strerror}") from None
+    try:
+        for path, rights in p.paths:
+            _add_path(fd, path, rights)
+        for port, rights in p.ports:
+            try:
+                kernel.add_port_rule(fd, port, rights)
+            except OSError as exc:
+                raise LandlockError(f"cannot add a rule for TCP port {port}: {exc.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _add_path(ruleset: int, path: str, rights: int) -> None:
+    try:
+        target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LandlockError(f"cannot open {path!r} for a rule: {exc.strerror}") from None
+    try:
+        if not stat.S_ISDIR(os.fstat(target).st_mode):
+            rights &= int(A.FILE_ONLY)
+        kernel.add_path_rule(ruleset, target, rights)
+    except OSError as exc:
+        raise LandlockError(f"cannot add a rule for {path!r}: {exc.strerror}") from None
+    finally:
+        os.close(target)

@@ -1,0 +1,147 @@
+"""`sandlock run`: the per-call path, kept free of click and rich.
+
+Start-up is paid on every tool call, and importing click alone costs ~30 ms, so
+`run` parses its few options by hand. Anything it does not understand (``--help``
+included) is handed to the full click CLI in :mod:`sandlock.cli`, which defines
+the same options for documentation and calls :func:`execute`.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Mapping, Optional, Sequence
+
+from .errors import ExitCode, SandlockError
+
+USAGE = "sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] [--best-effort] -- CMD [ARGS]..."
+
+
+def say(message: str) -> None:
+    """One line on stderr, prefixed so it cannot be mistaken for the tool's output."""
+    try:
+        sys.stderr.write(f"sandlock: {message}\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+
+
+def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SandlockError(f"--var expects NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
+
+
+def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
+         variables: Mapping[str, str]):  # type: ignore[no-untyped-def]
+    """The policy named on the command line: a file, or a tool of a registry."""
+    if tool is not None:
+        from .registry import Registry
+
+        if policies is None:
+            raise SandlockError("--tool needs --policies DIR (or a policies file)")
+        return Registry(policies).policy(tool, variables)
+    if policy is None:
+        raise SandlockError("missing --policy FILE")
+    from .policy import load_policy
+
+    return load_policy(policy, variables)
+
+
+def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
+            best_effort: bool, argv: Sequence[str], *, tool: Optional[str] = None,
+            policies: Optional[str] = None) -> int:
+    """Load, compile, launch and wait; every failure becomes a message and an exit code."""
+    try:
+        from . import launcher
+        from .policy import Compat, parse_duration
+
+        loaded = load(policy, tool, policies, variables)
+        if best_effort:
+            loaded = loaded.with_compat(Compat.BEST_EFFORT)
+        if timeout is not None:
+            try:
+                loaded = loaded.with_timeout(parse_duration(timeout))
+            except Exception as exc:  # _Bad from the duration parser
+                raise SandlockError(f"--timeout: {exc}") from None
+        command = launcher.prepare_command(loaded, argv)
+        compiled = launcher.compile_policy(loaded)
+        if compiled.gaps:
+            say(f"warning: best-effort: NOT enforced on this kernel (Landlock ABI {compiled.abi}):")
+            for line in compiled.warnings:
+                say(f"warning:   - {line}")
+        child = launcher.run(compiled, command)
+        if child.timed_out:
+            say(f"timeout: {argv[0]} ran longer than {loaded.limits.timeout:g}s; killed its "
+                "process tree")
+        return int(child.returncode or 0)
+    except SandlockError as exc:
+        say(str(exc))
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        return ExitCode.SIGNAL_BASE + 2
+
+
+def main_run(args: Sequence[str]) -> Optional[int]:
+    """Parse `run`'s options; None means "let click handle it" (help, odd spellings)."""
+    policy = tool = policies = timeout = None
+    pairs: list[str] = []
+    best_effort = False
+    index = 0
+    valued = {"--policy", "--var", "--timeout", "--tool", "--policies"}
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            index += 1
+            break
+        if not arg.startswith("-"):
+            break
+        name, eq, value = arg.partition("=")
+        if name == "--best-effort" and not eq:
+            best_effort = True
+            index += 1
+            continue
+        if name not in valued:
+            return None
+        if not eq:
+            if index + 1 >= len(args):
+                say(f"error: {name} needs a value\nusage: {USAGE}")
+                return ExitCode.LAUNCHER
+            value = args[index + 1]
+            index += 1
+        index += 1
+        if name == "--policy":
+            policy = value
+        elif name == "--tool":
+            tool = value
+        elif name == "--policies":
+            policies = value
+        elif name == "--timeout":
+            timeout = value
+        else:
+            pairs.append(value)
+    argv = list(args[index:])
+    if not argv:
+        say(f"error: no command given\nusage: {USAGE}")
+        return ExitCode.LAUNCHER
+    try:
+        variables = parse_vars(pairs)
+    except SandlockError as exc:
+        say(str(exc))
+        return ExitCode.LAUNCHER
+    return execute(policy, variables, timeout, best_effort, argv, tool=tool, policies=policies)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Console entry point: the fast `run` path, else the click CLI."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "run":
+        code = main_run(args[1:])
+        if code is not None:
+            sys.exit(code)
+    from .cli import cli
+
+    cli.main(args=args, prog_name="sandlock")

@@ -1,0 +1,88 @@
+"""Reports for `sandlock check` and `sandlock explain`: plain data, printed by the CLI."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import abi as A
+from . import kernel, ruleset, seccomp
+from .policy import Policy
+
+_RIGHT_DOCS = {
+    A.Fs.REFER: "rename/link across directories",
+    A.Fs.TRUNCATE: "truncate restriction",
+    A.Fs.IOCTL_DEV: "device ioctl restriction",
+}
+
+
+def _userns() -> tuple[bool, str]:
+    for path in ("/proc/sys/kernel/unprivileged_userns_clone",
+                 "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"):
+        try:
+            with open(path) as handle:
+                value = handle.read().strip()
+        except OSError:
+            continue
+        if path.endswith("unprivileged_userns_clone") and value == "0":
+            return False, f"{path} = 0"
+        if path.endswith("restrict_unprivileged_userns") and value == "1":
+            return False, f"{path} = 1 (AppArmor)"
+    try:
+        with open("/proc/sys/user/max_user_namespaces") as handle:
+            if handle.read().strip() == "0":
+                return False, "user.max_user_namespaces = 0"
+    except OSError:
+        pass
+    return True, "not needed by sandlock; reported for comparison with namespace sandboxes"
+
+
+def kernel_report() -> dict[str, Any]:
+    real = kernel.landlock_abi()
+    why_not = "" if real else os.strerror(kernel.landlock_errno())
+    used = ruleset.detect_abi()
+    features = [{"feature": "Landlock", "available": real >= 1,
+                 "detail": f"ABI {real}" if real else f"unavailable: {why_not}"}]
+    for right, since in ((A.Fs.REFER, 2), (A.Fs.TRUNCATE, 3), (A.Fs.IOCTL_DEV, 5)):
+        features.append({"feature": f"Landlock {right.name} ({_RIGHT_DOCS[right]})",
+                         "available": used >= since, "detail": f"ABI {since}+"})
+    features += [
+        {"feature": "Landlock TCP bind/connect rules", "available": used >= A.NET_SINCE,
+         "detail": f"ABI {A.NET_SINCE}+"},
+        {"feature": "Landlock scopes (signals, abstract unix sockets)",
+         "available": used >= A.SCOPE_SINCE, "detail": f"ABI {A.SCOPE_SINCE}+"},
+        {"feature": "Landlock audit logging", "available": used >= 7, "detail": "ABI 7+"},
+    ]
+    why = kernel.seccomp_supported()
+    features.append({"feature": "seccomp filters", "available": why is None, "detail": why or "yes"})
+    notif = why is None and kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF)
+    features.append({"feature": "seccomp user notification", "available": notif,
+                     "detail": "SECCOMP_RET_USER_NOTIF"})
+    userns, detail = _userns()
+    features.append({"feature": "unprivileged user namespaces", "available": userns, "detail": detail})
+    return {"kernel": os.uname().release, "landlock_abi": real, "abi_in_use": used,
+            "features": features}
+
+
+def explain_policy(policy: Policy) -> dict[str, Any]:
+    abi = ruleset.detect_abi()
+    plan = seccomp.plan(policy)
+    denied = sorted({rule.syscall for rule in plan if not rule.args and rule.syscall != "clone3"})
+    limits = {k: v for k, v in vars(policy.limits).items() if v is not None}
+    return {
+        "source": policy.source,
+        "description": policy.description,
+        "layers": list(policy.layers),
+        "compat": policy.compat.value,
+        "abi": abi,
+        "paths": [{"access": r.access.value, "path": r.path, "optional": r.optional,
+                   "origin": r.origin} for r in policy.paths],
+        "network": {"connect": [str(p) for p in policy.network.connect],
+                    "bind": [str(p) for p in policy.network.bind],
+                    "udp": policy.network.udp, "unix": policy.network.unix},
+        "scope": {"signals": policy.scope.signals, "abstract_unix": policy.scope.abstract_unix},
+        "env": {"pass": list(policy.env.passed), "set": dict(policy.env.set)},
+        "limits": limits,
+        "seccomp": {"rules": len(plan), "denied": denied},
+        "not_enforced": [str(gap) for gap in ruleset.gaps(policy, abi)],
+    }
