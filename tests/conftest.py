@@ -1,0 +1,103 @@
+"""Shared fixtures: run the real CLI on the real kernel, and kernel-feature gates.
+
+Kernel-dependent tests skip with a stated reason when the kernel lacks a feature,
+unless SANDLOCK_EXPECT_ABI names an ABI the machine must have: then they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Optional, Sequence
+
+import pytest
+from hypothesis import settings
+
+from sandlock import kernel
+
+REPO = Path(__file__).resolve().parent.parent
+POLICIES = REPO / "policies"
+PYTHON = "/usr/bin/python3"  # the system interpreter the python profile grants
+ABI = kernel.landlock_abi()
+IS_ROOT = os.geteuid() == 0
+
+# The test tree may be read-only for the unprivileged CI user: keep no example database.
+settings.register_profile("sandlock", database=None, deadline=None)
+settings.load_profile("sandlock")
+
+
+def require_abi(minimum: int, what: str) -> None:
+    """Skip (or fail, when SANDLOCK_EXPECT_ABI says the kernel must have it)."""
+    if ABI >= minimum:
+        return
+    expected = os.environ.get("SANDLOCK_EXPECT_ABI")
+    message = f"{what} needs Landlock ABI {minimum}; this kernel has {ABI}"
+    if expected and int(expected) >= minimum:
+        pytest.fail(f"{message}, but SANDLOCK_EXPECT_ABI={expected}")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.md").write_text("hello from the workspace\n")
+    return ws
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A directory beside the workspace that no policy grants."""
+    out = tmp_path / "outside"
+    out.mkdir()
+    (out / "secret.txt").write_text("top secret\n")
+    return out
+
+
+def write_policy(directory: Path, text: str, name: str = "policy.toml") -> Path:
+    path = directory / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def sandlock(*args: str, env: Optional[dict[str, str]] = None, input: Optional[str] = None,
+             timeout: float = 60, cwd: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user would: a separate process, real kernel."""
+    return subprocess.run([sys.executable, "-m", "sandlock", *args], capture_output=True,
+                          text=True, env=env, input=input, timeout=timeout, cwd=cwd)
+
+
+def run_confined(policy: Path, argv: Sequence[str], *, variables: Optional[dict[str, str]] = None,
+                 env: Optional[dict[str, str]] = None, timeout: float = 60,
+                 extra: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    args = ["run", "--policy", str(policy)]
+    for name, value in (variables or {}).items():
+        args += ["--var", f"{name}={value}"]
+    return sandlock(*args, *extra, "--", *argv, env=env, timeout=timeout)
+
+
+PROBE_POLICY = """\
+version = 1
+extends = ["python"]
+[filesystem]
+{filesystem}
+[network]
+{network}
+"""
+
+
+def python_probe(tmp_path: Path, code: str, *, filesystem: str = "", network: str = "",
+                 extra_toml: str = "", variables: Optional[dict[str, str]] = None,
+                 env: Optional[dict[str, str]] = None, timeout: float = 60
+                 ) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` with the system python3 inside a python-profile sandbox.
+
+    A probe reports what happened by printing it or by exiting with the errno it got.
+    """
+    policy = write_policy(tmp_path, PROBE_POLICY.format(filesystem=filesystem, network=network)
+                          + extra_toml, name="probe.toml")
+    return run_confined(policy, [PYTHON, "-c", textwrap.dedent(code)], variables=variables,
+                        env=env, timeout=timeout)
