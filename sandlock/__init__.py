@@ -1,3 +1,40 @@
-"""sandlock: give every tool call of an AI agent its own sandbox."""
+"""sandlock: give every tool call of an AI agent its own sandbox.
+
+The public API is loaded on first use (module ``__getattr__``), so ``import
+sandlock`` stays cheap for the CLI's per-call path::
+
+    import sandlock
+    with sandlock.Sandbox("policy.toml", vars={"workspace": ws}) as box:
+        box.run(["cat", "notes.md"], capture_output=True).check()
+"""
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "Sandbox": "api", "Process": "api", "Result": "api", "Outcome": "api",
+    "PIPE": "api", "STDOUT": "api", "DEVNULL": "api", "RemoteTraceback": "api",
+    "start": "api", "shutdown": "api",
+    "Registry": "registry",
+    "Policy": "policy", "load_policy": "policy", "loads_policy": "policy",
+    "policy_from_dict": "policy",
+    "SandlockError": "errors", "PolicyError": "errors", "KernelSupportError": "errors",
+    "LandlockError": "errors", "SeccompError": "errors", "SetupError": "errors",
+    "ExecError": "errors", "TimeoutExpired": "errors", "CommandFailed": "errors",
+    "CallError": "errors", "ExitCode": "errors",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sandlock' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"sandlock.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

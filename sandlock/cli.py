@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import click
 
@@ -32,7 +33,7 @@ def _console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, highlight=False, markup=False, soft_wrap=True)
 
 
-def _fail(exc: SandlockError) -> "click.exceptions.Exit":
+def _fail(exc: SandlockError) -> click.exceptions.Exit:
     print(f"sandlock: {exc}", file=sys.stderr)
     return click.exceptions.Exit(int(exc.exit_code))
 
@@ -77,8 +78,8 @@ var_option = click.option("--var", "variables", multiple=True, metavar="NAME=VAL
 @click.option("--timeout", help="Wall-clock limit, e.g. 30s (overrides [limits] timeout).")
 @click.option("--best-effort", is_flag=True, help="Run even if the kernel cannot enforce everything; warn.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(policy: Optional[str], tool: Optional[str], policies: Optional[str], variables: Sequence[str],
-        timeout: Optional[str], best_effort: bool, command: Sequence[str]) -> None:
+def run(policy: str | None, tool: str | None, policies: str | None, variables: Sequence[str],
+        timeout: str | None, best_effort: bool, command: Sequence[str]) -> None:
     """Run COMMAND confined by a policy."""
     try:
         parsed = parse_vars(variables)
@@ -94,7 +95,10 @@ def check(as_json: bool) -> None:
     """What this kernel supports: Landlock ABI and rights, seccomp, user namespaces."""
     from .support import kernel_report
 
-    report = kernel_report()
+    try:
+        report = kernel_report()
+    except SandlockError as exc:  # a bad SANDLOCK_ABI override
+        raise _fail(exc) from None
     if as_json:
         print(json.dumps(report, indent=2))
         return
@@ -110,7 +114,7 @@ def check(as_json: bool) -> None:
 @click.option("--policies", type=click.Path(), help="Directory of policies, or one registry file.")
 @var_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def explain(policy: Optional[str], tool: Optional[str], policies: Optional[str],
+def explain(policy: str | None, tool: str | None, policies: str | None,
             variables: Sequence[str], as_json: bool) -> None:
     """The effective policy after extends and variables, and what this kernel enforces."""
     from .runcli import load
@@ -125,7 +129,8 @@ def explain(policy: Optional[str], tool: Optional[str], policies: Optional[str],
         print(json.dumps(report, indent=2))
         return
     out = _console()
-    out.print(f"policy: {report['source']}  ({report['description']})")
+    described = f"  ({report['description']})" if report["description"] else ""
+    out.print(f"policy: {report['source']}{described}")
     out.print(f"layers: {' -> '.join(report['layers'])}")
     out.print(f"compat: {report['compat']}   kernel Landlock ABI: {report['abi']}")
     _table("filesystem", ["access", "path", "from"],
@@ -194,7 +199,7 @@ def _load_for_validation(load_policy: Any, file: str, given: dict[str, str]) -> 
 
 @cli.command()
 @click.argument("name", required=False)
-def policies(name: Optional[str]) -> None:
+def policies(name: str | None) -> None:
     """List the built-in profiles, or show one."""
     from .policy import PROFILE_DIR, builtin_profiles, load_profile
 
@@ -209,10 +214,47 @@ def policies(name: Optional[str]) -> None:
         _table("built-in profiles (use with extends = [\"NAME\"])", ["name", "description"], rows)
         return
     path = PROFILE_DIR / f"{name}.toml"
-    if not path.is_file():
+    if name not in builtin_profiles():  # a name, never a path
         print(f"sandlock: unknown built-in profile {name!r}", file=sys.stderr)
         raise click.exceptions.Exit(ExitCode.LAUNCHER)
     sys.stdout.write(path.read_text())
+
+
+@cli.command()
+@click.option("--policy", type=click.Path(dir_okay=False), required=True, help="Policy file (TOML).")
+@var_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def probe(policy: str, variables: Sequence[str], as_json: bool) -> None:
+    """Try to escape the policy's sandbox; one row per attempt.
+
+    Exit 0 when every attempt the policy does not grant was blocked, 1 when one
+    got through (ESCAPE) or a probe could not run, 125 when the sandbox could
+    not be set up.
+    """
+    from .probe import probe_file
+
+    try:
+        report = probe_file(policy, parse_vars(variables))
+    except SandlockError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        out = _console()
+        out.print(f"policy: {report.policy}   Landlock ABI {report.abi}   uid {report.uid}")
+        if report.runtime_grants:
+            out.print("added so the probe's Python can start (never counted as granted by the "
+                      f"policy): {', '.join(report.runtime_grants)}")
+        for line in report.not_enforced:
+            out.print(f"NOT enforced on this kernel: {line}")
+        _table("escape attempts", ["probe", "verdict", "why"],
+               [[r.id, r.verdict, r.reason or r.detail] for r in report.results])
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(report.counts().items()))
+        out.print(f"{counts}: {'OK' if report.ok else 'FAILED'}")
+        if report.stderr and not report.ok:
+            out.print(f"probe stderr:\n{report.stderr}")
+    if not report.ok:
+        raise click.exceptions.Exit(1)
 
 
 def main() -> None:

@@ -8,7 +8,10 @@ already written against those tools keep working.
 from __future__ import annotations
 
 import enum
-from typing import Optional
+
+TYPE_CHECKING = False  # importing typing costs milliseconds on every `sandlock run`
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 class ExitCode(enum.IntEnum):
@@ -90,4 +93,60 @@ class ExecError(SandlockError):
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
+        self.exit_code = exit_code
+
+
+# ----------------------------------------------------------------------------
+# Outcomes of the Python API (sandlock.api): same exit codes as the CLI.
+
+
+class TimeoutExpired(SandlockError):
+    """The wall-clock limit expired (exit code 124).
+
+    From ``run``/``call``: the whole process tree was killed. From
+    ``Process.wait(timeout)``/``communicate(timeout)``: the process still runs,
+    as with :mod:`subprocess`.
+    """
+
+    stage = "timeout"
+    exit_code = ExitCode.TIMEOUT
+
+    def __init__(self, message: str, *, timeout: Optional[float] = None,
+                 stdout: object = None, stderr: object = None) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class CommandFailed(SandlockError):
+    """The command ran and exited non-zero or was killed by a signal (``check=True``).
+
+    ``exit_code`` is the command's own code, or 128+N for signal N, as the CLI's.
+    """
+
+    stage = "command"
+
+    def __init__(self, message: str, returncode: int, *, stdout: object = None,
+                 stderr: object = None) -> None:
+        super().__init__(message)
+        self.exit_code = self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class CallError(SandlockError):
+    """A confined Python call could not deliver its outcome.
+
+    The arguments could not be sent, the result could not be pickled or has a type
+    the caller does not trust, the exception could not be rebuilt, or the process
+    died before answering. ``remote_traceback`` holds the confined side's text.
+    """
+
+    stage = "call"
+
+    def __init__(self, message: str, *, remote_traceback: str = "",
+                 exit_code: int = ExitCode.LAUNCHER) -> None:
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
         self.exit_code = exit_code

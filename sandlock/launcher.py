@@ -14,43 +14,60 @@ parent can tell "could not start" (125/126/127) from "ran and failed".
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # the C half of signal; typeshed has no stub
+import _thread
 import errno
 import os
 import resource
 import select
 import signal
-import threading
 import time
-from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
-from typing import Mapping, Optional, Sequence
 
-from . import kernel, ruleset, seccomp
+from . import kernel
 from .errors import ExecError, ExitCode, KernelSupportError, SandlockError, SetupError
-from .policy import Compat, EnvSpec, Limits, Policy
+
+# Start-up is paid on every `sandlock run`: nothing the cached run path skips
+# (policy parsing, dataclasses, typing, fnmatch/re, threading) is imported here at
+# module level. See README "Start-up".
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable, Mapping, Optional, Sequence
+
+    from . import ruleset
+    from .policy import EnvSpec, Limits, Policy
+    from .supervisor import Mediation
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
+#: Off unless scripts/measure_fork_exec.py sets it: a pipe to which each child writes
+#: three CLOCK_MONOTONIC nanosecond stamps (parent before fork, child after fork,
+#: child just before execve), so the child's own path can be timed from outside.
+TIMING_FD = -1
+_fork_stamp = 0
 
-@dataclass
+
 class Compiled:
     """A policy made ready for the kernel; reusable for any number of launches.
 
     The ruleset fd may be shared by many children: landlock_restrict_self only
-    reads it. Close it with :meth:`close` when done.
+    reads it. Close it with :meth:`close` when done. (A plain class, not a
+    dataclass: importing dataclasses costs more than the whole cached run.)
     """
 
-    policy: Policy
-    abi: int
-    gaps: tuple[ruleset.Gap, ...]
-    ruleset_fd: int
-    bpf: bytes
-    rlimits: tuple[tuple[int, int], ...]
-    _fprog: object = field(repr=False, default=None)
-    _keep: object = field(repr=False, default=None)
+    def __init__(self, policy: Policy, abi: int, gaps: tuple[ruleset.Gap, ...], ruleset_fd: int,
+                 bpf: bytes, rlimits: tuple[tuple[int, int], ...]) -> None:
+        self.policy = policy
+        self.abi = abi
+        self.gaps = gaps
+        self.ruleset_fd = ruleset_fd
+        self.bpf = bpf
+        self.rlimits = rlimits
+        self._fprog, self._keep = kernel.make_fprog(bpf)
 
-    def __post_init__(self) -> None:
-        self._fprog, self._keep = kernel.make_fprog(self.bpf)
+    def __repr__(self) -> str:
+        return (f"Compiled(policy={self.policy.source!r}, abi={self.abi}, gaps={self.gaps!r}, "
+                f"ruleset_fd={self.ruleset_fd}, bpf=<{len(self.bpf) // 8} insns>, "
+                f"rlimits={self.rlimits!r})")
 
     @property
     def warnings(self) -> list[str]:
@@ -81,6 +98,20 @@ def rlimits_for(limits: Limits) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
+def clamp_to_hard_limits(pairs: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Never ask for more than the caller's hard limit: a policy can only lower a limit.
+
+    An unprivileged setrlimit above the hard limit fails with EPERM, which would make
+    a generous policy unusable under a stricter caller; and with CAP_SYS_RESOURCE it
+    would raise the caller's limit, which a sandbox must not do.
+    """
+    out = []
+    for res, value in pairs:
+        hard = resource.getrlimit(res)[1]
+        out.append((res, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+    return tuple(out)
+
+
 def strict_failure(policy: Policy, abi: int, gaps: Sequence[ruleset.Gap]) -> KernelSupportError:
     lines = "\n".join(f"  - {gap}" for gap in gaps)
     return KernelSupportError(
@@ -92,6 +123,9 @@ def strict_failure(policy: Policy, abi: int, gaps: Sequence[ruleset.Gap]) -> Ker
 
 def compile_policy(policy: Policy) -> Compiled:
     """Check kernel support, build the Landlock ruleset and the seccomp BPF."""
+    from . import ruleset, seccomp
+    from .policy import Compat
+
     why = kernel.seccomp_supported()
     if why:
         raise KernelSupportError(f"seccomp filters are unavailable: {why}")
@@ -103,7 +137,7 @@ def compile_policy(policy: Policy) -> Compiled:
         seccomp.check_names(policy)
     bpf = seccomp.bpf_for(seccomp.plan(policy))
     fd = ruleset.build(plan)
-    return Compiled(policy, abi, plan.gaps, fd, bpf, rlimits_for(policy.limits))
+    return Compiled(policy, abi, plan.gaps, fd, bpf, clamp_to_hard_limits(rlimits_for(policy.limits)))
 
 
 # ----------------------------------------------------------------------------
@@ -112,9 +146,21 @@ def compile_policy(policy: Policy) -> Compiled:
 
 def build_env(spec: EnvSpec, caller: Mapping[str, str]) -> dict[str, str]:
     """Only the names ``pass`` matches, then ``set``: nothing else of the caller's."""
-    env = {k: v for k, v in caller.items() if any(fnmatchcase(k, p) for p in spec.passed)}
+    env = {k: v for k, v in caller.items() if any(_env_match(k, p) for p in spec.passed)}
     env.update(spec.set)
     return env
+
+
+def _env_match(name: str, pattern: str) -> bool:
+    """fnmatchcase(name, pattern), without importing fnmatch/re for the common
+    shapes: a plain name, or a name followed by one ``*`` (``LC_*``)."""
+    if not any(c in pattern for c in "*?["):
+        return name == pattern
+    if pattern.endswith("*") and not any(c in pattern[:-1] for c in "*?["):
+        return name.startswith(pattern[:-1])
+    from fnmatch import fnmatchcase
+
+    return fnmatchcase(name, pattern)
 
 
 def resolve_command(name: str, path: Optional[str]) -> str:
@@ -138,12 +184,28 @@ def resolve_command(name: str, path: Optional[str]) -> str:
     raise ExecError(f"{name}: command not found", ExitCode.NOT_FOUND)
 
 
-@dataclass(frozen=True)
 class Command:
-    executable: str
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]
-    cwd: Optional[str] = None
+    """What to execute: resolved path, argv, the whole environment, working directory."""
+
+    __slots__ = ("executable", "argv", "env", "cwd")
+
+    def __init__(self, executable: str, argv: tuple[str, ...], env: tuple[tuple[str, str], ...],
+                 cwd: Optional[str] = None) -> None:
+        self.executable = executable
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+
+    def __repr__(self) -> str:
+        return (f"Command(executable={self.executable!r}, argv={self.argv!r}, "
+                f"env=<{len(self.env)} vars>, cwd={self.cwd!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Command) and (self.executable, self.argv, self.env, self.cwd) == (
+            other.executable, other.argv, other.env, other.cwd)
+
+    def __hash__(self) -> int:
+        return hash((self.executable, self.argv, self.env, self.cwd))
 
 
 def prepare_command(policy: Policy, argv: Sequence[str], *, caller_env: Optional[Mapping[str, str]] = None,
@@ -161,16 +223,21 @@ def prepare_command(policy: Policy, argv: Sequence[str], *, caller_env: Optional
 
 
 def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,
-           stdio: tuple[int, int, int], env: dict[bytes, bytes], argv: list[bytes]) -> None:
+           stdio: tuple[int, int, int], env: dict[bytes, bytes], argv: list[bytes],
+           hook: Optional[Callable[[], None]] = None,
+           body: Optional[Callable[[], None]] = None) -> None:
+    started = time.monotonic_ns() if TIMING_FD >= 0 else 0
     stage = "setup"
     try:
         os.setsid()
         kernel.set_pdeathsig(signal.SIGKILL)
         if os.getppid() != parent:
             os._exit(ExitCode.LAUNCHER)
+        # _signal, not signal: the wrapper converts to and from enums, which after
+        # fork costs ~200 us of copy-on-write faults; the C functions cost ~10.
         for signum in (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED_SIGNALS):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+            _signal.signal(signum, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         for target, source in enumerate(stdio):
             if source >= 0 and source != target:
                 os.dup2(source, target)
@@ -188,7 +255,17 @@ def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,
             kernel.restrict_self(compiled.ruleset_fd)
         stage = "seccomp"
         kernel.load_seccomp(compiled._fprog)  # type: ignore[arg-type]
+        if hook is not None:  # [network] allow: the connect supervisor's filter (issue 7)
+            stage = "network"
+            hook()
         stage = "exec"
+        if body is not None:  # a Python function instead of a program (sandlock.api call())
+            os.close(errw)  # confined: the parent stops waiting for a setup failure
+            errw = -1
+            body()  # ends with os._exit; its own errors never come back here
+        if TIMING_FD >= 0:
+            stamps = (_fork_stamp, started, time.monotonic_ns())
+            os.write(TIMING_FD, b"".join(t.to_bytes(8, "little") for t in stamps))
         os.execve(cmd.executable, argv, env)
     except OSError as exc:
         message = f"{stage}\0{exc.errno or 0}\0{exc.strerror or exc}"
@@ -269,7 +346,7 @@ def reap_descendants() -> None:
     setsid are re-parented to it: kill every child (each kill re-parents that
     child's own children to us) until none is left.
     """
-    children_file = f"/proc/self/task/{threading.get_native_id()}/children"
+    children_file = f"/proc/self/task/{_thread.get_native_id()}/children"
     while True:
         try:
             with open(children_file) as handle:
@@ -291,16 +368,26 @@ def reap_descendants() -> None:
 
 
 def spawn(compiled: Compiled, cmd: Command, *, stdin: int = -1, stdout: int = -1,
-          stderr: int = -1) -> Child:
-    """Fork a confined child running ``cmd``. Raises on any failure before exec."""
-    env = {k.encode(): v.encode() for k, v in cmd.env}
-    argv = [a.encode() for a in cmd.argv]
+          stderr: int = -1, hook: Optional[Callable[[], None]] = None,
+          body: Optional[Callable[[], None]] = None) -> Child:
+    """Fork a confined child running ``cmd``. Raises on any failure before exec.
+
+    ``body``, if given, runs in the confined child instead of execve (it must end
+    with ``os._exit``): the fork server's Python calls use the very same steps.
+    """
+    # fsencode, not encode: argv and environment are bytes on Linux, and Python keeps
+    # bytes that are not UTF-8 as surrogate escapes.
+    env = {os.fsencode(k): os.fsencode(v) for k, v in cmd.env}
+    argv = [os.fsencode(a) for a in cmd.argv]
     errr, errw = os.pipe2(os.O_CLOEXEC)
     parent = os.getpid()
+    if TIMING_FD >= 0:
+        global _fork_stamp
+        _fork_stamp = time.monotonic_ns()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child, which never returns
         os.close(errr)
-        _child(compiled, cmd, errw, parent, (stdin, stdout, stderr), env, argv)
+        _child(compiled, cmd, errw, parent, (stdin, stdout, stderr), env, argv, hook, body)
     os.close(errw)
     try:
         report = b""
@@ -315,17 +402,38 @@ def spawn(compiled: Compiled, cmd: Command, *, stdin: int = -1, stdout: int = -1
 
 
 def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
-        forward_signals: bool = True) -> Child:
+        forward_signals: bool = True, report: Optional[Callable[[str], None]] = None,
+        _mediation: Optional[Mediation] = None) -> Child:
     """Run ``cmd`` confined, as the launcher process: subreaper, signal forwarding, timeout.
 
     Returns the finished :class:`Child`; its ``returncode`` follows :class:`ExitCode`.
+    ``report`` receives one line per network refusal (policies with ``[network] allow``).
     """
     kernel.set_child_subreaper()
-    child = spawn(compiled, cmd)
+    if compiled.policy.network.allow and _mediation is None:  # host allowlist (issue 7)
+        from .supervisor import Mediation
+
+        with Mediation(compiled.policy, report) as mediation:  # proxy + connect supervisor
+            return run(compiled, mediation.command(cmd), timeout=timeout,
+                       forward_signals=forward_signals, _mediation=mediation)
+    # Hold the forwarded signals until the handlers that forward them exist: one that
+    # arrived between fork and the handlers would kill or interrupt the launcher and
+    # leave the tool running. The child unblocks them before exec.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS) if forward_signals else None
     previous = {}
-    if forward_signals and threading.current_thread() is threading.main_thread():
-        for signum in FORWARDED_SIGNALS:
-            previous[signum] = signal.signal(signum, lambda n, _f: child.send_signal(n))
+    try:
+        child = spawn(compiled, cmd, hook=None if _mediation is None else _mediation.in_child)
+        if _mediation is not None:
+            _mediation.start()  # threads only after fork
+        if forward_signals:
+            try:
+                for signum in FORWARDED_SIGNALS:
+                    previous[signum] = signal.signal(signum, lambda n, _f: child.send_signal(n))
+            except ValueError:  # not the main thread: only it may handle signals
+                pass
+    finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         limit = timeout if timeout is not None else compiled.policy.limits.timeout
         child.wait(limit)

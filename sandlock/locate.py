@@ -10,7 +10,8 @@ position simply yields ``None``.
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Union
 
 Key = Sequence[Union[str, int]]
 
@@ -22,7 +23,7 @@ def _norm(dotted: str) -> str:
     return ".".join(part.strip().strip("\"'") for part in dotted.split("."))
 
 
-def find_line(text: str, key: Key) -> Optional[int]:
+def find_line(text: str, key: Key) -> int | None:
     """1-based line of ``key`` (e.g. ``["filesystem", "read", 2]``) in ``text``."""
     names: list[str] = []
     for part in key:
@@ -32,10 +33,13 @@ def find_line(text: str, key: Key) -> Optional[int]:
     if not names:
         return None
     lines = text.splitlines()
+    statements = _statement_lines(lines)
     wanted = ".".join(names)
     table = ""
-    best: Optional[int] = None
+    best: int | None = None
     for number, line in enumerate(lines):
+        if number not in statements:
+            continue  # inside a multi-line string or array: not a header or a key
         header = _HEADER.match(line)
         if header:
             table = _norm(header.group(1))
@@ -56,6 +60,48 @@ def find_line(text: str, key: Key) -> Optional[int]:
         assert isinstance(index, int)
         return _element_line(lines, best, index) + 1
     return best + 1
+
+
+def _statement_lines(lines: list[str]) -> set[int]:
+    """Lines that begin outside any string, array or inline table.
+
+    Only such a line can hold a ``[table]`` header or a ``key =``; text inside a
+    multi-line string (a ``description``) or array element must not be taken for one.
+    """
+    out: set[int] = set()
+    depth = 0
+    quote = ""  # the opening quote (one or three characters) while inside a string
+    for number, line in enumerate(lines):
+        if quote in ('"', "'"):
+            quote = ""  # a one-line string cannot span lines (the parser already said so)
+        if not quote and depth <= 0:
+            out.add(number)
+        position = 0
+        while position < len(line):
+            char = line[position]
+            if quote:
+                if char == "\\" and quote[0] == '"':
+                    position += 2
+                    continue
+                if line.startswith(quote, position):
+                    position += len(quote)
+                    quote = ""
+                    continue
+                position += 1
+                continue
+            if char == "#":
+                break
+            if char in "\"'":
+                triple = char * 3
+                quote = triple if line.startswith(triple, position) else char
+                position += len(quote)
+                continue
+            if char in "[{":
+                depth += 1
+            elif char in "]}":
+                depth -= 1
+            position += 1
+    return out
 
 
 def _element_line(lines: list[str], start: int, index: int) -> int:

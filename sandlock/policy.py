@@ -15,17 +15,19 @@ from __future__ import annotations
 import enum
 import os
 import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable
 
 from .errors import PolicyError
 from .locate import find_line
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib as _toml
-except ImportError:  # pragma: no cover - Python < 3.11
-    import tomli as _toml  # type: ignore[no-redef]
+else:  # pragma: no cover - Python < 3.11
+    import tomli as _toml
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_ENV_PASS = ("PATH", "LANG", "LC_*", "TERM", "TZ")
@@ -67,10 +69,14 @@ class Network:
     bind: tuple[PortRange, ...] = ()
     udp: bool = False
     unix: bool = False
+    #: Host allowlist (issue 7), :class:`sandlock.netrules.HostRule` tuples and (name, address) pins.
+    allow: tuple[Any, ...] = ()
+    deny: tuple[Any, ...] = ()
+    hosts: tuple[tuple[str, str], ...] = ()
 
     @property
     def tcp(self) -> bool:
-        return bool(self.connect or self.bind)
+        return bool(self.connect or self.bind or self.allow)
 
 
 @dataclass(frozen=True)
@@ -87,12 +93,12 @@ class EnvSpec:
 
 @dataclass(frozen=True)
 class Limits:
-    timeout: Optional[float] = None  #: seconds of wall clock
-    cpu: Optional[int] = None  #: seconds of CPU (RLIMIT_CPU)
-    memory: Optional[int] = None  #: bytes of address space (RLIMIT_AS)
-    processes: Optional[int] = None  #: RLIMIT_NPROC (per user: see README)
-    open_files: Optional[int] = None  #: RLIMIT_NOFILE
-    file_size: Optional[int] = None  #: bytes (RLIMIT_FSIZE)
+    timeout: float | None = None  #: seconds of wall clock
+    cpu: int | None = None  #: seconds of CPU (RLIMIT_CPU)
+    memory: int | None = None  #: bytes of address space (RLIMIT_AS)
+    processes: int | None = None  #: RLIMIT_NPROC (per user: see README)
+    open_files: int | None = None  #: RLIMIT_NOFILE
+    file_size: int | None = None  #: bytes (RLIMIT_FSIZE)
 
 
 @dataclass(frozen=True)
@@ -116,12 +122,12 @@ class Policy:
     syscalls: Syscalls = field(default_factory=Syscalls)
     layers: tuple[str, ...] = ()  #: every file merged, base first
 
-    def with_compat(self, compat: Compat) -> "Policy":
+    def with_compat(self, compat: Compat) -> Policy:
         from dataclasses import replace
 
         return replace(self, compat=compat)
 
-    def with_timeout(self, timeout: Optional[float]) -> "Policy":
+    def with_timeout(self, timeout: float | None) -> Policy:
         from dataclasses import replace
 
         return replace(self, limits=replace(self.limits, timeout=timeout))
@@ -133,7 +139,7 @@ class Policy:
 
 
 class _Bad(Exception):
-    def __init__(self, message: str, subkey: Sequence[Union[str, int]] = ()) -> None:
+    def __init__(self, message: str, subkey: Sequence[str | int] = ()) -> None:
         super().__init__(message)
         self.subkey = tuple(subkey)
 
@@ -323,14 +329,38 @@ def _path_entries(value: object) -> tuple[tuple[str, bool], ...]:
     return tuple(out)
 
 
+def _host_rules(kind: str) -> Callable[[object], Any]:
+    """``allow``/``deny`` host rules; netrules is imported only by policies that use them."""
+
+    def check(value: object) -> Any:
+        from . import netrules
+
+        try:
+            return netrules.parse_rules(_string_list(value), kind)
+        except netrules.RuleError as bad:
+            raise _Bad(str(bad), (bad.index,)) from None
+
+    return check
+
+
+def _host_pins(value: object) -> tuple[tuple[str, str], ...]:
+    from . import netrules
+
+    try:
+        return netrules.parse_pins(_expect(value, dict, 'a table of "name" = "IP address"'))
+    except netrules.RuleError as bad:
+        raise _Bad(str(bad), (bad.index,)) from None
+
+
 Validator = Callable[[object], Any]
-SCHEMA: dict[str, Union[Validator, dict[str, Validator]]] = {
+SCHEMA: dict[str, Validator | dict[str, Validator]] = {
     "version": _version,
     "description": _string,
     "extends": _string_list,
     "compat": _compat,
     "filesystem": {"read": _path_entries, "write": _path_entries, "exec": _path_entries},
-    "network": {"connect": parse_ports, "bind": parse_ports, "udp": _boolean, "unix": _boolean},
+    "network": {"connect": parse_ports, "bind": parse_ports, "udp": _boolean, "unix": _boolean,
+                "allow": _host_rules("allow"), "deny": _host_rules("deny"), "hosts": _host_pins},
     "scope": {"signals": _boolean, "abstract_unix": _boolean},
     "env": {"pass": _env_pass, "set": _env_set},
     "limits": {
@@ -348,16 +378,16 @@ SCHEMA: dict[str, Union[Validator, dict[str, Validator]]] = {
 @dataclass
 class _Layer:
     source: str
-    text: Optional[str]
-    base_dir: Optional[Path]
+    text: str | None
+    base_dir: Path | None
     values: dict[str, Any]  # "section.key" or "key" -> validated value
 
-    def error(self, message: str, key: Sequence[Union[str, int]]) -> PolicyError:
+    def error(self, message: str, key: Sequence[str | int]) -> PolicyError:
         line = find_line(self.text, key) if self.text is not None else None
         return PolicyError(message, source=self.source, key=_keypath(key), line=line)
 
 
-def _keypath(key: Sequence[Union[str, int]]) -> str:
+def _keypath(key: Sequence[str | int]) -> str:
     out = ""
     for part in key:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
@@ -383,7 +413,7 @@ def _check_layer(data: Mapping[str, Any], layer: _Layer) -> None:
             layer.values["env"] = True
 
 
-def _run(check: Validator, value: object, key: list[Union[str, int]], layer: _Layer) -> Any:
+def _run(check: Validator, value: object, key: list[str | int], layer: _Layer) -> Any:
     try:
         return check(value)
     except _Bad as bad:
@@ -406,7 +436,7 @@ def builtin_vars() -> dict[str, str]:
 
 
 def _expand(text: str, variables: Mapping[str, str]) -> str:
-    def one(match: "re.Match[str]") -> str:
+    def one(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in variables:
             known = ", ".join(sorted(variables)) or "none"
@@ -456,7 +486,7 @@ def _read(path: Path, source: str) -> str:
 
 
 def _load_layers(
-    data: Mapping[str, Any], source: str, text: Optional[str], base_dir: Optional[Path],
+    data: Mapping[str, Any], source: str, text: str | None, base_dir: Path | None,
     stack: tuple[str, ...],
 ) -> list[_Layer]:
     """This layer and everything it extends, base first."""
@@ -464,7 +494,7 @@ def _load_layers(
     _check_layer(data, layer)
     layers: list[_Layer] = []
     for index, name in enumerate(layer.values.get("extends", ())):
-        key = ["extends", index]
+        key: list[str | int] = ["extends", index]
         if "/" in name or name.endswith(".toml"):
             if base_dir is None and not os.path.isabs(name):
                 raise layer.error(f"cannot resolve relative path {name!r} without a policy file", key)
@@ -523,7 +553,9 @@ def _merge(layers: list[_Layer], variables: Mapping[str, str], check_paths: bool
         compat=get("compat", Compat.STRICT),
         paths=_union(paths),
         network=Network(merged.get("network.connect", ()), merged.get("network.bind", ()),
-                        get("network.udp", False), get("network.unix", False)),
+                        get("network.udp", False), get("network.unix", False),
+                        merged.get("network.allow", ()), merged.get("network.deny", ()),
+                        merged.get("network.hosts", ())),
         scope=Scopes(get("scope.signals", True), get("scope.abstract_unix", True)),
         env=EnvSpec(merged.get("env.pass", ()), tuple(env_set.items())) if env_given
         else EnvSpec(),
@@ -541,7 +573,7 @@ def _resolve_paths(
     access = Access(name)
     out = []
     for index, (raw, optional) in enumerate(entries):
-        key: list[Union[str, int]] = ["filesystem", name, index]
+        key: list[str | int] = ["filesystem", name, index]
         try:
             path = _expand(raw, variables)
         except _Bad as bad:
@@ -553,9 +585,10 @@ def _resolve_paths(
         if path.startswith("//"):
             path = "/" + path.lstrip("/")
         if access is Access.WRITE:
-            for real in {path, os.path.realpath(path)}:
+            for real in dict.fromkeys((path, os.path.realpath(path))):
                 if real in FORBIDDEN_WRITE or real.startswith(("/proc/", "/sys/")):
-                    raise layer.error(f"write access to {real!r} is never allowed", key)
+                    via = "" if real == path else f" ({path!r} resolves to it)"
+                    raise layer.error(f"write access to {real!r} is never allowed{via}", key)
         if check_paths and not os.path.exists(path):
             if optional:
                 continue
@@ -567,7 +600,7 @@ def _resolve_paths(
     return out
 
 
-def _variables(extra: Optional[Mapping[str, str]]) -> dict[str, str]:
+def _variables(extra: Mapping[str, str] | None) -> dict[str, str]:
     variables = builtin_vars()
     for name, value in (extra or {}).items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -576,7 +609,7 @@ def _variables(extra: Optional[Mapping[str, str]]) -> dict[str, str]:
     return variables
 
 
-def load_policy(path: Union[str, os.PathLike[str]], variables: Optional[Mapping[str, str]] = None,
+def load_policy(path: str | os.PathLike[str], variables: Mapping[str, str] | None = None,
                 *, check_paths: bool = True) -> Policy:
     """Load a policy file with ``--var`` style variables.
 
@@ -590,8 +623,8 @@ def load_policy(path: Union[str, os.PathLike[str]], variables: Optional[Mapping[
 
 
 def loads_policy(
-    text: str, variables: Optional[Mapping[str, str]] = None, *, source: str = "<string>",
-    base_dir: Optional[Path] = None, check_paths: bool = True,
+    text: str, variables: Mapping[str, str] | None = None, *, source: str = "<string>",
+    base_dir: Path | None = None, check_paths: bool = True,
 ) -> Policy:
     """Load a policy from TOML text."""
     data = _parse_text(text, source)
@@ -601,8 +634,8 @@ def loads_policy(
 
 
 def policy_from_dict(
-    data: Mapping[str, Any], variables: Optional[Mapping[str, str]] = None, *,
-    source: str = "<dict>", base_dir: Optional[Path] = None,
+    data: Mapping[str, Any], variables: Mapping[str, str] | None = None, *,
+    source: str = "<dict>", base_dir: Path | None = None,
 ) -> Policy:
     """Load a policy from an already-parsed mapping (same schema as the TOML file)."""
     if not isinstance(data, Mapping):
@@ -610,7 +643,7 @@ def policy_from_dict(
     return _merge(_load_layers(data, source, None, base_dir, (source,)), _variables(variables))
 
 
-def load_profile(name: str, variables: Optional[Mapping[str, str]] = None) -> Policy:
+def load_profile(name: str, variables: Mapping[str, str] | None = None) -> Policy:
     """Load a built-in profile by name."""
     path = _profile_path(name)
     if not path.is_file():

@@ -9,7 +9,6 @@ together: a second layered ruleset would deny cross-directory rename and link).
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 
 from . import abi as A
@@ -65,7 +64,8 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
     if abi < A.NET_SINCE and policy.network.tcp:
         out.append(Gap("TCP port restriction", A.NET_SINCE,
                        "TCP connect/bind is possible to and on any port, not only the granted ones"))
-    if abi < 5 and any(r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
+    if abi < 5 and any(r.path in ("/", "/dev")
+                       or r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
                        for r in policy.paths):
         out.append(Gap("device ioctl restriction", 5,
                        "ioctl(2) on granted devices is not restricted"))
@@ -118,37 +118,10 @@ def detect_abi() -> int:
 
 def build(p: Plan) -> int:
     """Create the ruleset fd for ``p`` (close-on-exec). Paths are opened O_PATH here,
-    in the parent, so the child only has to call landlock_restrict_self."""
-    if p.abi < 1:
-        return -1
-    try:
-        fd = kernel.create_ruleset(p.handled_fs, p.handled_net, p.scoped, p.abi)
-    except OSError as exc:
-        raise LandlockError(f"cannot create the Landlock ruleset: {exc.strerror}") from None
-    try:
-        for path, rights in p.paths:
-            _add_path(fd, path, rights)
-        for port, rights in p.ports:
-            try:
-                kernel.add_port_rule(fd, port, rights)
-            except OSError as exc:
-                raise LandlockError(f"cannot add a rule for TCP port {port}: {exc.strerror}") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    in the parent, so the child only has to call landlock_restrict_self.
 
-
-def _add_path(ruleset: int, path: str, rights: int) -> None:
-    try:
-        target = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError as exc:
-        raise LandlockError(f"cannot open {path!r} for a rule: {exc.strerror}") from None
-    try:
-        if not stat.S_ISDIR(os.fstat(target).st_mode):
-            rights &= int(A.FILE_ONLY)
-        kernel.add_path_rule(ruleset, target, rights)
-    except OSError as exc:
-        raise LandlockError(f"cannot add a rule for {path!r}: {exc.strerror}") from None
-    finally:
-        os.close(target)
+    The work is :func:`sandlock.kernel.build_ruleset`, which takes plain values so
+    that the cached run path (:mod:`sandlock.fastpath`) shares it without importing
+    this module and the policy model."""
+    return kernel.build_ruleset(p.abi, p.handled_fs, p.handled_net, p.scoped, p.paths, p.ports,
+                                int(A.FILE_ONLY))

@@ -16,8 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import platform
-import tempfile
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -160,12 +159,36 @@ def check_names(policy: Policy) -> None:
     known = _resolver()
     for name in policy.syscalls.deny:
         if known(name) < 0:
-            raise PolicyError(f"unknown syscall {name!r} on {platform.machine()}",
+            raise PolicyError(f"unknown syscall {name!r} on {os.uname().machine}",
                               source=policy.source, key="syscalls.deny")
 
 
+def _pyseccomp():  # type: ignore[no-untyped-def]
+    """Import pyseccomp; in the single-file binary, make it load the bundled libseccomp.
+
+    pyseccomp looks the library up with ctypes.util.find_library, which reads the
+    system's ldconfig cache: a machine without libseccomp2 has none. The binary
+    (scripts/build_binary.sh) carries libseccomp.so.2 in its bundle directory.
+    """
+    bundle = getattr(sys, "_MEIPASS", None)
+    bundled = os.path.join(bundle, "libseccomp.so.2") if bundle else ""
+    if "pyseccomp" in sys.modules or not os.path.exists(bundled):
+        import pyseccomp
+
+        return pyseccomp
+    import ctypes.util
+
+    system = ctypes.util.find_library
+    ctypes.util.find_library = lambda name: bundled if name == "seccomp" else system(name)
+    try:
+        import pyseccomp
+    finally:
+        ctypes.util.find_library = system
+    return pyseccomp
+
+
 def _resolver():  # type: ignore[no-untyped-def]
-    import pyseccomp
+    pyseccomp = _pyseccomp()
 
     arch = pyseccomp.system_arch()
     return lambda name: pyseccomp.resolve_syscall(arch, name)
@@ -174,7 +197,7 @@ def _resolver():  # type: ignore[no-untyped-def]
 def compile_bpf(rules: tuple[Rule, ...]) -> bytes:
     """Compile ``rules`` with libseccomp into classic BPF for the native architecture."""
     try:
-        import pyseccomp as sc
+        sc = _pyseccomp()
     except (ImportError, OSError, RuntimeError) as exc:
         raise SeccompError(f"libseccomp is not available: {exc} (install libseccomp2)") from None
     try:
@@ -188,7 +211,7 @@ def compile_bpf(rules: tuple[Rule, ...]) -> bytes:
             args = [sc.Arg(c.arg, c.op, c.mask if c.op == MASKED_EQ else c.value,
                            c.value if c.op == MASKED_EQ else 0) for c in rule.args]
             filt.add_rule(sc.ERRNO(rule.errno), rule.syscall, *args)
-        with tempfile.TemporaryFile() as out:
+        with os.fdopen(os.memfd_create("sandlock-bpf", os.MFD_CLOEXEC), "w+b") as out:
             filt.export_bpf(out)
             out.seek(0)
             return out.read()
@@ -212,7 +235,7 @@ def _cache_dir() -> Optional[Path]:
 
 def bpf_for(rules: tuple[Rule, ...]) -> bytes:
     """The compiled filter for ``rules``, from the cache when this exact plan was seen."""
-    key = hashlib.sha256(repr((platform.machine(), rules)).encode()).hexdigest()[:32]
+    key = hashlib.sha256(repr((os.uname().machine, rules)).encode()).hexdigest()[:32]
     cache = None if os.environ.get("SANDLOCK_NO_CACHE") else _cache_dir()
     entry = cache / f"bpf-{key}" if cache else None
     if entry is not None:

@@ -1,0 +1,919 @@
+"""The Python API: one sandbox per tool call, in the spirit of :mod:`subprocess`.
+
+    box = Sandbox("policies/read_file.toml", vars={"workspace": ws})
+    result = box.run(["cat", "notes.md"], cwd=ws, capture_output=True, text=True)
+
+A :class:`Sandbox` compiles its policy once (Landlock ruleset fd, seccomp BPF,
+rlimits) and is then used by any number of threads and asyncio tasks at once.
+Each call is a new process confined by that policy, forked from the fork server
+(:mod:`sandlock.forkserver`), never from the caller. Calls share no mutable state:
+a call is a request on the fork server's socket plus the pipes of that call.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import os
+import pickle
+import select
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from . import forkserver, launcher
+from .errors import (CallError, CommandFailed, ExecError, ExitCode, KernelSupportError,
+                     LandlockError, SandlockError, SeccompError, SetupError, TimeoutExpired)
+from .policy import Compat, Policy, load_policy, loads_policy, policy_from_dict
+
+#: Same values as :mod:`subprocess`'s, so either module's constants work.
+PIPE = -1
+STDOUT = -2
+DEVNULL = -3
+
+File = Union[None, int, IO[Any]]
+PolicyLike = Union[Policy, str, "os.PathLike[str]", Mapping[str, Any]]
+_CHUNK = 1 << 16
+
+
+class Outcome(str, enum.Enum):
+    """How a confined call ended."""
+
+    EXITED = "exited"  #: the command ran and exited (any code)
+    SIGNALLED = "signalled"  #: killed by a signal it did not ask for (returncode 128+N)
+    TIMED_OUT = "timed out"  #: the wall-clock limit expired; the tree was killed (124)
+    NOT_STARTED = "not started"  #: refused before exec: not found (127), not executable
+    #: or denied exec (126), setup failure (125); ``Result.error`` says which
+
+
+@dataclass(frozen=True)
+class Result:
+    """What :meth:`Sandbox.run` returns. ``returncode`` follows the CLI's exit codes."""
+
+    args: tuple[str, ...]
+    returncode: int
+    stdout: Any = None
+    stderr: Any = None
+    outcome: Outcome = Outcome.EXITED
+    signal: Optional[int] = None
+    error: Optional[SandlockError] = None  #: why it did not start (NOT_STARTED only)
+    pid: Optional[int] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.EXITED and self.returncode == 0
+
+    def check(self) -> "Result":
+        """Raise the typed error for anything but a zero exit; return self otherwise."""
+        if self.error is not None:
+            raise self.error
+        if self.outcome is Outcome.TIMED_OUT:
+            raise TimeoutExpired(f"{self.args[0]}: timed out; its process tree was killed",
+                                 stdout=self.stdout, stderr=self.stderr)
+        if self.returncode != 0:
+            how = (f"was killed by signal {self.signal}" if self.signal
+                   else f"exited with code {self.returncode}")
+            raise CommandFailed(f"{self.args[0]} {how}", self.returncode, stdout=self.stdout,
+                                stderr=self.stderr)
+        return self
+
+    check_returncode = check
+
+
+# ----------------------------------------------------------------------------
+# One call, seen from the caller: the supervisor's socket
+
+
+_FAILURES: dict[str, type[SandlockError]] = {cls.__name__: cls for cls in (
+    SetupError, LandlockError, SeccompError, KernelSupportError)}
+
+
+class _Call:
+    """The caller's end of one call's supervisor socket (see :mod:`sandlock.forkserver`)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pid: Optional[int] = None
+        self.failure: Optional[SandlockError] = None
+        self.status: Optional[tuple[int, int, bool]] = None  # returncode, signal, timed out
+
+    @property
+    def ended(self) -> bool:
+        return self.status is not None or self.failure is not None
+
+    def receive(self) -> None:
+        """Read one message (blocks unless the socket is readable)."""
+        try:
+            message = self.sock.recv(65536)
+        except OSError:
+            message = b""
+        kind, _, rest = message.partition(b" ")
+        if kind == b"S":
+            self.pid = int(rest)
+        elif kind == b"E":
+            code, sig, timed_out, pid = (int(x) for x in rest.split())
+            self.status = (code, sig, bool(timed_out))
+            self.pid = pid
+        elif kind == b"F":
+            head, _, text = rest.decode(errors="replace").partition("\n")
+            code, _, name = head.partition(" ")
+            if name == "ExecError":
+                self.failure = ExecError(text, int(code))
+            else:
+                self.failure = _FAILURES.get(name, SandlockError)(text)
+                self.failure.exit_code = int(code)
+        elif self.status is None and self.failure is None:
+            self.failure = SetupError("the sandbox supervisor died before reporting; "
+                                      "the call's processes were killed")
+
+    def wait_started(self) -> None:
+        while self.pid is None and not self.ended:
+            self.receive()
+
+    def send(self, message: bytes) -> None:
+        try:
+            self.sock.send(message)
+        except OSError:
+            pass  # already over
+
+    def close(self) -> None:
+        """Closing before the end kills the call's whole tree (the supervisor sees EOF)."""
+        self.sock.close()
+
+
+class _Pump:
+    """Feed stdin, drain stdout/stderr and follow the supervisor, without deadlock.
+
+    Plain handlers driven either by poll() (:meth:`run`) or by an asyncio loop
+    (:meth:`run_async`); no thread is started.
+    """
+
+    def __init__(self, call: _Call, writes: Mapping[int, bytes], reads: Iterable[int],
+                 limit: Optional[int] = None) -> None:
+        self.call = call
+        self.writes = {fd: memoryview(data) for fd, data in writes.items()}
+        self.reads = {fd: bytearray() for fd in reads}
+        self.output: dict[int, bytes] = {}
+        self.limit = limit
+        self.overflow = False
+        self.finished: list[int] = []
+        for fd in (*self.writes, *self.reads):
+            os.set_blocking(fd, False)
+
+    @property
+    def done(self) -> bool:
+        return not self.writes and not self.reads and self.call.ended
+
+    def watched(self) -> tuple[list[int], list[int]]:
+        reading = list(self.reads)
+        if not self.call.ended:
+            reading.append(self.call.sock.fileno())
+        return reading, list(self.writes)
+
+    def readable(self, fd: int) -> bool:
+        """Handle one readable fd; True when it is finished (stop watching it)."""
+        if fd == self.call.sock.fileno():
+            self.call.receive()
+            return self.call.ended
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return False
+        buffer = self.reads[fd]
+        if chunk and self.limit is not None and len(buffer) + len(chunk) > self.limit:
+            self.overflow = True
+            self.call.send(b"K")
+            chunk = b""
+        if chunk:
+            buffer += chunk
+            return False
+        self.output[fd] = bytes(self.reads.pop(fd))
+        self.finished.append(fd)
+        return True
+
+    def writable(self, fd: int) -> bool:
+        view = self.writes[fd]
+        try:
+            view = view[os.write(fd, view[:_CHUNK]):]
+        except BlockingIOError:
+            return False
+        except (BrokenPipeError, ConnectionResetError):
+            view = view[:0]  # the command stopped reading, as subprocess does: not an error
+        self.writes[fd] = view
+        if view:
+            return False
+        del self.writes[fd]
+        self.finished.append(fd)
+        return True
+
+    def close_finished(self) -> None:
+        """Close the fds that reached EOF (only once nothing watches them any more)."""
+        for fd in self.finished:
+            os.close(fd)
+        self.finished.clear()
+
+    def run(self, deadline: Optional[float] = None) -> bool:
+        """Drive until done; False if the (monotonic) deadline passed first."""
+        import time
+
+        while not self.done:
+            poller = select.poll()
+            reading, writing = self.watched()
+            for fd in reading:
+                poller.register(fd, select.POLLIN)
+            for fd in writing:
+                poller.register(fd, select.POLLOUT)
+            wait = None
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                wait = int(left * 1000) + 1
+            for fd, events in poller.poll(wait):
+                if fd in self.writes:
+                    self.writable(fd)
+                elif fd in self.reads or fd == self.call.sock.fileno():
+                    self.readable(fd)
+            self.close_finished()
+        return True
+
+    async def run_async(self) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+
+        def after(fd: int, done_with_fd: bool, remove: Callable[[int], bool]) -> None:
+            if done_with_fd:
+                remove(fd)
+                self.close_finished()
+            if self.done and not finished.done():
+                finished.set_result(None)
+
+        reading, writing = self.watched()
+        for fd in reading:
+            loop.add_reader(fd, lambda fd=fd: after(fd, self.readable(fd), loop.remove_reader))
+        for fd in writing:
+            loop.add_writer(fd, lambda fd=fd: after(fd, self.writable(fd), loop.remove_writer))
+        try:
+            if not self.done:
+                await finished
+        finally:
+            for fd in reading:
+                loop.remove_reader(fd)
+            for fd in writing:
+                loop.remove_writer(fd)
+            self.close_finished()
+
+    def close(self) -> None:
+        """Close what is left (after an error or cancellation)."""
+        self.close_finished()
+        for fd in (*self.writes, *self.reads):
+            os.close(fd)
+        self.writes.clear()
+        self.reads.clear()
+
+
+def _wait_readable(sock: socket.socket, timeout: Optional[float]) -> bool:
+    poller = select.poll()  # not select(): the caller may have more than 1024 fds
+    poller.register(sock.fileno(), select.POLLIN)
+    return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
+
+
+# ----------------------------------------------------------------------------
+# Results of Python calls come from a confined process: untrusted input.
+
+_SAFE_GLOBALS = {
+    "builtins": {"complex", "set", "frozenset", "bytearray", "slice", "range"},
+    "collections": {"OrderedDict", "deque", "Counter"},
+    "datetime": {"date", "time", "datetime", "timedelta", "timezone"},
+    "decimal": {"Decimal"},
+    "fractions": {"Fraction"},
+    "uuid": {"UUID"},
+    "pathlib": {"PurePath", "PurePosixPath", "Path", "PosixPath"},
+}
+
+
+class _Untrusted(Exception):
+    pass
+
+
+class _Unpickler(pickle.Unpickler):
+    """Rebuilds only plain data, exception classes already imported, and trusted types.
+
+    Unpickling runs whatever callable the bytes name, so a compromised tool could
+    otherwise run code in the caller (https://docs.python.org/3/library/pickle.html,
+    "Restricting Globals"). Nothing is imported on the tool's behalf.
+    """
+
+    def __init__(self, data: bytes, trusted: frozenset[tuple[str, str]]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.trusted = trusted
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in _SAFE_GLOBALS.get(module, ()) or (module, name) in self.trusted:
+            return super().find_class(module, name)
+        found: Any = sys.modules.get(module)
+        for part in name.split("."):
+            found = getattr(found, part, None)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            return found
+        raise _Untrusted(f"{module}.{name}")
+
+
+class RemoteTraceback(Exception):
+    """Set as ``__cause__`` of an exception re-raised from a confined call."""
+
+    def __str__(self) -> str:
+        return "\n\nTraceback in the confined process:\n" + str(self.args[0])
+
+
+# ----------------------------------------------------------------------------
+# The sandbox
+
+
+def _load(policy: PolicyLike, variables: Optional[Mapping[str, str]]) -> Policy:
+    if isinstance(policy, Policy):
+        if variables:
+            raise TypeError("vars= applies when loading a policy; this one is already loaded")
+        return policy
+    if isinstance(policy, Mapping):
+        return policy_from_dict(policy, variables)
+    if isinstance(policy, (str, os.PathLike)):
+        return load_policy(policy, variables)
+    raise TypeError(f"policy must be a Policy, a path or a dict, not {type(policy).__name__}")
+
+
+class Sandbox:
+    """A compiled policy: every :meth:`run`, :meth:`popen` or :meth:`call` is a new,
+    separately confined process. Thread-safe; close it (or use ``with``) to release
+    the Landlock ruleset fd.
+
+    ``policy`` is a :class:`~sandlock.policy.Policy`, a path to a TOML file, or a dict
+    with the same schema (``vars`` fill ``${name}``). TOML text: :meth:`from_toml`.
+    ``trusted_types`` are the classes (besides plain data and exceptions) that
+    :meth:`call` may rebuild from a confined function's result.
+    """
+
+    def __init__(self, policy: PolicyLike, *, vars: Optional[Mapping[str, str]] = None,
+                 best_effort: bool = False, timeout: Optional[float] = None,
+                 trusted_types: Iterable[type] = (), max_result_size: int = 64 << 20) -> None:
+        loaded = _load(policy, vars)
+        if best_effort:
+            loaded = loaded.with_compat(Compat.BEST_EFFORT)
+        if timeout is not None:
+            loaded = loaded.with_timeout(timeout)
+        self.policy = loaded
+        self._compiled = launcher.compile_policy(loaded)
+        self._trusted = frozenset((t.__module__, t.__qualname__) for t in trusted_types)
+        self._max_result = max_result_size
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closed = False
+
+    @classmethod
+    def from_toml(cls, text: str, *, vars: Optional[Mapping[str, str]] = None,
+                  **options: Any) -> "Sandbox":
+        return cls(loads_policy(text, vars), **options)
+
+    # -- inspection
+
+    @property
+    def abi(self) -> int:
+        """The Landlock ABI the ruleset was built for."""
+        return self._compiled.abi
+
+    @property
+    def warnings(self) -> list[str]:
+        """Protections not enforced on this kernel (non-empty only in best-effort mode)."""
+        return self._compiled.warnings
+
+    def grants(self) -> dict[str, Any]:
+        """What a confined process may do, as plain data (everything else is denied)."""
+        p = self.policy
+        return {
+            **{access: [r.path for r in p.paths if r.access.value == access]
+               for access in ("read", "write", "exec")},
+            "connect": [str(r) for r in p.network.connect],
+            "bind": [str(r) for r in p.network.bind],
+            "udp": p.network.udp, "unix": p.network.unix,
+            "scope": {"signals": p.scope.signals, "abstract_unix": p.scope.abstract_unix},
+            "env": {"pass": list(p.env.passed), "set": dict(p.env.set)},
+            "limits": {k: getattr(p.limits, k) for k in
+                       ("timeout", "cpu", "memory", "processes", "open_files", "file_size")},
+            "syscalls": {"deny": list(p.syscalls.deny), "allow": list(p.syscalls.allow)},
+            "not_enforced": self.warnings,
+        }
+
+    # -- lifecycle
+
+    def close(self) -> None:
+        """Release the ruleset fd (after the calls being submitted right now)."""
+        with self._lock:
+            self._closed = True
+            if self._users == 0:
+                self._compiled.close()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- calls
+
+    def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
+                timeout: Optional[float], extra_fds: Sequence[int] = (),
+                **fields: Any) -> _Call:
+        with self._lock:
+            if self._closed:
+                raise SandlockError("this Sandbox is closed")
+            self._users += 1
+        try:
+            compiled = self._compiled
+            fds = [*stdio] + ([compiled.ruleset_fd] if compiled.ruleset_fd >= 0 else [])
+            request = {
+                "kind": kind, "exe": cmd.executable, "argv": list(cmd.argv),
+                "env": list(cmd.env), "cwd": cmd.cwd, "bpf": compiled.bpf,
+                "rlimits": list(compiled.rlimits), "ruleset": compiled.ruleset_fd >= 0,
+                "timeout": self.policy.limits.timeout if timeout is None else timeout,
+                **fields,
+            }
+            return _Call(forkserver.get().submit(request, [*fds, *extra_fds]))
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._closed and self._users == 0:
+                    self._compiled.close()
+
+    def _command(self, argv: Sequence[str], cwd: Optional[str],
+                 env: Optional[Mapping[str, str]]) -> launcher.Command:
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("argv must be a sequence of strings (no shell is involved)")
+        cmd = launcher.prepare_command(self.policy, [os.fspath(a) for a in argv],
+                                       cwd=os.path.abspath(cwd or os.getcwd()))
+        exe = os.path.abspath(cmd.executable)
+        environment = dict(cmd.env)
+        environment.update(env or {})
+        return launcher.Command(exe, cmd.argv, tuple(environment.items()), cmd.cwd)
+
+    def popen(self, argv: Sequence[str], *, stdin: File = None, stdout: File = None,
+              stderr: File = None, cwd: Optional[str] = None,
+              env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+              text: bool = False, encoding: Optional[str] = None,
+              errors: Optional[str] = None) -> "Process":
+        """Start ``argv`` confined and return a :class:`Process` (like subprocess.Popen).
+
+        Raises :class:`ExecError` (126/127) or :class:`SetupError` (125) if it could
+        not start. ``timeout`` (or the policy's) is a hard limit enforced by the
+        supervisor; ``env`` adds variables to those the policy passes.
+        """
+        cmd = self._command(argv, cwd, env)
+        mine, theirs = _open_stdio((stdin, stdout, stderr))
+        try:
+            call = self._submit("exec", cmd, theirs, timeout, report_start=True)
+        except BaseException:
+            for fd in mine:
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        finally:
+            _close_theirs(theirs, (stdin, stdout, stderr))
+        return Process(call, cmd.argv, mine, text or bool(encoding or errors), encoding, errors)
+
+    def run(self, argv: Sequence[str], *, input: Optional[Union[bytes, str]] = None,
+            timeout: Optional[float] = None, cwd: Optional[str] = None,
+            capture_output: bool = False, stdin: File = None, stdout: File = None,
+            stderr: File = None, env: Optional[Mapping[str, str]] = None, text: bool = False,
+            encoding: Optional[str] = None, errors: Optional[str] = None,
+            check: bool = False) -> Result:
+        """Run ``argv`` confined and wait (like subprocess.run).
+
+        Returns a :class:`Result` however it ended, including timeouts (124) and
+        refusals before exec (125-127); ``check=True`` raises the typed error instead.
+        """
+        job = self._start_run(argv, input, timeout, cwd, capture_output, stdin, stdout,
+                              stderr, env, text, encoding, errors)
+        if isinstance(job, Result):
+            return job.check() if check else job
+        try:
+            job.pump.run()
+        finally:
+            job.pump.close()
+            job.call.close()
+        result = job.result()
+        return result.check() if check else result
+
+    async def run_async(self, argv: Sequence[str], *, input: Optional[Union[bytes, str]] = None,
+                        timeout: Optional[float] = None, cwd: Optional[str] = None,
+                        capture_output: bool = False, stdin: File = None, stdout: File = None,
+                        stderr: File = None, env: Optional[Mapping[str, str]] = None,
+                        text: bool = False, encoding: Optional[str] = None,
+                        errors: Optional[str] = None, check: bool = False) -> Result:
+        """:meth:`run` for asyncio: awaits without a thread. Cancelling kills the tree."""
+        job = self._start_run(argv, input, timeout, cwd, capture_output, stdin, stdout,
+                              stderr, env, text, encoding, errors)
+        if isinstance(job, Result):
+            return job.check() if check else job
+        try:
+            await job.pump.run_async()
+        finally:
+            job.pump.close()
+            job.call.close()
+        result = job.result()
+        return result.check() if check else result
+
+    def _start_run(self, argv: Sequence[str], input: Optional[Union[bytes, str]],
+                   timeout: Optional[float], cwd: Optional[str], capture_output: bool,
+                   stdin: File, stdout: File, stderr: File, env: Optional[Mapping[str, str]],
+                   text: bool, encoding: Optional[str], errors: Optional[str]
+                   ) -> Union[Result, "_RunJob"]:
+        decode = text or bool(encoding or errors)
+        if capture_output:
+            if stdout is not None or stderr is not None:
+                raise ValueError("capture_output=True cannot be combined with stdout/stderr")
+            stdout = stderr = PIPE
+        if input is not None:
+            if stdin is not None:
+                raise ValueError("input= cannot be combined with stdin=")
+            stdin = PIPE
+            if isinstance(input, str):
+                input = input.encode(encoding or "utf-8", errors or "strict")
+        args = tuple(os.fspath(a) for a in argv) if not isinstance(argv, (str, bytes)) else ()
+        try:
+            cmd = self._command(argv, cwd, env)
+        except ExecError as exc:
+            return Result(args, int(exc.exit_code), outcome=Outcome.NOT_STARTED, error=exc)
+        mine, theirs = _open_stdio((stdin, stdout, stderr))
+        try:
+            call = self._submit("exec", cmd, theirs, timeout)
+        except BaseException:
+            for fd in mine:
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        finally:
+            _close_theirs(theirs, (stdin, stdout, stderr))
+        writes = {mine[0]: input or b""} if mine[0] >= 0 else {}
+        pump = _Pump(call, writes, [fd for fd in mine[1:] if fd >= 0])
+        return _RunJob(call, pump, args, mine, decode, encoding, errors)
+
+    def call(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``func(*args, **kwargs)`` in a confined process; return or raise its outcome.
+
+        ``func`` must be importable by reference (a module-level function; from the
+        main script too) or picklable. The confined process is forked from the fork
+        server, not from the caller: it sees the caller's ``sys.path`` and imports
+        ``func``'s module afresh, so the policy must grant read on it. It gets the
+        arguments (pickled), the policy's environment and the caller's stdout and
+        stderr; it does not get the caller's memory, environment or other fds.
+        """
+        job = self._start_call(func, args, kwargs)
+        try:
+            job.pump.run()
+        finally:
+            job.pump.close()
+            job.call.close()
+        return job.outcome(func)
+
+    async def call_async(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`call` for asyncio."""
+        job = self._start_call(func, args, kwargs)
+        try:
+            await job.pump.run_async()
+        finally:
+            job.pump.close()
+            job.call.close()
+        return job.outcome(func)
+
+    def _start_call(self, func: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> "_CallJob":
+        name = getattr(func, "__qualname__", repr(func))
+        try:
+            payload = pickle.dumps((func, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            raise CallError(f"cannot send {name} and its arguments to the confined process: "
+                            f"{exc} (the function must be importable by reference, e.g. "
+                            "defined at module level, or picklable)") from exc
+        main = None
+        if b"__main__" in payload:
+            main = getattr(sys.modules.get("__main__"), "__file__", None)
+            if main is None:
+                raise CallError(f"{name} is defined in an interactive session; the confined "
+                                "process cannot import it (define it in a module)")
+            main = os.path.abspath(main)
+        env = launcher.build_env(self.policy.env, os.environ)
+        cmd = launcher.Command(sys.executable, (sys.executable,), tuple(env.items()),
+                               os.getcwd())
+        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        result_r, result_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            call = self._submit("call", cmd, (devnull, 1, 2), None, [result_w], payload=payload,
+                                main=main, sys_path=[p for p in sys.path if isinstance(p, str)])
+        except BaseException:
+            os.close(result_r)
+            raise
+        finally:
+            os.close(devnull)
+            os.close(result_w)
+        return _CallJob(call, _Pump(call, {}, [result_r], limit=self._max_result), result_r,
+                        self._trusted, self._max_result)
+
+
+@dataclass
+class _RunJob:
+    call: _Call
+    pump: _Pump
+    args: tuple[str, ...]
+    mine: tuple[int, int, int]
+    decode: bool
+    encoding: Optional[str]
+    errors: Optional[str]
+
+    def result(self) -> Result:
+        out = [self.pump.output.get(fd) if fd >= 0 else None for fd in self.mine[1:]]
+        if self.decode:
+            out = [_decode(data, self.encoding, self.errors) for data in out]
+        return _result(self.call, self.args, out[0], out[1])
+
+
+def _result(call: _Call, args: tuple[str, ...], stdout: Any, stderr: Any) -> Result:
+    if call.failure is not None:
+        return Result(args, int(call.failure.exit_code), stdout, stderr,
+                      Outcome.NOT_STARTED, error=call.failure, pid=call.pid)
+    assert call.status is not None
+    code, sig, timed_out = call.status
+    outcome = (Outcome.TIMED_OUT if timed_out else Outcome.SIGNALLED if sig
+               else Outcome.EXITED)
+    return Result(args, code, stdout, stderr, outcome, sig or None, None, call.pid)
+
+
+@dataclass
+class _CallJob:
+    call: _Call
+    pump: _Pump
+    result_fd: int
+    trusted: frozenset[tuple[str, str]]
+    limit: int
+
+    def outcome(self, func: Callable[..., Any]) -> Any:
+        name = getattr(func, "__qualname__", repr(func))
+        call = self.call
+        if call.failure is not None:
+            raise call.failure
+        assert call.status is not None
+        code, sig, timed_out = call.status
+        if timed_out:
+            raise TimeoutExpired(f"{name}: timed out; its process tree was killed")
+        if self.pump.overflow:
+            raise CallError(f"{name}: the result is larger than max_result_size "
+                            f"({self.limit} bytes); the process was killed")
+        data = self.pump.output.get(self.result_fd, b"")
+        if not data:
+            how = f"was killed by signal {sig}" if sig else f"exited with code {code}"
+            raise CallError(f"{name}: the confined process {how} before returning a result",
+                            exit_code=code)
+        envelope = _Unpickler(data, frozenset()).load()  # str and bytes only
+        kind = envelope[0]
+        if kind == "unpicklable":
+            raise CallError(f"{name} returned a {envelope[1]}, which cannot be pickled back "
+                            f"to the caller: {envelope[2]}")
+        if kind == "ok":
+            try:
+                return _Unpickler(envelope[1], self.trusted).load()
+            except _Untrusted as exc:
+                raise CallError(f"{name} returned an object of type {exc}, which is not plain "
+                                "data: pass it in trusted_types= to rebuild it (results of "
+                                "confined code are untrusted input)") from None
+        _, what, message, text, blob = envelope
+        exc_obj: Any = None
+        if blob is not None:
+            try:
+                exc_obj = _Unpickler(blob, self.trusted).load()
+            except Exception:  # noqa: BLE001 - fall back to the text
+                exc_obj = None
+        if isinstance(exc_obj, BaseException):
+            raise exc_obj from RemoteTraceback(text)
+        raise CallError(f"{name} raised {what}: {message}", remote_traceback=text)
+
+
+def _decode(data: Optional[bytes], encoding: Optional[str], errors: Optional[str]) -> Any:
+    if data is None:
+        return None
+    text = data.decode(encoding or "utf-8", errors or "strict")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _fileno(spec: Any) -> int:
+    if isinstance(spec, int):
+        return spec
+    try:
+        return int(spec.fileno())
+    except (AttributeError, io.UnsupportedOperation):
+        raise TypeError(f"expected None, PIPE, DEVNULL, an fd or a file, got {spec!r}") from None
+
+
+def _open_stdio(specs: tuple[File, File, File]) -> tuple[tuple[int, int, int], list[int]]:
+    """(the caller's pipe ends or -1, the fds to hand to the child)."""
+    mine = [-1, -1, -1]
+    theirs: list[int] = []
+    try:
+        for index, spec in enumerate(specs):
+            if spec is None:
+                theirs.append(index)  # inherit the caller's own stdin/stdout/stderr
+            elif spec == DEVNULL:
+                theirs.append(os.open(os.devnull, (os.O_RDONLY if index == 0 else os.O_WRONLY)
+                                      | os.O_CLOEXEC))
+            elif spec == PIPE:
+                r, w = os.pipe2(os.O_CLOEXEC)
+                mine[index], child = (w, r) if index == 0 else (r, w)
+                theirs.append(child)
+            elif spec == STDOUT and index == 2:
+                theirs.append(theirs[1])
+            else:
+                theirs.append(_fileno(spec))
+    except BaseException:
+        _close_theirs(theirs, specs)
+        for fd in mine:
+            if fd >= 0:
+                os.close(fd)
+        raise
+    return (mine[0], mine[1], mine[2]), theirs
+
+
+def _close_theirs(theirs: Sequence[int], specs: Sequence[File]) -> None:
+    """Close the child's ends that this module opened (not the caller's own fds)."""
+    closed = set()
+    for fd, spec in zip(theirs, specs):
+        if spec in (PIPE, DEVNULL) and fd not in closed:
+            os.close(fd)
+            closed.add(fd)
+
+
+class Process:
+    """A running confined command (like subprocess.Popen); from :meth:`Sandbox.popen`.
+
+    ``kill()`` kills its whole process tree. Dropping the object also does: the
+    supervisor kills the tree when the caller's end of its socket closes.
+    """
+
+    def __init__(self, call: _Call, args: tuple[str, ...], mine: tuple[int, int, int],
+                 text: bool, encoding: Optional[str], errors: Optional[str]) -> None:
+        self._call = call
+        self.args = args
+        self._text = (text, encoding, errors)
+        streams: list[Optional[IO[Any]]] = []
+        for index, fd in enumerate(mine):
+            if fd < 0:
+                streams.append(None)
+                continue
+            raw = open(fd, "wb" if index == 0 else "rb")
+            streams.append(io.TextIOWrapper(raw, encoding or "utf-8", errors or "strict")
+                           if text else raw)
+        self.stdin, self.stdout, self.stderr = streams
+        try:
+            call.wait_started()
+        except BaseException:
+            self._close_streams()
+            call.close()
+            raise
+        if call.failure is not None:
+            self._close_streams()
+            call.close()
+            raise call.failure
+        self.pid: int = call.pid  # type: ignore[assignment]
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return None if self._call.status is None else self._call.status[0]
+
+    @property
+    def result(self) -> Optional[Result]:
+        """How it ended (outcome, signal), once it has."""
+        if self._call.status is None:
+            return None
+        return _result(self._call, self.args, None, None)
+
+    def poll(self) -> Optional[int]:
+        while self._call.status is None and not self._call.ended:
+            if not _wait_readable(self._call.sock, 0):
+                break
+            self._call.receive()
+        self._check_lost()
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Wait for the end; TimeoutExpired (nothing killed) if ``timeout`` passes first."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._call.ended:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not _wait_readable(self._call.sock, left):
+                raise TimeoutExpired(f"{self.args[0]}: still running after {timeout}s",
+                                     timeout=timeout)
+            self._call.receive()
+        self._check_lost()
+        return self.returncode  # type: ignore[return-value]
+
+    def _check_lost(self) -> None:
+        if self._call.status is None and self._call.failure is not None:
+            raise self._call.failure
+
+    def communicate(self, input: Optional[Union[bytes, str]] = None,
+                    timeout: Optional[float] = None) -> tuple[Any, Any]:
+        """Send ``input``, read stdout/stderr to EOF, wait. Like Popen.communicate."""
+        import time
+
+        if not hasattr(self, "_pump"):
+            text, encoding, errors = self._text
+            if isinstance(input, str):
+                input = input.encode(encoding or "utf-8", errors or "strict")
+            writes, reads = {}, []
+            if self.stdin is not None:
+                self.stdin.flush()
+                writes[os.dup(self.stdin.fileno())] = input or b""
+                self.stdin.close()
+            self._fds = [os.dup(s.fileno()) if s is not None else -1
+                         for s in (self.stdout, self.stderr)]
+            for stream in (self.stdout, self.stderr):
+                if stream is not None:
+                    stream.close()
+            reads = [fd for fd in self._fds if fd >= 0]
+            self._pump = _Pump(self._call, writes, reads)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._pump.run(deadline):
+            raise TimeoutExpired(f"{self.args[0]}: still running after {timeout}s",
+                                 timeout=timeout)
+        self._check_lost()
+        out = [self._pump.output.get(fd) if fd >= 0 else None for fd in self._fds]
+        if self._text[0]:
+            out = [_decode(data, self._text[1], self._text[2]) for data in out]
+        return out[0], out[1]
+
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to the command's process group."""
+        if not self._call.ended:
+            self._call.send(b"s %d" % signum)
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Kill the whole process tree of this call."""
+        if not self._call.ended:
+            self._call.send(b"K")
+
+    def _close_streams(self) -> None:
+        for stream in (self.stdin, self.stdout, self.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+
+    def __enter__(self) -> "Process":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close_streams()
+        try:
+            self.wait()
+        finally:
+            self._call.close()
+            if hasattr(self, "_pump"):
+                self._pump.close()
+
+    def __del__(self) -> None:
+        try:
+            self._call.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# ----------------------------------------------------------------------------
+# Module-level conveniences
+
+
+def start() -> int:
+    """Start the fork server now (it starts on first use otherwise); return its pid.
+
+    Not needed for safety (it is exec'd fresh, never a copy of the caller), only to
+    move its ~20 ms start-up out of the first tool call.
+    """
+    return forkserver.get().pid
+
+
+def shutdown() -> None:
+    """Stop the fork server, killing any call still running (restarts on next use)."""
+    forkserver.shutdown()

@@ -1,0 +1,382 @@
+"""A cache of compiled policies, so that `sandlock run` need not parse its policy.
+
+Parsing a policy means importing tomllib, dataclasses, enum-heavy models and the
+seccomp compiler: about 60 ms of imports, paid on every tool call. The result of
+all that work is small and plain: the Landlock plan (paths and rights, ports,
+handled rights, scopes), the seccomp BPF, rlimits, the environment spec, the
+timeout and the warnings of a best-effort run. This module stores that result,
+keyed by everything it was computed from, and reads it back with ``marshal``.
+
+The key (compared in full on every hit, not only by its hash) holds: the policy
+file's path, real path and bytes; every variable, the working directory, HOME,
+TMPDIR and the effective uid (the built-in variables come from those); the
+kernel's Landlock ABI and ``SANDLOCK_ABI``; the machine; ``--timeout`` and
+``--best-effort``; the sandlock version and a fingerprint of its code. An entry
+also records every file it extends, with its bytes, and every policy path with
+whether it existed: on a hit each extended file is re-read and compared, and
+each path re-checked (existence; real path of write grants), so any change falls
+back to the full path, which then reports errors exactly as without a cache. On
+a hit the paths are still opened and the ruleset fd built, now; a path that
+vanished in between is an error (exit 125), as it is without the cache.
+
+Safety: entries live in ``$XDG_CACHE_HOME/sandlock/policies`` (default
+``~/.cache``), a directory that must be owned by the effective uid with no
+group or other access, else the cache is not used at all. Entries are written
+to a temporary name and renamed into place; each carries a magic header and a
+CRC-32 of its payload, and anything that does not read back cleanly is ignored
+(then overwritten). ``SANDLOCK_NO_CACHE=1`` turns the cache off.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+import zlib
+
+from . import __version__, kernel
+
+TYPE_CHECKING = False  # typing costs milliseconds; this module exists to save them
+if TYPE_CHECKING:
+    from typing import Any, Mapping, Optional
+
+    from .launcher import Compiled
+    from .policy import Policy
+
+FORMAT = 2
+MAGIC = b"sandlock-compiled-policy\x00%d\n" % FORMAT
+ENV_NO_CACHE = "SANDLOCK_NO_CACHE"
+MAX_ENTRIES = 256
+PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
+
+#: Fields of the policy model this cache knows how to reproduce. A field added
+#: later (by a feature the cached path does not implement) makes the policy
+#: uncacheable unless it holds its default value: never silently skip a feature.
+KNOWN_FIELDS = {
+    "Policy": {"source", "description", "compat", "paths", "network", "scope", "env", "limits",
+               "syscalls", "layers"},
+    "PathRule": {"path", "access", "optional", "origin"},
+    "PortRange": {"low", "high"},
+    "Network": {"connect", "bind", "udp", "unix"},
+    "Scopes": {"signals", "abstract_unix"},
+    "EnvSpec": {"passed", "set"},
+    "Limits": {"timeout", "cpu", "memory", "processes", "open_files", "file_size"},
+    "Syscalls": {"deny", "allow"},
+}
+#: Attributes of launcher.Compiled the cached path reproduces.
+KNOWN_COMPILED = {"policy", "abi", "gaps", "ruleset_fd", "bpf", "rlimits", "_fprog", "_keep"}
+
+
+class _Limits:
+    __slots__ = ("timeout",)
+
+    def __init__(self, timeout: Optional[float]) -> None:
+        self.timeout = timeout
+
+
+class _Env:
+    __slots__ = ("passed", "set")
+
+    def __init__(self, passed: tuple[str, ...], set_: tuple[tuple[str, str], ...]) -> None:
+        self.passed = passed
+        self.set = set_
+
+
+class _Network:
+    """A cached policy never has host rules (issue 7): those are not cacheable."""
+
+    __slots__ = ("allow", "deny", "hosts")
+
+    def __init__(self) -> None:
+        self.allow = self.deny = self.hosts = ()
+
+
+class CachedPolicy:
+    """The parts of a Policy the launcher reads after compilation (source, env, timeout)."""
+
+    __slots__ = ("source", "env", "limits", "network")
+
+    def __init__(self, source: str, env: _Env, limits: _Limits) -> None:
+        self.source = source
+        self.env = env
+        self.limits = limits
+        self.network = _Network()
+
+
+class Entry:
+    """A compiled policy read back from the cache and re-checked against the disk."""
+
+    def __init__(self, value: dict[str, Any]) -> None:
+        passed, set_ = value["env"]
+        self.policy = CachedPolicy(value["source"], _Env(tuple(passed), tuple(set_)),
+                                   _Limits(value["timeout"]))
+        self.plan = value["plan"]
+        self.warnings: tuple[str, ...] = tuple(value["warnings"])
+        self.bpf: bytes = value["bpf"]
+        self.rlimits: tuple[tuple[int, int], ...] = tuple(value["rlimits"])
+        if not isinstance(self.bpf, bytes) or not self.bpf or len(self.bpf) % 8:
+            raise ValueError("bad BPF program")
+
+    def compile(self) -> Compiled:
+        """Open the paths and build the ruleset fd now, as the full path does."""
+        from .launcher import Compiled
+
+        abi, handled_fs, handled_net, scoped, paths, ports, file_only = self.plan
+        fd = kernel.build_ruleset(abi, handled_fs, handled_net, scoped, paths, ports, file_only)
+        # Gaps are kept as their one-line descriptions: Compiled.warnings prints str(gap).
+        return Compiled(self.policy, abi, self.warnings, fd,  # type: ignore[arg-type]
+                        self.bpf, self.rlimits)
+
+
+class Lookup:
+    """The cache slot for one `sandlock run` invocation: a hit (``entry``) or a slot to fill."""
+
+    def __init__(self, key: tuple[Any, ...], path: Optional[str], entry: Optional[Entry],
+                 policy_file: str, variables: Mapping[str, str]) -> None:
+        self.key = key
+        self.path = path
+        self.entry = entry
+        self._policy_file = policy_file
+        self._variables = dict(variables)
+
+    def store(self, policy: Policy, compiled: Compiled) -> None:
+        """Save ``compiled`` for next time. Never raises: a cache that cannot be
+        written only costs speed, it must not change what the command does."""
+        if self.path is None:
+            return
+        try:
+            value = _value(policy, compiled, self._policy_file, self._variables)
+            if value is not None:
+                _write(self.path, self.key, value)
+        except Exception:  # noqa: BLE001 - see docstring
+            pass
+
+
+# ----------------------------------------------------------------------------
+# The key
+
+
+def _code_id() -> tuple[Any, ...]:
+    """Changes whenever sandlock's code does, even without a new version number."""
+    if getattr(sys, "frozen", False):
+        st = os.stat(sys.executable)
+        return (sys.executable, st.st_size, st.st_mtime_ns)
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            st = os.stat(os.path.join(here, name))
+            out.append((name, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _key(policy_file: str, variables: Mapping[str, str], timeout: Optional[str],
+         best_effort: bool) -> tuple[Any, ...]:
+    with open(policy_file, "rb") as handle:
+        text = handle.read()
+    env = os.environ
+    return (FORMAT, __version__, _code_id(), os.uname().machine, os.geteuid(),
+            kernel.landlock_abi(), env.get("SANDLOCK_ABI"), os.getcwd(), env.get("HOME"),
+            env.get("TMPDIR"), policy_file, os.path.realpath(policy_file), text,
+            tuple(sorted(variables.items())), timeout, best_effort)
+
+
+def cache_dir(create: bool) -> Optional[str]:
+    """The per-user cache directory, or None if it is missing or anyone else could write it."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "sandlock", "policies")
+    try:
+        if create:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.stat(path)
+    except OSError:
+        return None
+    if (info.st_mode & 0o170000) != 0o040000 or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+        return None
+    return path
+
+
+def _digest(key: tuple[Any, ...]) -> str:
+    data = repr(key).encode("utf-8", "surrogateescape")
+    try:  # the builtin module: hashlib would load OpenSSL (milliseconds)
+        from _sha256 import sha256  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover - Python 3.12+ renamed it
+        try:
+            from _sha2 import sha256  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            from hashlib import sha256
+    return str(sha256(data).hexdigest()[:40])
+
+
+def lookup(policy_file: str, variables: Mapping[str, str], timeout: Optional[str],
+           best_effort: bool) -> Optional[Lookup]:
+    """The cache slot for these arguments; None when the cache is off or unusable."""
+    if os.environ.get(ENV_NO_CACHE):
+        return None
+    try:
+        key = _key(policy_file, variables, timeout, best_effort)
+    except (OSError, ValueError):
+        return None  # the full path will report it
+    directory = cache_dir(create=True)
+    if directory is None:
+        return None
+    path = os.path.join(directory, _digest(key))
+    return Lookup(key, path, _read(path, key), policy_file, variables)
+
+
+# ----------------------------------------------------------------------------
+# Reading
+
+
+def _read(path: str, key: tuple[Any, ...]) -> Optional[Entry]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            return None
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        data = b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    head = len(MAGIC) + 4
+    if not data.startswith(MAGIC) or int.from_bytes(data[len(MAGIC):head], "little") != zlib.crc32(
+            data[head:]):
+        return None
+    try:
+        stored_key, value = marshal.loads(data[head:])
+        if stored_key != key or not _fresh(value):
+            return None
+        return Entry(value)
+    except (ValueError, TypeError, KeyError, EOFError):
+        return None
+
+
+def _fresh(value: dict[str, Any]) -> bool:
+    """Whether what the entry was compiled from is still what is on disk."""
+    for kind, where, content in value["layers"]:
+        path = os.path.join(PROFILE_DIR, where + ".toml") if kind == "builtin" else where
+        try:
+            with open(path, "rb") as handle:
+                if handle.read() != content:
+                    return False
+        except OSError:
+            return False
+    for path, present, real in value["checks"]:
+        if os.path.exists(path) != present:
+            return False
+        if real is not None and os.path.realpath(path) != real:
+            return False
+    return bool(seccomp_ok())
+
+
+def seccomp_ok() -> bool:
+    return kernel.seccomp_supported() is None
+
+
+# ----------------------------------------------------------------------------
+# Writing (only after a full compile succeeded)
+
+
+def _cacheable(obj: object) -> bool:
+    """True if ``obj`` (a policy dataclass) uses only fields this cache reproduces."""
+    from dataclasses import MISSING, fields, is_dataclass
+
+    known = KNOWN_FIELDS.get(type(obj).__name__, set())
+    for f in fields(obj):  # type: ignore[arg-type]
+        value = getattr(obj, f.name)
+        if f.name not in known:
+            default = f.default if f.default is not MISSING else (
+                f.default_factory() if f.default_factory is not MISSING else MISSING)
+            if value != default:
+                return False
+            continue
+        for item in value if isinstance(value, tuple) else (value,):
+            if is_dataclass(item) and not _cacheable(item):
+                return False
+    return True
+
+
+def _layer_files(policy: Policy, policy_file: str) -> list[tuple[str, str, bytes]]:
+    """Every file the policy extends, as (kind, where, bytes), the policy itself excluded."""
+    out = []
+    for source in policy.layers[:-1]:
+        if source.startswith("<builtin:") and source.endswith(">"):
+            name = source[len("<builtin:"):-1]
+            with open(os.path.join(PROFILE_DIR, name + ".toml"), "rb") as handle:
+                out.append(("builtin", name, handle.read()))
+        else:
+            with open(source, "rb") as handle:
+                out.append(("file", source, handle.read()))
+    return out
+
+
+def _value(policy: Policy, compiled: Compiled, policy_file: str,
+           variables: Mapping[str, str]) -> Optional[dict[str, Any]]:
+    from . import ruleset
+    from .abi import FILE_ONLY
+    from .launcher import Compiled as CompiledType
+    from .policy import Access, load_policy
+
+    if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
+            or not _cacheable(policy) or policy.source != policy_file):
+        return None
+    # Every rule, including optional paths that are absent now (they were skipped).
+    everything = load_policy(policy_file, variables, check_paths=False)
+    present = {rule.path for rule in policy.paths}
+    checks = []
+    for rule in dict.fromkeys(everything.paths):
+        real = os.path.realpath(rule.path) if rule.access is Access.WRITE else None
+        checks.append((rule.path, rule.path in present, real))
+    plan = ruleset.plan(policy, compiled.abi)
+    return {
+        "source": policy.source,
+        "layers": tuple(_layer_files(policy, policy_file)),
+        "checks": tuple(checks),
+        "plan": (plan.abi, plan.handled_fs, plan.handled_net, plan.scoped, plan.paths, plan.ports,
+                 int(FILE_ONLY)),
+        "warnings": tuple(compiled.warnings),
+        "bpf": bytes(compiled.bpf),
+        "rlimits": tuple((int(r), int(v)) for r, v in compiled.rlimits),
+        "env": (tuple(policy.env.passed), tuple(policy.env.set)),
+        "timeout": policy.limits.timeout,
+    }
+
+
+def _write(path: str, key: tuple[Any, ...], value: dict[str, Any]) -> None:
+    payload = marshal.dumps((key, value))
+    data = MAGIC + zlib.crc32(payload).to_bytes(4, "little") + payload
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _prune(directory)
+
+
+def _prune(directory: str) -> None:
+    """Keep the cache bounded: past MAX_ENTRIES, drop the least recently written half."""
+    names = [n for n in os.listdir(directory) if not n.startswith(".")]
+    if len(names) <= MAX_ENTRIES:
+        return
+    aged = sorted(names, key=lambda n: os.stat(os.path.join(directory, n)).st_mtime_ns)
+    for name in aged[: len(aged) // 2]:
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass

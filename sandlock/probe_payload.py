@@ -1,0 +1,1232 @@
+"""The escape attempts `sandlock probe` runs *inside* the sandbox.
+
+This file is not imported by sandlock: :mod:`sandlock.probe` passes its source to
+``/usr/bin/python3 -I -S -B -c`` (so the sandbox needs no read grant for it) with
+one JSON argument describing the targets the harness prepared outside the
+sandbox. Each probe makes the real syscall an attacker would make and prints one
+JSON line ``{"id", "outcome", "detail"}``: ``allowed`` when the kernel let it
+through, ``blocked`` with the errno when it did not, ``skipped`` when the
+harness had nothing to aim at, ``error`` when the probe itself broke. Lines are
+printed as they are produced, so a crash loses only the probe that crashed.
+
+Only the standard library is used. Risky probes (bombs, clone, foreign-ABI
+syscalls, anything that could change this process) run in a forked child.
+"""
+
+import ctypes
+import errno
+import json
+import os
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+
+# Descriptors open before we open anything: what the launcher let through.
+_INHERITED = []
+for _fd in range(3, 256):
+    try:
+        os.fstat(_fd)
+        _INHERITED.append(_fd)
+    except OSError:
+        pass
+
+CFG = json.loads(sys.argv[1])
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.syscall.restype = ctypes.c_long
+MACHINE = os.uname().machine
+#: Syscall numbers (kernel syscall tables) for the raw calls Python has no wrapper for.
+NR = {
+    "x86_64": {
+        "ptrace": 101, "process_vm_readv": 310, "unshare": 272, "clone": 56, "mount": 165,
+        "umount2": 166, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250,
+        "add_key": 248, "personality": 135, "kexec_load": 246, "init_module": 175,
+        "io_uring_setup": 425, "pidfd_getfd": 438, "pidfd_send_signal": 424, "clone3": 435,
+        "name_to_handle_at": 303, "open_by_handle_at": 304, "chroot": 161, "ioctl": 16,
+        "getpid": 39, "setns": 308,
+    },
+    "aarch64": {
+        "ptrace": 117, "process_vm_readv": 270, "unshare": 97, "clone": 220, "mount": 40,
+        "umount2": 39, "bpf": 280, "perf_event_open": 241, "userfaultfd": 282, "keyctl": 219,
+        "add_key": 217, "personality": 92, "kexec_load": 104, "init_module": 105,
+        "io_uring_setup": 425, "pidfd_getfd": 438, "pidfd_send_signal": 424, "clone3": 435,
+        "name_to_handle_at": 264, "open_by_handle_at": 265, "chroot": 51, "ioctl": 29,
+        "getpid": 172, "setns": 268,
+    },
+}.get(MACHINE, {})
+
+
+class Blocked(Exception):
+    """The attempt failed: the sandbox (or the kernel) refused it."""
+
+
+def emit(probe_id, outcome, detail=""):
+    sys.stdout.write(json.dumps({"id": probe_id, "outcome": outcome, "detail": detail}) + "\n")
+    sys.stdout.flush()
+
+
+def why(exc):
+    code = getattr(exc, "errno", None)
+    if code:
+        return f"{errno.errorcode.get(code, code)}: {os.strerror(code)}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def sys_call(name, *args):
+    """A raw syscall; raise OSError on failure, return the result."""
+    if name not in NR:
+        raise Blocked(f"{name}: unknown on {MACHINE}")
+    result = LIBC.syscall(NR[name], *[ctypes.c_long(a) if isinstance(a, int) else a for a in args])
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return result
+
+
+PROBES = []
+
+
+def probe(probe_id, needs=None):
+    """Register a probe; ``needs`` names a config key without which it is skipped."""
+    def register(fn):
+        PROBES.append((probe_id, needs, fn))
+        return fn
+    return register
+
+
+def in_child(fn, timeout=10.0):
+    """Run ``fn`` in a forked child; return ("exit", code) or ("signal", signum).
+
+    ``fn`` returns an exit code (0 = the attempt succeeded).
+    """
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = fn()
+        except OSError as exc:
+            code = exc.errno or 98
+        except BaseException:  # noqa: BLE001 - the child must reach _exit whatever happens
+            code = 97
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "timeout", 0
+        time.sleep(0.005)
+    if os.WIFSIGNALED(status):
+        return "signal", os.WTERMSIG(status)
+    return "exit", os.WEXITSTATUS(status)
+
+
+def child_outcome(result, what):
+    kind, value = result
+    if kind == "exit" and value == 0:
+        return "allowed", what
+    if kind == "exit":
+        return "blocked", f"{errno.errorcode.get(value, value)}"
+    if kind == "signal":
+        return "blocked", f"killed by {signal.Signals(value).name}"
+    return "blocked", "did not finish"
+
+
+def read_file(path, size=4096):
+    with open(path, "rb") as handle:
+        return handle.read(size)
+
+
+def writable():
+    return CFG.get("writable")
+
+
+def scratch(name):
+    """A path in the first writable directory the policy grants."""
+    return os.path.join(writable(), f".sandlock-probe-{name}")
+
+
+# ---------------------------------------------------------------------------
+# Filesystem
+
+
+@probe("fs.read_outside")
+def _():
+    data = read_file(CFG["secret"])
+    return "allowed", f"read {len(data)} bytes"
+
+
+@probe("fs.list_outside")
+def _():
+    return "allowed", f"listed {len(os.listdir(CFG['outside']))} names"
+
+
+@probe("fs.write_outside")
+def _():
+    with open(CFG["victims"]["fs.write_outside"], "ab") as handle:
+        handle.write(b"appended by the sandbox\n")
+    return "allowed", "appended"
+
+
+@probe("fs.overwrite_outside")
+def _():
+    with open(CFG["victims"]["fs.overwrite_outside"], "wb") as handle:
+        handle.write(b"overwritten by the sandbox\n")
+    return "allowed", "overwritten"
+
+
+@probe("fs.create_outside")
+def _():
+    fd = os.open(CFG["victims"]["fs.create_outside"], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    os.close(fd)
+    return "allowed", "created"
+
+
+@probe("fs.truncate_outside")
+def _():
+    os.truncate(CFG["victims"]["fs.truncate_outside"], 0)
+    return "allowed", "truncated with truncate(2)"
+
+
+@probe("fs.delete_outside")
+def _():
+    os.unlink(CFG["victims"]["fs.delete_outside"])
+    return "allowed", "deleted"
+
+
+@probe("fs.rmdir_outside")
+def _():
+    os.rmdir(CFG["victims"]["fs.rmdir_outside"])
+    return "allowed", "removed directory"
+
+
+@probe("fs.rename_outside")
+def _():
+    source = CFG["victims"]["fs.rename_outside"]
+    os.rename(source, source + ".renamed")
+    return "allowed", "renamed within the outside directory"
+
+
+@probe("fs.mkfifo_outside")
+def _():
+    os.mkfifo(CFG["victims"]["fs.mkfifo_outside"])
+    return "allowed", "made a FIFO"
+
+
+@probe("fs.symlink_create_outside")
+def _():
+    os.symlink("/etc/passwd", CFG["victims"]["fs.symlink_create_outside"])
+    return "allowed", "made a symlink"
+
+
+@probe("fs.rename_out_to_workspace", needs="writable")
+def _():
+    os.rename(CFG["victims"]["fs.rename_out_to_workspace"], scratch("stolen"))
+    return "allowed", "moved a file from outside into the workspace"
+
+
+@probe("fs.rename_workspace_to_outside", needs="writable")
+def _():
+    planted = scratch("planted")
+    with open(planted, "wb") as handle:
+        handle.write(b"planted\n")
+    try:
+        os.rename(planted, CFG["victims"]["fs.rename_workspace_to_outside"])
+    finally:
+        if os.path.exists(planted):
+            os.unlink(planted)
+    return "allowed", "moved a workspace file to outside"
+
+
+@probe("fs.hardlink_into_workspace", needs="writable")
+def _():
+    link = scratch("hardlink")
+    os.link(CFG["secret"], link)
+    data = read_file(link)
+    return "allowed", f"linked and read {len(data)} bytes"
+
+
+@probe("fs.hardlink_to_outside", needs="writable")
+def _():
+    planted = scratch("planted-link")
+    with open(planted, "wb") as handle:
+        handle.write(b"planted\n")
+    try:
+        os.link(planted, CFG["victims"]["fs.hardlink_to_outside"])
+    finally:
+        os.unlink(planted)
+    return "allowed", "linked a workspace file into outside"
+
+
+@probe("fs.symlink_escape", needs="writable")
+def _():
+    link = scratch("symlink")
+    try:
+        os.symlink(CFG["secret"], link)
+    except OSError as exc:
+        return "blocked", f"symlink: {why(exc)}"
+    data = read_file(link)
+    return "allowed", f"read {len(data)} bytes through a symlink"
+
+
+@probe("fs.symlink_dir_escape", needs="writable")
+def _():
+    link = scratch("symlink-dir")
+    try:
+        os.symlink(CFG["outside"], link)
+    except OSError as exc:
+        return "blocked", f"symlink: {why(exc)}"
+    data = read_file(os.path.join(link, os.path.basename(CFG["secret"])))
+    return "allowed", f"read {len(data)} bytes through a directory symlink"
+
+
+@probe("fs.dotdot_traversal", needs="readable_dir")
+def _():
+    base = CFG["readable_dir"]
+    path = base + "/.." * base.count("/") + CFG["secret"]
+    data = read_file(path)
+    return "allowed", f"read {len(data)} bytes via {path}"
+
+
+@probe("fs.dotdot_relative", needs="readable_dir")
+def _():
+    os.chdir(CFG["readable_dir"])
+    try:
+        rel = os.path.relpath(CFG["secret"], CFG["readable_dir"])
+        data = read_file(rel)
+    finally:
+        os.chdir("/")
+    return "allowed", f"read {len(data)} bytes via {rel}"
+
+
+@probe("fs.proc_self_root")
+def _():
+    data = read_file("/proc/self/root" + CFG["secret"])
+    return "allowed", f"read {len(data)} bytes"
+
+
+@probe("fs.proc_self_cwd")
+def _():
+    try:
+        os.chdir(CFG["outside"])  # chdir is not a Landlock right: this may succeed
+    except OSError as exc:
+        return "blocked", f"chdir: {why(exc)}"
+    try:
+        name = os.path.basename(CFG["secret"])
+        for path in (name, "/proc/self/cwd/" + name):
+            try:
+                data = read_file(path)
+                return "allowed", f"read {len(data)} bytes via {path}"
+            except OSError as exc:
+                last = f"{path}: {why(exc)}"
+    finally:
+        os.chdir("/")
+    return "blocked", last
+
+
+@probe("fs.opath_reopen")
+def _():
+    fd = os.open(CFG["secret"], os.O_PATH)  # O_PATH opens are not checked by Landlock
+    try:
+        for path in (f"/proc/self/fd/{fd}", f"/dev/fd/{fd}"):
+            try:
+                data = read_file(path)
+                return "allowed", f"read {len(data)} bytes via {path}"
+            except OSError as exc:
+                last = f"{path}: {why(exc)}"
+        dirfd = os.open(CFG["outside"], os.O_PATH | os.O_DIRECTORY)
+        try:
+            nfd = os.open(os.path.basename(CFG["secret"]), os.O_RDONLY, dir_fd=dirfd)
+            os.close(nfd)
+            return "allowed", "openat() through an O_PATH directory fd"
+        except OSError as exc:
+            last += f"; openat(O_PATH dir): {why(exc)}"
+        finally:
+            os.close(dirfd)
+    finally:
+        os.close(fd)
+    return "blocked", last
+
+
+@probe("fs.open_by_handle")
+def _():
+    buf = ctypes.create_string_buffer(8 + 128)
+    struct.pack_into("I", buf, 0, 128)
+    mount_id = ctypes.c_int(0)
+    sys_call("name_to_handle_at", -100, CFG["secret"].encode(), buf, ctypes.byref(mount_id), 0)
+    fd = sys_call("open_by_handle_at", -100, buf, os.O_RDONLY)
+    os.close(fd)
+    return "allowed", "opened the file by handle"
+
+
+@probe("fs.mknod_device", needs="writable")
+def _():
+    os.mknod(scratch("device"), stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    return "allowed", "made a character device node in the workspace"
+
+
+@probe("fs.stat_outside")
+def _():
+    info = os.stat(CFG["secret"])
+    return "allowed", f"size {info.st_size}, owner {info.st_uid}"
+
+
+@probe("fs.chmod_outside")
+def _():
+    os.chmod(CFG["victims"]["fs.chmod_outside"], 0o777)
+    return "allowed", "chmod 0777"
+
+
+@probe("fs.utime_outside")
+def _():
+    os.utime(CFG["victims"]["fs.utime_outside"], (0, 0))
+    return "allowed", "set the timestamps to 1970"
+
+
+@probe("fs.xattr_outside")
+def _():
+    os.setxattr(CFG["victims"]["fs.xattr_outside"], "user.sandlock_probe", b"from the sandbox")
+    return "allowed", "wrote a user.* extended attribute"
+
+
+# ---------------------------------------------------------------------------
+# Exec
+
+
+def spawn_status(argv, path=None):
+    """fork + execve; (exit code or -signal, None) or (None, errno text) if exec failed."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(rfd)
+        try:
+            null = os.open("/dev/null", os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+        except OSError:
+            pass
+        try:
+            os.execv(path or argv[0], argv)
+        except OSError as exc:
+            os.write(wfd, str(exc.errno).encode())
+        os._exit(127)
+    os.close(wfd)
+    report = os.read(rfd, 64)
+    os.close(rfd)
+    _, status = os.waitpid(pid, 0)
+    if report:
+        code = int(report)
+        return None, f"{errno.errorcode.get(code, code)}: {os.strerror(code)}"
+    return os.waitstatus_to_exitcode(status), None
+
+
+def exec_outcome(argv, path=None, ok=lambda code: code == 0):
+    code, failed = spawn_status(argv, path)
+    if failed:
+        return "blocked", f"execve: {failed}"
+    if ok(code):
+        return "allowed", f"ran, exit {code}"
+    return "blocked", f"started but failed (exit {code}): it could not read or run the target"
+
+
+@probe("exec.outside_binary")
+def _():
+    return exec_outcome([CFG["prog_outside"]])
+
+
+@probe("exec.system_binary")
+def _():
+    return exec_outcome([CFG["system_binary"]])
+
+
+@probe("exec.shebang_script")
+def _():
+    return exec_outcome([CFG["script_outside"]])
+
+
+@probe("exec.interpreter_script")
+def _():
+    return exec_outcome([sys.executable, "-I", "-S", CFG["py_outside"]])
+
+
+@probe("exec.ld_so_outside", needs="loader")
+def _():
+    return exec_outcome([CFG["loader"], CFG["prog_outside"]])
+
+
+@probe("exec.ld_so_readable", needs="ld_target")
+def _():
+    return exec_outcome([CFG["loader"], CFG["ld_target"]])
+
+
+@probe("exec.opath_execveat")
+def _():
+    fd = os.open(CFG["prog_outside"], os.O_PATH)
+    try:
+        return exec_outcome([CFG["prog_outside"]], path=f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
+def tiny_elf():
+    """A 132-byte static x86_64 program that exits with status 42: code the sandbox wrote."""
+    if MACHINE != "x86_64":
+        return None
+    code = bytes([0xBF, 42, 0, 0, 0, 0xB8, 60, 0, 0, 0, 0x0F, 0x05])  # exit(42)
+    base, size = 0x400000, 64 + 56 + 12
+    header = (b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+              + struct.pack("<HHIQQQIHHHHHH", 2, 0x3E, 1, base + 120, 64, 0, 0, 64, 56, 1, 0, 0, 0))
+    program = struct.pack("<IIQQQQQQ", 1, 5, 0, base, base, size, size, 0x1000)
+    return header + program + code
+
+
+def run_fd(fd, path=None):
+    """fork + exec of an fd (fexecve) or a path; the exit code, or 100 + errno if exec failed."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execve(path or fd, ["probe"], {})
+        except OSError as exc:
+            os._exit(100 + (exc.errno or 0) % 100)
+        os._exit(99)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def ran(code, what):
+    if code == 42:
+        return "allowed", what
+    if code >= 100:
+        err = code - 100
+        return "blocked", f"execve: {errno.errorcode.get(err, err)}"
+    return "blocked", f"exit {code}"
+
+
+@probe("exec.memfd")
+def _():
+    elf = tiny_elf()
+    if elf is None:
+        return "skipped", "no built-in test program for this architecture"
+    fd = os.memfd_create("sandlock-probe", 0)
+    try:
+        os.write(fd, elf)
+        return ran(run_fd(fd), "executed a program written into a memfd (fexecve)")
+    finally:
+        os.close(fd)
+
+
+@probe("exec.written_binary", needs="writable")
+def _():
+    elf = tiny_elf()
+    if elf is None:
+        return "skipped", "no built-in test program for this architecture"
+    path = scratch("program")
+    with open(path, "wb") as handle:
+        handle.write(elf)
+    os.chmod(path, 0o755)
+    try:
+        return ran(run_fd(None, path), "executed a program written into the workspace")
+    finally:
+        os.unlink(path)
+
+
+@probe("exec.setuid_no_new_privs")
+def _():
+    PR_GET_NO_NEW_PRIVS = 39
+    value = LIBC.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
+    if value == 1:
+        return "blocked", "no_new_privs is set: setuid bits and file capabilities are ignored"
+    return "allowed", f"no_new_privs is {value}: a setuid binary would gain privileges"
+
+
+# ---------------------------------------------------------------------------
+# Secrets
+
+
+@probe("secrets.env_canary")
+def _():
+    name, value = CFG["env_canary"]
+    leaked = [k for k, v in os.environ.items() if value in v]
+    if leaked:
+        return "allowed", f"the caller's secret is in the environment as {', '.join(leaked)}"
+    return "blocked", f"{name} not passed ({len(os.environ)} variables present)"
+
+
+@probe("secrets.ssh_key", needs="ssh_key")
+def _():
+    data = read_file(CFG["ssh_key"])
+    return "allowed", f"read {len(data)} bytes of {CFG['ssh_key']}"
+
+
+@probe("secrets.home_listing", needs="home")
+def _():
+    return "allowed", f"listed {len(os.listdir(CFG['home']))} names in {CFG['home']}"
+
+
+@probe("secrets.etc_shadow")
+def _():
+    data = read_file(CFG["shadow"])
+    return "allowed", f"read {len(data)} bytes"
+
+
+@probe("secrets.parent_environ")
+def _():
+    data = read_file(f"/proc/{os.getppid()}/environ")
+    return "allowed", f"read {len(data)} bytes of the launcher's environment"
+
+
+@probe("secrets.parent_mem")
+def _():
+    fd = os.open(f"/proc/{os.getppid()}/mem", os.O_RDONLY)
+    os.close(fd)
+    return "allowed", "opened the launcher's memory"
+
+
+@probe("secrets.helper_environ", needs="helper_pid")
+def _():
+    data = read_file(f"/proc/{CFG['helper_pid']}/environ")
+    leaked = CFG["env_canary"][1].encode() in data
+    return "allowed", f"read {len(data)} bytes{' including the secret' if leaked else ''}"
+
+
+@probe("secrets.helper_mem", needs="helper_pid")
+def _():
+    fd = os.open(f"/proc/{CFG['helper_pid']}/mem", os.O_RDONLY)
+    try:
+        data = os.pread(fd, 256, CFG["helper_addr"])
+    finally:
+        os.close(fd)
+    leaked = CFG["helper_canary"].encode() in data
+    return "allowed", f"read {len(data)} bytes{' including the secret' if leaked else ''}"
+
+
+@probe("secrets.inherited_fds")
+def _():
+    found = []
+    for fd in _INHERITED:
+        try:
+            data = os.pread(fd, 4096, 0)
+        except OSError:
+            data = b""
+        found.append(f"{fd}{' (the secret)' if CFG['canary'].encode() in data else ''}")
+    if found:
+        return "allowed", f"descriptors open at start: {', '.join(found)}"
+    return "blocked", f"no descriptor above 2 (the caller had fd {CFG['caller_fd']} open)"
+
+
+# ---------------------------------------------------------------------------
+# Network
+
+
+def tcp(family=socket.AF_INET, proto=0):
+    return socket.socket(family, socket.SOCK_STREAM, proto)
+
+
+def connect_probe(family, address, what):
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(3)
+        sock.connect(address)
+        return "allowed", what
+    finally:
+        sock.close()
+
+
+@probe("net.tcp_connect_denied_port")
+def _():
+    port = CFG["ports"]["tcp_denied"]
+    return connect_probe(socket.AF_INET, ("127.0.0.1", port), f"connected to 127.0.0.1:{port}")
+
+
+@probe("net.tcp6_connect_denied_port", needs="tcp6")
+def _():
+    port = CFG["tcp6"]
+    return connect_probe(socket.AF_INET6, ("::1", port), f"connected to [::1]:{port}")
+
+
+@probe("net.tcp_connect_granted_port", needs="tcp_granted")
+def _():
+    port = CFG["tcp_granted"]
+    return connect_probe(socket.AF_INET, ("127.0.0.1", port), f"connected to 127.0.0.1:{port}")
+
+
+@probe("net.tcp_fastopen")
+def _():
+    port = CFG["ports"]["tcp_denied"]
+    sock = tcp()
+    try:
+        sock.sendto(b"x", 0x20000000, ("127.0.0.1", port))  # MSG_FASTOPEN
+        return "allowed", f"sendto(MSG_FASTOPEN) to 127.0.0.1:{port}"
+    finally:
+        sock.close()
+
+
+@probe("net.tcp_bind_denied_port")
+def _():
+    port = CFG["ports"]["bind_denied"]
+    sock = tcp()
+    try:
+        sock.bind(("127.0.0.1", port))
+        sock.listen(1)
+        return "allowed", f"listening on 127.0.0.1:{port}"
+    finally:
+        sock.close()
+
+
+@probe("net.tcp_bind_ephemeral")
+def _():
+    sock = tcp()
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+        return "allowed", f"listening on 127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()
+
+
+@probe("net.tcp_listen_autobind")
+def _():
+    sock = tcp()
+    try:
+        sock.listen(1)  # no bind(): the kernel picks a port
+        return "allowed", f"listening on port {sock.getsockname()[1]} without bind()"
+    finally:
+        sock.close()
+
+
+@probe("net.udp_send")
+def _():
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.sendto(CFG["canary"].encode(), ("127.0.0.1", CFG["ports"]["udp"]))
+        return "allowed", f"sent a datagram to 127.0.0.1:{CFG['ports']['udp']}"
+    finally:
+        sock.close()
+
+
+@probe("net.icmp_socket")
+def _():
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP).close()
+    return "allowed", "created an ICMP (ping) socket"
+
+
+@probe("net.raw_socket")
+def _():
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP).close()
+    return "allowed", "created a raw socket"
+
+
+@probe("net.packet_socket")
+def _():
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0).close()
+    return "allowed", "created a packet socket"
+
+
+@probe("net.netlink_socket")
+def _():
+    socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()  # NETLINK_ROUTE
+    return "allowed", "created a NETLINK_ROUTE socket"
+
+
+@probe("net.mptcp")
+def _():
+    sock = tcp(proto=262)  # IPPROTO_MPTCP: not covered by Landlock's TCP rules
+    try:
+        sock.settimeout(3)
+        sock.connect(("127.0.0.1", CFG["ports"]["tcp_denied"]))
+        return "allowed", "MPTCP connect to the denied port"
+    finally:
+        sock.close()
+
+
+def proxy_url():
+    from urllib.parse import urlsplit
+
+    url = os.environ.get("HTTP_PROXY")
+    return urlsplit(url) if url else None
+
+
+@probe("net.proxy_port_elsewhere")
+def _():
+    if proxy_url() is None:
+        return "skipped", "no [network] allow, so no proxy"
+    port = proxy_url().port  # Landlock port rules are per port: must not reach 127.0.0.2:PORT
+    return connect_probe(socket.AF_INET, ("127.0.0.2", port), f"connected to 127.0.0.2:{port}")
+
+
+@probe("net.proxy_unlisted_host")
+def _():
+    import base64
+
+    url = proxy_url()
+    if url is None:
+        return "skipped", "no [network] allow, so no proxy"
+    auth = base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
+    sock = socket.create_connection((url.hostname, url.port), timeout=10)
+    try:
+        sock.sendall(f"CONNECT sandlock-probe.invalid:443 HTTP/1.1\r\n"
+                     f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
+        status = sock.recv(200).split(b"\r\n")[0].decode(errors="replace")
+    finally:
+        sock.close()
+    if " 200 " in status + " ":
+        return "allowed", "the proxy opened a tunnel to sandlock-probe.invalid:443"
+    return "blocked", status
+
+
+@probe("net.sctp")
+def _():
+    for kind in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET):
+        try:
+            socket.socket(socket.AF_INET, kind, 132).close()  # IPPROTO_SCTP
+            return "allowed", "created an SCTP socket"
+        except OSError as exc:
+            last = why(exc)
+    return "blocked", last
+
+
+@probe("net.other_families")
+def _():
+    opened = []
+    for family in range(1, 46):
+        if family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6):
+            continue
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW, socket.SOCK_SEQPACKET):
+            try:
+                fd = socket.socket(family, kind).detach()
+            except OSError:
+                continue
+            os.close(fd)
+            opened.append(f"{family}/{kind}")
+    if opened:
+        return "allowed", f"created sockets of family/type {', '.join(opened)}"
+    return "blocked", "every other address family refused"
+
+
+@probe("net.unix_pathname_outside", needs="unix_path")
+def _():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(CFG["unix_path"])
+        return "allowed", f"connected to {CFG['unix_path']} (an ssh-agent-like listener)"
+    finally:
+        sock.close()
+
+
+@probe("net.unix_abstract_outside", needs="abstract")
+def _():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect("\0" + CFG["abstract"])
+        return "allowed", f"connected to the abstract socket @{CFG['abstract']}"
+    finally:
+        sock.close()
+
+
+@probe("net.unix_bind_outside")
+def _():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(CFG["victims"]["net.unix_bind_outside"])
+        return "allowed", "created a socket file outside"
+    finally:
+        sock.close()
+
+
+@probe("net.io_uring")
+def _():
+    params = ctypes.create_string_buffer(120)
+    fd = sys_call("io_uring_setup", 4, params)
+    os.close(fd)
+    return "allowed", "created an io_uring instance (it bypasses seccomp and socket checks)"
+
+
+# ---------------------------------------------------------------------------
+# Processes
+
+
+@probe("proc.signal_outside", needs="helper_pid")
+def _():
+    os.kill(CFG["helper_pid"], signal.SIGUSR1)  # the helper ignores SIGUSR1
+    return "allowed", f"signalled pid {CFG['helper_pid']}"
+
+
+@probe("proc.signal_parent")
+def _():
+    os.kill(os.getppid(), 0)
+    return "allowed", "signal 0 to the launcher succeeded"
+
+
+@probe("proc.pidfd_signal", needs="helper_pid")
+def _():
+    fd = os.pidfd_open(CFG["helper_pid"])
+    try:
+        sys_call("pidfd_send_signal", fd, signal.SIGUSR1, None, 0)
+    finally:
+        os.close(fd)
+    return "allowed", "pidfd_send_signal to the helper"
+
+
+@probe("proc.pidfd_getfd", needs="helper_pid")
+def _():
+    fd = os.pidfd_open(CFG["helper_pid"])
+    try:
+        stolen = sys_call("pidfd_getfd", fd, 0, 0)
+        os.close(stolen)
+    finally:
+        os.close(fd)
+    return "allowed", "took a copy of the helper's stdin"
+
+
+@probe("proc.ptrace_outside", needs="helper_pid")
+def _():
+    PTRACE_SEIZE, PTRACE_DETACH = 0x4206, 17
+    sys_call("ptrace", PTRACE_SEIZE, CFG["helper_pid"], 0, 0)
+    sys_call("ptrace", PTRACE_DETACH, CFG["helper_pid"], 0, 0)
+    return "allowed", "attached to the helper with ptrace"
+
+
+@probe("proc.process_vm_readv", needs="helper_pid")
+def _():
+    class Iovec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+    buf = ctypes.create_string_buffer(256)
+    local = Iovec(ctypes.cast(buf, ctypes.c_void_p), 256)
+    remote = Iovec(CFG["helper_addr"], 256)
+    count = sys_call("process_vm_readv", CFG["helper_pid"], ctypes.byref(local), 1,
+                     ctypes.byref(remote), 1, 0)
+    leaked = CFG["helper_canary"].encode() in buf.raw
+    secret = " including the secret" if leaked else ""
+    return "allowed", f"read {count} bytes of the helper's memory{secret}"
+
+
+def unshare_probe(flag, name):
+    return child_outcome(in_child(lambda: sys_call("unshare", flag) and 0), f"unshare({name})")
+
+
+@probe("proc.userns")
+def _():
+    return unshare_probe(0x10000000, "CLONE_NEWUSER")
+
+
+@probe("proc.mountns")
+def _():
+    return unshare_probe(0x00020000, "CLONE_NEWNS")
+
+
+@probe("proc.netns")
+def _():
+    return unshare_probe(0x40000000, "CLONE_NEWNET")
+
+
+@probe("proc.clone_newuser")
+def _():
+    def attempt():
+        pid = sys_call("clone", 0x10000000 | signal.SIGCHLD, 0, 0, 0, 0)
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        return 0
+    return child_outcome(in_child(attempt), "clone(CLONE_NEWUSER)")
+
+
+@probe("proc.clone3")
+def _():
+    args = ctypes.create_string_buffer(88)
+    struct.pack_into("Q", args, 0, 0x10000000)  # flags = CLONE_NEWUSER
+    struct.pack_into("Q", args, 32, signal.SIGCHLD)  # exit_signal
+
+    def attempt():
+        pid = sys_call("clone3", args, 88)
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        return 0
+    return child_outcome(in_child(attempt), "clone3(CLONE_NEWUSER)")
+
+
+@probe("proc.mount")
+def _():
+    target = CFG["victims"]["proc.mount"]
+
+    def attempt():
+        sys_call("mount", b"none", target.encode(), b"tmpfs", 0, None)
+        sys_call("umount2", target.encode(), 2)  # MNT_DETACH
+        return 0
+    return child_outcome(in_child(attempt), f"mounted a tmpfs on {target}")
+
+
+@probe("proc.chroot")
+def _():
+    return child_outcome(in_child(lambda: sys_call("chroot", b"/") and 0), "chroot(/)")
+
+
+@probe("proc.timeout_escape")
+def _():
+    """Leave a daemon behind (setsid + double fork); the harness checks it died."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(wfd, str(os.getpid()).encode())
+            for fd in (0, 1, 2):
+                os.close(fd)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            time.sleep(120)
+        os._exit(0)
+    os.close(wfd)
+    daemon = int(os.read(rfd, 32) or 0)
+    os.close(rfd)
+    os.waitpid(pid, 0)
+    return "allowed", f"daemon pid {daemon} detached (setsid + double fork)"
+
+
+# ---------------------------------------------------------------------------
+# Limits (only meaningful when the policy sets them; the harness decides)
+
+
+def limit(name):
+    return CFG["limits"].get(name)
+
+
+@probe("limits.fork_bomb", needs="limits.processes")
+def _():
+    cap = limit("processes") + 16
+    rfd, wfd = os.pipe()
+    children = []
+    failure = None
+    try:
+        for _ in range(cap):
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                failure = exc
+                break
+            if pid == 0:
+                os.close(wfd)
+                os.read(rfd, 1)
+                os._exit(0)
+            children.append(pid)
+    finally:
+        os.close(wfd)
+        os.close(rfd)
+        for pid in children:
+            os.waitpid(pid, 0)
+    if failure is not None:
+        return "blocked", f"fork failed after {len(children)} processes: {why(failure)}"
+    return "allowed", f"forked {len(children)} processes (limit {limit('processes')})"
+
+
+@probe("limits.memory_bomb", needs="limits.memory")
+def _():
+    size = limit("memory") + (64 << 20)
+    try:
+        block = bytearray(size)
+    except MemoryError:
+        return "blocked", f"allocating {size >> 20} MiB failed (MemoryError)"
+    del block
+    return "allowed", f"allocated {size >> 20} MiB"
+
+
+@probe("limits.file_size_bomb", needs="limits.file_size")
+def _():
+    path = scratch("bigfile") if writable() else CFG["victims"]["fs.create_outside"] + ".big"
+    size = limit("file_size")
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+    except OSError as exc:
+        return "blocked", f"nothing writable to grow: {why(exc)}"
+    try:
+        os.pwrite(fd, b"x", size)  # one byte past the limit, sparse
+        return "allowed", f"wrote past {size} bytes"
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+@probe("limits.cpu_burn", needs="limits.cpu")
+def _():
+    seconds = limit("cpu")
+    if seconds > 2:
+        soft, hard = __import__("resource").getrlimit(__import__("resource").RLIMIT_CPU)
+        if hard == seconds:
+            return "blocked", f"RLIMIT_CPU is {hard} s in the sandbox (not burned: limit > 2 s)"
+        return "allowed", f"RLIMIT_CPU is {soft}/{hard}, policy says {seconds}"
+
+    def burn():
+        end = time.monotonic() + seconds + 3
+        while time.monotonic() < end:
+            pass
+        return 0
+    return child_outcome(in_child(burn, timeout=seconds + 6), f"burned {seconds + 3} s of CPU")
+
+
+@probe("limits.open_files", needs="limits.open_files")
+def _():
+    cap = limit("open_files") + 16
+    fds = []
+    try:
+        for _ in range(cap):
+            fds.append(os.dup(1))
+    except OSError as exc:
+        return "blocked", f"dup failed after {len(fds)} new descriptors: {why(exc)}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return "allowed", f"opened {len(fds)} descriptors (limit {limit('open_files')})"
+
+
+@probe("limits.raise_limit", needs="limits.any")
+def _():
+    import resource
+    raised = []
+    for name, res in (("cpu", resource.RLIMIT_CPU), ("memory", resource.RLIMIT_AS),
+                      ("processes", resource.RLIMIT_NPROC), ("open_files", resource.RLIMIT_NOFILE),
+                      ("file_size", resource.RLIMIT_FSIZE)):
+        if limit(name) is None:
+            continue
+        soft, hard = resource.getrlimit(res)
+        try:
+            resource.setrlimit(res, (hard + 1, hard + 1))
+            raised.append(name)
+            resource.setrlimit(res, (soft, hard))  # lowering is always allowed
+        except (OSError, ValueError):
+            pass
+    if raised:
+        return "allowed", f"raised the hard limit of {', '.join(raised)}"
+    return "blocked", "every hard limit stayed put (EPERM)"
+
+
+# ---------------------------------------------------------------------------
+# Terminal
+
+
+@probe("term.tiocsti")
+def _():
+    import fcntl
+    import termios
+    if not os.isatty(0):
+        return "skipped", "stdin is not a terminal"
+    try:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # make the pty our controlling terminal
+    except OSError:
+        pass
+    fcntl.ioctl(0, termios.TIOCSTI, b"#")
+    return "allowed", "pushed a keystroke into the terminal's input"
+
+
+@probe("term.tiocsti_high_bits")
+def _():
+    import termios
+    if not os.isatty(0):
+        return "skipped", "stdin is not a terminal"
+    char = ctypes.c_char(b"#")
+    sys_call("ioctl", 0, termios.TIOCSTI | (1 << 32), ctypes.byref(char))
+    return "allowed", "TIOCSTI with garbage in the upper 32 bits of the request"
+
+
+# ---------------------------------------------------------------------------
+# Kernel surface
+
+
+@probe("kernel.bpf")
+def _():
+    attr = ctypes.create_string_buffer(128)
+    struct.pack_into("IIII", attr, 0, 2, 4, 4, 1)  # BPF_MAP_TYPE_ARRAY, key 4, value 4, 1 entry
+    fd = sys_call("bpf", 0, attr, 128)  # BPF_MAP_CREATE
+    os.close(fd)
+    return "allowed", "created a BPF map"
+
+
+@probe("kernel.perf_event_open")
+def _():
+    attr = ctypes.create_string_buffer(128)
+    struct.pack_into("IIQ", attr, 0, 1, 64, 1)  # PERF_TYPE_SOFTWARE, size, TASK_CLOCK
+    struct.pack_into("Q", attr, 40, (1 << 0) | (1 << 5) | (1 << 6))  # disabled, no kernel/hv
+    fd = sys_call("perf_event_open", attr, 0, -1, -1, 8)
+    os.close(fd)
+    return "allowed", "opened a perf event"
+
+
+@probe("kernel.userfaultfd")
+def _():
+    fd = sys_call("userfaultfd", os.O_CLOEXEC | 1)  # UFFD_USER_MODE_ONLY
+    os.close(fd)
+    return "allowed", "created a userfaultfd"
+
+
+@probe("kernel.keyctl")
+def _():
+    key = sys_call("add_key", b"user", b"sandlock-probe", b"x", 1, -2)  # process keyring
+    return "allowed", f"added key {key} to the process keyring"
+
+
+@probe("kernel.personality")
+def _():
+    old = LIBC.personality(0xFFFFFFFF)
+    if LIBC.personality(0x0040000) < 0:  # ADDR_NO_RANDOMIZE: turn ASLR off
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    LIBC.personality(old)
+    return "allowed", "set ADDR_NO_RANDOMIZE"
+
+
+@probe("kernel.kexec_load")
+def _():
+    sys_call("kexec_load", 0, 0, None, 0xFFFF0000)  # invalid arch: harmless even if permitted
+    return "allowed", "kexec_load accepted"
+
+
+@probe("kernel.init_module")
+def _():
+    image = ctypes.create_string_buffer(64)
+    sys_call("init_module", image, 64, b"")
+    return "allowed", "init_module accepted"
+
+
+@probe("kernel.x32_abi")
+def _():
+    if MACHINE != "x86_64":
+        return "skipped", "x86_64 only"
+    return child_outcome(in_child(lambda: LIBC.syscall(0x40000000 | NR["getpid"]) < 0 and 1 or 0),
+                         "an x32 system call returned")
+
+
+@probe("kernel.i386_int80")
+def _():
+    if MACHINE != "x86_64":
+        return "skipped", "x86_64 only"
+    import mmap
+
+    def attempt():
+        code = bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3])  # mov eax, 20 (getpid); int 0x80; ret
+        page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(code)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        result = ctypes.CFUNCTYPE(ctypes.c_int)(address)()
+        return 0 if result > 0 else 1
+    return child_outcome(in_child(attempt), "an i386 int 0x80 system call returned")
+
+
+def main():
+    for probe_id, needs, fn in PROBES:
+        if needs and not (CFG.get(needs) or CFG.get("present", {}).get(needs)):
+            emit(probe_id, "skipped", f"nothing to aim at ({needs})")
+            continue
+        try:
+            outcome, detail = fn()
+        except (OSError, Blocked) as exc:
+            outcome, detail = "blocked", why(exc)
+        except Exception as exc:  # noqa: BLE001 - a broken probe is reported, not hidden
+            outcome, detail = "error", why(exc)
+        emit(probe_id, outcome, detail)
+
+
+main()

@@ -1,0 +1,387 @@
+"""A filtering HTTP and SOCKS5 proxy for one run, in the launcher process.
+
+Host names are checked where the name is known: in an HTTP ``CONNECT host:port``
+(TLS), in the absolute URL of a plain HTTP request, and in a SOCKS5 request
+with remote resolution (``socks5h://``). The proxy decides with
+:class:`sandlock.netrules.NetRules`, resolves the name itself (``hosts`` pins
+first, then the caller's resolver), checks every address it got (deny rules;
+non-public addresses only when pinned or allowed: DNS rebinding), and connects
+to an address it checked. The tool never supplies an address that the proxy
+acts on later, so there is nothing to race.
+
+One listening socket on ``127.0.0.1`` and an ephemeral port serves both
+protocols (the first byte of a SOCKS5 greeting is 0x05, which no HTTP method
+starts with). Clients must present the per-run credentials carried in the
+proxy URLs, so other local users cannot borrow the tool's allowlist.
+
+A refusal answers HTTP 403 (SOCKS5: reply 0x02, "not allowed by ruleset") and
+is handed to ``report``, which the CLI prints on stderr.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import ipaddress
+import secrets
+import select
+import socket
+import threading
+import urllib.parse
+from typing import Callable, Optional
+
+from .netrules import IPAddress, NetRules, Verdict, as_address, format_target, normalize_host
+
+HEAD_LIMIT = 64 * 1024
+HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
+CONNECT_TIMEOUT = 15.0
+USER = "sandlock"
+#: Request headers that concern the hop to the proxy, not the origin server.
+HOP_HEADERS = {b"proxy-authorization", b"proxy-connection", b"connection", b"keep-alive"}
+SOCKS_OK, SOCKS_FAIL, SOCKS_RULESET, SOCKS_UNREACHABLE, SOCKS_REFUSED = 0, 1, 2, 4, 5
+SOCKS_BAD_COMMAND, SOCKS_BAD_ADDRESS = 7, 8
+
+
+class Refused(Exception):
+    """The proxy will not open this connection; ``status`` is the HTTP answer."""
+
+    def __init__(self, status: int, reason: str, socks: int) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.socks = socks
+
+
+class Proxy:
+    """Listen now (the port goes into the tool's environment); serve after :meth:`start`."""
+
+    def __init__(self, rules: NetRules, report: Callable[[str], None]) -> None:
+        self.rules = rules
+        self.report = report
+        self.token = secrets.token_urlsafe(18)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(1024)
+        self.address: tuple[str, int] = self._listener.getsockname()
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
+        self._reported: set[str] = set()
+        self._acceptor: Optional[threading.Thread] = None
+        self._closing = False
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    def url(self, scheme: str) -> str:
+        return f"{scheme}://{USER}:{self.token}@{self.address[0]}:{self.address[1]}"
+
+    def environment(self) -> dict[str, str]:
+        """Proxy variables for the tool, upper and lower case (curl reads only http_proxy)."""
+        env = {"HTTP_PROXY": self.url("http"), "HTTPS_PROXY": self.url("http"),
+               "ALL_PROXY": self.url("socks5h"), "NO_PROXY": ""}
+        env.update({name.lower(): value for name, value in env.items()})
+        return env
+
+    def start(self) -> None:
+        self._acceptor = threading.Thread(target=self._accept_loop, name="sandlock-proxy",
+                                          daemon=True)
+        self._acceptor.start()
+
+    def stop(self) -> None:
+        """Stop accepting, cut every open connection, wait for every thread."""
+        with self._lock:
+            self._closing = True
+            sockets = list(self._open)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._acceptor is not None:
+            self._acceptor.join()
+        self._listener.close()
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._closing:
+                    client.close()
+                    return
+                self._open.add(client)
+                thread = threading.Thread(target=self._serve, args=(client,), daemon=True,
+                                          name="sandlock-proxy-conn")
+                self._threads.add(thread)
+            thread.start()
+
+    def _track(self, sock: socket.socket) -> bool:
+        with self._lock:
+            if self._closing:
+                return False
+            self._open.add(sock)
+            return True
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream: Optional[socket.socket] = None
+        try:
+            client.settimeout(HEAD_TIMEOUT)
+            first = client.recv(1, socket.MSG_PEEK)
+            if first == b"\x05":
+                upstream = self._socks(client)
+            elif first:
+                upstream = self._http(client)
+            if upstream is not None:
+                _pipe(client, upstream)
+        except (OSError, ValueError, UnicodeError):
+            pass
+        finally:
+            with self._lock:
+                for sock in (client, upstream):
+                    if sock is not None:
+                        self._open.discard(sock)
+                        sock.close()
+                self._threads.discard(threading.current_thread())
+
+    def _deny(self, host: str, port: int, reason: str, via: str) -> None:
+        message = f"network: refused {format_target(host, port)} ({via}): {reason}"
+        with self._lock:
+            if message in self._reported or len(self._reported) > 100:
+                return
+            self._reported.add(message)
+        self.report(message)
+
+    # ------------------------------------------------------------------ the decision
+
+    def connect(self, host: str, port: int, via: str) -> socket.socket:
+        """Check ``host:port``, resolve it, check each address, connect to a checked one."""
+        host = normalize_host(host)
+        verdict = self.rules.check_name(host, port)
+        if not verdict:
+            self._deny(host, port, verdict.reason, via)
+            raise Refused(403, verdict.reason, SOCKS_RULESET)
+        try:
+            addresses = self._resolve(host, port)
+        except OSError as exc:
+            raise Refused(502, f"cannot resolve {host}: {exc}", SOCKS_UNREACHABLE) from None
+        refusal: Optional[Verdict] = None
+        failure = "no address"
+        for address in addresses:
+            check = self.rules.check_address(host, address, port)
+            if check and (str(address), port) == self.address:
+                check = Verdict(False, "that is the sandlock proxy itself")
+            if not check:
+                refusal = refusal or check
+                continue
+            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            if not self._track(sock):
+                sock.close()
+                raise Refused(502, "the run is over", SOCKS_FAIL)
+            try:
+                sock.settimeout(CONNECT_TIMEOUT)
+                sock.connect((str(address), port))
+                sock.settimeout(None)
+                return sock
+            except OSError as exc:
+                failure = f"{address}: {exc.strerror or exc}"
+                with self._lock:
+                    self._open.discard(sock)
+                sock.close()
+        if refusal is not None and failure == "no address":
+            self._deny(host, port, refusal.reason, via)
+            raise Refused(403, refusal.reason, SOCKS_RULESET)
+        raise Refused(502, f"cannot connect to {format_target(host, port)}: {failure}",
+                      SOCKS_REFUSED)
+
+    def _resolve(self, host: str, port: int) -> list[IPAddress]:
+        pinned = self.rules.pin(host)
+        if pinned is not None:
+            return [pinned]
+        literal = as_address(host)
+        if literal is not None:
+            return [literal]
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        out: list[IPAddress] = []
+        for info in infos:
+            address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+            if address not in out:
+                out.append(address)
+        return out
+
+    def _authorized(self, credentials: bytes) -> bool:
+        expected = f"{USER}:{self.token}".encode()
+        return hmac.compare_digest(credentials, expected)
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _http(self, client: socket.socket) -> Optional[socket.socket]:
+        head, rest = _read_head(client)
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3:
+            _answer(client, 400, "malformed request line")
+            return None
+        method, target, version = (p.decode("latin-1") for p in parts)
+        headers = [line for line in lines[1:] if line]
+        if not self._http_authorized(headers):
+            _answer(client, 407, "sandlock proxy: use the proxy URL from HTTP_PROXY/HTTPS_PROXY "
+                    "(it carries the credentials of this run)",
+                    extra="Proxy-Authenticate: Basic realm=\"sandlock\"\r\n")
+            return None
+        if method == "CONNECT":
+            host, port = _host_port(target)
+            via = "HTTPS proxy"
+        else:
+            url = urllib.parse.urlsplit(target)
+            if url.scheme != "http" or not url.hostname:
+                _answer(client, 400, "sandlock proxy forwards http:// URLs; use CONNECT for TLS")
+                return None
+            host, port = url.hostname, url.port or 80
+            via = "HTTP proxy"
+        try:
+            upstream = self.connect(host, port, via)
+        except Refused as refused:
+            status_text = f"sandlock: {format_target(normalize_host(host), port)}: {refused}"
+            _answer(client, refused.status, status_text)
+            return None
+        client.settimeout(None)
+        if method == "CONNECT":
+            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        else:
+            path = urllib.parse.urlunsplit(("", "", url.path or "/", url.query, ""))
+            kept = [h for h in headers if h.split(b":", 1)[0].strip().lower() not in HOP_HEADERS]
+            upstream.sendall(b"\r\n".join([f"{method} {path} {version}".encode("latin-1"), *kept,
+                                           b"Connection: close", b"", b""]))
+        if rest:
+            upstream.sendall(rest)
+        return upstream
+
+    def _http_authorized(self, headers: list[bytes]) -> bool:
+        for line in headers:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"proxy-authorization":
+                scheme, _, data = value.strip().partition(b" ")
+                if scheme.lower() != b"basic":
+                    return False
+                try:
+                    return self._authorized(base64.b64decode(data.strip(), validate=True))
+                except ValueError:
+                    return False
+        return False
+
+    # ------------------------------------------------------------------ SOCKS5 (RFC 1928, 1929)
+
+    def _socks(self, client: socket.socket) -> Optional[socket.socket]:
+        _, count = _recv_exact(client, 2)
+        methods = _recv_exact(client, count)
+        if 2 not in methods:  # username/password: the run's credentials are required
+            client.sendall(b"\x05\xff")
+            return None
+        client.sendall(b"\x05\x02")
+        _, length = _recv_exact(client, 2)
+        user = _recv_exact(client, length)
+        password = _recv_exact(client, _recv_exact(client, 1)[0])
+        if not self._authorized(user + b":" + password):
+            client.sendall(b"\x01\x01")
+            return None
+        client.sendall(b"\x01\x00")
+        _, command, _, kind = _recv_exact(client, 4)
+        if kind == 1:
+            host = socket.inet_ntop(socket.AF_INET, _recv_exact(client, 4))
+        elif kind == 4:
+            host = socket.inet_ntop(socket.AF_INET6, _recv_exact(client, 16))
+        elif kind == 3:
+            host = _recv_exact(client, _recv_exact(client, 1)[0]).decode("ascii")
+        else:
+            _socks_reply(client, SOCKS_BAD_ADDRESS)
+            return None
+        port = int.from_bytes(_recv_exact(client, 2), "big")
+        if command != 1:  # only CONNECT; no BIND, no UDP ASSOCIATE
+            _socks_reply(client, SOCKS_BAD_COMMAND)
+            return None
+        try:
+            upstream = self.connect(host, port, "SOCKS5 proxy")
+        except Refused as refused:
+            _socks_reply(client, refused.socks)
+            return None
+        client.settimeout(None)
+        _socks_reply(client, SOCKS_OK)
+        return upstream
+
+
+def _recv_exact(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise ValueError("connection closed mid-request")
+        data += chunk
+    return data
+
+
+def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if len(data) > HEAD_LIMIT:
+            raise ValueError("request head too large")
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ValueError("connection closed before the request head ended")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def _host_port(target: str) -> tuple[str, int]:
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"CONNECT target {target!r} is not host:port")
+    return host, int(port)
+
+
+def _answer(sock: socket.socket, status: int, text: str, extra: str = "") -> None:
+    reasons = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
+               502: "Bad Gateway"}
+    body = (text + "\n").encode("utf-8", "replace")
+    sock.sendall(f"HTTP/1.1 {status} {reasons.get(status, 'Error')}\r\n{extra}"
+                 f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+                 "Connection: close\r\n\r\n".encode() + body)
+
+
+def _socks_reply(sock: socket.socket, code: int) -> None:
+    sock.sendall(bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0]))
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until both sides have finished sending (poll: no FD_SETSIZE limit)."""
+    peer = {a.fileno(): (a, b), b.fileno(): (b, a)}
+    poller = select.poll()
+    for fd in peer:
+        poller.register(fd, select.POLLIN)
+    while peer:
+        for fd, _ in poller.poll():
+            source, sink = peer[fd]
+            data = source.recv(65536)
+            if data:
+                sink.sendall(data)
+                continue
+            poller.unregister(fd)
+            del peer[fd]
+            try:
+                sink.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass

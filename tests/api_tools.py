@@ -1,0 +1,101 @@
+"""Functions that tests/test_api.py runs confined with Sandbox.call().
+
+Standard library only: the confined process imports this module afresh, and the
+test policy grants read on this directory and the standard library, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+#: The caller sets this at run time (a secret held in the agent's memory).
+SECRET: Optional[str] = None
+
+
+class ToolFailed(Exception):
+    """A tool's own exception type, re-raised in the caller."""
+
+
+@dataclass
+class Point:
+    x: int
+    y: int
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def echo(value: Any) -> Any:
+    return value
+
+
+def fail(message: str) -> None:
+    raise ToolFailed(message)
+
+
+def unpicklable() -> Any:
+    return lambda: None
+
+
+def point() -> Point:
+    return Point(1, 2)
+
+
+def read(path: str) -> str:
+    with open(path) as handle:
+        return handle.read()
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+def sleep_with_daemon(pidfile: str) -> None:
+    """Leave a setsid'd grandchild behind, record its pid, then hang."""
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(pidfile, "w") as handle:
+                handle.write(str(os.getpid()))
+            time.sleep(60)
+        os._exit(0)
+    os.waitpid(child, 0)
+    time.sleep(60)
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def hunt(prefix: str, caller: int) -> dict[str, Any]:
+    """Look everywhere this process can for a secret ``prefix`` + 32 hex digits."""
+    pattern = re.compile(re.escape(prefix).encode() + rb"[0-9a-f]{32}")
+    found: dict[str, Any] = {"global": SECRET, "environ": [k for k, v in os.environ.items()
+                                                           if v.startswith(prefix)]}
+    hits = 0
+    with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", 0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if not perms.startswith("r") or line.rstrip().endswith("[vvar]"):
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(start)
+                hits += len(pattern.findall(mem.read(end - start)))
+            except (OSError, ValueError, OverflowError):
+                pass
+    found["own_memory"] = hits
+    for name in ("environ", "mem"):
+        try:
+            with open(f"/proc/{caller}/{name}", "rb") as handle:
+                found[f"caller_{name}"] = bool(pattern.search(handle.read(1 << 20)))
+        except OSError as exc:
+            found[f"caller_{name}"] = exc.errno
+    return found

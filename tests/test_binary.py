@@ -1,0 +1,115 @@
+"""The single-file binary (scripts/build_binary.sh -> dist/sandlock) on the real kernel.
+
+Runs only when the binary exists (dist/sandlock, or SANDLOCK_BINARY=PATH); building it
+takes a minute, so CI builds it in scripts/ci_extra.sh and runs these tests there.
+Each test starts the binary with an empty environment (`env -i`) from a directory
+other than the checkout, as a user dropping the file on a machine would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from conftest import REPO, require_abi, write_policy
+
+BINARY = Path(os.environ.get("SANDLOCK_BINARY") or REPO / "dist" / "sandlock")
+pytestmark = pytest.mark.skipif(
+    not BINARY.is_file(),
+    reason=f"{BINARY} not built (run scripts/build_binary.sh, or set SANDLOCK_BINARY)")
+
+POLICY = """\
+version = 1
+extends = ["base"]
+[filesystem]
+read = ["${ws}"]
+exec = ["/usr/bin/cat", "/usr/bin/sh", "/usr/bin/dash", "/usr/bin/true"]
+"""
+
+
+def binary(*args: str, cwd: Path, env: Optional[dict[str, str]] = None
+           ) -> subprocess.CompletedProcess[str]:
+    """``env -i [env] dist/sandlock args`` from ``cwd``: no inherited environment at all."""
+    pairs = [f"{k}={v}" for k, v in (env or {}).items()]
+    return subprocess.run(["/usr/bin/env", "-i", *pairs, str(BINARY), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> dict[str, str]:
+    """A private cache directory, so each test sees its own first (uncached) run."""
+    return {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["first-run", "cached"])
+def test_binary_confines_under_empty_environment(workspace: Path, outside: Path, tmp_path: Path,
+                                                 cache: dict[str, str], cached: bool) -> None:
+    require_abi(1, "filesystem confinement")
+    pol = write_policy(tmp_path, POLICY)
+    args = ["run", "--policy", str(pol), "--var", f"ws={workspace}", "--"]
+    runs = 2 if cached else 1
+    for _ in range(runs):
+        inside = binary(*args, "/usr/bin/cat", str(workspace / "notes.md"), cwd=outside, env=cache)
+    assert inside.returncode == 0, inside.stderr
+    assert inside.stdout == "hello from the workspace\n"
+    denied = binary(*args, "/usr/bin/cat", str(outside / "secret.txt"), cwd=outside, env=cache)
+    assert denied.returncode == 1
+    assert "Permission denied" in denied.stderr and "top secret" not in denied.stdout
+
+
+def test_binary_passes_exit_codes_through(workspace: Path, tmp_path: Path,
+                                          cache: dict[str, str]) -> None:
+    require_abi(1, "filesystem confinement")
+    pol = write_policy(tmp_path, POLICY)
+    args = ["run", "--policy", str(pol), "--var", f"ws={workspace}", "--"]
+    assert binary(*args, "/usr/bin/sh", "-c", "exit 3", cwd=Path("/"), env=cache).returncode == 3
+    killed = binary(*args, "/usr/bin/sh", "-c", "kill -9 $$", cwd=Path("/"), env=cache)
+    assert killed.returncode == 128 + 9
+    missing = binary(*args, "/nonexistent/tool", cwd=Path("/"), env=cache)
+    assert missing.returncode == 127, missing.stderr
+
+
+def test_binary_compiles_seccomp_with_bundled_libseccomp(workspace: Path, tmp_path: Path,
+                                                         cache: dict[str, str]) -> None:
+    """An extra `syscalls.deny` needs libseccomp at run time (the binary bundles it)."""
+    require_abi(1, "filesystem confinement")
+    pol = write_policy(tmp_path, POLICY + '[syscalls]\ndeny = ["mkdir"]\n')
+    done = binary("run", "--policy", str(pol), "--var", f"ws={workspace}", "--", "/usr/bin/true",
+                  cwd=tmp_path, env={**cache, "SANDLOCK_NO_CACHE": "1"})
+    assert done.returncode == 0, done.stderr
+
+
+def test_binary_bad_policy_is_125_with_a_message(tmp_path: Path, cache: dict[str, str]) -> None:
+    pol = write_policy(tmp_path, 'version = 1\n[filesystem]\nread = ["/no/such/dir"]\n')
+    done = binary("run", "--policy", str(pol), "--", "/usr/bin/true", cwd=tmp_path, env=cache)
+    assert done.returncode == 125
+    assert "does not exist" in done.stderr
+
+
+def test_binary_full_cli_and_builtin_profiles(tmp_path: Path) -> None:
+    listed = binary("policies", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert "base" in listed.stdout and "python" in listed.stdout
+    assert binary("check", "--json", cwd=tmp_path).returncode in (0, 1)
+
+
+def test_binary_works_when_its_cache_is_not_private(workspace: Path, tmp_path: Path) -> None:
+    """A cache directory others can write is never used: the binary still runs (it
+    unpacks for this run only) and leaves nothing behind in TMPDIR."""
+    require_abi(1, "filesystem confinement")
+    shared = tmp_path / "shared"
+    (shared / "sandlock" / "bin").mkdir(parents=True)
+    (shared / "sandlock" / "bin").chmod(0o777)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    pol = write_policy(tmp_path, POLICY)
+    done = binary("run", "--policy", str(pol), "--var", f"ws={workspace}", "--", "/usr/bin/sh",
+                  "-c", "exit 5", cwd=tmp_path,
+                  env={"XDG_CACHE_HOME": str(shared), "TMPDIR": str(scratch)})
+    assert done.returncode == 5, done.stderr
+    assert list((shared / "sandlock" / "bin").iterdir()) == []
+    assert list(scratch.iterdir()) == []

@@ -1,0 +1,443 @@
+"""The command line: exit codes and messages of every subcommand.
+
+In-process through click's CliRunner where nothing forks; `run` through the real
+entry point (it forks and execs). The SANDLOCK_ABI tests run the real kernel with
+a pretend-older Landlock ABI, to show strict refusal and best-effort warnings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from conftest import ABI, POLICIES, require_abi, run_confined, sandlock, write_policy
+
+from sandlock import __version__, runcli
+from sandlock.cli import cli
+from sandlock.errors import PolicyError
+from sandlock.policy import load_policy
+from sandlock.ruleset import ENV_ABI
+
+READ_FILE = POLICIES / "read_file.toml"
+WORKSPACE_LINE = 1 + READ_FILE.read_text().splitlines().index('read = ["${workspace}"]')
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+
+
+@pytest.fixture(autouse=True)
+def real_abi(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests that want a pretend ABI set it themselves."""
+    monkeypatch.delenv(ENV_ABI, raising=False)
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != ENV_ABI}
+    env.update(extra)
+    return env
+
+
+# ---------------------------------------------------------------------------
+# --version, --help
+
+
+def test_version() -> None:
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout == f"sandlock, version {__version__}\n"
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_commands_and_examples(flag: str) -> None:
+    result = invoke(flag)
+    assert result.exit_code == 0
+    for word in ("run", "check", "explain", "validate", "policies", "Examples:",
+                 "sandlock run --policy policies/read_file.toml --var workspace=$PWD -- cat"):
+        assert word in result.stdout
+
+
+def test_run_help_documents_options_and_exit_codes() -> None:
+    result = invoke("run", "--help")
+    assert result.exit_code == 0
+    for word in ("--policy", "--var NAME=VALUE", "--timeout", "--best-effort", "124 timeout",
+                 "125 sandlock failed", "126 not executable", "127 not found"):
+        assert word in result.stdout
+
+
+def test_run_help_through_the_fast_entry_point() -> None:
+    result = sandlock("run", "--help")
+    assert result.returncode == 0
+    assert "Usage: sandlock run [OPTIONS] COMMAND..." in result.stdout
+
+
+# ---------------------------------------------------------------------------
+# check
+
+
+def test_check_table() -> None:
+    result = invoke("check")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"# Kernel {os.uname().release} (Landlock ABI {ABI})"
+    features = {line.split("\t")[0]: line.split("\t")[1] for line in lines[1:]}
+    assert features["Landlock"] == ("yes" if ABI else "no")
+    assert {"seccomp filters", "seccomp user notification", "unprivileged user namespaces",
+            "Landlock TCP bind/connect rules"} <= set(features)
+
+
+def test_check_json() -> None:
+    result = invoke("check", "--json")
+    assert result.exit_code == 0
+    report = json.loads(result.stdout)
+    assert report["landlock_abi"] == ABI == report["abi_in_use"]
+    assert report["kernel"] == os.uname().release
+    assert all(set(f) == {"feature", "available", "detail"} for f in report["features"])
+    seccomp = next(f for f in report["features"] if f["feature"] == "seccomp filters")
+    assert seccomp["available"] is True
+
+
+def test_check_json_with_pretend_abi() -> None:
+    require_abi(4, "pretending ABI 3 on a newer kernel")
+    report = json.loads(invoke("check", "--json", env={ENV_ABI: "3"}).stdout)
+    assert (report["landlock_abi"], report["abi_in_use"]) == (ABI, 3)
+    available = {f["feature"]: f["available"] for f in report["features"]}
+    assert available["Landlock TRUNCATE (truncate restriction)"] is True
+    assert available["Landlock TCP bind/connect rules"] is False
+
+
+def test_check_with_a_bad_abi_override() -> None:
+    result = invoke("check", env={ENV_ABI: "x"})
+    assert (result.exit_code, result.stderr) == (125, "sandlock: SANDLOCK_ABI='x' is not an integer\n")
+
+
+# ---------------------------------------------------------------------------
+# explain
+
+
+def test_explain_json(tmp_path: Path) -> None:
+    result = invoke("explain", "--policy", str(READ_FILE), "--var", f"workspace={tmp_path}",
+                    "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["layers"] == ["<builtin:base>", str(READ_FILE)]
+    assert report["source"] == str(READ_FILE)
+    assert report["compat"] == "strict"
+    assert report["abi"] == ABI
+    assert {"access": "read", "path": str(tmp_path), "optional": False,
+            "origin": f"{READ_FILE}:{WORKSPACE_LINE} filesystem.read[0]"} in report["paths"]
+    assert {"access": "exec", "path": "/usr/bin/cat"} in [
+        {k: p[k] for k in ("access", "path")} for p in report["paths"]]
+    assert report["network"] == {"connect": [], "bind": [], "udp": False, "unix": False}
+    assert report["env"] == {"pass": ["PATH", "LANG", "LC_*", "TERM", "TZ"], "set": {}}
+    assert report["limits"] == {"timeout": 30.0, "file_size": 2**20}
+    assert "ptrace" in report["seccomp"]["denied"]
+    if ABI >= 6:
+        assert report["not_enforced"] == []
+
+
+def test_explain_json_not_enforced_under_abi_3(tmp_path: Path) -> None:
+    require_abi(4, "pretending ABI 3 on a newer kernel")
+    policy = write_policy(tmp_path, """\
+        version = 1
+        extends = ["base"]
+        [network]
+        connect = [443]
+    """)
+    result = invoke("explain", "--policy", str(policy), "--json", env={ENV_ABI: "3"})
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["abi"] == 3
+    assert report["network"]["connect"] == ["443"]
+    assert report["not_enforced"] == [
+        ("TCP port restriction (needs Landlock ABI 4): TCP connect/bind is possible to and on any "
+         "port, not only the granted ones"),
+        "signal scope (needs Landlock ABI 6): the tool can signal every process of the same user",
+    ]
+
+
+def test_explain_text_without_description(tmp_path: Path) -> None:
+    policy = write_policy(tmp_path, "version = 1\n")
+    result = invoke("explain", "--policy", str(policy))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines()[0] == f"policy: {policy}"
+
+
+def test_explain_text(tmp_path: Path) -> None:
+    require_abi(6, "a policy fully enforced on this kernel")
+    result = invoke("explain", "--policy", str(READ_FILE), "--var", f"workspace={tmp_path}")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert f"layers: <builtin:base> -> {READ_FILE}" in out
+    assert f"read\t{tmp_path}\t{READ_FILE}:{WORKSPACE_LINE} filesystem.read[0]" in out
+    assert "network: tcp connect none; tcp bind none; udp no; unix sockets no" in out
+    assert "Everything this policy relies on is enforced on this kernel." in out
+
+
+def test_explain_text_under_abi_3(tmp_path: Path) -> None:
+    require_abi(4, "pretending ABI 3 on a newer kernel")
+    result = invoke("explain", "--policy", str(READ_FILE), "--var", f"workspace={tmp_path}",
+                    env={ENV_ABI: "3"})
+    assert result.exit_code == 0
+    assert "kernel Landlock ABI: 3" in result.stdout
+    assert ("NOT enforced on this kernel:\n  - signal scope (needs Landlock ABI 6)"
+            in result.stdout)
+    assert "strict mode: `sandlock run` will refuse to start with this policy here." in result.stdout
+
+
+def test_explain_errors(tmp_path: Path) -> None:
+    missing = invoke("explain")
+    assert missing.exit_code == 125
+    assert missing.stderr == "sandlock: missing --policy FILE\n"
+    undefined = invoke("explain", "--policy", str(READ_FILE))
+    assert undefined.exit_code == 125
+    assert "filesystem.read[0]: undefined variable ${workspace}" in undefined.stderr
+    bad_var = invoke("explain", "--policy", str(READ_FILE), "--var", "workspace")
+    assert bad_var.exit_code == 125
+    assert bad_var.stderr == "sandlock: --var expects NAME=VALUE, got 'workspace'\n"
+
+
+# ---------------------------------------------------------------------------
+# A bad policy: exit 125 and the library's message, whichever command reads it
+
+BAD_POLICIES = {
+    "unknown key": "version = 1\n[filesystem]\nreed = []\n",
+    "bad size": '[limits]\nmemory = "lots"\n',
+    "bad port": "[network]\nconnect = [1, 70000]\n",
+    "write on /": '[filesystem]\nwrite = ["/"]\n',
+    "syntax": "version = 1\nextends = [\n",
+    "relative path": '[filesystem]\nread = ["data"]\n',
+    "cycle": 'extends = ["policy.toml"]\n',
+}
+
+
+def expected_message(path: Path) -> str:
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    return f"sandlock: {info.value}\n"
+
+
+@pytest.mark.parametrize("name", list(BAD_POLICIES))
+def test_bad_policy_in_explain_and_validate(tmp_path: Path, name: str) -> None:
+    path = write_policy(tmp_path, BAD_POLICIES[name])
+    message = expected_message(path)
+    explained = invoke("explain", "--policy", str(path))
+    assert (explained.exit_code, explained.stderr) == (125, message)
+    validated = invoke("validate", str(path))
+    assert (validated.exit_code, validated.stderr, validated.stdout) == (125, message, "")
+
+
+@pytest.mark.parametrize("name", ["unknown key", "write on /", "syntax"])
+def test_bad_policy_in_run(tmp_path: Path, name: str) -> None:
+    path = write_policy(tmp_path, BAD_POLICIES[name])
+    marker = tmp_path / "ran"
+    result = run_confined(path, ["/usr/bin/touch", str(marker)])
+    assert result.returncode == 125
+    assert result.stderr == expected_message(path)
+    assert not marker.exists()
+
+
+def test_missing_policy_file_in_run(tmp_path: Path) -> None:
+    result = run_confined(tmp_path / "nope.toml", ["true"])
+    assert (result.returncode, result.stderr) == (
+        125, f"sandlock: {tmp_path / 'nope.toml'}: policy file does not exist\n")
+
+
+# ---------------------------------------------------------------------------
+# validate
+
+
+def test_validate_shipped_policies() -> None:
+    files = sorted(str(p) for p in POLICIES.glob("*.toml"))
+    result = invoke("validate", *files)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{f}: ok" for f in files]
+
+
+def test_validate_reports_every_file(tmp_path: Path) -> None:
+    good = write_policy(tmp_path, 'extends = ["base"]\n[filesystem]\nread = ["${data}"]\n',
+                        "good.toml")
+    unknown = write_policy(tmp_path, '[syscalls]\ndeny = ["notasyscall"]\n', "unknown.toml")
+    useless = write_policy(tmp_path, '[syscalls]\nallow = ["read"]\n', "useless.toml")
+    result = invoke("validate", str(unknown), str(good), str(useless), str(tmp_path / "no.toml"))
+    assert result.exit_code == 125
+    assert result.stdout == f"{good}: ok\n"
+    errors = result.stderr.splitlines()
+    assert errors[0].startswith(f"sandlock: {unknown}: syscalls.deny: unknown syscall "
+                                "'notasyscall' on ")
+    assert errors[1].startswith(f"sandlock: {useless}: syscalls.allow: 'read' is not denied by "
+                                "default")
+    assert errors[2] == f"sandlock: {tmp_path / 'no.toml'}: policy file does not exist"
+    assert len(errors) == 3
+
+
+def test_validate_does_not_need_paths_or_variables(tmp_path: Path) -> None:
+    policy = write_policy(tmp_path, '[filesystem]\nread = ["/no/such/dir", "${ws}/x"]\n')
+    assert invoke("validate", str(policy)).exit_code == 0
+    assert invoke("validate", "--var", "ws=relative", str(policy)).exit_code == 125
+
+
+def test_validate_needs_a_file() -> None:
+    assert invoke("validate").exit_code == 2  # click usage error
+
+
+# ---------------------------------------------------------------------------
+# policies
+
+
+def test_policies_list() -> None:
+    result = invoke("policies")
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == '# built-in profiles (use with extends = ["NAME"])'
+    names = {line.split("\t")[0]: line.split("\t")[1] for line in lines[1:]}
+    assert names["base"].startswith("System libraries")
+    assert names["python"].startswith("A CPython 3 interpreter")
+
+
+def test_policies_show_one() -> None:
+    result = invoke("policies", "base")
+    assert result.exit_code == 0
+    assert result.stdout.startswith("# base:")
+    assert 'write = ["/dev/null"]' in result.stdout
+
+
+@pytest.mark.parametrize("name", ["nope", "../profiles/base", "/etc/passwd"])
+def test_policies_unknown(name: str) -> None:
+    result = invoke("policies", name)
+    assert (result.exit_code, result.stderr) == (125, f"sandlock: unknown built-in profile {name!r}\n")
+
+
+# ---------------------------------------------------------------------------
+# run: argument errors (exit 125, nothing started)
+
+USAGE_LINE = f"usage: {runcli.USAGE}"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", str(READ_FILE)], "sandlock: error: no command given\n" + USAGE_LINE),
+    (["--policy", str(READ_FILE), "--"], "sandlock: error: no command given\n" + USAGE_LINE),
+    (["--policy"], "sandlock: error: --policy needs a value\n" + USAGE_LINE),
+    (["--", "true"], "sandlock: missing --policy FILE"),
+    (["--policy", str(READ_FILE), "--var", "workspace", "--", "true"],
+     "sandlock: --var expects NAME=VALUE, got 'workspace'"),
+    (["--policy", str(READ_FILE), "--var", "=x", "--", "true"],
+     "sandlock: --var expects NAME=VALUE, got '=x'"),
+    (["--policy", str(READ_FILE), "--var", "1x=y", "--", "true"],
+     "sandlock: --var: invalid variable name '1x'"),
+    (["--policy", str(READ_FILE), "--var", "workspace=/tmp", "--timeout", "soon", "--", "true"],
+     "sandlock: --timeout: invalid duration 'soon' (use e.g. 500ms, 30s, 2m, 1h)"),
+    (["--policy", str(READ_FILE), "--var", "workspace=/tmp", "--timeout=0", "--", "true"],
+     "sandlock: --timeout: duration must be positive and finite, got '0'"),
+])
+def test_run_argument_errors(args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+                             ) -> None:
+    """The fast `run` parser, in-process: each of these fails before any fork."""
+    assert runcli.main_run(args) == 125
+    assert capsys.readouterr().err == message + "\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--policy", str(READ_FILE)], "sandlock: error: no command given"),
+    (["--", "true"], "sandlock: missing --policy FILE"),
+    (["--policy", str(READ_FILE), "--var", "oops", "--", "true"],
+     "sandlock: --var expects NAME=VALUE, got 'oops'"),
+    (["--policy", str(READ_FILE), "--var", "workspace=/tmp", "--timeout", "1x", "--", "true"],
+     "sandlock: --timeout: invalid duration '1x' (use e.g. 500ms, 30s, 2m, 1h)"),
+])
+def test_run_argument_errors_through_the_entry_point(args: list[str], message: str) -> None:
+    result = sandlock("run", *args)
+    assert result.returncode == 125
+    assert result.stderr.splitlines()[0] == message
+    assert result.stdout == ""
+
+
+def test_run_var_error_through_click() -> None:
+    result = invoke("run", "--var", "novalue", "--", "true")
+    assert (result.exit_code, result.stderr) == (
+        125, "sandlock: --var expects NAME=VALUE, got 'novalue'\n")
+
+
+# ---------------------------------------------------------------------------
+# SANDLOCK_ABI: strict refuses, best-effort warns, on the real kernel
+
+
+def run_read_file(workspace: Path, target: Path, abi: int, *extra: str
+                  ) -> tuple[int, str, list[str]]:
+    result = run_confined(READ_FILE, ["cat", str(target)], variables={"workspace": str(workspace)},
+                          env=env_with(**{ENV_ABI: str(abi)}), extra=extra)
+    return result.returncode, result.stdout, result.stderr.splitlines()
+
+
+SIGNAL_GAP = ("signal scope (needs Landlock ABI 6): the tool can signal every process of the "
+              "same user")
+TRUNCATE_GAP = ("truncate restriction (needs Landlock ABI 3): files outside the write paths can "
+                "be truncated with truncate(2)")
+
+
+def gap_lines(abi: int) -> list[str]:
+    return ([TRUNCATE_GAP] if abi < 3 else []) + [SIGNAL_GAP]
+
+
+@pytest.mark.parametrize("abi", [1, 2, 3, 4, 5])
+def test_strict_refuses_on_an_older_abi(workspace: Path, abi: int) -> None:
+    require_abi(abi, f"pretending ABI {abi}")
+    code, out, err = run_read_file(workspace, workspace / "notes.md", abi)
+    assert (code, out) == (125, "")
+    assert err == [
+        f"sandlock: this kernel (Landlock ABI {abi}) cannot enforce what {READ_FILE} relies on:",
+        *[f"  - {line}" for line in gap_lines(abi)],
+        ("Refusing to run. Use a newer kernel, remove the grant that needs it, or accept the gap "
+         'with --best-effort (or compat = "best-effort" in the policy).'),
+    ]
+
+
+@pytest.mark.parametrize("abi", [1, 2, 3, 4, 5])
+def test_best_effort_warns_and_still_confines(workspace: Path, outside: Path, abi: int) -> None:
+    require_abi(abi, f"pretending ABI {abi}")
+    code, out, err = run_read_file(workspace, workspace / "notes.md", abi, "--best-effort")
+    assert (code, out) == (0, "hello from the workspace\n")
+    assert err == [
+        f"sandlock: warning: best-effort: NOT enforced on this kernel (Landlock ABI {abi}):",
+        *[f"sandlock: warning:   - {line}" for line in gap_lines(abi)],
+    ]
+    code, out, err = run_read_file(workspace, outside / "secret.txt", abi, "--best-effort")
+    assert (code, out) == (1, "")
+    assert any("Permission denied" in line for line in err)
+
+
+def test_strict_refuses_without_landlock(workspace: Path) -> None:
+    code, _, err = run_read_file(workspace, workspace / "notes.md", 0)
+    assert code == 125
+    assert err[0] == (f"sandlock: this kernel (Landlock ABI 0) cannot enforce what {READ_FILE} "
+                      "relies on:")
+    assert "  - filesystem confinement (needs Landlock ABI 1): Landlock is unavailable: every file "\
+           "the user can reach is reachable" in err
+
+
+def test_best_effort_in_the_policy_file(workspace: Path, tmp_path: Path) -> None:
+    require_abi(3, "pretending ABI 3")
+    policy = write_policy(tmp_path, f"""\
+        extends = ["{READ_FILE}"]
+        compat = "best-effort"
+    """)
+    result = run_confined(policy, ["cat", str(workspace / "notes.md")],
+                          variables={"workspace": str(workspace)}, env=env_with(**{ENV_ABI: "3"}))
+    assert (result.returncode, result.stdout) == (0, "hello from the workspace\n")
+    assert result.stderr.splitlines() == [
+        "sandlock: warning: best-effort: NOT enforced on this kernel (Landlock ABI 3):",
+        f"sandlock: warning:   - {SIGNAL_GAP}",
+    ]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("new", "sandlock: SANDLOCK_ABI='new' is not an integer"),
+    (str(ABI + 1), f"sandlock: SANDLOCK_ABI={ABI + 1} but this kernel only has Landlock ABI {ABI}"),
+])
+def test_bad_abi_override(workspace: Path, value: str, message: str) -> None:
+    result = run_confined(READ_FILE, ["cat", str(workspace / "notes.md")],
+                          variables={"workspace": str(workspace)}, env=env_with(**{ENV_ABI: value}))
+    assert (result.returncode, result.stdout, result.stderr) == (125, "", message + "\n")
