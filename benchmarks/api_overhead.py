@@ -58,6 +58,30 @@ def timed(n: int, fn: Callable[[], Any]) -> float:
     return statistics.median(samples) * 1e3
 
 
+def cpu_ms_per_call(n: int, fn: Callable[[], Any], server_pid: int) -> float:
+    """CPU time (user + system) of every process involved, per call: less sensitive to
+    other load than wall time. Counts the caller and its reaped children, the fork
+    server and its supervisors, each with the children it reaped. Clock ticks (10 ms):
+    use a large ``n``."""
+    def process(pid: int) -> float:  # its own and its reaped children's CPU seconds
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+    def total() -> float:
+        t = os.times()
+        live = [server_pid, *tree(server_pid)]  # supervisors live on between calls
+        return t.user + t.system + t.children_user + t.children_system + sum(map(process, live))
+
+    before = total()
+    for _ in range(n):
+        fn()
+    return (total() - before) / n * 1e3
+
+
 def tree(pid: int) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as handle:
@@ -90,6 +114,13 @@ def main() -> None:
     sub, ours = interleaved(args.n, lambda: subprocess.run(["/bin/true"]),
                             lambda: box.run(["/bin/true"]))
     out["true"] = {"subprocess_ms": sub, "sandlock_ms": ours, "overhead_ms": ours - sub}
+
+    server_pid = forkserver.get().pid
+    time.sleep(0.2)  # let the supervisors of the warm-up calls be reaped (counted before)
+    out["cpu_ms_per_call"] = {
+        "subprocess": cpu_ms_per_call(args.n, lambda: subprocess.run(["/bin/true"]), server_pid),
+        "sandlock": cpu_ms_per_call(args.n, lambda: box.run(["/bin/true"]), server_pid),
+    }
 
     if not args.no_big:
         ballast = bytearray(2 << 30)
@@ -133,9 +164,10 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     server = forkserver.get()
     deadline = time.monotonic() + 10
-    while len(tree(server.pid)) != forkserver.POOL and time.monotonic() < deadline:
+    while len(tree(server.pid)) != len(server.children()) and time.monotonic() < deadline:
         time.sleep(0.01)  # supervisors that just reported are reaped asynchronously
-    leaked = [p for p in tree(server.pid) if tree(p)] + tree(server.pid)[forkserver.POOL:]
+    # Left under the fork server: supervisors (no confined process: none has a child).
+    leaked = [p for p in tree(server.pid) if p not in server.children()]
     out["concurrency"] = {
         "threads": args.threads, "calls": args.total, "seconds": elapsed,
         "calls_per_second": args.total / elapsed, "failures": len(failures),
@@ -148,6 +180,9 @@ def main() -> None:
     t = out["true"]
     print(f"run(/bin/true): sandlock {t['sandlock_ms']:.3f} ms, subprocess {t['subprocess_ms']:.3f}"
           f" ms, overhead {t['overhead_ms']:.3f} ms (median of {args.n})")
+    cpu = out["cpu_ms_per_call"]
+    print(f"  CPU time of all processes per call: sandlock {cpu['sandlock']:.3f} ms, "
+          f"subprocess {cpu['subprocess']:.3f} ms")
     if "true_2GiB_caller" in out:
         t = out["true_2GiB_caller"]
         print(f"  caller holding 2 GiB: sandlock {t['sandlock_ms']:.3f} ms, subprocess "

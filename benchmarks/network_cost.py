@@ -11,8 +11,9 @@
      proxy's checks, pinned resolution and upstream connect + the 200 reply,
      i.e. until the tool holds a usable byte stream to the server.
 2. Per run: ``sandlock run -- /bin/true`` with a policy without ``allow`` (the
-   fast path) and the same policy with ``allow`` (proxy + supervisor started
-   and stopped), plus the modules a no-``allow`` run imports.
+   fast path, with and without the compiled-policy cache) and the same policy
+   with ``allow`` (never cached; proxy + supervisor started and stopped), plus
+   whether a no-``allow`` run imports any of the network modules.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = "/usr/bin/python3"
@@ -87,16 +89,17 @@ def accept_forever(server: socket.socket) -> None:
         conn.close()
 
 
-def sandlock(policy: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+def sandlock(policy: Path, *argv: str, env: Optional[dict[str, str]] = None
+             ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sandlock", "run", "--policy", str(policy), "--",
-                           *argv], capture_output=True, text=True, check=False, cwd=REPO)
+                           *argv], capture_output=True, text=True, check=False, cwd=REPO, env=env)
 
 
-def per_run_ms(policy: Path, runs: int) -> float:
+def per_run_ms(policy: Path, runs: int, env: Optional[dict[str, str]] = None) -> float:
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        done = sandlock(policy, "/usr/bin/true")
+        done = sandlock(policy, "/usr/bin/true", env=env)
         samples.append((time.perf_counter() - start) * 1e3)
         assert done.returncode == 0, done.stderr
     return round(statistics.median(samples), 2)
@@ -125,7 +128,11 @@ def main() -> None:
             assert done.returncode == 0, done.stderr
             results.update({f"{k} (us, median)": v for k, v in json.loads(done.stdout).items()})
         results["run /bin/true, no allow (ms, median)"] = per_run_ms(plain, args.runs)
-        results["run /bin/true, with allow (ms, median)"] = per_run_ms(allow, args.runs)
+        uncached = {**os.environ, "SANDLOCK_NO_CACHE": "1"}
+        results["run /bin/true, no allow, policy cache off (ms, median)"] = per_run_ms(
+            plain, args.runs, uncached)
+        results["run /bin/true, with allow (never cached) (ms, median)"] = per_run_ms(
+            allow, args.runs)
         probe = textwrap.dedent(f"""
             import sys
             from sandlock import runcli
@@ -136,6 +143,17 @@ def main() -> None:
                                  check=True, cwd=REPO).stdout.strip()
         results["no-allow run imports netrules/proxy/supervisor"] = any(
             name in modules for name in ("netrules", "sandlock.proxy", "supervisor"))
+        # What launcher.run adds for a policy without allow: one attribute test.
+        from sandlock.policy import load_policy
+
+        network = load_policy(plain).network
+        loops = 1_000_000
+        start = time.perf_counter()
+        for _ in range(loops):
+            if network.allow:
+                raise AssertionError
+        results["no-allow hook: one attribute test (ns)"] = round(
+            (time.perf_counter() - start) / loops * 1e9, 1)
     server.close()
     results["machine"] = f"{os.cpu_count()} cores, {os.uname().release}"
     print(json.dumps(results, indent=2))

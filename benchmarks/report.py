@@ -116,8 +116,8 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     out = [(f"Measured {m['date']} on {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, "
             f"Linux {m['kernel']} (Landlock ABI {m['landlock_abi']}), Python {m['python']}, "
             f"as {m['user']}; {results['mode']} run (`python -m benchmarks"
-            f"{' --quick' if results['mode'] == 'quick' else ''}`). Medians; spread is p10 – p90."),
-           ""]
+            f"{' --quick' if results['mode'] == 'quick' else ''}`). Medians; spread is p10 – p90."
+            f"{load_note(m)}"), ""]
     rows = targets(results)
     if rows:
         out += ["**Targets of issue 5** (ratios within this run)", ""]
@@ -136,8 +136,8 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
             fork_exec = ms(median(stats, "exec")) if "exec" in stats else ""
             rows.append([name, ratio, over, ms(median(stats)), spread(stats), fork_exec])
         out += table(["caller", "ratio", "overhead", "median", "spread", "fork → exec"], rows)
-        out += ["fork → exec: until `Popen()` / `spawn()` returns, i.e. until execve closes the "
-                "close-on-exec pipe (parent's view, execve included)."]
+        out += [("fork → exec: until `Popen()` / `spawn()` returns, i.e. until execve closes "
+                 "the close-on-exec pipe (parent's view, execve included).")]
         timed = inproc.get("launcher, child timed (TIMING_FD)")
         if timed and "to_execve" in timed:
             out += [(f"Inside the child (`launcher.TIMING_FD` stamps, medians of each): fork to "
@@ -169,7 +169,9 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
 
     work = results.get("workloads", {})
     if work:
-        out += ["**Work inside vs outside** (`/usr/bin/python3 -c ...`, policy compiled once)", ""]
+        bpf = results["machine"].get("seccomp_instructions", "?")
+        out += [(f"**Work inside vs outside** (`/usr/bin/python3 -c ...`, policy compiled once; "
+                 f"its seccomp filter has {bpf} BPF instructions)"), ""]
         rows = []
         for name, modes in work.items():
             if {"confined", "unconfined"} <= modes.keys():
@@ -189,17 +191,29 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
     return "\n".join(out)
 
 
+def load_note(machine: dict[str, Any]) -> str:
+    """Other work on the machine inflates every contender of a comparison, and the spreads."""
+    if "load_start" not in machine:
+        return ""
+    return (f" Load average (1 min) {machine['load_start']:g} at the start, "
+            f"{machine.get('load_end', '?')} at the end, on {machine['cores']} cores.")
+
+
 def paths_table(data: dict[str, Any]) -> list[str]:
     if "subprocess.run" not in data:
         return []
     base = median(data["subprocess.run"])
     out = [("**Policy size: per call load + compile + run of `/bin/true`** "
             "(N granted directories; baseline `subprocess.run`)"), ""]
-    rows = [[name, f"{median(s) / base:.1f}x", ms(median(s)), ms(median(s, "compile")),
-             ms(median(s, "run")), spread(s)]
+    rows = [[name, f"{median(s) / base:.1f}x", ms(median(s)), phase(s, "load"),
+             phase(s, "compile"), phase(s, "run"), spread(s)]
             for name, s in data.items() if name != "subprocess.run"]
-    return out + table(["paths", "ratio", "per call", "load + compile", "fork → exit", "spread"],
-                       rows)
+    return out + table(["paths", "ratio", "per call", "load (parse)", "compile (ruleset, BPF)",
+                        "fork → exit", "spread"], rows)
+
+
+def phase(stats: Stats, key: str) -> str:
+    return ms(median(stats, key)) if key in stats else "—"
 
 
 def memory_table(data: dict[str, Any]) -> list[str]:
@@ -296,15 +310,17 @@ def plot_paths(results: dict[str, Any], ax: Any) -> bool:
     if not counts:
         return False
     xs = [int(k) for k in counts]
-    for key, label in (("total", "per call"), ("compile", "load + compile"),
-                       ("run", "fork → exit")):
-        ax.plot(xs, [data[k][key]["median"] * 1000 for k in counts], marker="o", label=label)
+    for key, label in (("total", "per call"), ("load", "load (parse)"),
+                       ("compile", "compile (ruleset, BPF)"), ("run", "fork → exit")):
+        if all(key in data[k] for k in counts):
+            ax.plot(xs, [data[k][key]["median"] * 1000 for k in counts], marker="o", label=label)
     if "subprocess.run" in data:
         ax.axhline(median(data["subprocess.run"]) * 1000, color="gray", linestyle="--",
                    label="subprocess.run")
     ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("granted directories in the policy")
-    ax.set_ylabel("ms (median)")
+    ax.set_ylabel("ms (median, log)")
     ax.set_title("Cost per call vs policy size")
     ax.legend()
     return True
@@ -321,8 +337,9 @@ def plot_memory(results: dict[str, Any], ax: Any) -> bool:
             mids, err = errorbars([data[s][mode] for s in present])
             ax.errorbar([int(s) for s in present], mids, yerr=err, marker="o", capsize=3,
                         label=mode)
+    ax.set_yscale("log")
     ax.set_xlabel("memory the caller holds, MiB")
-    ax.set_ylabel("ms per /bin/true (median, p10–p90)")
+    ax.set_ylabel("ms per /bin/true (median, p10–p90; log)")
     ax.set_title("Cost per call vs the caller's memory")
     ax.legend()
     return True
@@ -339,6 +356,7 @@ def plot_concurrency(results: dict[str, Any], ax: Any) -> bool:
         if present:
             ax.plot([int(c) for c in present], [data[c][mode]["median"] for c in present],
                     marker="o", label=label)
+    ax.set_xticks([int(c) for c in callers])
     ax.set_xlabel("parallel callers")
     ax.set_ylabel("/bin/true per second (median)")
     ax.set_title("Throughput")

@@ -429,12 +429,19 @@ def machine(ctx: Context) -> dict[str, Any]:
     except OSError:
         pass
     sys.path.insert(0, str(REPO))
-    from sandlock import kernel
+    from sandlock import kernel, launcher, policy
 
-    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
+    try:  # the filter every syscall of the workloads runs through
+        tool = policy.load_policy(ctx.tmp / "tools" / "python.toml", {"workspace": str(ctx.tmp)})
+        with launcher.compile_policy(tool) as compiled:
+            instructions: Any = len(compiled.bpf) // 8  # struct sock_filter is 8 bytes
+    except Exception as exc:  # noqa: BLE001 - context for the report, not a measurement
+        instructions = f"? ({exc})"
+    return {"cpu": cpu, "seccomp_instructions": instructions, "cores": os.cpu_count(), "kernel": platform.release(),
             "landlock_abi": kernel.landlock_abi(), "python": platform.python_version(),
             "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load_start": round(os.getloadavg()[0], 2),
             "user": "root" if os.geteuid() == 0 else "unprivileged"}
 
 
@@ -466,6 +473,7 @@ def run_all(ctx: Context, only: Optional[set[str]] = None) -> dict[str, Any]:
         finally:
             ctx.close()
         progress(f"benchmark: {name} took {time.perf_counter() - t0:.1f} s")
+    results["machine"]["load_end"] = round(os.getloadavg()[0], 2)
     results["skipped"] = dict(ctx.skipped)
     results["versions"] = dict(ctx.versions)
     return results

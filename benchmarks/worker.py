@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import mmap
 import os
@@ -192,17 +193,19 @@ class Ours:
         """One tool call as an agent makes it: load + compile its policy, run, read, close."""
         launcher = self.launcher
         t0 = time.perf_counter()
-        compiled = launcher.compile_policy(self.policy.load_policy(path, variables))
+        loaded = self.policy.load_policy(path, variables)
         t1 = time.perf_counter()
+        compiled = launcher.compile_policy(loaded)
+        t2 = time.perf_counter()
         try:
             cmd = launcher.prepare_command(compiled.policy, argv)
             code = self.spawn_wait(compiled, cmd, capture)
         finally:
             compiled.close()
-        t2 = time.perf_counter()
+        t3 = time.perf_counter()
         if code != 0:
             raise RuntimeError(f"{argv} exited {code} confined by {path}")
-        return {"total": t2 - t0, "compile": t1 - t0, "run": t2 - t1}
+        return {"total": t3 - t0, "load": t1 - t0, "compile": t2 - t1, "run": t3 - t2}
 
     def spawn_wait(self, compiled: Any, cmd: Any, capture: bool) -> int:
         if not capture:
@@ -348,17 +351,15 @@ class Multikernel:
     """multikernel's ``sandlock`` (PyPI) in-process API: ``Sandbox(...).run(argv)``."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        import sandlock  # the wheel: sys.path was pointed at it in main()
-
-        self.sandlock: Any = sandlock
-        self.readable: list[str] = config["mk_readable"]
+        wheel: Any = importlib.import_module("sandlock")  # main() put the wheel first on sys.path
+        self.box = wheel.Sandbox(fs_readable=config["mk_readable"])  # reused, like ours
 
     def ops(self) -> dict[str, tuple[Op, Optional[str]]]:
         return {"plain": (plain_true, None), "mk": (self.run_true, None)}
 
     def run_true(self, _: Any) -> Sample:
         t0 = time.perf_counter()
-        result = self.sandlock.Sandbox(fs_readable=self.readable).run(TRUE)
+        result = self.box.run(TRUE)
         elapsed = time.perf_counter() - t0
         if not result.success:
             raise RuntimeError(f"multikernel Sandbox.run(/bin/true) failed: {result}")

@@ -22,7 +22,14 @@ _EXPORTS = {
     "ExecError": "errors", "TimeoutExpired": "errors", "CommandFailed": "errors",
     "CallError": "errors", "ExitCode": "errors",
 }
-__all__ = sorted(_EXPORTS)
+
+__all__ = [
+    "CallError", "CommandFailed", "DEVNULL", "ExecError", "ExitCode", "KernelSupportError",
+    "LandlockError", "Outcome", "PIPE", "Policy", "PolicyError", "Process", "Registry",
+    "RemoteTraceback", "Result", "STDOUT", "Sandbox", "SandlockError", "SeccompError",
+    "SetupError", "TimeoutExpired", "load_policy", "loads_policy", "policy_from_dict", "shutdown",
+    "start",
+]
 
 
 def __getattr__(name: str) -> object:

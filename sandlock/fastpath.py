@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 FORMAT = 2
 MAGIC = b"sandlock-compiled-policy\x00%d\n" % FORMAT
 ENV_NO_CACHE = "SANDLOCK_NO_CACHE"
+BUILD_ID_FILE = "sandlock-build-id"  #: bundled by scripts/build_binary.sh
 MAX_ENTRIES = 256
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 
@@ -159,8 +160,14 @@ class Lookup:
 def _code_id() -> tuple[Any, ...]:
     """Changes whenever sandlock's code does, even without a new version number."""
     if getattr(sys, "frozen", False):
-        st = os.stat(sys.executable)
-        return (sys.executable, st.st_size, st.st_mtime_ns)
+        # The binary: an id written at build time (scripts/build_binary.sh), since the
+        # bundle may be unpacked into a different directory on every run.
+        try:
+            with open(os.path.join(getattr(sys, "_MEIPASS", ""), BUILD_ID_FILE), "rb") as handle:
+                return ("build", handle.read())
+        except OSError:
+            st = os.stat(sys.executable)
+            return (sys.executable, st.st_size, st.st_mtime_ns)
     here = os.path.dirname(os.path.abspath(__file__))
     out = []
     for name in sorted(os.listdir(here)):
@@ -204,7 +211,7 @@ def _digest(key: tuple[Any, ...]) -> str:
         from _sha256 import sha256  # type: ignore[import-not-found]
     except ImportError:  # pragma: no cover - Python 3.12+ renamed it
         try:
-            from _sha2 import sha256  # type: ignore[import-not-found,no-redef]
+            from _sha2 import sha256  # type: ignore[import-not-found]
         except ImportError:
             from hashlib import sha256
     return str(sha256(data).hexdigest()[:40])

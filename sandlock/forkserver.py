@@ -7,32 +7,39 @@ slow (page tables are copied: ~30 us per MiB on the reference machine). So the
 library execs a fresh interpreter once (``sys.executable -I -S``: no site, no
 PYTHON* variables, an empty environment) and forks from it.
 
-Process tree (one box per process; ``ctrl`` is one SOCK_SEQPACKET socketpair)::
+Process tree (``exec``/``call``: one SOCK_SEQPACKET socketpair per kind of request)::
 
-    caller ──ctrl──> fork server (single-threaded, child subreaper, ~10 MiB)
-                      ├─ idle supervisor ─┐ blocked in recvmsg(ctrl); the kernel hands
-                      ├─ idle supervisor ─┘ each request to exactly one of them
-                      └─ busy supervisor (one call, child subreaper)
-                          └─ confined command or function ── its own children ...
+    caller ──exec──┐
+           ──call──┴─> fork server (single-threaded, child subreaper, ~5 MiB anonymous)
+                        ├─ idle supervisors, per kind: blocked in recvmsg on their
+                        │  socket; the kernel hands each request to exactly one
+                        └─ busy supervisor (one call at a time, child subreaper)
+                            └─ confined command or function ── its own children ...
 
 * A request goes from the caller straight to an idle supervisor: the fork server
-  is not on the call path; it only forks a replacement when told one was taken.
+  is not on the call path; it forks replacements to keep POOL idle per kind.
   So a call costs one fork of a small process, never a fork of the caller.
 * stdio travels as file descriptors (SCM_RIGHTS), so captured output flows from
   the command to the caller through pipes that neither server process reads.
-* A supervisor serves exactly one call and then exits: no data of one call is ever
-  in memory of a process that forks another call's child. It is the subreaper of
-  its call, so at the end it kills that call's whole tree (daemons and ``setsid``
-  escapees included) and nothing else: concurrent calls cannot touch each other.
+* A supervisor handles one call at a time and is the subreaper of that call, so at
+  the end it kills that call's whole tree (daemons and ``setsid`` escapees
+  included) and nothing else: concurrent calls cannot touch each other.
+* Supervisors are reused (up to MAX_USES calls), each for one kind of request. A
+  command's request passes through its supervisor's memory, harmless because the
+  child's ``execve`` replaces that memory. A Python call's child keeps running in
+  a copy of its supervisor's memory, so a call's environment, function and
+  arguments travel in a memfd that only the confined child reads: no call's data
+  is ever in memory a later call is forked from.
 * If a supervisor dies, its orphans are re-parented to the fork server, which kills
-  every child that is not a supervisor. If the caller goes away (ctrl reaches EOF),
-  the fork server kills everything and exits.
+  every child that is not a supervisor. If the caller goes away (its sockets reach
+  EOF), the fork server kills everything and exits.
 
 Wire format: requests are :mod:`marshal` dictionaries (only the trusted caller
 writes them); supervisor -> caller messages are short ASCII lines on the per-call
 socket: ``S pid`` started, ``F exit_code class\\nmessage`` failed before exec,
-``E returncode signal timed_out pid`` ended (``S`` only when asked: ``popen``). The caller sends ``K`` (kill the tree) or
-``s N`` (signal N); closing its end kills the tree.
+``E returncode signal timed_out pid`` ended (``S`` only when asked: ``popen``).
+The caller sends ``K`` (kill the tree) or ``s N`` (signal N); closing its end
+kills the tree.
 """
 
 from __future__ import annotations
@@ -44,15 +51,22 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional, Sequence
 
-#: Idle supervisors kept ready. Two lets one call start while the replacement for
-#: the previous one is still being forked.
+#: Kinds of request, each with its own socket and pool of idle supervisors.
+KINDS = ("exec", "call")
+#: Idle supervisors kept ready per kind. Two lets a call start while the replacement
+#: for the previous one is still being forked.
 POOL = 2
+#: Calls a supervisor serves before it exits (bounds heap growth).
+MAX_USES = 1000
+#: Supervisor -> fork server notes: event byte and pid, one atomic pipe write each.
+NOTE = struct.Struct("=ci")
 #: Requests larger than this travel in a memfd (a SEQPACKET message must fit the
 #: socket buffer in one piece).
 INLINE_LIMIT = 32 * 1024
@@ -70,21 +84,26 @@ class ForkServer:
     def __init__(self) -> None:
         import subprocess
 
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # One socket per kind of request, each with its own supervisors (see the module
+        # docstring: a Python call's child must not be forked from a command's supervisor).
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in KINDS]
+        theirs = [pair[1].fileno() for pair in pairs]
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        boot = ("import sys; sys.path.insert(0, sys.argv[1]); "
-                "from sandlock.forkserver import serve; serve(int(sys.argv[2]))")
+        boot = ("import sys; sys.path.insert(0, sys.argv[1]); from sandlock.forkserver "
+                "import serve; serve(*map(int, sys.argv[2:]))")
         try:
             # Popen execs (vfork + exec on Linux): the server never holds the caller's memory.
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", boot, root, str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], env={}, stdin=subprocess.DEVNULL,
+                [sys.executable, "-I", "-S", "-c", boot, root, *map(str, theirs)],
+                pass_fds=theirs, env={}, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, close_fds=True)
         finally:
-            theirs.close()
-        self._sock = ours
+            for pair in pairs:
+                pair[1].close()
+        self._socks = {kind: pair[0] for kind, pair in zip(KINDS, pairs)}
         self.owner = os.getpid()
-        hello = ours.recv(64)
+        self.broken = False  #: set when a submit finds the server gone: get() restarts it
+        hello = self._socks["exec"].recv(64)
         if not hello.startswith(b"R "):
             self._proc.wait()
             from .errors import SetupError
@@ -107,13 +126,12 @@ class ForkServer:
                 blob = marshal.dumps({"memfd": True})
             sent = [theirs.fileno(), *fds] + ([memfd] if memfd >= 0 else [])
             try:
-                self._sock.sendmsg([blob], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                             array.array("i", sent))])
+                self._socks[request["kind"]].sendmsg(
+                    [blob], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", sent))])
             except OSError as exc:
                 ours.close()
-                from .errors import SetupError
-
-                raise SetupError(f"the sandlock fork server is gone: {exc}") from None
+                self.broken = True
+                raise _Gone(str(exc)) from None
         finally:
             theirs.close()
             if memfd >= 0:
@@ -133,10 +151,29 @@ class ForkServer:
 
     def close(self) -> None:
         """Stop the server: it kills every call still running, then exits."""
-        if self._sock.fileno() >= 0:
-            self._sock.close()
+        if self._socks["exec"].fileno() >= 0:
+            for sock in self._socks.values():
+                sock.close()
             if self.owner == os.getpid():
                 self._proc.wait()
+
+
+class _Gone(Exception):
+    """The request was not delivered (the server died): safe to send again."""
+
+
+def submit(request: dict[str, Any], fds: Sequence[int]) -> socket.socket:
+    """Submit to the process-wide fork server; restart it once if it has died."""
+    try:
+        return get().submit(request, fds)
+    except _Gone:
+        pass
+    try:
+        return get().submit(request, fds)
+    except _Gone as exc:
+        from .errors import SetupError
+
+        raise SetupError(f"the sandlock fork server is gone: {exc}") from None
 
 
 _server: Optional[ForkServer] = None
@@ -147,10 +184,12 @@ def get() -> ForkServer:
     """The process-wide fork server, started on first use (thread-safe)."""
     global _server
     server = _server
-    if server is not None and server.owner == os.getpid():
+    if server is not None and server.owner == os.getpid() and not server.broken:
         return server
     with _lock:
-        if _server is None or _server.owner != os.getpid() or not _server.alive():
+        if _server is None or _server.owner != os.getpid() or _server.broken:
+            # A broken server is not closed here: other threads may still be inside its
+            # submit(); its sockets close when the last of them drops it.
             _server = ForkServer()
         return _server
 
@@ -167,7 +206,8 @@ def _after_fork_in_child() -> None:
     """A forked copy of the caller must not share the parent's fork server."""
     global _server, _lock
     if _server is not None:
-        _server._sock.close()
+        for sock in _server._socks.values():
+            sock.close()
     _server = None
     _lock = _thread.allocate_lock()
 
@@ -180,70 +220,88 @@ atexit.register(shutdown)
 # Fork server side
 
 
-def serve(ctrl_fd: int) -> None:
+def serve(exec_fd: int, call_fd: int) -> None:
     """Main loop of the fork server process (never returns)."""
-    from . import kernel, launcher  # noqa: F401 - loaded once, shared by every child
-
     # What a confined Python call needs right after fork, so it reads no more files.
     import pickle  # noqa: F401
     import traceback  # noqa: F401
 
+    from . import kernel, launcher  # noqa: F401 - loaded once, shared by every child
+
     kernel.set_child_subreaper()
-    ctrl = socket.socket(fileno=ctrl_fd)
-    ctrl.set_inheritable(False)
+    os.chdir("/")  # every request names its working directory; do not pin the caller's
+    ctrls = {"exec": socket.socket(fileno=exec_fd), "call": socket.socket(fileno=call_fd)}
+    for sock in ctrls.values():
+        sock.set_inheritable(False)
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    taken_r, taken_w = os.pipe2(os.O_CLOEXEC)
+    notes_r, notes_w = os.pipe2(os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)  # the caller's Ctrl-C is the caller's business
-    supervisors: set[int] = set()
+    supervisors: dict[int, str] = {}  # pid -> kind
+    idle: set[int] = set()
     me = os.getpid()
 
-    def fork_supervisor() -> None:
+    def fork_supervisor(kind: str) -> None:
         pid = os.fork()
         if pid == 0:
             try:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                for fd in (wake_r, wake_w, taken_r):
+                for fd in (wake_r, wake_w, notes_r):
                     os.close(fd)
+                for other, sock in ctrls.items():
+                    if other != kind:
+                        sock.close()
                 kernel.set_pdeathsig(signal.SIGKILL)
                 if os.getppid() != me:
                     os._exit(0)
                 kernel.set_child_subreaper()
-                _supervise(ctrl, taken_w)
+                _supervise(ctrls[kind], notes_w, kind)
             finally:
                 os._exit(0)
-        supervisors.add(pid)
+        supervisors[pid] = kind
+        idle.add(pid)
+
+    def fill() -> None:
+        for kind in KINDS:
+            for _ in range(POOL - sum(supervisors[pid] == kind for pid in idle)):
+                fork_supervisor(kind)
 
     import gc
 
     gc.collect()
     gc.freeze()  # keep the collector from touching (and copying) the shared heap
-    for _ in range(POOL):
-        fork_supervisor()
-    ctrl.send(b"R %d" % me)
+    fill()
+    ctrls["exec"].send(b"R %d" % me)
     poller = select.poll()
-    poller.register(ctrl_fd, 0)  # only POLLHUP: requests are for the supervisors
-    poller.register(taken_r, select.POLLIN)
+    for sock in ctrls.values():
+        poller.register(sock.fileno(), 0)  # only POLLHUP: requests are for the supervisors
+    poller.register(notes_r, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     while True:
-        for fd, events in poller.poll():
-            if fd == ctrl_fd:
-                _shutdown(supervisors)
-            elif fd == taken_r:
-                for _ in os.read(taken_r, 64):
-                    fork_supervisor()
-            else:
+        for fd, _events in poller.poll():
+            if fd == notes_r:
+                # Records of NOTE.size bytes (atomic pipe writes): "t" a supervisor took
+                # a request, "i" it is idle again.
+                data = os.read(notes_r, NOTE.size * 64)
+                for event, pid in NOTE.iter_unpack(data):
+                    (idle.add if event == b"i" else idle.discard)(pid)
+                fill()
+            elif fd == wake_r:
                 try:
                     os.read(wake_r, 512)
                 except BlockingIOError:
                     pass
                 _reap(supervisors, me)
+                idle.intersection_update(supervisors)
+                fill()
+            else:
+                _shutdown(supervisors)
 
 
-def _reap(supervisors: set[int], me: int) -> None:
+def _reap(supervisors: dict[int, str], me: int) -> None:
     """Collect exited supervisors; kill any other child (orphans of a dead supervisor)."""
     while True:
         try:
@@ -252,7 +310,7 @@ def _reap(supervisors: set[int], me: int) -> None:
             break
         if pid == 0:
             break
-        supervisors.discard(pid)
+        supervisors.pop(pid, None)
     for pid in _children(me):
         if pid not in supervisors:
             try:
@@ -269,7 +327,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _shutdown(supervisors: set[int]) -> None:
+def _shutdown(supervisors: dict[int, str]) -> None:
     """The caller is gone: kill every process of every call, then exit."""
     me = os.getpid()
     while True:
@@ -313,51 +371,85 @@ def _receive(ctrl: socket.socket) -> tuple[dict[str, Any], list[int]]:
     if request.get("memfd"):
         memfd = fds.pop()
         with os.fdopen(memfd, "rb") as handle:
+            handle.seek(0)  # the caller's writes moved the shared file offset
             request = marshal.loads(handle.read())
     return request, list(fds)
 
 
-def _supervise(ctrl: socket.socket, taken_w: int) -> None:
-    """Wait for one request, run it confined, report, kill the tree, exit."""
+def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
+    """Serve requests of one kind, one at a time, up to MAX_USES (bounds heap growth).
+
+    One at a time: the supervisor is the subreaper of exactly one call's tree. Never
+    both kinds: a command's request (argv, environment) is in this process's memory,
+    harmless to a command child whose ``execve`` replaces that memory, but a Python
+    call's child keeps running in a copy of it. So call supervisors see no data of
+    any call at all: the environment, arguments and function of a call travel in a
+    memfd that only the confined child reads.
+    """
+    for use in range(1, MAX_USES + 1):
+        request, fds = _receive(ctrl)
+        # Nothing of this call survives into the next: the child's end (launcher's
+        # Child._reap) kills and reaps every process re-parented to this supervisor.
+        _serve_one(request, fds, notes_w, kind)
+        if use < MAX_USES:
+            _note(notes_w, b"i")
+
+
+def _note(notes_w: int, event: bytes) -> None:
+    os.write(notes_w, NOTE.pack(event, os.getpid()))
+
+
+def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str) -> None:
+    """Run one request confined, report, kill its tree; close every fd it brought."""
     from . import launcher
     from .errors import SandlockError
 
-    request, fds = _receive(ctrl)
-    ctrl.close()
     call = socket.socket(fileno=fds[0])
-    stdin, stdout, stderr = fds[1:4]
-    ruleset_fd = fds[4] if request["ruleset"] else -1
-    result_fd = fds[-1] if request["kind"] == "call" else -1
-    compiled = launcher.Compiled(None, 0, (), ruleset_fd, request["bpf"],  # type: ignore[arg-type]
-                                 tuple(request["rlimits"]))
-    cmd = launcher.Command(request["exe"], tuple(request["argv"]), tuple(request["env"]),
-                           request["cwd"])
-    body = None
-    if result_fd >= 0:
-        def body() -> None:
-            _call_body(result_fd, request)
-    failure = ""
+    noted = False
     try:
-        child = launcher.spawn(compiled, cmd, stdin=stdin, stdout=stdout, stderr=stderr,
-                               body=body)
-    except SandlockError as exc:
-        failure = f"F {int(exc.exit_code)} {type(exc).__name__}\n{exc}"
-    except OSError as exc:  # fork failed (EAGAIN: RLIMIT_NPROC, memory)
-        failure = f"F 125 SetupError\ncannot fork the confined process: {exc}"
-    # Only now (the child has exec'd) does the fork server fork a replacement, so that
-    # fork does not compete for a CPU with this call's start; the pool has a spare.
-    os.write(taken_w, b"x")
-    os.close(taken_w)
-    if failure:
-        _send(call, failure)
-        os._exit(0)
-    for fd in fds[1:]:
-        os.close(fd)  # the child has them; keeping them would delay the caller's EOF
-    if request.get("report_start"):
-        _send(call, f"S {child.pid}")
-    _watch(child, call, request["timeout"])
-    _send(call, f"E {child.returncode} {child.signal or 0} {int(child.timed_out)} {child.pid}")
-    os._exit(0)
+        stdin, stdout, stderr = fds[1:4]
+        ruleset_fd = fds[4] if request["ruleset"] else -1
+        compiled = launcher.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
+                                     request["bpf"], tuple(request["rlimits"]))
+        cmd = launcher.Command(request["exe"], tuple(request["argv"]), tuple(request["env"]),
+                               request["cwd"])
+        body = None
+        if request["kind"] == "call":
+            if kind != "call":
+                raise SandlockError("a Python call reached a command supervisor")
+            data_fd, result_fd = fds[-2:]
+
+            def body() -> None:
+                _call_body(data_fd, result_fd)
+        failure = ""
+        try:
+            child = launcher.spawn(compiled, cmd, stdin=stdin, stdout=stdout, stderr=stderr,
+                                   body=body)
+        except SandlockError as exc:
+            failure = f"F {int(exc.exit_code)} {type(exc).__name__}\n{exc}"
+        except OSError as exc:  # fork failed (EAGAIN: RLIMIT_NPROC, memory)
+            failure = f"F 125 SetupError\ncannot fork the confined process: {exc}"
+        # Only now (the child has exec'd) may the fork server fork a replacement: that
+        # fork does not compete for a CPU with this call's start; the pool has a spare.
+        _note(notes_w, b"t")
+        noted = True
+        for fd in fds[1:]:
+            os.close(fd)  # the child has them; keeping them would delay the caller's EOF
+        fds = fds[:1]
+        if failure:
+            _send(call, failure)
+            return
+        if request.get("report_start"):
+            _send(call, f"S {child.pid}")
+        _watch(child, call, request["timeout"])
+        _send(call, f"E {child.returncode} {child.signal or 0} {int(child.timed_out)} "
+                    f"{child.pid}")
+    finally:
+        if not noted:
+            _note(notes_w, b"t")
+        for fd in fds[1:]:
+            os.close(fd)
+        call.close()
 
 
 def _send(call: socket.socket, text: str) -> None:
@@ -391,7 +483,10 @@ def _watch(child: Any, call: socket.socket, timeout: Optional[float]) -> None:
                     poller.unregister(fd)
                     child.kill_tree()
                 elif message.startswith(b"s "):
-                    child.send_signal(int(message[2:]))
+                    try:
+                        child.send_signal(int(message[2:]))
+                    except (ValueError, OSError):
+                        pass  # not a signal number: nothing to send
             elif child.returncode is None:
                 child._reap()  # also kills and reaps whatever the command left behind
                 break
@@ -401,7 +496,7 @@ def _watch(child: Any, call: socket.socket, timeout: Optional[float]) -> None:
 # The confined child of a Python call (runs after Landlock and seccomp)
 
 
-def _call_body(result_fd: int, request: dict[str, Any]) -> None:
+def _call_body(data_fd: int, result_fd: int) -> None:
     """Run the caller's function inside the sandbox and write its outcome to the caller.
 
     Before any of the caller's code is loaded, every descriptor but stdio and the
@@ -410,18 +505,28 @@ def _call_body(result_fd: int, request: dict[str, Any]) -> None:
     """
     import pickle
 
+    size, data = os.fstat(data_fd).st_size, b""
+    while len(data) < size:  # pread: the caller's writes moved the shared offset
+        data += os.pread(data_fd, size - len(data), len(data)) or b"\0"
+    request = marshal.loads(data)
     os.dup2(result_fd, 3)
     os.closerange(4, 2**31 - 1)
     os.environ.clear()
     os.environ.update(dict(request["env"]))
     sys.dont_write_bytecode = True
-    sys.argv = [request["exe"]]
+    sys.argv = [sys.executable]
     record: tuple[Any, ...]
     try:
         sys.path[:] = request["sys_path"]
         if request["main"]:
             _load_main(request["main"])
-        func, args, kwargs = pickle.loads(request["payload"])
+        try:
+            func, args, kwargs = pickle.loads(request["payload"])
+        except Exception as exc:
+            raise ImportError(
+                f"the sandbox could not load the function or its arguments ({type(exc).__name__}:"
+                f" {exc}): the policy must grant read on the directories their modules are "
+                "imported from (their sys.path entries), not only on the files") from exc
         value = func(*args, **kwargs)
         try:
             record = ("ok", pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))

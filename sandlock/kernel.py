@@ -225,3 +225,37 @@ def seccomp_supported() -> Optional[str]:
     if _prctl(PR_GET_SECCOMP, 0, 0, 0, 0) < 0:
         return f"prctl(PR_GET_SECCOMP): {os.strerror(ctypes.get_errno())}"
     return None
+
+
+# capabilities(7): the tool of a root caller keeps none of root's capabilities.
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_CAP_LAST = 63  # upper bound; PR_CAPBSET_DROP answers EINVAL past the kernel's last cap
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """Empty the bounding, ambient, effective, permitted and inheritable sets.
+
+    Only a process with capabilities (root, or a file-capability binary) has
+    anything to drop; with no_new_privs set afterwards, execve cannot regain them
+    (https://docs.kernel.org/userspace-api/no_new_privs.html).
+    """
+    for cap in range(_CAP_LAST + 1):
+        if _prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 and ctypes.get_errno() == 22:  # EINVAL
+            break
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(header), ctypes.byref(data)), "capset")
+

@@ -15,7 +15,6 @@ parent can tell "could not start" (125/126/127) from "ran and failed".
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # the C half of signal; typeshed has no stub
-import _thread
 import errno
 import os
 import resource
@@ -137,7 +136,8 @@ def compile_policy(policy: Policy) -> Compiled:
         seccomp.check_names(policy)
     bpf = seccomp.bpf_for(seccomp.plan(policy))
     fd = ruleset.build(plan)
-    return Compiled(policy, abi, plan.gaps, fd, bpf, clamp_to_hard_limits(rlimits_for(policy.limits)))
+    rlimits = clamp_to_hard_limits(rlimits_for(policy.limits))
+    return Compiled(policy, abi, plan.gaps, fd, bpf, rlimits)
 
 
 # ----------------------------------------------------------------------------
@@ -222,6 +222,10 @@ def prepare_command(policy: Policy, argv: Sequence[str], *, caller_env: Optional
 # Fork and the child
 
 
+#: A root launcher's tool runs without capabilities (checked once, in the parent).
+_PRIVILEGED = os.geteuid() == 0
+
+
 def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,
            stdio: tuple[int, int, int], env: dict[bytes, bytes], argv: list[bytes],
            hook: Optional[Callable[[], None]] = None,
@@ -248,13 +252,15 @@ def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,
         for res, value in compiled.rlimits:
             resource.setrlimit(res, (value, value))
         stage = "setup"
+        if _PRIVILEGED:
+            kernel.drop_capabilities()
         kernel.cloexec_from(3)
         kernel.no_new_privs()
         if compiled.ruleset_fd >= 0:
             stage = "landlock"
             kernel.restrict_self(compiled.ruleset_fd)
         stage = "seccomp"
-        kernel.load_seccomp(compiled._fprog)  # type: ignore[arg-type]
+        kernel.load_seccomp(compiled._fprog)
         if hook is not None:  # [network] allow: the connect supervisor's filter (issue 7)
             stage = "network"
             hook()
@@ -295,8 +301,9 @@ def _setup_failure(cmd: Command, report: bytes) -> SandlockError:
 class Child:
     """A confined process started by :func:`spawn`."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, spared: frozenset[int] = frozenset()) -> None:
         self.pid = pid
+        self.spared = spared  #: the caller's own children, never killed when reaping
         self.pidfd = os.pidfd_open(pid)
         self.returncode: Optional[int] = None
         self.timed_out = False
@@ -324,10 +331,12 @@ class Child:
         self.returncode = ExitCode.TIMEOUT if self.timed_out else code
         os.close(self.pidfd)
         self.pidfd = -1
-        reap_descendants()
+        reap_descendants(self.spared)
 
     def send_signal(self, signum: int) -> None:
         """Signal the command's process group (it is the leader of its own session)."""
+        if self.returncode is not None:
+            return  # reaped: the group id may already belong to someone else
         try:
             os.killpg(self.pid, signum)
         except ProcessLookupError:
@@ -339,20 +348,33 @@ class Child:
             self._reap()
 
 
-def reap_descendants() -> None:
+def children() -> set[int]:
+    """Every child of this process, whichever of its threads forked or adopted it."""
+    pids: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as handle:
+                pids.update(int(p) for p in handle.read().split())
+        except OSError:
+            pass
+    return pids
+
+
+def reap_descendants(spared: frozenset[int] = frozenset()) -> None:
     """Kill and reap whatever the command left behind.
 
     The launcher is a child subreaper, so daemons that double-forked or called
     setsid are re-parented to it: kill every child (each kill re-parents that
-    child's own children to us) until none is left.
+    child's own children to us) until none is left. ``spared`` are children the
+    process had before the command started: used as a library, the launcher must
+    not kill its host's own subprocesses.
     """
-    children_file = f"/proc/self/task/{_thread.get_native_id()}/children"
     while True:
-        try:
-            with open(children_file) as handle:
-                pids = [int(p) for p in handle.read().split()]
-        except OSError:
-            pids = []
+        pids = [pid for pid in children() if pid not in spared]
         if not pids:
             return
         for pid in pids:
@@ -381,6 +403,7 @@ def spawn(compiled: Compiled, cmd: Command, *, stdin: int = -1, stdout: int = -1
     argv = [os.fsencode(a) for a in cmd.argv]
     errr, errw = os.pipe2(os.O_CLOEXEC)
     parent = os.getpid()
+    spared = children()  # before fork: an orphan of the tool can never be among them
     if TIMING_FD >= 0:
         global _fork_stamp
         _fork_stamp = time.monotonic_ns()
@@ -398,7 +421,7 @@ def spawn(compiled: Compiled, cmd: Command, *, stdin: int = -1, stdout: int = -1
     if report:
         os.waitpid(pid, 0)
         raise _setup_failure(cmd, report)
-    return Child(pid)
+    return Child(pid, frozenset(spared))
 
 
 def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,

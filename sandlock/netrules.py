@@ -128,7 +128,8 @@ class NetRules:
             if rule.matches_address(address, port):
                 return Verdict(True, f"allowed by {rule}")
         return Verdict(False, f"{host} resolved to non-public address {address} (refused against "
-                              "DNS rebinding; pin the name in [network] hosts or allow the address)")
+                              "DNS rebinding; pin the name in [network] hosts or allow the "
+                              "address)")
 
 
 def normalize_host(host: str) -> str:

@@ -38,8 +38,6 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from typing_extensions import Self
-
 from . import kernel, launcher
 from .errors import SandlockError
 from .policy import Access, PathRule, Policy, PortRange, load_profile
@@ -303,7 +301,7 @@ def _listen(ctx: Context) -> str | None:
     (https://github.com/landlock-lsm/linux/issues/15). seccomp can refuse listen()
     altogether, but only when no listener of any kind is granted."""
     why = ("not enforceable: Landlock does not control listen(), which binds an unbound "
-           "socket to an ephemeral port (landlock-lsm/linux#15)")
+           f"socket to an ephemeral port (landlock-lsm/linux#15; {README_LIMITS}: listening)")
     if ctx.policy.network.bind:
         return f"{why}; network.bind grants listeners, so listen() cannot be refused"
     if ctx.policy.network.unix:
@@ -365,9 +363,21 @@ SPECS: tuple[Spec, ...] = (
     Spec("fs.open_by_handle", "open_by_handle_at (bypasses path checks)",
          _syscall("name_to_handle_at", "open_by_handle_at")),
     Spec("fs.mknod_device", "make a device node in the workspace", limit=_fs_gap),
+    Spec("fs.hardlink_opath", "link an O_PATH descriptor of an outside file into the workspace",
+         _victim_dir("fs.create_outside"), _fs_gap),
+    Spec("fs.rename_exchange", "swap a workspace file with a file outside (RENAME_EXCHANGE)",
+         _victim_dir("fs.rename_exchange"), _fs_gap),
+    Spec("fs.write_read_only_grant", "open a file under a read-only grant for writing",
+         _fs("ro_file", Access.WRITE), _fs_gap),
+    Spec("fs.create_in_read_only_grant", "create a file under a read-only grant",
+         _fs("ro_dir", Access.WRITE), _fs_gap),
+    Spec("fs.inotify_outside", "watch a directory outside with inotify", _fs("outside", FS_READ),
+         _metadata("inotify watches")),
     Spec("fs.stat_outside", "stat a file outside", _fs("secret", FS_READ), _metadata("stat")),
     Spec("fs.chmod_outside", "chmod a file outside", _fs("fs.chmod_outside", Access.WRITE, True),
          _metadata("chmod")),
+    Spec("fs.chown_outside", "chown a file outside", _fs("fs.chown_outside", Access.WRITE, True),
+         _metadata("chown")),
     Spec("fs.utime_outside", "change the timestamps of a file outside",
          _fs("fs.utime_outside", Access.WRITE, True), _metadata("utimensat")),
     Spec("fs.xattr_outside", "write an extended attribute on a file outside",
@@ -391,6 +401,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("exec.memfd", "fexecve a program written into a memfd", limit=_memfd),
     Spec("exec.written_binary", "execve a program written into the workspace",
          _fs("writable", Access.EXEC), _fs_gap),
+    Spec("exec.read_granted_file", "execve a file the policy grants read, not exec",
+         _fs("ld_target", Access.EXEC), _fs_gap),
     Spec("exec.setuid_no_new_privs", "gain privileges through a setuid binary (no_new_privs)"),
     # secrets
     Spec("secrets.env_canary", "see a secret in the caller's environment", _env),
@@ -448,6 +460,18 @@ SPECS: tuple[Spec, ...] = (
     Spec("proc.clone3", "clone3(CLONE_NEWUSER)", _syscall("clone3")),
     Spec("proc.mount", "mount a tmpfs", _syscall("mount")),
     Spec("proc.chroot", "chroot", _syscall("chroot")),
+    Spec("proc.sigio_outside", "have the kernel signal a process outside (F_SETOWN)", _signals,
+         _signal_gap),
+    Spec("proc.prlimit_outside", "change a resource limit of a process outside",
+         _syscall("prlimit64")),
+    Spec("proc.sched_outside", "renice / re-pin / reschedule a process outside",
+         _syscall("setpriority", "sched_setaffinity", "sched_setscheduler", "ioprio_set")),
+    Spec("ipc.sysv_shm_outside", "attach a SysV shared memory segment made outside",
+         _syscall("shmat")),
+    Spec("ipc.sysv_msg_outside", "read a SysV message queue made outside", _syscall("msgrcv")),
+    Spec("ipc.posix_shm_outside", "read POSIX shared memory (/dev/shm) made outside",
+         _fs("posix_shm", FS_READ), _fs_gap),
+    Spec("ipc.posix_mqueue_outside", "open a POSIX message queue made outside"),
     Spec("proc.timeout_escape", "leave a daemon behind (setsid + double fork)"),
     # limits
     Spec("limits.fork_bomb", "fork past limits.processes", _limit_unset("processes"), _nproc_root),
@@ -459,6 +483,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("limits.raise_limit", "raise a hard resource limit",
          lambda c: None if _limits(c.policy) else "[limits] sets nothing (not attempted)"),
     # terminal
+    Spec("term.dev_tty", "open /dev/tty", _fs("dev_tty", Access.READ), _fs_gap),
     Spec("term.tiocsti", "inject a keystroke into the terminal (TIOCSTI)", _syscall("ioctl")),
     Spec("term.tiocsti_high_bits", "TIOCSTI with garbage upper bits", _syscall("ioctl")),
     # kernel surface
@@ -467,6 +492,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("kernel.userfaultfd", "userfaultfd", _syscall("userfaultfd")),
     Spec("kernel.keyctl", "add a key to a keyring", _syscall("add_key", "keyctl")),
     Spec("kernel.personality", "personality(ADDR_NO_RANDOMIZE)", _syscall("personality")),
+    Spec("kernel.adjtimex", "adjust the system clock", _syscall("adjtimex", "clock_adjtime")),
+    Spec("kernel.reboot", "reboot(2)", _syscall("reboot")),
     Spec("kernel.kexec_load", "kexec_load", _syscall("kexec_load")),
     Spec("kernel.init_module", "init_module", _syscall("init_module")),
     Spec("kernel.x32_abi", "an x32 system call"),
@@ -488,13 +515,15 @@ HELPER = """\
 import os, signal, sys
 secret = ("SANDLOCK-HELPER-" + os.environ["SANDLOCK_PROBE_HELPER"]).encode()
 signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+signal.signal(signal.SIGUSR2, lambda *_: print("SIGUSR2", flush=True))
 print(os.getpid(), id(secret) + sys.getsizeof(b"") - 1, flush=True)
 sys.stdin.read()
 """
 
 VICTIMS = ("fs.write_outside", "fs.overwrite_outside", "fs.truncate_outside", "fs.delete_outside",
            "fs.rename_outside", "fs.rename_out_to_workspace", "fs.chmod_outside",
-           "fs.utime_outside", "fs.xattr_outside")
+           "fs.utime_outside", "fs.xattr_outside", "fs.rename_exchange",
+           "fs.chown_outside")
 ABSENT = ("fs.create_outside", "fs.mkfifo_outside", "fs.symlink_create_outside",
           "fs.rename_workspace_to_outside", "fs.hardlink_to_outside", "net.unix_bind_outside")
 
@@ -513,8 +542,10 @@ class Harness:
         self.helper: Any | None = None
         self.cfg: dict[str, Any] = {}
         self.short: Path | None = None  #: a short directory for the Unix socket, if needed
+        self.ipc: list[tuple[str, Any]] = []  #: SysV and POSIX IPC objects to remove
+        self.created: list[Path] = []  #: files outside self.dir to remove, if they exist
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Harness:  # noqa: PYI034 - Self needs Python 3.11
         try:
             self._prepare()
         except BaseException as exc:
@@ -568,11 +599,13 @@ class Harness:
             "ssh_key": str(keys[0]) if keys else None, "caller_fd": caller_fd,
             "env_canary": [ENV_CANARY, self.canary],
             "writable": self._writable(), "readable_dir": self._readable_dir(),
-            "shadow": "/etc/shadow",
+            "shadow": "/etc/shadow", "dev_tty": "/dev/tty", "token": self.token,
+            "posix_shm": self._posix_shm(), **self._read_only_targets(),
             "limits": _limits(self.policy),
         }
         self._listen()
         self._start_helper()
+        self._ipc()
         self.cfg["present"] = {f"limits.{k}": True for k in self.cfg["limits"]}
         self.cfg["present"]["limits.any"] = bool(self.cfg["limits"])
 
@@ -648,6 +681,77 @@ class Harness:
                 return int(sock.getsockname()[1])
         return None
 
+    def _posix_shm(self) -> str | None:
+        shm = Path("/dev/shm")
+        if not (shm.is_dir() and os.access(shm, os.W_OK)):
+            return None
+        path = shm / f"sandlock-probe-{self.token}"
+        path.write_text(self.canary)
+        self.created.append(path)
+        return str(path)
+
+    def _read_only_targets(self) -> dict[str, str | None]:
+        """A directory the policy grants only read on, that the caller could write to,
+        and a file in it: read access must not turn into write access."""
+        writes = tuple(r for r in self.policy.paths if r.access is Access.WRITE)
+        for rule in self.policy.paths:
+            if rule.access is Access.WRITE or not os.path.isdir(rule.path) or \
+                    path_grant(writes, rule.path, Access.WRITE) or \
+                    not os.access(rule.path, os.W_OK):
+                continue
+            try:
+                files = sorted(e.path for e in os.scandir(rule.path)
+                               if e.is_file(follow_symlinks=False) and os.access(e.path, os.W_OK))
+            except OSError:
+                continue
+            self.created.append(Path(rule.path) / f".sandlock-probe-{self.token}")
+            return {"ro_dir": rule.path, "ro_file": files[0] if files else None}
+        return {"ro_dir": None, "ro_file": None}
+
+    def _ipc(self) -> None:
+        """A SysV shared memory segment, a SysV message queue and a POSIX message
+        queue, each holding the secret, as a database or X server would leave them."""
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.shmat.restype = ctypes.c_void_p
+        canary = self.canary.encode()
+        shm = libc.shmget(0, 4096, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+        if shm >= 0:
+            self.ipc.append(("shm", shm))
+            address = libc.shmat(shm, None, 0)
+            if address not in (None, ctypes.c_void_p(-1).value):
+                ctypes.memmove(address, canary, len(canary))
+                libc.shmdt(ctypes.c_void_p(address))
+        msg = libc.msgget(0, 0o1000 | 0o600)
+        if msg >= 0:
+            self.ipc.append(("msg", msg))
+            buf = ctypes.create_string_buffer(1 .to_bytes(8, sys.byteorder) + canary)
+            libc.msgsnd(msg, buf, len(canary), 0o4000)
+        name = f"/sandlock-probe-{self.token}".encode()
+        mq = -1
+        if hasattr(libc, "mq_open"):  # in libc since glibc 2.34, in librt before
+            libc.mq_open.restype = ctypes.c_int
+            mq = libc.mq_open(name, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600, None)
+        if mq >= 0:
+            os.close(mq)
+            self.ipc.append(("mq", name))
+        self.cfg.update(shm_id=shm if shm >= 0 else None, msg_id=msg if msg >= 0 else None,
+                        mqueue=name.decode() if mq >= 0 else None)
+
+    def _close_ipc(self) -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        for kind, ident in self.ipc:
+            if kind == "shm":
+                libc.shmctl(ident, 0, None)  # IPC_RMID
+            elif kind == "msg":
+                libc.msgctl(ident, 0, None)
+            else:
+                libc.mq_unlink(ident)
+        self.ipc.clear()
+
     def _start_helper(self) -> None:
         import subprocess
 
@@ -690,6 +794,14 @@ class Harness:
             seen["fs.rmdir_outside"] = "the directory outside is gone"
         if os.path.ismount(victims["proc.mount"]):
             seen["proc.mount"] = "a mount is still in place"
+        if self.helper is not None and self.helper.stdout is not None:
+            os.set_blocking(self.helper.stdout.fileno(), False)
+            try:
+                said = self.helper.stdout.read() or b""
+            except OSError:
+                said = b""
+            if b"SIGUSR2" in said:
+                seen["proc.sigio_outside"] = "the helper outside received SIGUSR2"
         return seen
 
     def close(self) -> None:
@@ -699,6 +811,10 @@ class Harness:
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
+        self._close_ipc()
+        for path in self.created:
+            path.unlink(missing_ok=True)
+        self.created.clear()
         if self.helper is not None:
             self.helper.kill()
             self.helper.wait()
@@ -855,6 +971,8 @@ def probe_policy(policy: Policy, *, home: str | None = None) -> Report:
         outcome, detail = str(line.get("outcome")), str(line.get("detail", ""))
         if spec.id in effects and outcome != "allowed":
             outcome, detail = "allowed", f"{effects[spec.id]} (the sandbox saw: {detail})"
+        if spec.id == "proc.sigio_outside" and outcome == "allowed" and spec.id not in effects:
+            outcome, detail = "blocked", f"the helper received no signal ({detail})"
         if spec.id == "proc.timeout_escape" and outcome == "allowed":
             outcome, detail = _survivor(daemon, detail)
         results.append(_judge(spec, outcome, detail, ctx))

@@ -13,6 +13,8 @@ Only the standard library is used. Risky probes (bombs, clone, foreign-ABI
 syscalls, anything that could change this process) run in a forked child.
 """
 
+from __future__ import annotations
+
 import ctypes
 import errno
 import json
@@ -23,6 +25,9 @@ import stat
 import struct
 import sys
 import time
+from typing import Any, Callable
+
+Outcome = tuple[str, str]  #: ("allowed" | "blocked" | "skipped" | "error", detail)
 
 # Descriptors open before we open anything: what the launcher let through.
 _INHERITED = []
@@ -45,7 +50,7 @@ NR = {
         "add_key": 248, "personality": 135, "kexec_load": 246, "init_module": 175,
         "io_uring_setup": 425, "pidfd_getfd": 438, "pidfd_send_signal": 424, "clone3": 435,
         "name_to_handle_at": 303, "open_by_handle_at": 304, "chroot": 161, "ioctl": 16,
-        "getpid": 39, "setns": 308,
+        "getpid": 39, "setns": 308, "ioprio_set": 251,
     },
     "aarch64": {
         "ptrace": 117, "process_vm_readv": 270, "unshare": 97, "clone": 220, "mount": 40,
@@ -53,7 +58,7 @@ NR = {
         "add_key": 217, "personality": 92, "kexec_load": 104, "init_module": 105,
         "io_uring_setup": 425, "pidfd_getfd": 438, "pidfd_send_signal": 424, "clone3": 435,
         "name_to_handle_at": 264, "open_by_handle_at": 265, "chroot": 51, "ioctl": 29,
-        "getpid": 172, "setns": 268,
+        "getpid": 172, "setns": 268, "ioprio_set": 30,
     },
 }.get(MACHINE, {})
 
@@ -62,19 +67,19 @@ class Blocked(Exception):
     """The attempt failed: the sandbox (or the kernel) refused it."""
 
 
-def emit(probe_id, outcome, detail=""):
+def emit(probe_id: str, outcome: str, detail: str = "") -> None:
     sys.stdout.write(json.dumps({"id": probe_id, "outcome": outcome, "detail": detail}) + "\n")
     sys.stdout.flush()
 
 
-def why(exc):
+def why(exc: BaseException) -> str:
     code = getattr(exc, "errno", None)
     if code:
         return f"{errno.errorcode.get(code, code)}: {os.strerror(code)}"
     return f"{type(exc).__name__}: {exc}"
 
 
-def sys_call(name, *args):
+def sys_call(name: str, *args: Any) -> int:
     """A raw syscall; raise OSError on failure, return the result."""
     if name not in NR:
         raise Blocked(f"{name}: unknown on {MACHINE}")
@@ -82,21 +87,22 @@ def sys_call(name, *args):
     if result < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-    return result
+    return int(result)
 
 
-PROBES = []
+Probe = Callable[[], Outcome]
+PROBES: list[tuple[str, str | None, Probe]] = []
 
 
-def probe(probe_id, needs=None):
+def probe(probe_id: str, needs: str | None = None) -> Callable[[Probe], Probe]:
     """Register a probe; ``needs`` names a config key without which it is skipped."""
-    def register(fn):
+    def register(fn: Probe) -> Probe:
         PROBES.append((probe_id, needs, fn))
         return fn
     return register
 
 
-def in_child(fn, timeout=10.0):
+def in_child(fn: Callable[[], int], timeout: float = 10.0) -> tuple[str, int]:
     """Run ``fn`` in a forked child; return ("exit", code) or ("signal", signum).
 
     ``fn`` returns an exit code (0 = the attempt succeeded).
@@ -127,7 +133,7 @@ def in_child(fn, timeout=10.0):
     return "exit", os.WEXITSTATUS(status)
 
 
-def child_outcome(result, what):
+def child_outcome(result: tuple[str, int], what: str) -> Outcome:
     kind, value = result
     if kind == "exit" and value == 0:
         return "allowed", what
@@ -138,18 +144,18 @@ def child_outcome(result, what):
     return "blocked", "did not finish"
 
 
-def read_file(path, size=4096):
+def read_file(path: str, size: int = 4096) -> bytes:
     with open(path, "rb") as handle:
         return handle.read(size)
 
 
-def writable():
-    return CFG.get("writable")
+def writable() -> str | None:
+    return CFG.get("writable") or None
 
 
-def scratch(name):
+def scratch(name: str) -> str:
     """A path in the first writable directory the policy grants."""
-    return os.path.join(writable(), f".sandlock-probe-{name}")
+    return os.path.join(CFG["writable"], f".sandlock-probe-{name}")
 
 
 # ---------------------------------------------------------------------------
@@ -157,82 +163,82 @@ def scratch(name):
 
 
 @probe("fs.read_outside")
-def _():
+def _() -> Outcome:
     data = read_file(CFG["secret"])
     return "allowed", f"read {len(data)} bytes"
 
 
 @probe("fs.list_outside")
-def _():
+def _() -> Outcome:
     return "allowed", f"listed {len(os.listdir(CFG['outside']))} names"
 
 
 @probe("fs.write_outside")
-def _():
+def _() -> Outcome:
     with open(CFG["victims"]["fs.write_outside"], "ab") as handle:
         handle.write(b"appended by the sandbox\n")
     return "allowed", "appended"
 
 
 @probe("fs.overwrite_outside")
-def _():
+def _() -> Outcome:
     with open(CFG["victims"]["fs.overwrite_outside"], "wb") as handle:
         handle.write(b"overwritten by the sandbox\n")
     return "allowed", "overwritten"
 
 
 @probe("fs.create_outside")
-def _():
+def _() -> Outcome:
     fd = os.open(CFG["victims"]["fs.create_outside"], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     os.close(fd)
     return "allowed", "created"
 
 
 @probe("fs.truncate_outside")
-def _():
+def _() -> Outcome:
     os.truncate(CFG["victims"]["fs.truncate_outside"], 0)
     return "allowed", "truncated with truncate(2)"
 
 
 @probe("fs.delete_outside")
-def _():
+def _() -> Outcome:
     os.unlink(CFG["victims"]["fs.delete_outside"])
     return "allowed", "deleted"
 
 
 @probe("fs.rmdir_outside")
-def _():
+def _() -> Outcome:
     os.rmdir(CFG["victims"]["fs.rmdir_outside"])
     return "allowed", "removed directory"
 
 
 @probe("fs.rename_outside")
-def _():
+def _() -> Outcome:
     source = CFG["victims"]["fs.rename_outside"]
     os.rename(source, source + ".renamed")
     return "allowed", "renamed within the outside directory"
 
 
 @probe("fs.mkfifo_outside")
-def _():
+def _() -> Outcome:
     os.mkfifo(CFG["victims"]["fs.mkfifo_outside"])
     return "allowed", "made a FIFO"
 
 
 @probe("fs.symlink_create_outside")
-def _():
+def _() -> Outcome:
     os.symlink("/etc/passwd", CFG["victims"]["fs.symlink_create_outside"])
     return "allowed", "made a symlink"
 
 
 @probe("fs.rename_out_to_workspace", needs="writable")
-def _():
+def _() -> Outcome:
     os.rename(CFG["victims"]["fs.rename_out_to_workspace"], scratch("stolen"))
     return "allowed", "moved a file from outside into the workspace"
 
 
 @probe("fs.rename_workspace_to_outside", needs="writable")
-def _():
+def _() -> Outcome:
     planted = scratch("planted")
     with open(planted, "wb") as handle:
         handle.write(b"planted\n")
@@ -245,7 +251,7 @@ def _():
 
 
 @probe("fs.hardlink_into_workspace", needs="writable")
-def _():
+def _() -> Outcome:
     link = scratch("hardlink")
     os.link(CFG["secret"], link)
     data = read_file(link)
@@ -253,7 +259,7 @@ def _():
 
 
 @probe("fs.hardlink_to_outside", needs="writable")
-def _():
+def _() -> Outcome:
     planted = scratch("planted-link")
     with open(planted, "wb") as handle:
         handle.write(b"planted\n")
@@ -265,7 +271,7 @@ def _():
 
 
 @probe("fs.symlink_escape", needs="writable")
-def _():
+def _() -> Outcome:
     link = scratch("symlink")
     try:
         os.symlink(CFG["secret"], link)
@@ -276,7 +282,7 @@ def _():
 
 
 @probe("fs.symlink_dir_escape", needs="writable")
-def _():
+def _() -> Outcome:
     link = scratch("symlink-dir")
     try:
         os.symlink(CFG["outside"], link)
@@ -287,7 +293,7 @@ def _():
 
 
 @probe("fs.dotdot_traversal", needs="readable_dir")
-def _():
+def _() -> Outcome:
     base = CFG["readable_dir"]
     path = base + "/.." * base.count("/") + CFG["secret"]
     data = read_file(path)
@@ -295,7 +301,7 @@ def _():
 
 
 @probe("fs.dotdot_relative", needs="readable_dir")
-def _():
+def _() -> Outcome:
     os.chdir(CFG["readable_dir"])
     try:
         rel = os.path.relpath(CFG["secret"], CFG["readable_dir"])
@@ -306,13 +312,13 @@ def _():
 
 
 @probe("fs.proc_self_root")
-def _():
+def _() -> Outcome:
     data = read_file("/proc/self/root" + CFG["secret"])
     return "allowed", f"read {len(data)} bytes"
 
 
 @probe("fs.proc_self_cwd")
-def _():
+def _() -> Outcome:
     try:
         os.chdir(CFG["outside"])  # chdir is not a Landlock right: this may succeed
     except OSError as exc:
@@ -331,7 +337,7 @@ def _():
 
 
 @probe("fs.opath_reopen")
-def _():
+def _() -> Outcome:
     fd = os.open(CFG["secret"], os.O_PATH)  # O_PATH opens are not checked by Landlock
     try:
         for path in (f"/proc/self/fd/{fd}", f"/dev/fd/{fd}"):
@@ -355,7 +361,7 @@ def _():
 
 
 @probe("fs.open_by_handle")
-def _():
+def _() -> Outcome:
     buf = ctypes.create_string_buffer(8 + 128)
     struct.pack_into("I", buf, 0, 128)
     mount_id = ctypes.c_int(0)
@@ -366,31 +372,105 @@ def _():
 
 
 @probe("fs.mknod_device", needs="writable")
-def _():
+def _() -> Outcome:
     os.mknod(scratch("device"), stat.S_IFCHR | 0o600, os.makedev(1, 3))
     return "allowed", "made a character device node in the workspace"
 
 
+@probe("fs.hardlink_opath", needs="writable")
+def _() -> Outcome:
+    """Link an O_PATH descriptor (not checked at open) into the workspace."""
+    fd = os.open(CFG["secret"], os.O_PATH)
+    attempts = []
+    try:
+        calls: tuple[tuple[str, Callable[[], int]], ...] = (
+            ("linkat(AT_EMPTY_PATH)",
+             lambda: LIBC.linkat(fd, b"", -100, scratch("opath-link").encode(), 0x1000)),
+            ("linkat(/proc/self/fd, AT_SYMLINK_FOLLOW)",
+             lambda: LIBC.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100,
+                                 scratch("opath-link2").encode(), 0x400)),
+        )
+        for name, call in calls:
+            if call() == 0:
+                return "allowed", f"{name} made a link to the secret in the workspace"
+            attempts.append(f"{name}: {errno.errorcode.get(ctypes.get_errno(), '?')}")
+    finally:
+        os.close(fd)
+    return "blocked", "; ".join(attempts)
+
+
+@probe("fs.rename_exchange", needs="writable")
+def _() -> Outcome:
+    mine = scratch("exchange")
+    with open(mine, "wb") as handle:
+        handle.write(b"planted\n")
+    try:
+        if LIBC.renameat2(-100, mine.encode(), -100,
+                          CFG["victims"]["fs.rename_exchange"].encode(), 2) == 0:  # EXCHANGE
+            return "allowed", "swapped a workspace file with a file outside"
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    finally:
+        if os.path.exists(mine):
+            os.unlink(mine)
+
+
+@probe("fs.write_read_only_grant", needs="ro_file")
+def _() -> Outcome:
+    fd = os.open(CFG["ro_file"], os.O_WRONLY | os.O_APPEND)  # nothing is written
+    os.close(fd)
+    return "allowed", f"opened {CFG['ro_file']} for writing"
+
+
+@probe("fs.create_in_read_only_grant", needs="ro_dir")
+def _() -> Outcome:
+    fd = os.open(os.path.join(CFG["ro_dir"], f".sandlock-probe-{CFG['token']}"),
+                 os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.close(fd)
+    return "allowed", f"created a file in {CFG['ro_dir']}"
+
+
+@probe("fs.inotify_outside")
+def _() -> Outcome:
+    fd = LIBC.inotify_init1(os.O_CLOEXEC)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    try:
+        if LIBC.inotify_add_watch(fd, CFG["outside"].encode(), 0xFFF) < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    finally:
+        os.close(fd)
+    return "allowed", "watching a directory outside (names and events, not contents)"
+
+
 @probe("fs.stat_outside")
-def _():
+def _() -> Outcome:
     info = os.stat(CFG["secret"])
     return "allowed", f"size {info.st_size}, owner {info.st_uid}"
 
 
 @probe("fs.chmod_outside")
-def _():
+def _() -> Outcome:
     os.chmod(CFG["victims"]["fs.chmod_outside"], 0o777)
     return "allowed", "chmod 0777"
 
 
+@probe("fs.chown_outside")
+def _() -> Outcome:
+    os.chown(CFG["victims"]["fs.chown_outside"], os.getuid(), os.getgid())
+    return "allowed", "chown (to the caller's own ids: root could give the file away)"
+
+
 @probe("fs.utime_outside")
-def _():
+def _() -> Outcome:
     os.utime(CFG["victims"]["fs.utime_outside"], (0, 0))
     return "allowed", "set the timestamps to 1970"
 
 
 @probe("fs.xattr_outside")
-def _():
+def _() -> Outcome:
     os.setxattr(CFG["victims"]["fs.xattr_outside"], "user.sandlock_probe", b"from the sandbox")
     return "allowed", "wrote a user.* extended attribute"
 
@@ -399,7 +479,8 @@ def _():
 # Exec
 
 
-def spawn_status(argv, path=None):
+def spawn_status(argv: list[str], path: str | None = None
+                 ) -> tuple[int | None, str | None]:
     """fork + execve; (exit code or -signal, None) or (None, errno text) if exec failed."""
     rfd, wfd = os.pipe()
     pid = os.fork()
@@ -426,47 +507,47 @@ def spawn_status(argv, path=None):
     return os.waitstatus_to_exitcode(status), None
 
 
-def exec_outcome(argv, path=None, ok=lambda code: code == 0):
+def exec_outcome(argv: list[str], path: str | None = None) -> Outcome:
     code, failed = spawn_status(argv, path)
     if failed:
         return "blocked", f"execve: {failed}"
-    if ok(code):
+    if code == 0:
         return "allowed", f"ran, exit {code}"
     return "blocked", f"started but failed (exit {code}): it could not read or run the target"
 
 
 @probe("exec.outside_binary")
-def _():
+def _() -> Outcome:
     return exec_outcome([CFG["prog_outside"]])
 
 
 @probe("exec.system_binary")
-def _():
+def _() -> Outcome:
     return exec_outcome([CFG["system_binary"]])
 
 
 @probe("exec.shebang_script")
-def _():
+def _() -> Outcome:
     return exec_outcome([CFG["script_outside"]])
 
 
 @probe("exec.interpreter_script")
-def _():
+def _() -> Outcome:
     return exec_outcome([sys.executable, "-I", "-S", CFG["py_outside"]])
 
 
 @probe("exec.ld_so_outside", needs="loader")
-def _():
+def _() -> Outcome:
     return exec_outcome([CFG["loader"], CFG["prog_outside"]])
 
 
 @probe("exec.ld_so_readable", needs="ld_target")
-def _():
+def _() -> Outcome:
     return exec_outcome([CFG["loader"], CFG["ld_target"]])
 
 
 @probe("exec.opath_execveat")
-def _():
+def _() -> Outcome:
     fd = os.open(CFG["prog_outside"], os.O_PATH)
     try:
         return exec_outcome([CFG["prog_outside"]], path=f"/proc/self/fd/{fd}")
@@ -474,7 +555,7 @@ def _():
         os.close(fd)
 
 
-def tiny_elf():
+def tiny_elf() -> bytes | None:
     """A 132-byte static x86_64 program that exits with status 42: code the sandbox wrote."""
     if MACHINE != "x86_64":
         return None
@@ -486,12 +567,12 @@ def tiny_elf():
     return header + program + code
 
 
-def run_fd(fd, path=None):
+def run_fd(fd: int | None, path: str | None = None) -> int:
     """fork + exec of an fd (fexecve) or a path; the exit code, or 100 + errno if exec failed."""
     pid = os.fork()
     if pid == 0:
         try:
-            os.execve(path or fd, ["probe"], {})
+            os.execve(path if path is not None else int(fd or 0), ["probe"], {})
         except OSError as exc:
             os._exit(100 + (exc.errno or 0) % 100)
         os._exit(99)
@@ -499,7 +580,7 @@ def run_fd(fd, path=None):
     return os.waitstatus_to_exitcode(status)
 
 
-def ran(code, what):
+def ran(code: int, what: str) -> Outcome:
     if code == 42:
         return "allowed", what
     if code >= 100:
@@ -509,7 +590,7 @@ def ran(code, what):
 
 
 @probe("exec.memfd")
-def _():
+def _() -> Outcome:
     elf = tiny_elf()
     if elf is None:
         return "skipped", "no built-in test program for this architecture"
@@ -522,7 +603,7 @@ def _():
 
 
 @probe("exec.written_binary", needs="writable")
-def _():
+def _() -> Outcome:
     elf = tiny_elf()
     if elf is None:
         return "skipped", "no built-in test program for this architecture"
@@ -536,8 +617,13 @@ def _():
         os.unlink(path)
 
 
+@probe("exec.read_granted_file", needs="ld_target")
+def _() -> Outcome:
+    return exec_outcome([CFG["ld_target"]])
+
+
 @probe("exec.setuid_no_new_privs")
-def _():
+def _() -> Outcome:
     PR_GET_NO_NEW_PRIVS = 39
     value = LIBC.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
     if value == 1:
@@ -550,7 +636,7 @@ def _():
 
 
 @probe("secrets.env_canary")
-def _():
+def _() -> Outcome:
     name, value = CFG["env_canary"]
     leaked = [k for k, v in os.environ.items() if value in v]
     if leaked:
@@ -559,44 +645,44 @@ def _():
 
 
 @probe("secrets.ssh_key", needs="ssh_key")
-def _():
+def _() -> Outcome:
     data = read_file(CFG["ssh_key"])
     return "allowed", f"read {len(data)} bytes of {CFG['ssh_key']}"
 
 
 @probe("secrets.home_listing", needs="home")
-def _():
+def _() -> Outcome:
     return "allowed", f"listed {len(os.listdir(CFG['home']))} names in {CFG['home']}"
 
 
 @probe("secrets.etc_shadow")
-def _():
+def _() -> Outcome:
     data = read_file(CFG["shadow"])
     return "allowed", f"read {len(data)} bytes"
 
 
 @probe("secrets.parent_environ")
-def _():
+def _() -> Outcome:
     data = read_file(f"/proc/{os.getppid()}/environ")
     return "allowed", f"read {len(data)} bytes of the launcher's environment"
 
 
 @probe("secrets.parent_mem")
-def _():
+def _() -> Outcome:
     fd = os.open(f"/proc/{os.getppid()}/mem", os.O_RDONLY)
     os.close(fd)
     return "allowed", "opened the launcher's memory"
 
 
 @probe("secrets.helper_environ", needs="helper_pid")
-def _():
+def _() -> Outcome:
     data = read_file(f"/proc/{CFG['helper_pid']}/environ")
     leaked = CFG["env_canary"][1].encode() in data
     return "allowed", f"read {len(data)} bytes{' including the secret' if leaked else ''}"
 
 
 @probe("secrets.helper_mem", needs="helper_pid")
-def _():
+def _() -> Outcome:
     fd = os.open(f"/proc/{CFG['helper_pid']}/mem", os.O_RDONLY)
     try:
         data = os.pread(fd, 256, CFG["helper_addr"])
@@ -607,7 +693,7 @@ def _():
 
 
 @probe("secrets.inherited_fds")
-def _():
+def _() -> Outcome:
     found = []
     for fd in _INHERITED:
         try:
@@ -624,11 +710,19 @@ def _():
 # Network
 
 
-def tcp(family=socket.AF_INET, proto=0):
+def tcp(family: int = socket.AF_INET, proto: int = 0) -> socket.socket:
     return socket.socket(family, socket.SOCK_STREAM, proto)
 
 
-def connect_probe(family, address, what):
+def try_listen(sock: socket.socket) -> str:
+    try:
+        sock.listen(1)
+        return "and listening"
+    except OSError as exc:
+        return f"(listen: {why(exc)})"
+
+
+def connect_probe(family: int, address: Any, what: str) -> Outcome:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.settimeout(3)
@@ -639,25 +733,25 @@ def connect_probe(family, address, what):
 
 
 @probe("net.tcp_connect_denied_port")
-def _():
+def _() -> Outcome:
     port = CFG["ports"]["tcp_denied"]
     return connect_probe(socket.AF_INET, ("127.0.0.1", port), f"connected to 127.0.0.1:{port}")
 
 
 @probe("net.tcp6_connect_denied_port", needs="tcp6")
-def _():
+def _() -> Outcome:
     port = CFG["tcp6"]
     return connect_probe(socket.AF_INET6, ("::1", port), f"connected to [::1]:{port}")
 
 
 @probe("net.tcp_connect_granted_port", needs="tcp_granted")
-def _():
+def _() -> Outcome:
     port = CFG["tcp_granted"]
     return connect_probe(socket.AF_INET, ("127.0.0.1", port), f"connected to 127.0.0.1:{port}")
 
 
 @probe("net.tcp_fastopen")
-def _():
+def _() -> Outcome:
     port = CFG["ports"]["tcp_denied"]
     sock = tcp()
     try:
@@ -668,30 +762,28 @@ def _():
 
 
 @probe("net.tcp_bind_denied_port")
-def _():
+def _() -> Outcome:
     port = CFG["ports"]["bind_denied"]
     sock = tcp()
     try:
         sock.bind(("127.0.0.1", port))
-        sock.listen(1)
-        return "allowed", f"listening on 127.0.0.1:{port}"
+        return "allowed", f"bound 127.0.0.1:{port} {try_listen(sock)}"
     finally:
         sock.close()
 
 
 @probe("net.tcp_bind_ephemeral")
-def _():
+def _() -> Outcome:
     sock = tcp()
     try:
         sock.bind(("127.0.0.1", 0))
-        sock.listen(1)
-        return "allowed", f"listening on 127.0.0.1:{sock.getsockname()[1]}"
+        return "allowed", f"bound 127.0.0.1:{sock.getsockname()[1]} {try_listen(sock)}"
     finally:
         sock.close()
 
 
 @probe("net.tcp_listen_autobind")
-def _():
+def _() -> Outcome:
     sock = tcp()
     try:
         sock.listen(1)  # no bind(): the kernel picks a port
@@ -701,7 +793,7 @@ def _():
 
 
 @probe("net.udp_send")
-def _():
+def _() -> Outcome:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sock.sendto(CFG["canary"].encode(), ("127.0.0.1", CFG["ports"]["udp"]))
@@ -711,31 +803,31 @@ def _():
 
 
 @probe("net.icmp_socket")
-def _():
+def _() -> Outcome:
     socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP).close()
     return "allowed", "created an ICMP (ping) socket"
 
 
 @probe("net.raw_socket")
-def _():
+def _() -> Outcome:
     socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP).close()
     return "allowed", "created a raw socket"
 
 
 @probe("net.packet_socket")
-def _():
+def _() -> Outcome:
     socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0).close()
     return "allowed", "created a packet socket"
 
 
 @probe("net.netlink_socket")
-def _():
+def _() -> Outcome:
     socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()  # NETLINK_ROUTE
     return "allowed", "created a NETLINK_ROUTE socket"
 
 
 @probe("net.mptcp")
-def _():
+def _() -> Outcome:
     sock = tcp(proto=262)  # IPPROTO_MPTCP: not covered by Landlock's TCP rules
     try:
         sock.settimeout(3)
@@ -745,7 +837,7 @@ def _():
         sock.close()
 
 
-def proxy_url():
+def proxy_url() -> Any:
     from urllib.parse import urlsplit
 
     url = os.environ.get("HTTP_PROXY")
@@ -753,7 +845,7 @@ def proxy_url():
 
 
 @probe("net.proxy_port_elsewhere")
-def _():
+def _() -> Outcome:
     if proxy_url() is None:
         return "skipped", "no [network] allow, so no proxy"
     port = proxy_url().port  # Landlock port rules are per port: must not reach 127.0.0.2:PORT
@@ -761,7 +853,7 @@ def _():
 
 
 @probe("net.proxy_unlisted_host")
-def _():
+def _() -> Outcome:
     import base64
 
     url = proxy_url()
@@ -781,7 +873,7 @@ def _():
 
 
 @probe("net.sctp")
-def _():
+def _() -> Outcome:
     for kind in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET):
         try:
             socket.socket(socket.AF_INET, kind, 132).close()  # IPPROTO_SCTP
@@ -792,7 +884,7 @@ def _():
 
 
 @probe("net.other_families")
-def _():
+def _() -> Outcome:
     opened = []
     for family in range(1, 46):
         if family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6):
@@ -810,7 +902,7 @@ def _():
 
 
 @probe("net.unix_pathname_outside", needs="unix_path")
-def _():
+def _() -> Outcome:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(CFG["unix_path"])
@@ -820,7 +912,7 @@ def _():
 
 
 @probe("net.unix_abstract_outside", needs="abstract")
-def _():
+def _() -> Outcome:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect("\0" + CFG["abstract"])
@@ -830,7 +922,7 @@ def _():
 
 
 @probe("net.unix_bind_outside")
-def _():
+def _() -> Outcome:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(CFG["victims"]["net.unix_bind_outside"])
@@ -840,7 +932,7 @@ def _():
 
 
 @probe("net.io_uring")
-def _():
+def _() -> Outcome:
     params = ctypes.create_string_buffer(120)
     fd = sys_call("io_uring_setup", 4, params)
     os.close(fd)
@@ -852,19 +944,19 @@ def _():
 
 
 @probe("proc.signal_outside", needs="helper_pid")
-def _():
+def _() -> Outcome:
     os.kill(CFG["helper_pid"], signal.SIGUSR1)  # the helper ignores SIGUSR1
     return "allowed", f"signalled pid {CFG['helper_pid']}"
 
 
 @probe("proc.signal_parent")
-def _():
+def _() -> Outcome:
     os.kill(os.getppid(), 0)
     return "allowed", "signal 0 to the launcher succeeded"
 
 
 @probe("proc.pidfd_signal", needs="helper_pid")
-def _():
+def _() -> Outcome:
     fd = os.pidfd_open(CFG["helper_pid"])
     try:
         sys_call("pidfd_send_signal", fd, signal.SIGUSR1, None, 0)
@@ -874,7 +966,7 @@ def _():
 
 
 @probe("proc.pidfd_getfd", needs="helper_pid")
-def _():
+def _() -> Outcome:
     fd = os.pidfd_open(CFG["helper_pid"])
     try:
         stolen = sys_call("pidfd_getfd", fd, 0, 0)
@@ -885,7 +977,7 @@ def _():
 
 
 @probe("proc.ptrace_outside", needs="helper_pid")
-def _():
+def _() -> Outcome:
     PTRACE_SEIZE, PTRACE_DETACH = 0x4206, 17
     sys_call("ptrace", PTRACE_SEIZE, CFG["helper_pid"], 0, 0)
     sys_call("ptrace", PTRACE_DETACH, CFG["helper_pid"], 0, 0)
@@ -893,7 +985,7 @@ def _():
 
 
 @probe("proc.process_vm_readv", needs="helper_pid")
-def _():
+def _() -> Outcome:
     class Iovec(ctypes.Structure):
         _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
     buf = ctypes.create_string_buffer(256)
@@ -906,28 +998,28 @@ def _():
     return "allowed", f"read {count} bytes of the helper's memory{secret}"
 
 
-def unshare_probe(flag, name):
+def unshare_probe(flag: int, name: str) -> Outcome:
     return child_outcome(in_child(lambda: sys_call("unshare", flag) and 0), f"unshare({name})")
 
 
 @probe("proc.userns")
-def _():
+def _() -> Outcome:
     return unshare_probe(0x10000000, "CLONE_NEWUSER")
 
 
 @probe("proc.mountns")
-def _():
+def _() -> Outcome:
     return unshare_probe(0x00020000, "CLONE_NEWNS")
 
 
 @probe("proc.netns")
-def _():
+def _() -> Outcome:
     return unshare_probe(0x40000000, "CLONE_NEWNET")
 
 
 @probe("proc.clone_newuser")
-def _():
-    def attempt():
+def _() -> Outcome:
+    def attempt() -> int:
         pid = sys_call("clone", 0x10000000 | signal.SIGCHLD, 0, 0, 0, 0)
         if pid == 0:
             os._exit(0)
@@ -937,12 +1029,12 @@ def _():
 
 
 @probe("proc.clone3")
-def _():
+def _() -> Outcome:
     args = ctypes.create_string_buffer(88)
     struct.pack_into("Q", args, 0, 0x10000000)  # flags = CLONE_NEWUSER
     struct.pack_into("Q", args, 32, signal.SIGCHLD)  # exit_signal
 
-    def attempt():
+    def attempt() -> int:
         pid = sys_call("clone3", args, 88)
         if pid == 0:
             os._exit(0)
@@ -952,10 +1044,10 @@ def _():
 
 
 @probe("proc.mount")
-def _():
+def _() -> Outcome:
     target = CFG["victims"]["proc.mount"]
 
-    def attempt():
+    def attempt() -> int:
         sys_call("mount", b"none", target.encode(), b"tmpfs", 0, None)
         sys_call("umount2", target.encode(), 2)  # MNT_DETACH
         return 0
@@ -963,12 +1055,102 @@ def _():
 
 
 @probe("proc.chroot")
-def _():
+def _() -> Outcome:
     return child_outcome(in_child(lambda: sys_call("chroot", b"/") and 0), "chroot(/)")
 
 
+@probe("proc.sigio_outside", needs="helper_pid")
+def _() -> Outcome:
+    """Ask the kernel to signal another process on I/O (F_SETOWN + F_SETSIG); the
+    harness checks whether the helper received SIGUSR2."""
+    import fcntl
+    rfd, wfd = os.pipe()
+    try:
+        fcntl.fcntl(rfd, fcntl.F_SETOWN, CFG["helper_pid"])
+        fcntl.fcntl(rfd, 10, signal.SIGUSR2)  # F_SETSIG
+        fcntl.fcntl(rfd, fcntl.F_SETFL, os.O_ASYNC)
+        os.write(wfd, b"x")
+    finally:
+        os.close(rfd)
+        os.close(wfd)
+    return "allowed", "armed SIGIO to the helper and triggered it"
+
+
+@probe("proc.prlimit_outside", needs="helper_pid")
+def _() -> Outcome:
+    import resource
+    resource.prlimit(CFG["helper_pid"], resource.RLIMIT_CORE, (0, 0))
+    return "allowed", "changed a resource limit of a process outside (RLIMIT_CPU would kill it)"
+
+
+@probe("proc.sched_outside", needs="helper_pid")
+def _() -> Outcome:
+    """Scheduling knobs of another process: Landlock has no hook for them."""
+    pid = CFG["helper_pid"]
+    attempts: dict[str, Callable[[], Any]] = {
+        "setpriority": lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),
+        "sched_setaffinity": lambda: os.sched_setaffinity(pid, os.sched_getaffinity(pid)),
+        "sched_setscheduler": lambda: os.sched_setscheduler(pid, os.SCHED_IDLE,
+                                                            os.sched_param(0)),
+        "ioprio_set": lambda: sys_call("ioprio_set", 1, pid, 3 << 13),  # WHO_PROCESS, IDLE
+    }
+    done, refused = [], []
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+            done.append(name)
+        except (OSError, Blocked) as exc:
+            refused.append(f"{name}: {why(exc)}")
+    if done:
+        return "allowed", f"changed another process with {', '.join(done)}"
+    return "blocked", "; ".join(refused)
+
+
+@probe("ipc.sysv_shm_outside", needs="shm_id")
+def _() -> Outcome:
+    LIBC.shmat.restype = ctypes.c_void_p
+    address = LIBC.shmat(CFG["shm_id"], None, 0o10000)  # SHM_RDONLY
+    if address is None or address == ctypes.c_void_p(-1).value:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    data = ctypes.string_at(address, 64)
+    LIBC.shmdt(ctypes.c_void_p(address))
+    leaked = CFG["canary"].encode() in data
+    return "allowed", f"attached SysV shared memory made outside{' (the secret)' * leaked}"
+
+
+@probe("ipc.sysv_msg_outside", needs="msg_id")
+def _() -> Outcome:
+    buf = ctypes.create_string_buffer(8 + 128)
+    count = LIBC.msgrcv(CFG["msg_id"], buf, 128, 0, 0o4000)  # IPC_NOWAIT
+    if count < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    leaked = CFG["canary"].encode() in buf.raw
+    return "allowed", f"received from a SysV message queue outside{' (the secret)' * leaked}"
+
+
+@probe("ipc.posix_shm_outside", needs="posix_shm")
+def _() -> Outcome:
+    data = read_file(CFG["posix_shm"])
+    return "allowed", f"read {len(data)} bytes of {CFG['posix_shm']}"
+
+
+@probe("ipc.posix_mqueue_outside", needs="mqueue")
+def _() -> Outcome:
+    if not hasattr(LIBC, "mq_open"):
+        return "skipped", "mq_open is not in this C library"
+    LIBC.mq_open.restype = ctypes.c_int
+    fd = LIBC.mq_open(CFG["mqueue"].encode(), os.O_RDONLY | os.O_NONBLOCK)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    os.close(fd)
+    return "allowed", f"opened the POSIX message queue {CFG['mqueue']}"
+
+
 @probe("proc.timeout_escape")
-def _():
+def _() -> Outcome:
     """Leave a daemon behind (setsid + double fork); the harness checks it died."""
     rfd, wfd = os.pipe()
     pid = os.fork()
@@ -992,12 +1174,12 @@ def _():
 # Limits (only meaningful when the policy sets them; the harness decides)
 
 
-def limit(name):
+def limit(name: str) -> Any:
     return CFG["limits"].get(name)
 
 
 @probe("limits.fork_bomb", needs="limits.processes")
-def _():
+def _() -> Outcome:
     cap = limit("processes") + 16
     rfd, wfd = os.pipe()
     children = []
@@ -1025,7 +1207,7 @@ def _():
 
 
 @probe("limits.memory_bomb", needs="limits.memory")
-def _():
+def _() -> Outcome:
     size = limit("memory") + (64 << 20)
     try:
         block = bytearray(size)
@@ -1036,7 +1218,7 @@ def _():
 
 
 @probe("limits.file_size_bomb", needs="limits.file_size")
-def _():
+def _() -> Outcome:
     path = scratch("bigfile") if writable() else CFG["victims"]["fs.create_outside"] + ".big"
     size = limit("file_size")
     try:
@@ -1052,7 +1234,7 @@ def _():
 
 
 @probe("limits.cpu_burn", needs="limits.cpu")
-def _():
+def _() -> Outcome:
     seconds = limit("cpu")
     if seconds > 2:
         soft, hard = __import__("resource").getrlimit(__import__("resource").RLIMIT_CPU)
@@ -1060,7 +1242,7 @@ def _():
             return "blocked", f"RLIMIT_CPU is {hard} s in the sandbox (not burned: limit > 2 s)"
         return "allowed", f"RLIMIT_CPU is {soft}/{hard}, policy says {seconds}"
 
-    def burn():
+    def burn() -> int:
         end = time.monotonic() + seconds + 3
         while time.monotonic() < end:
             pass
@@ -1069,7 +1251,7 @@ def _():
 
 
 @probe("limits.open_files", needs="limits.open_files")
-def _():
+def _() -> Outcome:
     cap = limit("open_files") + 16
     fds = []
     try:
@@ -1084,7 +1266,7 @@ def _():
 
 
 @probe("limits.raise_limit", needs="limits.any")
-def _():
+def _() -> Outcome:
     import resource
     raised = []
     for name, res in (("cpu", resource.RLIMIT_CPU), ("memory", resource.RLIMIT_AS),
@@ -1108,8 +1290,15 @@ def _():
 # Terminal
 
 
+@probe("term.dev_tty")
+def _() -> Outcome:
+    fd = os.open("/dev/tty", os.O_RDWR)
+    os.close(fd)
+    return "allowed", "opened /dev/tty"
+
+
 @probe("term.tiocsti")
-def _():
+def _() -> Outcome:
     import fcntl
     import termios
     if not os.isatty(0):
@@ -1123,7 +1312,7 @@ def _():
 
 
 @probe("term.tiocsti_high_bits")
-def _():
+def _() -> Outcome:
     import termios
     if not os.isatty(0):
         return "skipped", "stdin is not a terminal"
@@ -1137,7 +1326,7 @@ def _():
 
 
 @probe("kernel.bpf")
-def _():
+def _() -> Outcome:
     attr = ctypes.create_string_buffer(128)
     struct.pack_into("IIII", attr, 0, 2, 4, 4, 1)  # BPF_MAP_TYPE_ARRAY, key 4, value 4, 1 entry
     fd = sys_call("bpf", 0, attr, 128)  # BPF_MAP_CREATE
@@ -1146,7 +1335,7 @@ def _():
 
 
 @probe("kernel.perf_event_open")
-def _():
+def _() -> Outcome:
     attr = ctypes.create_string_buffer(128)
     struct.pack_into("IIQ", attr, 0, 1, 64, 1)  # PERF_TYPE_SOFTWARE, size, TASK_CLOCK
     struct.pack_into("Q", attr, 40, (1 << 0) | (1 << 5) | (1 << 6))  # disabled, no kernel/hv
@@ -1156,20 +1345,20 @@ def _():
 
 
 @probe("kernel.userfaultfd")
-def _():
+def _() -> Outcome:
     fd = sys_call("userfaultfd", os.O_CLOEXEC | 1)  # UFFD_USER_MODE_ONLY
     os.close(fd)
     return "allowed", "created a userfaultfd"
 
 
 @probe("kernel.keyctl")
-def _():
+def _() -> Outcome:
     key = sys_call("add_key", b"user", b"sandlock-probe", b"x", 1, -2)  # process keyring
     return "allowed", f"added key {key} to the process keyring"
 
 
 @probe("kernel.personality")
-def _():
+def _() -> Outcome:
     old = LIBC.personality(0xFFFFFFFF)
     if LIBC.personality(0x0040000) < 0:  # ADDR_NO_RANDOMIZE: turn ASLR off
         err = ctypes.get_errno()
@@ -1178,21 +1367,39 @@ def _():
     return "allowed", "set ADDR_NO_RANDOMIZE"
 
 
+@probe("kernel.adjtimex")
+def _() -> Outcome:
+    timex = ctypes.create_string_buffer(208)
+    struct.pack_into("I", timex, 0, 0x8001)  # ADJ_OFFSET_SINGLESHOT by 0 us: harmless if allowed
+    if LIBC.adjtimex(timex) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return "allowed", "adjusted the system clock (by 0 us)"
+
+
+@probe("kernel.reboot")
+def _() -> Outcome:
+    if LIBC.reboot(0x12345678) < 0:  # not a valid command: EINVAL once permitted
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return "allowed", "reboot(2) accepted"
+
+
 @probe("kernel.kexec_load")
-def _():
+def _() -> Outcome:
     sys_call("kexec_load", 0, 0, None, 0xFFFF0000)  # invalid arch: harmless even if permitted
     return "allowed", "kexec_load accepted"
 
 
 @probe("kernel.init_module")
-def _():
+def _() -> Outcome:
     image = ctypes.create_string_buffer(64)
     sys_call("init_module", image, 64, b"")
     return "allowed", "init_module accepted"
 
 
 @probe("kernel.x32_abi")
-def _():
+def _() -> Outcome:
     if MACHINE != "x86_64":
         return "skipped", "x86_64 only"
     return child_outcome(in_child(lambda: LIBC.syscall(0x40000000 | NR["getpid"]) < 0 and 1 or 0),
@@ -1200,12 +1407,12 @@ def _():
 
 
 @probe("kernel.i386_int80")
-def _():
+def _() -> Outcome:
     if MACHINE != "x86_64":
         return "skipped", "x86_64 only"
     import mmap
 
-    def attempt():
+    def attempt() -> int:
         code = bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3])  # mov eax, 20 (getpid); int 0x80; ret
         page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
         page.write(code)
@@ -1215,7 +1422,7 @@ def _():
     return child_outcome(in_child(attempt), "an i386 int 0x80 system call returned")
 
 
-def main():
+def main() -> None:
     for probe_id, needs, fn in PROBES:
         if needs and not (CFG.get(needs) or CFG.get("present", {}).get(needs)):
             emit(probe_id, "skipped", f"nothing to aim at ({needs})")

@@ -76,9 +76,7 @@ class Registry:
         for name, table in data["tools"].items():
             if not isinstance(table, dict):
                 raise PolicyError("expected a table", source=str(file), key=f"tools.{name}")
-            source = f"{file} [tools.{name}]"
-            self._tools[name] = (lambda variables, table=table, source=source:
-                                 policy_from_dict(table, variables, source=source, base_dir=base))
+            self._tools[name] = _table_loader(table, f"{file} [tools.{name}]", base)
 
     # -- lookup
 
@@ -144,3 +142,10 @@ class Registry:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _table_loader(table: dict[str, Any], source: str,
+                  base: Path) -> Callable[[Mapping[str, str]], Policy]:
+    def load(variables: Mapping[str, str]) -> Policy:
+        return policy_from_dict(table, variables, source=source, base_dir=base)
+    return load

@@ -16,6 +16,8 @@ TYPE_CHECKING = False  # importing typing alone costs several ms per call
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
 
+    from .policy import Policy
+
 USAGE = "sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] [--best-effort] -- CMD [ARGS]..."
 
 
@@ -39,7 +41,7 @@ def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
-         variables: Mapping[str, str]):  # type: ignore[no-untyped-def]
+         variables: Mapping[str, str]) -> Policy:
     """The policy named on the command line: a file, or a tool of a registry."""
     if tool is not None:
         from .registry import Registry
@@ -55,7 +57,7 @@ def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
 
 
 def _load_full(policy: Optional[str], tool: Optional[str], policies: Optional[str],
-               variables: Mapping[str, str], timeout: Optional[str], best_effort: bool):  # type: ignore[no-untyped-def]
+               variables: Mapping[str, str], timeout: Optional[str], best_effort: bool) -> Policy:
     """Parse the policy and apply the command-line overrides (the uncached path)."""
     from .policy import Compat, parse_duration
 
@@ -87,9 +89,10 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
             from . import fastpath
 
             cached = fastpath.lookup(policy, variables, timeout, best_effort)
+        loaded: Policy  # on a hit, the CachedPolicy view: the parts the launcher reads
         if cached is not None and cached.entry is not None:
-            loaded = cached.entry.policy
-            command = launcher.prepare_command(loaded, argv)  # type: ignore[arg-type]
+            loaded = cached.entry.policy  # type: ignore[assignment]
+            command = launcher.prepare_command(loaded, argv)
             compiled = cached.entry.compile()
         else:
             loaded = _load_full(policy, tool, policies, variables, timeout, best_effort)
@@ -178,7 +181,8 @@ def exit_now(code: int) -> None:
     except (OSError, ValueError):
         pass
     threading = sys.modules.get("threading")
-    if atexit._ncallbacks() == 0 and (threading is None or threading.active_count() == 1):
+    pending = getattr(atexit, "_ncallbacks", lambda: 1)()  # CPython's count; unknown: assume some
+    if pending == 0 and (threading is None or threading.active_count() == 1):
         import os
 
         os._exit(code)

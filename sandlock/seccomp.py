@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .errors import PolicyError, SeccompError
 from .policy import Network, Policy
@@ -64,9 +64,25 @@ DEFAULT_DENY: tuple[str, ...] = (
     # the machine itself
     "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
     "reboot", "swapon", "swapoff", "acct", "quotactl", "quotactl_fd", "syslog",
-    "iopl", "ioperm", "settimeofday", "clock_settime", "sethostname", "setdomainname",
+    "iopl", "ioperm", "settimeofday", "clock_settime", "adjtimex", "clock_adjtime",
+    "sethostname", "setdomainname",
     "vhangup", "uselib", "_sysctl",
+    # System V IPC: ids are global to the IPC namespace and Landlock does not see them,
+    # so a tool could attach the caller's shared memory or read its message queues
+    "shmget", "shmat", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semctl", "ipc",
 )
+
+#: Syscalls that act on the process an argument names (the index): allowed on the
+#: caller itself (0), refused on any other pid. Landlock scopes signals only; these
+#: would let a tool lower the limits, priority or CPU set of any process of the user.
+SELF_ONLY: dict[str, int] = {
+    "prlimit64": 0, "sched_setaffinity": 0, "sched_setscheduler": 0, "sched_setparam": 0,
+    "sched_setattr": 0, "setpriority": 1, "ioprio_set": 1,
+}
+#: The ``which`` (argument 0) that means "every process of a user": refused even with
+#: who = 0 (PRIO_USER in setpriority(2), IOPRIO_WHO_USER in ioprio_set(2)).
+WHICH_USER = {"setpriority": 2, "ioprio_set": 3}
 
 # clone(2) flags that create namespaces (linux/sched.h).
 NAMESPACE_FLAGS = {
@@ -140,6 +156,17 @@ def plan(policy: Policy) -> tuple[Rule, ...]:
         rules += [Rule("ioctl", args=(_eq32(1, request),)) for request in (TIOCSTI, TIOCLINUX)]
     if "personality" not in allow:
         rules.append(Rule("personality", args=(Cmp(0, NE, PERSONALITY_QUERY),)))
+    for name, pid_arg in SELF_ONLY.items():
+        if name not in allow:
+            # NE on all 64 bits: pid 0 with garbage in the upper half is refused too.
+            rules.append(Rule(name, args=(Cmp(pid_arg, NE, 0),)))
+            if name in WHICH_USER:
+                rules.append(Rule(name, args=(_eq32(0, WHICH_USER[name]),)))
+    if not policy.network.bind and not policy.network.unix:
+        # listen() on an unbound TCP socket binds an ephemeral port, and Landlock has no
+        # listen right: without a bind grant (or unix sockets, whose servers need
+        # listen) there is nothing to listen on.
+        rules.append(Rule("listen"))
     rules += [Rule("sendto", args=(Cmp(3, MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN),)),
               Rule("sendmsg", args=(Cmp(2, MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN),)),
               Rule("sendmmsg", args=(Cmp(3, MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN),))]
@@ -150,7 +177,7 @@ def plan(policy: Policy) -> tuple[Rule, ...]:
 def check_names(policy: Policy) -> None:
     """Raise PolicyError for syscall names this architecture does not know, or an
     ``allow`` entry that is not in the default deny list (it would grant nothing)."""
-    special = {"clone", "clone3", "ioctl", "personality"}
+    special = {"clone", "clone3", "ioctl", "personality", *SELF_ONLY}
     for name in policy.syscalls.allow:
         if name not in DEFAULT_DENY and name not in special:
             raise PolicyError(f"{name!r} is not denied by default, so allowing it changes nothing "
@@ -163,7 +190,7 @@ def check_names(policy: Policy) -> None:
                               source=policy.source, key="syscalls.deny")
 
 
-def _pyseccomp():  # type: ignore[no-untyped-def]
+def _pyseccomp() -> Any:
     """Import pyseccomp; in the single-file binary, make it load the bundled libseccomp.
 
     pyseccomp looks the library up with ctypes.util.find_library, which reads the
@@ -194,6 +221,11 @@ def _resolver():  # type: ignore[no-untyped-def]
     return lambda name: pyseccomp.resolve_syscall(arch, name)
 
 
+#: Changes whenever compile_bpf would turn the same rules into a different program, so
+#: that a cached filter from an older sandlock is never reused.
+COMPILER = "libseccomp-tree-1"
+
+
 def compile_bpf(rules: tuple[Rule, ...]) -> bytes:
     """Compile ``rules`` with libseccomp into classic BPF for the native architecture."""
     try:
@@ -204,6 +236,13 @@ def compile_bpf(rules: tuple[Rule, ...]) -> bytes:
         filt = sc.SyscallFilter(sc.ALLOW)
         filt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
         filt.set_attr(sc.Attr.CTL_NNP, 0)  # the launcher sets no_new_privs itself
+        try:
+            # A binary tree of syscall numbers instead of a chain: the kernel emulates the
+            # filter for every syscall when it is loaded (the action cache), so a shorter
+            # path per syscall makes loading ~70 us faster here. Same verdicts either way.
+            filt.set_attr(sc.Attr.CTL_OPTIMIZE, 2)
+        except (AttributeError, OSError, ValueError):
+            pass  # libseccomp < 2.5: the plain chain
         arch = sc.system_arch()
         for rule in rules:
             if sc.resolve_syscall(arch, rule.syscall) < 0:
@@ -235,7 +274,7 @@ def _cache_dir() -> Optional[Path]:
 
 def bpf_for(rules: tuple[Rule, ...]) -> bytes:
     """The compiled filter for ``rules``, from the cache when this exact plan was seen."""
-    key = hashlib.sha256(repr((os.uname().machine, rules)).encode()).hexdigest()[:32]
+    key = hashlib.sha256(repr((os.uname().machine, COMPILER, rules)).encode()).hexdigest()[:32]
     cache = None if os.environ.get("SANDLOCK_NO_CACHE") else _cache_dir()
     entry = cache / f"bpf-{key}" if cache else None
     if entry is not None:

@@ -35,6 +35,12 @@ else
     OUT="${SANDLOCK_OUT:-$ROOT/dist/sandlock-dir}"
 fi
 
+for tool in gcc objdump; do
+    if [ "$PERSISTENT" = 1 ] || [ "$tool" = objdump ]; then
+        command -v "$tool" >/dev/null || { echo "build_binary.sh needs $tool (apt-get install gcc binutils libc6-dev)" >&2; exit 1; }
+    fi
+done
+
 if [ ! -x "$VENV/bin/pyinstaller" ]; then
     echo "== build venv $VENV"
     rm -rf "$VENV"
@@ -42,7 +48,9 @@ if [ ! -x "$VENV/bin/pyinstaller" ]; then
     "$VENV/bin/pip" install -q --upgrade pip
     "$VENV/bin/pip" install -q "pyinstaller>=6,<7"
 fi
-# The project as it is now (dependencies once, the package itself every time).
+# The project as it is now (dependencies once, the package itself every time). setuptools
+# builds in build/lib and would keep modules deleted from the tree since the last build.
+rm -rf "$ROOT/build/lib"
 "$VENV/bin/pip" install -q "$ROOT" 2>/dev/null || "$VENV/bin/pip" install -q "$ROOT"
 "$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT" 2>/dev/null \
     || "$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT"
@@ -65,6 +73,9 @@ echo "== libseccomp: $LIBSECCOMP"
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
+# Identifies this build to the compiled-policy cache (sandlock/fastpath.py): the bundle
+# may be unpacked somewhere else on every run, so its path cannot.
+"$PYTHON" -c 'import secrets; print(secrets.token_hex(16))' > "$WORK/sandlock-build-id"
 # The frozen program: the same entry point as the `sandlock` console script.
 cat > "$WORK/sandlock_main.py" <<'EOF'
 from sandlock.runcli import main
@@ -93,7 +104,7 @@ a = Analysis(
     [r"$WORK/sandlock_main.py"],
     pathex=[],
     binaries=[(r"$LIBSECCOMP", ".")],
-    datas=collect_data_files("sandlock"),
+    datas=collect_data_files("sandlock") + [(r"$WORK/sandlock-build-id", ".")],
     hiddenimports=collect_submodules("sandlock"),
     excludes=$EXCLUDES,
     noarchive=False,

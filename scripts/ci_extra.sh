@@ -52,6 +52,10 @@ SRC="${SANDLOCK_CI_SRC:-/opt/sandlock-ci-src}"
 [ -f "$SRC/scripts/build_binary.sh" ] || SRC="$ROOT"
 
 echo "== build the single-file binary"
+if ! command -v gcc >/dev/null || ! command -v objdump >/dev/null; then
+    apt-get update -qq
+    apt-get install -y -qq gcc libc6-dev binutils >/dev/null
+fi
 "$SRC/scripts/build_binary.sh"
 BIN="$SRC/dist/sandlock"
 chmod -R a+rX "$SRC/dist"

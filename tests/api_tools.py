@@ -99,3 +99,16 @@ def hunt(prefix: str, caller: int) -> dict[str, Any]:
         except OSError as exc:
             found[f"caller_{name}"] = exc.errno
     return found
+
+
+def forge_result(marker: str, inner: bool) -> None:
+    """A hijacked tool: write a pickle that would run a command in the caller."""
+    import pickle
+
+    class Evil:
+        def __reduce__(self) -> Any:
+            return (os.system, (f"touch {marker}",))
+
+    evil = pickle.dumps(Evil())
+    os.write(3, pickle.dumps(("ok", evil)) if inner else evil)  # fd 3: the result pipe
+    os._exit(0)

@@ -6,16 +6,17 @@ import asyncio
 import errno
 import os
 import secrets
+import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import pytest
-
 import api_tools
-import sandlock
+import pytest
 from conftest import PYTHON, REPO, require_abi
+
+import sandlock
 from sandlock import forkserver
 from sandlock.api import Outcome
 
@@ -50,9 +51,10 @@ def tree(pid: int) -> list[int]:
 
 
 def only_idle_supervisors() -> bool:
-    """The fork server's descendants are its idle supervisors: nothing of any call."""
+    """The fork server has only supervisors left, none with a child: nothing of any call."""
     server = forkserver.get()
-    return len(tree(server.pid)) == forkserver.POOL
+    supervisors = server.children()
+    return len(tree(server.pid)) == len(supervisors) >= forkserver.POOL * 2
 
 
 def eventually(predicate: Any, limit: float = 10.0) -> bool:
@@ -97,6 +99,17 @@ def test_run_environment_is_the_policys_plus_additions(box: sandlock.Sandbox,
     names = {line.split("=", 1)[0] for line in result.stdout.splitlines()}
     assert "GIVEN=yes" in result.stdout.splitlines()
     assert "SANDLOCK_TEST_API_KEY" not in names and "sk-do-not-leak" not in result.stdout
+
+
+def test_environment_matches_the_launchers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API's compiled matcher and launcher.build_env (the CLI's) agree."""
+    from sandlock import launcher
+
+    for name in ("LC_ALL", "LC_", "LCX", "PATHX", "XPATH", "TERM", "TZ", "MY_1", "MY_22"):
+        monkeypatch.setenv(name, "v")
+    policy = {"env": {"pass": ["PATH", "LC_*", "TERM", "MY_?", "[TX]Z"], "set": {"A": "b"}}}
+    with sandlock.Sandbox(policy) as box:
+        assert box._environment() == launcher.build_env(box.policy.env, os.environ)
 
 
 def test_run_refusals_before_exec(box: sandlock.Sandbox) -> None:
@@ -157,6 +170,13 @@ def test_popen_streams_and_kills_its_tree(box: sandlock.Sandbox) -> None:
     sleeper.kill()
     assert sleeper.wait() == 137
     assert not any(alive(pid) for pid in [sleeper.pid, *children])
+
+
+def test_dropping_a_process_kills_it(box: sandlock.Sandbox) -> None:
+    proc = box.popen(["/usr/bin/sleep", "60"])
+    pid = proc.pid
+    del proc  # the supervisor sees its socket close and kills the tree
+    assert eventually(lambda: not alive(pid))
 
 
 def test_popen_raises_before_exec(box: sandlock.Sandbox) -> None:
@@ -222,11 +242,23 @@ def test_call_result_types_are_not_trusted_by_default(box: sandlock.Sandbox) -> 
         assert trusting.call(api_tools.point) == api_tools.Point(1, 2)
 
 
+@pytest.mark.parametrize("inner", [False, True])
+def test_call_forged_result_runs_nothing_in_the_caller(box: sandlock.Sandbox, tmp_path: Path,
+                                                       inner: bool) -> None:
+    marker = tmp_path / "pwned"
+    with pytest.raises(sandlock.CallError, match="malformed|trusted_types"):
+        box.call(api_tools.forge_result, str(marker), inner)
+    assert not marker.exists()
+
+
 def test_call_is_confined(box: sandlock.Sandbox, outside: Path) -> None:
     with pytest.raises(PermissionError):
         box.call(api_tools.read, str(outside / "secret.txt"))
     with pytest.raises(sandlock.CallError, match="killed by signal 9"):
         box.call(api_tools.die)
+    with sandlock.Sandbox({"extends": ["python"]}) as blind:  # no read on tests/
+        with pytest.raises(ImportError, match="must grant read on the directories"):
+            blind.call(api_tools.add, 1, 2)
 
 
 def test_call_timeout_kills_the_tree(workspace: Path) -> None:
@@ -245,8 +277,12 @@ def test_call_cannot_reach_the_callers_secrets(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(api_tools, "SECRET", secret)
     monkeypatch.setenv("SANDLOCK_TEST_API_KEY", secret)
     policy = {"extends": ["python"], "filesystem": {"read": [TESTS, "/proc"]}}
-    with sandlock.Sandbox(policy) as box:
-        found = box.call(api_tools.hunt, prefix, os.getpid())
+    with sandlock.Sandbox(policy, vars=None) as box:
+        for _ in range(4):  # earlier calls got it as an argument (supervisors are reused)
+            assert box.call(api_tools.echo, secret) == secret
+        later = [box.call(api_tools.hunt, prefix, os.getpid()) for _ in range(4)]
+        found = later[0]
+    assert [f["own_memory"] for f in later] == [0] * 4
     assert found["global"] is None  # the module was imported afresh
     assert found["environ"] == []
     assert found["own_memory"] == 0  # scanned every readable mapping of its own memory
@@ -291,6 +327,16 @@ def test_shutdown_kills_running_calls(box: sandlock.Sandbox) -> None:
     sandlock.shutdown()
     assert eventually(lambda: not alive(proc.pid))
     assert box.run(["/bin/sh", "-c", "exit 3"]).returncode == 3  # a new server starts
+
+
+def test_fork_server_restarts_after_being_killed(box: sandlock.Sandbox) -> None:
+    old = forkserver.get().pid
+    os.kill(old, signal.SIGKILL)
+    assert eventually(lambda: box.run(["/bin/sh", "-c", ":"]).error is None)
+    assert forkserver.get().pid != old
+    big = "x" * 100_000  # larger than one request message: travels in a memfd
+    assert box.run(["/bin/sh", "-c", 'printf %s "$1"', "sh", big],
+                   capture_output=True).stdout == big.encode()
 
 
 def test_sandbox_inspection_and_loading(tmp_path: Path, workspace: Path) -> None:

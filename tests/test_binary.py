@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-
 from conftest import REPO, require_abi, write_policy
 
 BINARY = Path(os.environ.get("SANDLOCK_BINARY") or REPO / "dist" / "sandlock")
@@ -36,7 +35,7 @@ def binary(*args: str, cwd: Path, env: Optional[dict[str, str]] = None
     """``env -i [env] dist/sandlock args`` from ``cwd``: no inherited environment at all."""
     pairs = [f"{k}={v}" for k, v in (env or {}).items()]
     return subprocess.run(["/usr/bin/env", "-i", *pairs, str(BINARY), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.fixture
@@ -113,3 +112,22 @@ def test_binary_works_when_its_cache_is_not_private(workspace: Path, tmp_path: P
     assert done.returncode == 5, done.stderr
     assert list((shared / "sandlock" / "bin").iterdir()) == []
     assert list(scratch.iterdir()) == []
+
+
+def test_binary_concurrent_first_runs_share_one_unpacked_copy(workspace: Path,
+                                                              tmp_path: Path) -> None:
+    """Several first runs at once: all succeed, one complete copy is kept, no leftovers."""
+    require_abi(1, "filesystem confinement")
+    pol = write_policy(tmp_path, POLICY)
+    cache = tmp_path / "cache"
+    argv = ["/usr/bin/env", "-i", f"XDG_CACHE_HOME={cache}", str(BINARY), "run", "--policy",
+            str(pol), "--var", f"ws={workspace}", "--", "/usr/bin/sh", "-c", "exit 7"]
+    runs = [subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE) for _ in range(4)]
+    for run in runs:
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 7, err
+    unpacked = cache / "sandlock" / "bin"
+    if unpacked.exists():  # a SANDLOCK_PERSISTENT=0 build unpacks into /tmp instead
+        entries = sorted(p.name for p in unpacked.iterdir())
+        assert len(entries) == 1 and not entries[0].startswith("."), entries
+        assert oct(unpacked.stat().st_mode & 0o777) == "0o700"

@@ -91,7 +91,8 @@ ALLOWED_FS = {
     "truncate": "os.truncate(f'{WS}/notes.md', 0)",
     "delete": "os.unlink(f'{WS}/notes.md')",
     "rename inside": "os.rename(f'{WS}/notes.md', f'{WS}/renamed.md')",
-    "mkdir and rename across dirs inside": "os.mkdir(f'{WS}/d'); os.rename(f'{WS}/notes.md', f'{WS}/d/n.md')",
+    "mkdir and rename across dirs inside":
+        "os.mkdir(f'{WS}/d'); os.rename(f'{WS}/notes.md', f'{WS}/d/n.md')",
     "hardlink inside": "os.link(f'{WS}/notes.md', f'{WS}/link.md')",
     "symlink inside": "os.symlink('notes.md', f'{WS}/sym'); open(f'{WS}/sym').read()",
 }
@@ -156,7 +157,8 @@ def test_denied_file_operations_fail_and_change_nothing(tmp_path: Path, workspac
 
 def test_exec_outside_the_policy_is_exit_126_with_a_reason(workspace: Path) -> None:
     # read_file grants cat, head, tail, ls, wc and grep; sort is in /usr/bin but not granted.
-    result = run_confined(POLICIES / "read_file.toml", ["/usr/bin/sort", str(workspace / "notes.md")],
+    result = run_confined(POLICIES / "read_file.toml",
+                          ["/usr/bin/sort", str(workspace / "notes.md")],
                           variables={"workspace": str(workspace)})
     assert result.returncode == 126
     assert "/usr/bin/sort: permission denied (the policy does not grant exec" in result.stderr
@@ -222,6 +224,12 @@ def test_tcp_bind_only_on_granted_port(tmp_path: Path) -> None:
     assert attempt(tmp_path, CONNECT.format(port=granted), network=net) == "EACCES"
 
 
+def test_listen_without_a_bind_grant_is_refused(tmp_path: Path) -> None:
+    # listen() on an unbound socket would bind an ephemeral port: no bind grant, no listen.
+    body = "s = socket.socket(); s.listen(1)"
+    assert attempt(tmp_path, body, network="connect = [443]") == "EPERM"
+
+
 def test_no_network_grant_means_no_inet_socket(tmp_path: Path) -> None:
     for family, kind in (("AF_INET", "SOCK_STREAM"), ("AF_INET6", "SOCK_STREAM"),
                          ("AF_INET", "SOCK_DGRAM"), ("AF_UNIX", "SOCK_STREAM")):
@@ -229,14 +237,16 @@ def test_no_network_grant_means_no_inet_socket(tmp_path: Path) -> None:
         assert attempt(tmp_path, body) == "EPERM", family
 
 
+@pytest.mark.skipif(not Path("/usr/bin/curl").exists(),
+                    reason="https_client grants curl, which is not installed")
 def test_https_client_reaches_port_443_only(tmp_path: Path, listeners: tuple[int, int]) -> None:
     require_abi(4, "TCP port rules")
     policy = write_policy(tmp_path, f"""\
         version = 1
         extends = ["python", "{POLICIES / 'https_client.toml'}"]
         """)
-    probe = PROBE.format(body=textwrap.indent(
-        "s = socket.socket(); s.settimeout(10); s.connect(('127.0.0.1', int(sys.argv[1])))", "    "))
+    connect = "s = socket.socket(); s.settimeout(10); s.connect(('127.0.0.1', int(sys.argv[1])))"
+    probe = PROBE.format(body=textwrap.indent(connect, "    "))
     results = {}
     for port in (443, listeners[0]):
         run = run_confined(policy, [PYTHON, "-c", probe, str(port)])
@@ -322,7 +332,8 @@ def test_unix_grant_allows_a_server_in_the_workspace(tmp_path: Path, short_dir: 
     body = (f"s = socket.socket(socket.AF_UNIX); s.bind({str(short_dir / 's')!r}); s.listen(1)")
     fs = 'write = ["${workspace}"]'
     variables = {"workspace": str(short_dir)}
-    assert attempt(tmp_path, body, filesystem=fs, network="unix = true", variables=variables) == "OK"
+    granted = attempt(tmp_path, body, filesystem=fs, network="unix = true", variables=variables)
+    assert granted == "OK"
     (short_dir / "s").unlink()
     assert attempt(tmp_path, body, filesystem=fs, variables=variables) == "EPERM"
 
@@ -456,8 +467,8 @@ def test_inherited_descriptor_is_not_usable(tmp_path: Path, outside: Path) -> No
                     print(errno.errorcode[exc.errno])
             """)
         result = subprocess.run([sys.executable, "-m", "sandlock", "run", "--policy", str(policy),
-                                 "--", PYTHON, "-c", probe], pass_fds=(fd,), check=False, capture_output=True,
-                                text=True, timeout=60)
+                                 "--", PYTHON, "-c", probe], pass_fds=(fd,), check=False,
+                                capture_output=True, text=True, timeout=60)
     finally:
         os.close(fd)
     assert result.returncode == 0, result.stderr
@@ -475,7 +486,8 @@ def test_non_utf8_arguments_and_environment_pass_through(tmp_path: Path, workspa
     result = subprocess.run(
         [sys.executable, "-m", "sandlock", "run", "--policy", str(POLICIES / "read_file.toml"),
          "--var", f"workspace={workspace}", "--", "cat",
-         os.path.join(os.fsencode(workspace), name)], capture_output=True, env=env, timeout=60, check=False)
+         os.path.join(os.fsencode(workspace), name)],
+        capture_output=True, env=env, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"latin-1 name\n"
 

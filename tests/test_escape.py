@@ -25,24 +25,31 @@ ALL_IDS = {spec.id for spec in SPECS}
 
 #: Documented limits (README "What sandlock does not protect against"): allowed on
 #: every policy, and reported as not-enforceable, never as blocked or granted.
-DOCUMENTED = {"fs.stat_outside", "fs.chmod_outside", "fs.utime_outside", "exec.ld_so_readable",
-              "exec.memfd"}
+DOCUMENTED = {"fs.stat_outside", "fs.chmod_outside", "fs.chown_outside", "fs.utime_outside",
+              "fs.inotify_outside",
+              "exec.ld_so_readable", "exec.memfd"}
 #: Writing a user.* xattr also needs a filesystem that supports them (tmpfs before 6.6 does not).
 DOCUMENTED_IF_SUPPORTED = {"fs.xattr_outside"}
+#: Targets a machine may lack (no IPv6 loopback, IPC disabled, another architecture).
+MACHINE_DEPENDENT = {"net.tcp6_connect_denied_port", "ipc.sysv_shm_outside",
+                     "ipc.sysv_msg_outside", "ipc.posix_mqueue_outside", "kernel.x32_abi",
+                     "kernel.i386_int80"}
 #: Probes that need a writable directory in the policy.
 NEEDS_WRITABLE = {"fs.rename_out_to_workspace", "fs.rename_workspace_to_outside",
                   "fs.hardlink_into_workspace", "fs.hardlink_to_outside", "fs.symlink_escape",
-                  "fs.symlink_dir_escape", "fs.mknod_device", "exec.written_binary"}
+                  "fs.symlink_dir_escape", "fs.mknod_device", "exec.written_binary",
+                  "fs.hardlink_opath", "fs.rename_exchange"}
+#: Probes that need a read-only grant on a directory the caller itself may write.
+NEEDS_READ_ONLY = {"fs.write_read_only_grant", "fs.create_in_read_only_grant"}
 LIMITS = {"processes": "limits.fork_bomb", "memory": "limits.memory_bomb",
           "file_size": "limits.file_size_bomb", "cpu": "limits.cpu_burn",
           "open_files": "limits.open_files"}
 #: Gaps in the core launcher found by the probe and not yet closed (see the report of
 #: issue 3): the row is expected blocked; while it is not, the test xfails naming it.
-CORE_GAPS = {
-    "net.tcp_listen_autobind": "listen() on an unbound TCP socket binds an ephemeral port "
-                               "(Landlock has no listen right); seccomp should refuse listen() "
-                               "when the policy grants no bind port and no unix sockets",
-}
+#: Closed so far, now plain expectations: SysV IPC, prlimit and scheduling of other
+#: processes, listen() without bind() (seccomp.py), adjtimex/clock_adjtime (seccomp.py),
+#: a root caller's capabilities (dropped in the child: launcher.py, kernel.py).
+CORE_GAPS: dict[str, str] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -86,6 +93,8 @@ def expected(policy: Any, granted: dict[str, str], writable: bool,
         out[probe_id] = {"not-enforceable"}
     for probe_id in DOCUMENTED_IF_SUPPORTED:
         out[probe_id] = {"not-enforceable", "blocked"}
+    for probe_id in MACHINE_DEPENDENT | NEEDS_READ_ONLY:
+        out[probe_id] = {"blocked", "skipped"}
     if not writable:
         for probe_id in NEEDS_WRITABLE:
             out[probe_id] = {"skipped"}
@@ -108,8 +117,12 @@ def expected(policy: Any, granted: dict[str, str], writable: bool,
     return out
 
 
-def check(report: dict[str, Any], allowed: dict[str, set[str]], granted: dict[str, str]) -> None:
-    """Every row has an expected verdict; every allowed row names its reason."""
+def check(report: dict[str, Any], allowed: dict[str, set[str]], granted: dict[str, str]
+          ) -> set[str]:
+    """Every row has an expected verdict; every allowed row names its reason.
+
+    Returns the rows that are known core gaps (see CORE_GAPS) instead of failing on them;
+    the test ends with :func:`known_gaps` so that its other checks still run."""
     rows = table(report)
     wrong = {i: (rows[i]["verdict"], rows[i]["reason"] or rows[i]["detail"])
              for i in ALL_IDS if rows[i]["verdict"] not in allowed[i]}
@@ -123,6 +136,10 @@ def check(report: dict[str, Any], allowed: dict[str, set[str]], granted: dict[st
             assert "not enforceable" in row["reason"], row
     known = {i for i in wrong if i in CORE_GAPS and wrong[i][0] == "ESCAPE"}
     assert {i: w for i, w in wrong.items() if i not in known} == {}
+    return known
+
+
+def known_gaps(known: set[str]) -> None:
     if known:
         pytest.xfail("; ".join(f"{i}: {CORE_GAPS[i]}" for i in sorted(known)))
 
@@ -150,10 +167,14 @@ def test_shipped_policy_holds(path: Path, workspace: Path, home: Path) -> None:
     if tcp:
         granted["net.tcp_connect_granted_port"] = "network.connect includes"
     writable = any(r.access.value == "write" and r.path == str(workspace) for r in policy.paths)
-    check(report, expected(policy, granted, writable, tcp), granted)
+    known = check(report, expected(policy, granted, writable, tcp), granted)
     assert report["stderr"] == ""
+    if path.stem == "read_file":  # the workspace is granted read only: no write, no create
+        for probe_id in NEEDS_READ_ONLY:
+            assert table(report)[probe_id]["verdict"] == "blocked", table(report)[probe_id]
     # nothing was left in the workspace, nothing leaked into it
     assert sorted(p.name for p in workspace.iterdir()) == ["notes.md"]
+    known_gaps(known)
 
 
 def test_minimal_policy_holds(tmp_path: Path, workspace: Path, home: Path) -> None:
@@ -165,8 +186,9 @@ def test_minimal_policy_holds(tmp_path: Path, workspace: Path, home: Path) -> No
     report = probe(path, workspace, home)
     assert "exec /usr/bin/python3" in report["runtime_grants"]
     assert not any("/usr/lib" == g.split(" ", 1)[1] for g in report["runtime_grants"])
-    check(report, expected(load_policy(path), {}, False, False), {})
-    assert report["ok"]
+    known = check(report, expected(load_policy(path), {}, False, False), {})
+    assert report["ok"] or known
+    known_gaps(known)
 
 
 def test_empty_policy_reports_the_probes_own_grants(tmp_path: Path, workspace: Path,
@@ -183,8 +205,9 @@ def test_empty_policy_reports_the_probes_own_grants(tmp_path: Path, workspace: P
     assert "probe's own grant" in rows["exec.ld_so_readable"]["reason"]
     allowed = expected(load_policy(path), {}, False, False)
     allowed["exec.ld_so_readable"] = {"probe-grant"}
-    check(report, allowed, {})
-    assert report["ok"], "a probe-grant is not the policy's fault"
+    known = check(report, allowed, {})
+    assert report["ok"] or known, "a probe-grant is not the policy's fault"
+    known_gaps(known)
 
 
 def broad_policy(tmp_path: Path, port: int) -> Path:
@@ -235,6 +258,7 @@ def test_broad_policy_every_allowed_row_is_explained(tmp_path: Path, workspace: 
         "proc.signal_outside": "scope.signals = false",
         "proc.signal_parent": "scope.signals = false",
         "proc.pidfd_signal": "scope.signals = false",
+        "proc.sigio_outside": "scope.signals = false",
         "term.tiocsti": "syscalls.allow contains ioctl",
         "term.tiocsti_high_bits": "syscalls.allow contains ioctl",
         "kernel.personality": "syscalls.allow contains personality",
@@ -243,7 +267,7 @@ def test_broad_policy_every_allowed_row_is_explained(tmp_path: Path, workspace: 
     allowed = expected(load_policy(path, {"workspace": str(workspace)}), granted, True, True)
     allowed["net.unix_pathname_outside"] = {"not-enforceable"}
     allowed["net.tcp_listen_autobind"] = {"not-enforceable"}
-    check(report, allowed, granted)
+    known = check(report, allowed, granted)
     rows = table(report)
     # granted by the policy and really let through by the kernel
     for probe_id in ("secrets.env_canary", "net.tcp_connect_granted_port", "net.udp_send",
@@ -254,7 +278,8 @@ def test_broad_policy_every_allowed_row_is_explained(tmp_path: Path, workspace: 
     assert "pathname Unix sockets" in rows["net.unix_pathname_outside"]["reason"]
     for name in ("memory_bomb", "file_size_bomb", "cpu_burn", "open_files"):
         assert rows[f"limits.{name}"]["verdict"] == "blocked", rows[f"limits.{name}"]
-    assert report["ok"]
+    assert report["ok"] or known
+    known_gaps(known)
 
 
 def test_writable_tmpdir_explains_every_outside_row(tmp_path: Path, workspace: Path,
@@ -277,4 +302,142 @@ def test_writable_tmpdir_explains_every_outside_row(tmp_path: Path, workspace: P
         assert entry in rows[probe_id]["reason"], rows[probe_id]
     # still not executable: write does not grant exec
     assert rows["exec.outside_binary"]["verdict"] == "blocked"
-    assert not any(r["verdict"] == "ESCAPE" for r in rows.values()), rows
+    escapes = {i for i, r in rows.items() if r["verdict"] == "ESCAPE"}
+    assert escapes <= set(CORE_GAPS), escapes
+    known_gaps(escapes)
+
+
+# ---------------------------------------------------------------------------
+# Direct probes: one attempt each through `sandlock run`, without the probe harness.
+# The first three were gaps in the core when the probe found them; they stay as
+# regression tests.
+
+SYSV_SHM = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+address = libc.shmat(int(sys.argv[1]), None, 0o10000)
+if address in (None, ctypes.c_void_p(-1).value):
+    raise SystemExit(ctypes.get_errno())
+print(ctypes.string_at(address, 6).decode())
+"""
+
+
+def test_direct_sysv_shared_memory_of_the_caller_is_unreachable(tmp_path: Path) -> None:
+    import ctypes
+
+    from conftest import PYTHON, run_confined
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    shm = libc.shmget(0, 4096, 0o1000 | 0o600)
+    assert shm >= 0
+    try:
+        address = libc.shmat(shm, None, 0)
+        ctypes.memmove(address, b"SECRET", 6)
+        libc.shmdt(ctypes.c_void_p(address))
+        policy = write_policy(tmp_path, 'version = 1\nextends = ["python"]\n')
+        done = run_confined(policy, [PYTHON, "-c", SYSV_SHM, str(shm)])
+        assert "SECRET" not in done.stdout
+        assert done.returncode != 0
+    finally:
+        libc.shmctl(shm, 0, None)
+
+
+def test_direct_prlimit_of_an_outside_process_is_refused(tmp_path: Path) -> None:
+    import subprocess
+
+    from conftest import PYTHON, python_probe
+
+    sleeper = subprocess.Popen([PYTHON, "-c", "import time; time.sleep(60)"])
+    try:
+        done = python_probe(tmp_path, f"""
+            import resource
+            resource.prlimit({sleeper.pid}, resource.RLIMIT_CORE, (0, 0))
+            print("changed")
+            """)
+        assert "changed" not in done.stdout
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_direct_listen_without_bind_under_a_connect_only_policy(tmp_path: Path) -> None:
+    from conftest import python_probe
+
+    done = python_probe(tmp_path, """
+        import socket
+        sock = socket.socket()
+        sock.listen(1)
+        print("listening on", sock.getsockname()[1])
+        """, network="connect = [443]")
+    assert "listening" not in done.stdout
+
+
+def test_direct_documented_limits_hold_as_documented(tmp_path: Path, outside: Path) -> None:
+    """README "What sandlock does not protect against": metadata of files outside can
+    be changed, and code the tool writes into a memfd can be executed."""
+    from conftest import python_probe
+
+    secret = outside / "secret.txt"
+    done = python_probe(tmp_path, f"""
+        import os
+        os.chmod({str(secret)!r}, 0o600)
+        try:
+            open({str(secret)!r}).read()
+        except PermissionError:
+            print("content denied")
+        """)
+    assert done.stdout.split() == ["content", "denied"], done.stderr
+    assert secret.stat().st_mode & 0o777 == 0o600
+    if os.uname().machine != "x86_64":
+        return
+    memfd = python_probe(tmp_path, """
+        import os, struct
+        code = bytes([0xBF, 42, 0, 0, 0, 0xB8, 60, 0, 0, 0, 0x0F, 0x05])  # exit(42)
+        header = (b"\\x7fELF" + bytes([2, 1, 1]) + bytes(9) + struct.pack(
+            "<HHIQQQIHHHHHH", 2, 0x3E, 1, 0x400000 + 120, 64, 0, 0, 64, 56, 1, 0, 0, 0))
+        program = struct.pack("<IIQQQQQQ", 1, 5, 0, 0x400000, 0x400000, 132, 132, 0x1000)
+        fd = os.memfd_create("code", 0)
+        os.write(fd, header + program + code)
+        os.execve(fd, ["code"], {})
+        """)
+    assert memfd.returncode == 42, memfd.stderr
+
+
+def has_capability(bit: int) -> bool:
+    """Whether this process has capability ``bit`` effective (linux/capability.h)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    return False
+
+
+CAP_SYS_RESOURCE, CAP_SYS_TIME = 24, 25
+
+
+def test_direct_the_clock_cannot_be_adjusted(tmp_path: Path) -> None:
+    from conftest import python_probe
+
+    done = python_probe(tmp_path, """
+        import ctypes, struct
+        timex = ctypes.create_string_buffer(208)
+        struct.pack_into("I", timex, 0, 0x8001)  # ADJ_OFFSET_SINGLESHOT by 0 us
+        print("adjusted" if ctypes.CDLL(None).adjtimex(timex) >= 0 else "refused")
+        """)
+    assert done.stdout.strip() == "refused", done.stderr
+
+
+def test_direct_hard_limits_cannot_be_raised(tmp_path: Path) -> None:
+    from conftest import python_probe
+
+    done = python_probe(tmp_path, """
+        import resource
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (4097, 4097))
+            print("raised")
+        except (OSError, ValueError):
+            print("refused")
+        """, extra_toml="[limits]\nopen_files = 4096\n")
+    assert done.stdout.strip() == "refused", done.stderr

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import require_abi, write_policy
+
 from sandlock import fastpath, policy
 
 CAT_POLICY = """\
@@ -50,7 +50,7 @@ def run(policy_file: Path, argv: list[str], env: dict[str, str], **variables: st
     for name, value in variables.items():
         args += ["--var", f"{name}={value}"]
     done = subprocess.run([sys.executable, "-c", RUNNER, *args, "--", *argv], env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     head, _, last = done.stderr.rpartition("\n")
     done.stderr = head
     return done, json.loads(last)
@@ -212,3 +212,42 @@ def test_host_allowlist_policies_are_not_cached() -> None:
     except Exception as exc:  # noqa: BLE001 - the feature may not exist in this tree
         pytest.skip(f"no host allowlist here: {exc}")
     assert not fastpath._cacheable(with_hosts)
+
+
+def test_best_effort_warnings_are_the_same_on_a_hit(workspace: Path,
+                                                    cache_env: dict[str, str]) -> None:
+    require_abi(4, "pretending an older ABI below TCP rules")
+    pol = write_policy(workspace.parent, CAT_POLICY + "[network]\nconnect = [443]\n")
+    env = {**cache_env, "SANDLOCK_ABI": "3"}
+    first, info = run(pol, ["cat", "/dev/null"], env, ws=str(workspace))
+    assert (info["code"], info["parsed"]) == (125, True)  # strict: refused, not cached
+    args = ["--best-effort", "--policy", str(pol), "--var", f"ws={workspace}", "--", "cat",
+            "/dev/null"]
+    results = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", RUNNER, *args], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        head, _, last = done.stderr.rpartition("\n")
+        results.append((head, json.loads(last)))
+    (miss, miss_info), (hit, hit_info) = results
+    assert (miss_info["parsed"], hit_info["parsed"]) == (True, False)
+    assert miss_info["code"] == hit_info["code"] == 0
+    assert "TCP port restriction" in miss and miss == hit
+
+
+@pytest.mark.parametrize("handler", [False, True])
+def test_run_exit_code_and_atexit_handlers_survive_the_quick_exit(workspace: Path,
+                                                                  cache_env: dict[str, str],
+                                                                  handler: bool) -> None:
+    """`sandlock run` leaves with os._exit only when no atexit handler is owed a run."""
+    require_abi(1, "filesystem confinement")
+    pol = write_policy(workspace.parent, CAT_POLICY)
+    code = ("import atexit, sys\n"
+            + ("atexit.register(lambda: print('atexit ran', flush=True))\n" if handler else "")
+            + "from sandlock import runcli\n"
+            + f"runcli.main(['run', '--policy', {str(pol)!r}, '--var', 'ws={workspace}', '--',"
+            + " 'sh', '-c', 'echo out; exit 4'])\n")
+    done = subprocess.run([sys.executable, "-c", code], env=cache_env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 4, done.stderr
+    assert done.stdout == ("out\natexit ran\n" if handler else "out\n")

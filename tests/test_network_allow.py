@@ -113,7 +113,8 @@ def test_non_public_results_need_a_pin_or_an_ip_rule() -> None:
     r = rules(["api.test", "10.1.0.0/16:443"], deny=["192.0.2.0/24"],
               hosts={"pinned.test": "127.0.0.1"})
     assert r.check_address("api.test", ip_address("93.184.216.34"), 443)
-    for private in ("127.0.0.1", "10.2.3.4", "169.254.169.254", "::1", "fe80::1", "::ffff:10.2.3.4"):
+    for private in ("127.0.0.1", "10.2.3.4", "169.254.169.254", "::1", "fe80::1",
+                    "::ffff:10.2.3.4"):
         verdict = r.check_address("api.test", ip_address(private), 443)
         assert not verdict and "DNS rebinding" in verdict.reason, private
     assert r.check_address("pinned.test", ip_address("127.0.0.1"), 443)
@@ -426,6 +427,11 @@ def test_direct_connections_are_refused_whatever_the_route(
         print("proxy-port-v6", err(lambda: tcp_to(("::1", P), socket.AF_INET6)))
         print("proxy-mapped", err(lambda: tcp_to(("::ffff:127.0.0.1", P), socket.AF_INET6)))
         print("proxy", err(lambda: tcp_to(("127.0.0.1", P))))
+        res = {{}}  # from a second thread: the supervisor takes the socket via that thread
+        t = threading.Thread(target=lambda: res.update(r=err(lambda: tcp_to(("127.0.0.1", P)))))
+        t.start()
+        t.join()
+        print("proxy-from-thread", res["r"])
         print("udp", err(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)))
         print("udp6", err(lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)))
         print("raw", err(lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)))
@@ -447,7 +453,8 @@ def test_direct_connections_are_refused_whatever_the_route(
     """)
     assert out.returncode == 0, out.stderr
     got = dict(line.split(" ", 1) for line in out.stdout.splitlines())
-    assert got.pop("proxy").startswith("OK") and got.pop("proxy-mapped").startswith("OK"), got
+    for allowed in ("proxy", "proxy-mapped", "proxy-from-thread"):
+        assert got.pop(allowed) == "OK", (allowed, out.stderr)
     assert got.pop("dns") != "OK"  # no resolver reachable: names are the proxy's business
     assert {k: v for k, v in got.items()} == {
         "direct": "EACCES", "mapped": "EACCES", "v6-loop": "EACCES",
@@ -648,3 +655,19 @@ def test_thousand_connections_leak_no_descriptor_or_thread(
     assert threading.active_count() == baseline_threads
     assert events == [(f"network: refused other.internal.test:{port} (HTTPS proxy): no allow "
                        f"rule matches other.internal.test:{port}")]
+
+
+def test_probe_runs_the_network_rows_under_mediation(tmp_path: Path) -> None:
+    """`sandlock probe` on an allow policy: the proxy's port elsewhere and an unlisted
+    host through the proxy are both blocked (and skipped without ``allow``)."""
+    needs_kernel()
+    from conftest import sandlock
+
+    policy = write_policy(tmp_path, 'version = 1\nextends = ["base"]\n[network]\n'
+                          'allow = ["api.internal.test:80"]\n'
+                          'hosts = { "api.internal.test" = "127.0.0.1" }\n')
+    out = sandlock("probe", "--policy", str(policy), timeout=180)
+    rows = dict(line.split("\t", 1) for line in out.stdout.splitlines() if "\t" in line)
+    assert rows["net.proxy_port_elsewhere"] == "blocked\tEACCES: Permission denied", out.stdout
+    assert rows["net.proxy_unlisted_host"] == "blocked\tHTTP/1.1 403 Forbidden"
+    assert rows["net.tcp_connect_denied_port"].startswith("blocked\tEACCES")

@@ -19,6 +19,9 @@ from sandlock.policy import load_policy
 
 SHIPPED = sorted(POLICIES.glob("*.toml"))
 EXERCISED = {"read_file", "write_file", "shell", "https_client", "python_runner"}
+#: https_client grants /usr/bin/curl by name; a machine without curl cannot load it.
+needs_curl = pytest.mark.skipif(not Path("/usr/bin/curl").exists(),
+                                reason="curl is not installed (apt install curl)")
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +33,9 @@ def test_every_shipped_policy_is_exercised_here() -> None:
     assert {p.stem for p in SHIPPED} == EXERCISED
 
 
-@pytest.mark.parametrize("policy", SHIPPED, ids=[p.stem for p in SHIPPED])
+@pytest.mark.parametrize("policy", [
+    pytest.param(p, marks=[needs_curl] if p.stem == "https_client" else []) for p in SHIPPED
+], ids=[p.stem for p in SHIPPED])
 def test_shipped_policy_loads_and_validates(policy: Path, workspace: Path) -> None:
     loaded = load_policy(policy, {"workspace": str(workspace)})
     assert loaded.description
@@ -101,6 +106,8 @@ def test_shell_has_no_network(workspace: Path) -> None:
         result = run("shell", ["sh", "-c", 'exec python3 -c "$1"', "sh", code], workspace)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1"  # EPERM: no inet socket at all
+    if not Path("/usr/bin/curl").exists():
+        return
     curl = run("shell", ["curl", "-sS", f"http://127.0.0.1:{port}/"], workspace)
     assert curl.returncode == 7  # couldn't connect
 
@@ -113,6 +120,7 @@ def web_listener() -> Iterator[int]:
         yield server.getsockname()[1]
 
 
+@needs_curl
 def test_https_client(workspace: Path, web_listener: int) -> None:
     other = run("https_client", ["curl", "-v", f"http://127.0.0.1:{web_listener}/"], workspace)
     assert other.returncode == 7
@@ -123,6 +131,7 @@ def test_https_client(workspace: Path, web_listener: int) -> None:
     assert https.returncode == 0 or "Connection refused" in https.stderr, https.stderr
 
 
+@needs_curl
 def test_https_client_cannot_read_files(workspace: Path) -> None:
     result = run("https_client", ["curl", "-sS", f"file://{workspace}/notes.md"], workspace)
     assert result.returncode != 0 and "hello" not in result.stdout
@@ -132,7 +141,8 @@ def test_python_runner(workspace: Path) -> None:
     code = (
         "import json, os\n"
         "open('result.json', 'w').write(json.dumps({'sum': sum(range(10))}))\n"
-        "try:\n    open('/etc/passwd').read()\nexcept PermissionError:\n    print('passwd denied')\n"
+        "try:\n    open('/etc/passwd').read()\n"
+        "except PermissionError:\n    print('passwd denied')\n"
         "print(os.environ['HOME'] == os.getcwd() or os.environ['HOME'])\n"
     )
     result = subprocess.run(

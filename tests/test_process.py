@@ -60,6 +60,7 @@ def _landlock() -> None:
 
 
 WRITE_WS = 'write = ["${workspace}"]'
+WRITE_POLICY = f'version = 1\nextends = ["python"]\n[filesystem]\n{WRITE_WS}\n'
 
 #: A daemon the way shells make them: fork, setsid, fork again; the grandchild
 #: writes its pid and sleeps. The first process then does what ``THEN`` says.
@@ -83,7 +84,7 @@ while not os.path.exists(pidfile):
 
 def run_daemon(tmp_path: Path, workspace: Path, then: str, extra: tuple[str, ...] = ()
                ) -> tuple[subprocess.CompletedProcess[str], int]:
-    policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n[filesystem]\n{WRITE_WS}\n')
+    policy = write_policy(tmp_path, WRITE_POLICY)
     pidfile = workspace / "daemon.pid"
     result = run_confined(policy, [PYTHON, "-c", DAEMON.format(then=then), str(pidfile)],
                           variables={"workspace": str(workspace)}, extra=extra)
@@ -147,7 +148,7 @@ def test_signal_forwarded_even_if_the_tool_handles_it(tmp_path: Path, leftovers:
 
 def test_forwarded_signal_also_ends_the_tools_daemons(tmp_path: Path, workspace: Path,
                                                      leftovers: list[int]) -> None:
-    policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n[filesystem]\n{WRITE_WS}\n')
+    policy = write_policy(tmp_path, WRITE_POLICY)
     pidfile = workspace / "daemon.pid"
     code = DAEMON.format(then="print(os.getpid(), flush=True)\ntime.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-m", "sandlock", "run", "--policy", str(policy),
@@ -208,8 +209,7 @@ def test_exit_code_125_when_strict_and_the_kernel_lacks_a_protection(tmp_path: P
                                                                      workspace: Path) -> None:
     require_abi(4, "pretending an older kernel")
     marker = workspace / "ran"
-    policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n[filesystem]\n{WRITE_WS}\n'
-                                    "[network]\nconnect = [443]\n")
+    policy = write_policy(tmp_path, WRITE_POLICY + "[network]\nconnect = [443]\n")
     env = {**os.environ, "SANDLOCK_ABI": "3"}
     argv = [PYTHON, "-c", f"open({str(marker)!r}, 'w')"]
     result = run_confined(policy, argv, variables={"workspace": str(workspace)}, env=env)
@@ -449,10 +449,122 @@ def test_limit_above_the_callers_hard_limit_is_clamped(tmp_path: Path) -> None:
     """A policy cannot raise a limit; asking for more than the caller has keeps the caller's."""
     code = "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)[1])"
     hard = 64
+    policy = write_policy(tmp_path, 'version = 1\nextends = ["python"]\n'
+                                    '[limits]\nopen_files = 4096\n')
     result = subprocess.run(
         ["prlimit", f"--nofile={hard}:{hard}", sys.executable, "-m", "sandlock", "run", "--policy",
-         str(write_policy(tmp_path, 'version = 1\nextends = ["python"]\n[limits]\nopen_files = 4096\n')),
+         str(policy),
          "--", PYTHON, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) == hard
 
+
+
+def test_waiting_in_process_spares_the_hosts_other_children(workspace: Path) -> None:
+    """Used as a library, the launcher reaps what the tool left, not the host's own children."""
+    from sandlock import launcher
+    from sandlock.policy import loads_policy
+
+    host_child = subprocess.Popen(["sleep", "600"])
+    try:
+        policy = loads_policy('version = 1\nextends = ["base"]\n'
+                              '[filesystem]\nexec = ["/usr/bin/true"]\n')
+        with launcher.compile_policy(policy) as compiled:
+            child = launcher.spawn(compiled, launcher.prepare_command(policy, ["/usr/bin/true"]))
+            assert child.wait() == 0
+        assert host_child.poll() is None, "the launcher killed a child that was not the tool's"
+    finally:
+        host_child.kill()
+        host_child.wait()
+
+
+# ----------------------------------------------------------------------------
+# Other processes of the same user: limits, scheduling, System V IPC
+
+#: name -> (call on the outside process {pid}, the same call on the tool itself)
+SELF_ONLY = {
+    "prlimit64": ("resource.prlimit({pid}, resource.RLIMIT_CORE, (0, 0))",
+                  "resource.prlimit(0, resource.RLIMIT_CORE, (0, 0))"),
+    "setpriority": ("os.setpriority(os.PRIO_PROCESS, {pid}, 19)",
+                    "os.setpriority(os.PRIO_PROCESS, 0, 19)"),
+    "sched_setaffinity": ("os.sched_setaffinity({pid}, os.sched_getaffinity({pid}))",
+                          "os.sched_setaffinity(0, os.sched_getaffinity(0))"),
+    "sched_setscheduler": ("os.sched_setscheduler({pid}, os.SCHED_IDLE, os.sched_param(0))",
+                           "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))"),
+    "ioprio_set": ("syscall(251, 1, {pid}, 3 << 13)", "syscall(251, 1, 0, 3 << 13)"),
+}
+
+OUTCOME = """\
+import ctypes, errno, os, resource
+libc = ctypes.CDLL(None, use_errno=True)
+def syscall(*args):
+    if libc.syscall(*[ctypes.c_long(a) for a in args]) < 0:
+        raise OSError(ctypes.get_errno(), "")
+try:
+    {call}
+    print("OK")
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+"""
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """A process of the same user. Without capabilities: as root the launcher drops the
+    tool's, and the kernel refuses to renice a process holding more than the caller."""
+    no_caps = ["setpriv", "--inh-caps=-all", "--bounding-set=-all"] if os.geteuid() == 0 else []
+    proc = subprocess.Popen([*no_caps, "sleep", "600"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("name", SELF_ONLY)
+def test_syscall_on_another_process_refused_on_itself_allowed(
+        tmp_path: Path, bystander: subprocess.Popen[bytes], name: str) -> None:
+    outside, itself = SELF_ONLY[name]
+    code = OUTCOME.format(call=outside.format(pid=bystander.pid))
+    assert python_probe(tmp_path, code).stdout.strip() == "EPERM"
+    assert python_probe(tmp_path, OUTCOME.format(call=itself)).stdout.strip() == "OK"
+    # control: allowed, the same call on the outside process goes through
+    allowed = python_probe(tmp_path, code, extra_toml=f'\n[syscalls]\nallow = ["{name}"]\n')
+    assert allowed.stdout.strip() == "OK", allowed.stderr
+
+
+def test_syscall_setpriority_on_every_process_of_the_user_refused(tmp_path: Path) -> None:
+    code = OUTCOME.format(call="os.setpriority(os.PRIO_USER, 0, 19)")
+    assert python_probe(tmp_path, code).stdout.strip() == "EPERM"
+
+
+SHMAT = """\
+import ctypes, errno, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+address = libc.shmat(int(sys.argv[1]), None, 0o10000)  # SHM_RDONLY
+if address in (None, ctypes.c_void_p(-1).value):
+    print(errno.errorcode[ctypes.get_errno()])
+else:
+    print(ctypes.string_at(address, 6).decode())
+"""
+
+
+def test_syscall_sysv_shared_memory_of_the_caller_is_unreachable(tmp_path: Path) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    segment = libc.shmget(0, 4096, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+    assert segment >= 0
+    try:
+        address = libc.shmat(segment, None, 0)
+        ctypes.memmove(address, b"SECRET", 6)
+        libc.shmdt(ctypes.c_void_p(address))
+        policies = {"denied": 'version = 1\nextends = ["python"]\n',
+                    "allowed": 'version = 1\nextends = ["python"]\n[syscalls]\nallow = ["shmat"]\n'}
+        seen = {}
+        for name, text in policies.items():
+            policy = write_policy(tmp_path, text)
+            seen[name] = run_confined(policy, [PYTHON, "-c", SHMAT, str(segment)]).stdout.strip()
+    finally:
+        libc.shmctl(segment, 0, None)  # IPC_RMID
+    assert seen == {"denied": "EPERM", "allowed": "SECRET"}

@@ -6,9 +6,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import POLICIES, require_abi, write_policy
+from conftest import sandlock as cli
 
 import sandlock
-from conftest import POLICIES, require_abi, sandlock as cli, write_policy
 
 TOOLS_FILE = """\
 [tools.cat]
