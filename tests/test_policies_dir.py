@@ -103,7 +103,7 @@ def test_shell_has_no_network(workspace: Path) -> None:
         code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}))\n"
                 "except OSError as exc:\n    print(exc.errno)\nelse:\n    print('connected')\n")
         # python3 is one of the /usr/bin programs the shell policy lets it run
-        result = run("shell", ["sh", "-c", 'exec python3 -c "$1"', "sh", code], workspace)
+        result = run("shell", ["sh", "-c", 'exec /usr/bin/python3 -c "$1"', "sh", code], workspace)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "1"  # EPERM: no inet socket at all
     if not Path("/usr/bin/curl").exists():
