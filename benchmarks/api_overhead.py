@@ -1,6 +1,10 @@
 """Overhead of the Python API (issue 6), measured from one caller process.
 
     python benchmarks/api_overhead.py [--n 500] [--total 10000] [--threads 8] [--no-big]
+                                      [--native | --no-native]
+
+``--no-native`` runs commands through the fork server (SANDLOCK_NATIVE=0) even when
+the native helper sandlock-exec is built; ``--native`` requires the helper.
 
 1. ``Sandbox.run(["/bin/true"])`` against ``subprocess.run(["/bin/true"])``, the two
    interleaved call by call (so machine load hits both alike); median of ``--n``.
@@ -97,7 +101,11 @@ def main() -> None:
     parser.add_argument("--total", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--no-big", action="store_true", help="skip the 2 GiB caller")
+    parser.add_argument("--native", action=argparse.BooleanOptionalAction, default=None,
+                        help="commands through sandlock-exec (default: when built)")
     args = parser.parse_args()
+    if args.native is not None:
+        os.environ["SANDLOCK_NATIVE"] = "1" if args.native else "0"
 
     sys.path.insert(0, os.path.dirname(HERE))
     import sandlock
@@ -106,7 +114,12 @@ def main() -> None:
     policy = {"extends": ["python"], "filesystem": {"read": [HERE],
                                                     "exec": ["/bin/true", "/usr/bin/true"]}}
     box = sandlock.Sandbox(policy)
-    out: dict[str, Any] = {"load_before": os.getloadavg()[0]}
+    from sandlock import nativeexec
+
+    if args.native and not nativeexec.AVAILABLE:
+        raise SystemExit(f"--native: {nativeexec.HELPER} is not built")
+    out: dict[str, Any] = {"load_before": os.getloadavg()[0],
+                           "path": "native" if nativeexec.enabled() else "forkserver"}
     for _ in range(20):  # warm up: fork server, page cache, pools
         box.run(["/bin/true"])
         subprocess.run(["/bin/true"])
@@ -168,6 +181,7 @@ def main() -> None:
         time.sleep(0.01)  # supervisors that just reported are reaped asynchronously
     # Left under the fork server: supervisors (no confined process: none has a child).
     leaked = [p for p in tree(server.pid) if p not in server.children()]
+    leaked += [p for p in tree(os.getpid()) if p != server.pid and p not in tree(server.pid)]
     out["concurrency"] = {
         "threads": args.threads, "calls": args.total, "seconds": elapsed,
         "calls_per_second": args.total / elapsed, "failures": len(failures),
@@ -178,6 +192,7 @@ def main() -> None:
     box.close()
 
     t = out["true"]
+    print(f"path for commands: {out['path']}")
     print(f"run(/bin/true): sandlock {t['sandlock_ms']:.3f} ms, subprocess {t['subprocess_ms']:.3f}"
           f" ms, overhead {t['overhead_ms']:.3f} ms (median of {args.n})")
     cpu = out["cpu_ms_per_call"]

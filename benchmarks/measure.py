@@ -126,6 +126,7 @@ class Worker:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         hello = self._read()
         self.pid: int = hello["pid"]
+        self.info: dict[str, Any] = hello.get("info", {})
         #: op name -> None if available, else why not
         self.ops: dict[str, Optional[str]] = hello["ops"]
 

@@ -83,7 +83,8 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
                          verdict(overhead, 0.001, "s")])
     ses = results.get("session", {})
     base = ses.get("unconfined (subprocess.run)")
-    modes = [m for m in ("api, Registry made at session start", "api, Sandbox per call")
+    modes = [m for m in ("api, Registry already warm", "api, Registry made at session start",
+                         "api, Sandbox per call")
              if m in ses] or [m for m in ("launcher, policy loaded per call",) if m in ses]
     for name in modes if base else []:
         ratio = median(ses[name]) / median(base)
@@ -92,13 +93,19 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
                      verdict(ratio, 1.1)])
     conc = results.get("concurrency", {})
     if conc:
-        most = max(conc, key=int)
-        name, what = confined_mode(conc[most], "api", "launcher")
-        if name and "plain" in conc[most]:
-            ratio = conc[most][name]["median"] / conc[most]["plain"]["median"]
-            rows.append([f"confined /bin/true per second, {most} callers ({what}) / unconfined",
-                         (f"{conc[most][name]['median']:.0f}/s / "
-                          f"{conc[most]['plain']['median']:.0f}/s = {ratio:.2f}x"), "≥ 0.5x",
+        name, what = confined_mode(next(iter(conc.values())), "api", "launcher")
+
+        def peak(mode: str) -> tuple[float, str]:
+            """The best rate over all caller counts: what the machine can do with that mode."""
+            return max((v[mode]["median"], n) for n, v in conc.items() if mode in v)
+
+        if name and all("plain" in v for v in conc.values()):
+            (confined, at), (plain, plain_at) = peak(name), peak("plain")
+            ratio = confined / plain
+            rows.append([f"confined /bin/true per second on all cores ({what}) / unconfined, "
+                         "best of 1..N callers each",
+                         (f"{confined:.0f}/s ({at} callers) / {plain:.0f}/s ({plain_at}) "
+                          f"= {ratio:.2f}x"), "≥ 0.5x",
                          "**met**" if ratio >= 0.5 else f"**missed** ({ratio / 0.5:.2f}x the floor)"])
     for work, modes in results.get("workloads", {}).items():
         if {"confined", "unconfined"} <= modes.keys():

@@ -68,7 +68,7 @@ class Plan:
             return cls(True, 10, 6, 5, (0, 256), (1, 10, 100), (1, cores), 0.5, 1, 2, 3,
                        300_000, 300, 2, 100_000, slow_contenders=False, cap=5.0)
         return cls(False, 60, 30, 25, (0, 512, 2048), (1, 10, 100, 1000),
-                   tuple(sorted({1, 2, cores, 2 * cores})), 1.5, 3, 7, 10,
+                   tuple(sorted({1, 2, cores, 2 * cores})), 1.5, 3, 11, 10,
                    4_000_000, 2000, 5, 1_000_000, slow_contenders=True, cap=30.0)
 
 
@@ -180,6 +180,10 @@ def inprocess(ctx: Context, mk_dir: Optional[Path]) -> dict[str, Any]:
         ctx.skip("in-process: sandlock.api", api.ops["api"])
     else:
         contenders["api Sandbox.run"] = api.batch("api")
+        ctx.versions["sandlock.api command path"] = api.info.get("api_path", "?")
+        if api.info.get("api_path") == "sandlock-exec":
+            forkserver = ctx.worker(api=True, native=False)
+            contenders["api Sandbox.run, fork server (SANDLOCK_NATIVE=0)"] = forkserver.batch("api")
     if mk_dir is not None:
         try:
             mk = Worker({"mode": "multikernel", "mk_dir": str(mk_dir),
@@ -377,8 +381,11 @@ def session(ctx: Context) -> dict[str, Any]:
     else:
         contenders["api, Sandbox per call"] = api.batch("session_api", {"mode": "per call",
                                                                        "calls": calls})
+        tools = str(ctx.tmp / "tools")
         contenders["api, Registry made at session start"] = api.batch(
-            "session_api", {"mode": "registry", "calls": calls, "tools": str(ctx.tmp / "tools")})
+            "session_api", {"mode": "registry", "calls": calls, "tools": tools})
+        contenders["api, Registry already warm"] = api.batch(
+            "session_api", {"mode": "warm", "calls": calls, "tools": tools})
     samples = interleave(contenders, ctx.plan.session_rounds, budget=0.0, skipped=ctx.skipped)
     return {name: summarize_samples(s) for name, s in samples.items()}
 

@@ -245,17 +245,22 @@ class Ours:
         return {"total": time.perf_counter() - t0}
 
     def session_api(self, arg: dict[str, Any]) -> Sample:
-        """The session through the API: a registry made at its start, or a Sandbox per call."""
+        """The session through the API: a registry made at its start ("registry") or before
+        it and kept across sessions ("warm": an agent's steady state), or a Sandbox per call.
+        """
         api = self.api
         assert api is not None
+        if arg["mode"] == "warm" and "warm" not in self.cache:
+            self.cache["warm"] = api.registry(arg["tools"])
         t0 = time.perf_counter()
-        if arg["mode"] == "registry":
-            registry = api.registry(arg["tools"])
+        if arg["mode"] in ("registry", "warm"):
+            registry = self.cache["warm"] if arg["mode"] == "warm" else api.registry(arg["tools"])
             try:
                 codes = [api.run_tool(registry, c["tool"], c["vars"], c["argv"])
                          for c in arg["calls"]]
             finally:
-                registry.close()
+                if arg["mode"] == "registry":
+                    registry.close()
         else:
             codes = [api.run(c["policy"], c["vars"], c["argv"]) for c in arg["calls"]]
         elapsed = time.perf_counter() - t0
@@ -307,6 +312,14 @@ class Api:
         if hasattr(module, "start"):
             module.start()
         self.true_box = module.Sandbox(true_policy, vars={})
+        try:
+            from sandlock import nativeexec
+
+            native = nativeexec.enabled()
+        except ImportError:
+            native = False
+        #: which path a command call takes: the C helper (posix_spawn) or the fork server
+        self.path = "sandlock-exec" if native else "fork server"
 
     def run_true(self) -> int:
         return int(self.true_box.run(TRUE).returncode)
@@ -368,8 +381,9 @@ class Multikernel:
 
 # ----------------------------------------------------------------------------
 
-def serve(ops: dict[str, tuple[Op, Optional[str]]]) -> None:
-    reply({"ready": True, "pid": os.getpid(), "ops": {name: why for name, (_, why) in ops.items()}})
+def serve(ops: dict[str, tuple[Op, Optional[str]]], info: dict[str, Any]) -> None:
+    reply({"ready": True, "pid": os.getpid(), "info": info,
+           "ops": {name: why for name, (_, why) in ops.items()}})
     for line in sys.stdin:
         request = json.loads(line)
         op, why = ops[request["op"]]
@@ -396,10 +410,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("config", help="JSON: mode, repo or mk dir, policies, hold_mib")
     config = json.loads(parser.parse_args().config)
+    if config.get("native") is False:  # the API's other path, for comparison
+        os.environ["SANDLOCK_NATIVE"] = "0"
     sys.path.insert(0, config["mk_dir"] if config["mode"] == "multikernel" else config["repo"])
     held = hold_memory(config.get("hold_mib", 0))  # noqa: F841 - kept alive on purpose
     target = Multikernel(config) if config["mode"] == "multikernel" else Ours(config)
-    serve(target.ops())
+    api = getattr(target, "api", None)
+    serve(target.ops(), {"api_path": api.path} if api else {})
 
 
 if __name__ == "__main__":

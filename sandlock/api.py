@@ -8,6 +8,8 @@ rlimits) and is then used by any number of threads and asyncio tasks at once.
 Each call is a new process confined by that policy, forked from the fork server
 (:mod:`sandlock.forkserver`), never from the caller. Calls share no mutable state:
 a call is a request on the fork server's socket plus the pipes of that call.
+Commands take a faster path when the native helper is built: a ``posix_spawn``'d
+``sandlock-exec`` per call, with the same per-call socket (:mod:`sandlock.nativeexec`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import select
 import socket
 import sys
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
-from . import forkserver, launcher
+from . import forkserver, launcher, nativeexec
 from .errors import (
     CallError,
     CommandFailed,
@@ -104,6 +107,8 @@ _FAILURES: dict[str, type[SandlockError]] = {cls.__name__: cls for cls in (
 class _Call:
     """The caller's end of one call's supervisor socket (see :mod:`sandlock.forkserver`)."""
 
+    cmd: Optional[launcher.Command] = None  #: decodes ``X`` reports (the native helper)
+
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.pid: Optional[int] = None
@@ -135,6 +140,8 @@ class _Call:
             else:
                 self.failure = _FAILURES.get(name, SandlockError)(text)
                 self.failure.exit_code = int(exit_code)
+        elif kind == b"X" and self.cmd is not None:  # the child's own pre-exec report
+            self.failure = launcher._setup_failure(self.cmd, rest)
         elif self.status is None and self.failure is None:
             self.failure = SetupError("the sandbox supervisor died before reporting; "
                                       "the call's processes were killed")
@@ -152,6 +159,62 @@ class _Call:
     def close(self) -> None:
         """Closing before the end kills the call's whole tree (the supervisor sees EOF)."""
         self.sock.close()
+
+
+#: Native calls still running, for :func:`shutdown` (weak: a dropped call is closed).
+_native_calls: "weakref.WeakSet[_NativeCall]" = weakref.WeakSet()
+_native_lock = threading.RLock()  # RLock: a __del__ may run (GC) while it is held
+
+
+def _forget_native_calls() -> None:
+    """A forked copy of the caller must not kill the parent's calls at its shutdown()."""
+    global _native_calls, _native_lock
+    _native_calls, _native_lock = weakref.WeakSet(), threading.RLock()
+
+
+os.register_at_fork(after_in_child=_forget_native_calls)
+
+
+class _NativeCall(_Call):
+    """A command call supervised by ``sandlock-exec`` (:mod:`sandlock.nativeexec`): the
+    same messages on the same kind of socket, but the supervisor is the caller's own
+    child, reaped by :meth:`close`."""
+
+    def __init__(self, compiled: launcher.Compiled, cmd: launcher.Command,
+                 stdio: Sequence[int], timeout: Optional[float], report_start: bool) -> None:
+        self.cmd = cmd
+        self.helper = 0
+        try:
+            sock, self.helper = nativeexec.spawn(compiled, cmd, stdio, timeout, report_start)
+        except OSError as exc:  # EAGAIN (RLIMIT_NPROC), ENOMEM: as the fork server reports it
+            sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            peer.close()
+            super().__init__(sock)
+            self.failure = SetupError(f"cannot start {nativeexec.HELPER}: {exc} (SANDLOCK_NATIVE=0"
+                                      " runs commands through the fork server instead)")
+            return
+        super().__init__(sock)
+        with _native_lock:
+            _native_calls.add(self)
+
+    def close(self) -> None:
+        """Closing before the end kills the tree; then reap the helper (it exits at once)."""
+        with _native_lock:
+            _native_calls.discard(self)
+        self._release()
+
+    def __del__(self) -> None:
+        self._release()  # no lock: the WeakSet has already forgotten a collected call
+
+    def _release(self) -> None:
+        if hasattr(self, "sock"):
+            super().close()
+        helper, self.helper = getattr(self, "helper", 0), 0
+        if helper:
+            try:
+                os.waitpid(helper, 0)
+            except ChildProcessError:
+                pass  # reaped by someone's waitpid(-1)
 
 
 class _Pump:
@@ -397,6 +460,9 @@ class Sandbox:
         globs = "|".join(fnmatch.translate(p) for p in loaded.env.passed) or "(?!)"
         self._passed = re.compile(globs).match
         self._lock = threading.Lock()
+        #: Commands run by sandlock-exec unless the policy needs the Python connect
+        #: supervisor ([network] allow); see sandlock.nativeexec.
+        self._native = not loaded.network.allow
         self._users = 0
         self._closed = False
 
@@ -466,6 +532,10 @@ class Sandbox:
             self._users += 1
         try:
             compiled = self._compiled
+            if kind == "exec" and self._native and nativeexec.enabled():
+                return _NativeCall(compiled, cmd, stdio, self.policy.limits.timeout
+                                   if timeout is None else timeout,
+                                   bool(fields.get("report_start")))
             fds = [*stdio] + ([compiled.ruleset_fd] if compiled.ruleset_fd >= 0 else [])
             request = {
                 "kind": kind, "exe": cmd.executable, "argv": list(cmd.argv),
@@ -968,4 +1038,8 @@ def start() -> int:
 
 def shutdown() -> None:
     """Stop the fork server, killing any call still running (restarts on next use)."""
+    with _native_lock:
+        running = list(_native_calls)
+    for call in running:
+        call.send(b"K")
     forkserver.shutdown()

@@ -138,6 +138,9 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
     net = report["network"]
     out.print(f"network: tcp connect {net['connect'] or 'none'}; tcp bind {net['bind'] or 'none'}; "
               f"udp {'yes' if net['udp'] else 'no'}; unix sockets {'yes' if net['unix'] else 'no'}")
+    if net["allow"]:
+        out.print(f"host allowlist (per-run proxy + connect supervisor): allow {net['allow']}; "
+                  f"deny {net['deny'] or 'none'}; pinned hosts {net['hosts'] or 'none'}")
     out.print(f"scopes: signals {'on' if report['scope']['signals'] else 'off'}; abstract unix "
               f"{'on' if report['scope']['abstract_unix'] else 'off'}")
     out.print(f"environment: pass {report['env']['pass']}; set {report['env']['set']}")

@@ -329,21 +329,11 @@ def _children(pid: int) -> list[int]:
 
 def _shutdown(supervisors: dict[int, str]) -> None:
     """The caller is gone: kill every process of every call, then exit."""
-    me = os.getpid()
-    while True:
-        pids = _children(me)
-        if not pids:
-            os._exit(0)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+    from . import launcher
+
+    del supervisors  # every child goes, supervisors included
+    launcher.reap_descendants()
+    os._exit(0)
 
 
 # ----------------------------------------------------------------------------

@@ -251,8 +251,11 @@ def drop_capabilities() -> None:
     anything to drop; with no_new_privs set afterwards, execve cannot regain them
     (https://docs.kernel.org/userspace-api/no_new_privs.html).
     """
+    # Without CAP_SETPCAP the bounding set cannot shrink (EPERM); that is safe:
+    # the permitted set is emptied below and, under no_new_privs, execve never
+    # grows it again (not even for uid 0). EINVAL marks the end of known caps.
     for cap in range(_CAP_LAST + 1):
-        if _prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 and ctypes.get_errno() == 22:  # EINVAL
+        if _prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 and ctypes.get_errno() == 22:
             break
     _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)

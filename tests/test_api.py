@@ -329,7 +329,9 @@ def test_shutdown_kills_running_calls(box: sandlock.Sandbox) -> None:
     assert box.run(["/bin/sh", "-c", "exit 3"]).returncode == 3  # a new server starts
 
 
-def test_fork_server_restarts_after_being_killed(box: sandlock.Sandbox) -> None:
+def test_fork_server_restarts_after_being_killed(box: sandlock.Sandbox,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDLOCK_NATIVE", "0")  # commands too go through the fork server
     old = forkserver.get().pid
     os.kill(old, signal.SIGKILL)
     assert eventually(lambda: box.run(["/bin/sh", "-c", ":"]).error is None)

@@ -131,7 +131,8 @@ def test_explain_json(tmp_path: Path) -> None:
             "origin": f"{READ_FILE}:{WORKSPACE_LINE} filesystem.read[0]"} in report["paths"]
     assert {"access": "exec", "path": "/usr/bin/cat"} in [
         {k: p[k] for k in ("access", "path")} for p in report["paths"]]
-    assert report["network"] == {"connect": [], "bind": [], "udp": False, "unix": False}
+    assert report["network"] == {"connect": [], "bind": [], "udp": False, "unix": False,
+                                 "allow": [], "deny": [], "hosts": {}}
     assert report["env"] == {"pass": ["PATH", "LANG", "LC_*", "TERM", "TZ"], "set": {}}
     assert report["limits"] == {"timeout": 30.0, "file_size": 2**20}
     assert "ptrace" in report["seccomp"]["denied"]
