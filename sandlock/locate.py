@@ -23,16 +23,8 @@ def _norm(dotted: str) -> str:
     return ".".join(part.strip().strip("\"'") for part in dotted.split("."))
 
 
-def find_line(text: str, key: Key) -> int | None:
-    """1-based line of ``key`` (e.g. ``["filesystem", "read", 2]``) in ``text``."""
-    names: list[str] = []
-    for part in key:
-        if not isinstance(part, str):
-            break
-        names.append(part)
-    if not names:
-        return None
-    lines = text.splitlines()
+def _key_line(lines: list[str], names: list[str]) -> int | None:
+    """0-based line of the header or assignment of the dotted key ``names``."""
     statements = _statement_lines(lines)
     wanted = ".".join(names)
     table = ""
@@ -51,15 +43,40 @@ def find_line(text: str, key: Key) -> int | None:
             continue
         full = _norm(table + "." + assign.group(1) if table else assign.group(1))
         if full == wanted or wanted.startswith(full + "."):
-            best = number
+            return number
+    return best
+
+
+def find_line(text: str, key: Key) -> int | None:
+    """1-based line of ``key`` (e.g. ``["filesystem", "read", 2]``) in ``text``."""
+    names: list[str] = []
+    for part in key:
+        if not isinstance(part, str):
             break
+        names.append(part)
+    if not names:
+        return None
+    lines = text.splitlines()
+    best = _key_line(lines, names)
     if best is None:
         return None
     if len(key) > len(names):
         index = key[len(names)]
         assert isinstance(index, int)
-        return _element_line(lines, best, index) + 1
+        starts = _element_starts(lines, best)
+        return (starts[index] if index < len(starts) else best) + 1
     return best + 1
+
+
+def find_element_lines(text: str, names: list[str]) -> list[int]:
+    """1-based line of every element of the array at ``names``, in one pass.
+
+    Used to label each of many path rules with its origin: calling
+    :func:`find_line` per element would rescan the text for each one.
+    """
+    lines = text.splitlines()
+    best = _key_line(lines, names)
+    return [] if best is None else [n + 1 for n in _element_starts(lines, best)]
 
 
 def _statement_lines(lines: list[str]) -> set[int]:
@@ -104,12 +121,12 @@ def _statement_lines(lines: list[str]) -> set[int]:
     return out
 
 
-def _element_line(lines: list[str], start: int, index: int) -> int:
-    """Line on which element ``index`` of the array assigned at ``start`` begins."""
+def _element_starts(lines: list[str], start: int) -> list[int]:
+    """Line on which each element of the array assigned at ``start`` begins."""
     depth = 0
-    element = -1
     expect_new = False
     quote = ""
+    starts: list[int] = []
     for number in range(start, len(lines)):
         line = lines[number]
         position = lines[start].find("=") + 1 if number == start else 0
@@ -127,10 +144,8 @@ def _element_line(lines: list[str], start: int, index: int) -> int:
             if char.isspace():
                 continue
             if depth == 1 and expect_new and char not in ",]":
-                element += 1
+                starts.append(number)
                 expect_new = False
-                if element == index:
-                    return number
             if char in "\"'":
                 quote = char
             elif char in "[{":
@@ -139,7 +154,7 @@ def _element_line(lines: list[str], start: int, index: int) -> int:
             elif char in "]}":
                 depth -= 1
                 if depth <= 0:
-                    return start
+                    return starts
             elif char == "," and depth == 1:
                 expect_new = True
-    return start
+    return starts

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import PolicyError
-from .locate import find_line
+from .locate import find_element_lines, find_line
 
 if sys.version_info >= (3, 11):
     import tomllib as _toml
@@ -572,6 +572,7 @@ def _resolve_paths(
 ) -> list[PathRule]:
     access = Access(name)
     out = []
+    lines = find_element_lines(layer.text, ["filesystem", name]) if layer.text is not None else []
     for index, (raw, optional) in enumerate(entries):
         key: list[str | int] = ["filesystem", name, index]
         try:
@@ -594,7 +595,7 @@ def _resolve_paths(
                 continue
             raise layer.error(f"{path!r} does not exist (mark it {{ path = ..., optional = true }} "
                               "if it may be absent)", key)
-        line = find_line(layer.text, key) if layer.text is not None else None
+        line = lines[index] if index < len(lines) else None
         origin = f"{layer.source}:{line}" if line else layer.source
         out.append(PathRule(path, access, optional, f"{origin} filesystem.{name}[{index}]"))
     return out
