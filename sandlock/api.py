@@ -35,6 +35,7 @@ from .errors import (
     ExitCode,
     KernelSupportError,
     LandlockError,
+    PolicyError,
     SandlockError,
     SeccompError,
     SetupError,
@@ -450,6 +451,13 @@ class Sandbox:
             loaded = loaded.with_compat(Compat.BEST_EFFORT)
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
+        if loaded.network.allow:
+            # Host allowlists need the launcher's proxy and connect supervisor, which
+            # the API does not start: refuse rather than hand out a tool whose every
+            # connection would fail (EACCES) for a reason the caller cannot see.
+            raise PolicyError("[network] allow (host allowlists) is not supported by the "
+                              "Python API yet; run such tools with `sandlock run`",
+                              source=loaded.source, key="network.allow")
         self.policy = loaded
         self._compiled = launcher.compile_policy(loaded)
         self._trusted = frozenset((t.__module__, t.__qualname__) for t in trusted_types)

@@ -362,3 +362,13 @@ def test_sandbox_inspection_and_loading(tmp_path: Path, workspace: Path) -> None
     closed.close()
     with pytest.raises(sandlock.SandlockError, match="closed"):
         closed.run(["/bin/true"])
+
+
+def test_host_allowlist_policies_are_refused_with_a_clear_error(tmp_path: Path) -> None:
+    """The API does not start the allowlist proxy: it says so instead of failing later."""
+    from sandlock.errors import PolicyError
+
+    text = ('version = 1\nextends = ["base"]\n[network]\nallow = ["api.internal.test:443"]\n'
+            'hosts = { "api.internal.test" = "127.0.0.1" }\n')
+    with pytest.raises(PolicyError, match=r"network.allow: .*not supported by the Python API"):
+        sandlock.Sandbox.from_toml(text)
