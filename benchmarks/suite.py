@@ -444,7 +444,8 @@ def machine(ctx: Context) -> dict[str, Any]:
             instructions: Any = len(compiled.bpf) // 8  # struct sock_filter is 8 bytes
     except Exception as exc:  # noqa: BLE001 - context for the report, not a measurement
         instructions = f"? ({exc})"
-    return {"cpu": cpu, "seccomp_instructions": instructions, "cores": os.cpu_count(), "kernel": platform.release(),
+    return {"cpu": cpu, "seccomp_instructions": instructions, "cores": os.cpu_count(),
+            "kernel": platform.release(),
             "landlock_abi": kernel.landlock_abi(), "python": platform.python_version(),
             "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

@@ -73,7 +73,8 @@ var_option = click.option("--var", "variables", multiple=True, metavar="NAME=VAL
                     "125 sandlock failed; 126 not executable (or exec denied); 127 not found.")
 @click.option("--policy", type=click.Path(dir_okay=False), help="Policy file (TOML).")
 @click.option("--tool", help="Tool name in the --policies registry.")
-@click.option("--policies", type=click.Path(), help="Directory of policies, or one file with [tools.NAME] tables.")
+@click.option("--policies", type=click.Path(),
+              help="Directory of policies, or one file with [tools.NAME] tables.")
 @var_option
 @click.option("--timeout", help="Wall-clock limit, e.g. 30s (overrides [limits] timeout).")
 @click.option("--best-effort", is_flag=True, help="Run even if the kernel cannot enforce everything; warn.")

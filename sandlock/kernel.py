@@ -201,7 +201,7 @@ def load_seccomp(prog: SockFprog) -> None:
 
 def seccomp_action_available(action: int) -> bool:
     value = ctypes.c_uint32(action)
-    return _syscall(NR["seccomp"], SECCOMP_GET_ACTION_AVAIL, 0, ctypes.byref(value)) == 0
+    return bool(_syscall(NR["seccomp"], SECCOMP_GET_ACTION_AVAIL, 0, ctypes.byref(value)) == 0)
 
 
 def cloexec_from(low: int) -> None:

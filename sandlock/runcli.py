@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
     from .policy import Policy
 
-USAGE = "sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] [--best-effort] -- CMD [ARGS]..."
+USAGE = ("sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] "
+         "[--best-effort] -- CMD [ARGS]...")
 
 
 def say(message: str) -> None:

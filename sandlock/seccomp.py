@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .errors import PolicyError, SeccompError
 from .policy import Network, Policy
@@ -214,11 +214,11 @@ def _pyseccomp() -> Any:
     return pyseccomp
 
 
-def _resolver():  # type: ignore[no-untyped-def]
+def _resolver() -> Callable[[str], int]:
     pyseccomp = _pyseccomp()
 
     arch = pyseccomp.system_arch()
-    return lambda name: pyseccomp.resolve_syscall(arch, name)
+    return lambda name: int(pyseccomp.resolve_syscall(arch, name))
 
 
 #: Changes whenever compile_bpf would turn the same rules into a different program, so

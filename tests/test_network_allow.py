@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import pytest
-
 from conftest import PYTHON, require_abi, run_confined, write_policy
+
 from sandlock import netrules
 from sandlock.errors import PolicyError
 from sandlock.netrules import NetRules, parse_pins, parse_rules
