@@ -468,9 +468,8 @@ class Sandbox:
         globs = "|".join(fnmatch.translate(p) for p in loaded.env.passed) or "(?!)"
         self._passed = re.compile(globs).match
         self._lock = threading.Lock()
-        #: Commands run by sandlock-exec unless the policy needs the Python connect
-        #: supervisor ([network] allow); see sandlock.nativeexec.
-        self._native = not loaded.network.allow
+        #: Commands run by sandlock-exec when it is built; see sandlock.nativeexec.
+        self._native = True
         self._users = 0
         self._closed = False
 

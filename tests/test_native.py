@@ -104,12 +104,6 @@ def test_commands_run_under_the_native_helper(native: None, box: sandlock.Sandbo
     assert proc.returncode == 0
 
 
-def test_network_allow_policies_keep_the_python_supervisor() -> None:
-    policy = {"extends": ["base"], "network": {"allow": ["example.org:443"]}}
-    with sandlock.Sandbox(policy) as sandbox:
-        assert sandbox._native is False
-
-
 # ----------------------------------------------------------------------------
 # Confinement, through both paths
 
