@@ -518,3 +518,23 @@ def test_pretended_older_kernel_still_confines_files_and_network(tmp_path: Path,
     if abi < 6:  # ABI 6 lacks only audit logging: nothing to warn about
         assert f"Landlock ABI {abi}" in result.stderr and "signal scope" in result.stderr
     assert not (outside / "new").exists()
+
+
+def test_the_tool_has_no_capabilities_and_no_new_privs(tmp_path: Path) -> None:
+    """As root too: every capability set the tool could use is empty, and no_new_privs
+    keeps execve from refilling them (so uid 0 cannot setuid or chown inside)."""
+    done = python_probe(tmp_path, """
+        import os
+        status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+        for name in ("CapInh", "CapPrm", "CapEff", "CapAmb", "NoNewPrivs"):
+            print(name, int(status[name].strip(), 16))
+        try:
+            os.setuid(12345)
+            print("setuid worked")
+        except OSError as exc:
+            print("setuid", exc.errno)
+        """, filesystem='read = ["/proc"]')
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[:5] == ["CapInh 0", "CapPrm 0", "CapEff 0", "CapAmb 0", "NoNewPrivs 1"]
+    assert lines[5] == "setuid 1"  # EPERM, as root and as a user
