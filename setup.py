@@ -35,7 +35,11 @@ def compile_helper(out_dir: str) -> bool:
     os.makedirs(os.path.dirname(target), exist_ok=True)
     for compiler, *extra in attempts:
         command = [compiler, "-O2", "-Wall", *extra, "-o", target, os.path.join(HERE, SOURCE)]
-        if subprocess.run(command, capture_output=True).returncode == 0:
+        try:
+            built = subprocess.run(command, capture_output=True).returncode == 0
+        except OSError:  # CC names no program: try the next way, then go without
+            built = False
+        if built:
             os.chmod(target, 0o755)
             return True
     print(f"sandlock: compiling {SOURCE} failed: the Python API will use its fork server",
