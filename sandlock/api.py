@@ -530,6 +530,23 @@ class Sandbox:
 
     # -- calls
 
+    def _start(self, cmd: launcher.Command, stdio: tuple[File, File, File],
+               timeout: Optional[float], *, report_start: bool = False
+               ) -> tuple[_Call, tuple[int, int, int]]:
+        """Open the caller's ends of the pipes ``stdio`` asks for and submit ``cmd``;
+        on failure nothing stays open. Returns the call and the caller's ends."""
+        mine, theirs = _open_stdio(stdio)
+        try:
+            call = self._submit("exec", cmd, theirs, timeout, report_start=report_start)
+        except BaseException:
+            for fd in mine:
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        finally:
+            _close_theirs(theirs, stdio)
+        return call, mine
+
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),
                 **fields: Any) -> _Call:
@@ -590,16 +607,7 @@ class Sandbox:
         supervisor; ``env`` adds variables to those the policy passes.
         """
         cmd = self._command(argv, cwd, env)
-        mine, theirs = _open_stdio((stdin, stdout, stderr))
-        try:
-            call = self._submit("exec", cmd, theirs, timeout, report_start=True)
-        except BaseException:
-            for fd in mine:
-                if fd >= 0:
-                    os.close(fd)
-            raise
-        finally:
-            _close_theirs(theirs, (stdin, stdout, stderr))
+        call, mine = self._start(cmd, (stdin, stdout, stderr), timeout, report_start=True)
         return Process(call, cmd.argv, mine, text or bool(encoding or errors), encoding, errors)
 
     def run(self, argv: Sequence[str], *, input: Optional[Union[bytes, str]] = None,
@@ -665,16 +673,7 @@ class Sandbox:
             cmd = self._command(argv, cwd, env)
         except ExecError as exc:
             return Result(args, int(exc.exit_code), outcome=Outcome.NOT_STARTED, error=exc)
-        mine, theirs = _open_stdio((stdin, stdout, stderr))
-        try:
-            call = self._submit("exec", cmd, theirs, timeout)
-        except BaseException:
-            for fd in mine:
-                if fd >= 0:
-                    os.close(fd)
-            raise
-        finally:
-            _close_theirs(theirs, (stdin, stdout, stderr))
+        call, mine = self._start(cmd, (stdin, stdout, stderr), timeout)
         writes = {mine[0]: input or b""} if mine[0] >= 0 else {}
         pump = _Pump(call, writes, [fd for fd in mine[1:] if fd >= 0])
         return _RunJob(call, pump, args, mine, decode, encoding, errors)
