@@ -188,12 +188,13 @@ def _key(policy_file: str, variables: Mapping[str, str], timeout: Optional[str],
             tuple(sorted(variables.items())), timeout, best_effort)
 
 
-def cache_dir(create: bool) -> Optional[str]:
-    """The per-user cache directory, or None if it is missing or anyone else could write it."""
+def cache_dir(create: bool, name: str = "policies") -> Optional[str]:
+    """The per-user cache directory ``name`` (compiled policies, or the BPF cache of
+    :mod:`sandlock.seccomp`), or None if it is missing or anyone else could reach it."""
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
         base = os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "sandlock", "policies")
+    path = os.path.join(base, "sandlock", name)
     try:
         if create:
             os.makedirs(path, mode=0o700, exist_ok=True)

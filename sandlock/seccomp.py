@@ -19,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from .errors import PolicyError, SeccompError
 from .policy import Network, Policy
@@ -258,25 +258,13 @@ def compile_bpf(rules: tuple[Rule, ...]) -> bytes:
         raise SeccompError(f"libseccomp could not build the filter: {exc}") from None
 
 
-def _cache_dir() -> Optional[Path]:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(base) / "sandlock"
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = path.stat()
-    except OSError:
-        return None
-    # Trust a cache only if nobody else could have written it.
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        return None
-    return path
-
-
 def bpf_for(rules: tuple[Rule, ...]) -> bytes:
     """The compiled filter for ``rules``, from the cache when this exact plan was seen."""
     key = hashlib.sha256(repr((os.uname().machine, COMPILER, rules)).encode()).hexdigest()[:32]
-    cache = None if os.environ.get("SANDLOCK_NO_CACHE") else _cache_dir()
-    entry = cache / f"bpf-{key}" if cache else None
+    from .fastpath import cache_dir  # the same private-directory rules as the policy cache
+
+    cache = None if os.environ.get("SANDLOCK_NO_CACHE") else cache_dir(create=True, name="bpf")
+    entry = Path(cache) / key if cache else None
     if entry is not None:
         try:
             data = entry.read_bytes()

@@ -292,6 +292,6 @@ def test_bpf_cache_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("SANDLOCK_NO_CACHE", raising=False)
     rules = rules_for(UDP)
     first = S.bpf_for(rules)
-    (entry,) = (tmp_path / "sandlock").glob("bpf-*")
+    (entry,) = (tmp_path / "sandlock" / "bpf").iterdir()
     assert entry.read_bytes() == first == S.compile_bpf(rules)
     assert S.bpf_for(rules) == first
