@@ -205,17 +205,14 @@ def seccomp_action_available(action: int) -> bool:
 
 
 def cloexec_from(low: int) -> None:
-    """Mark every descriptor >= ``low`` close-on-exec (one syscall, Linux 5.11+)."""
-    if _syscall(NR["close_range"], ctypes.c_uint(low), ctypes.c_uint(0xFFFFFFFF),
-                ctypes.c_uint(CLOSE_RANGE_CLOEXEC)) < 0:
-        os.closerange(low, _max_fd())
+    """Mark every descriptor >= ``low`` close-on-exec (one syscall, Linux 5.11+).
 
-
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (OSError, ValueError):  # pragma: no cover
-        return 65536
+    Landlock needs 5.13, so close_range is always there; a failure is an error
+    (closing instead would also close the error pipe and the ruleset fd, which the
+    child still needs, and an inherited descriptor must never survive silently).
+    """
+    _check(_syscall(NR["close_range"], ctypes.c_uint(low), ctypes.c_uint(0xFFFFFFFF),
+                    ctypes.c_uint(CLOSE_RANGE_CLOEXEC)), "close_range(CLOSE_RANGE_CLOEXEC)")
 
 
 def seccomp_supported() -> Optional[str]:
