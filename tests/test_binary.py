@@ -17,6 +17,8 @@ import pytest
 from conftest import REPO, require_abi, write_policy
 
 BINARY = Path(os.environ.get("SANDLOCK_BINARY") or REPO / "dist" / "sandlock")
+if not BINARY.is_file() and os.environ.get("SANDLOCK_EXPECT_BINARY") == "1":
+    raise RuntimeError(f"{BINARY} not built, but SANDLOCK_EXPECT_BINARY=1")
 pytestmark = pytest.mark.skipif(
     not BINARY.is_file(),
     reason=f"{BINARY} not built (run scripts/build_binary.sh, or set SANDLOCK_BINARY)")
