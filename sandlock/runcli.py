@@ -118,7 +118,11 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
 
 
 def main_run(args: Sequence[str]) -> Optional[int]:
-    """Parse `run`'s options; None means "let click handle it" (help, odd spellings)."""
+    """Parse `run`'s options; None means "let click print the help".
+
+    Any other unknown option is an error (exit 125): passed on, a misspelt option
+    would be taken for the command itself.
+    """
     policy = tool = policies = timeout = None
     pairs: list[str] = []
     best_effort = False
@@ -132,12 +136,15 @@ def main_run(args: Sequence[str]) -> Optional[int]:
         if not arg.startswith("-"):
             break
         name, eq, value = arg.partition("=")
+        if name in ("-h", "--help"):
+            return None
         if name == "--best-effort" and not eq:
             best_effort = True
             index += 1
             continue
         if name not in valued:
-            return None
+            say(f"error: unknown option {arg!r} (put the command after --)\nusage: {USAGE}")
+            return ExitCode.LAUNCHER
         if not eq:
             if index + 1 >= len(args):
                 say(f"error: {name} needs a value\nusage: {USAGE}")

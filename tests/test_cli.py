@@ -333,6 +333,12 @@ USAGE_LINE = f"usage: {runcli.USAGE}"
      "sandlock: --timeout: invalid duration 'soon' (use e.g. 500ms, 30s, 2m, 1h)"),
     (["--policy", str(READ_FILE), "--var", "workspace=/tmp", "--timeout=0", "--", "true"],
      "sandlock: --timeout: duration must be positive and finite, got '0'"),
+    # a misspelt option is an error, never taken for the command
+    (["--policy", str(READ_FILE), "--timout", "5s", "--", "true"],
+     "sandlock: error: unknown option '--timout' (put the command after --)\n" + USAGE_LINE),
+    (["--best-effort=yes", "--policy", str(READ_FILE), "--", "true"],
+     "sandlock: error: unknown option '--best-effort=yes' (put the command after --)\n"
+     + USAGE_LINE),
 ])
 def test_run_argument_errors(args: list[str], message: str, capsys: pytest.CaptureFixture[str]
                              ) -> None:
