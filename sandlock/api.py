@@ -468,6 +468,9 @@ class Sandbox:
         globs = "|".join(fnmatch.translate(p) for p in loaded.env.passed) or "(?!)"
         self._passed = re.compile(globs).match
         self._lock = threading.Lock()
+        #: Names this compiled policy to the fork server, which prepares a confined
+        #: process for the next call() of this Sandbox (forkserver._Spare).
+        self._token = os.urandom(16)
         #: Commands run by sandlock-exec when it is built; see sandlock.nativeexec.
         self._native = True
         self._users = 0
@@ -687,6 +690,8 @@ class Sandbox:
         ``func``'s module afresh, so the policy must grant read on it. It gets the
         arguments (pickled), the policy's environment and the caller's stdout and
         stderr; it does not get the caller's memory, environment or other fds.
+        Each call runs in a new process; after a call, the next one of this Sandbox
+        is prepared (forked and confined) ahead of time, so it does not wait for that.
         """
         job = self._start_call(func, args, kwargs)
         try:
@@ -735,7 +740,8 @@ class Sandbox:
             view = memoryview(data)
             while view:
                 view = view[os.write(memfd, view):]
-            call = self._submit("call", cmd, (devnull, 1, 2), None, [memfd, result_w])
+            call = self._submit("call", cmd, (devnull, 1, 2), None, [memfd, result_w],
+                                policy=self._token)
         except BaseException:
             os.close(result_r)
             raise

@@ -13,6 +13,7 @@ Process tree (``exec``/``call``: one SOCK_SEQPACKET socketpair per kind of reque
            ──call──┴─> fork server (single-threaded, child subreaper, ~5 MiB anonymous)
                         ├─ idle supervisors, per kind: blocked in recvmsg on their
                         │  socket; the kernel hands each request to exactly one
+                        │  └─ a call supervisor's spare: confined, waiting for a call
                         └─ busy supervisor (one call at a time, child subreaper)
                             └─ confined command or function ── its own children ...
 
@@ -30,6 +31,14 @@ Process tree (``exec``/``call``: one SOCK_SEQPACKET socketpair per kind of reque
   a copy of its supervisor's memory, so a call's environment, function and
   arguments travel in a memfd that only the confined child reads: no call's data
   is ever in memory a later call is forked from.
+* A Python call runs in a *spare*: a process forked from its supervisor and
+  confined by the call's policy before the call arrives (after the supervisor's
+  previous call of the same ``Sandbox``, or at the call), which then receives the
+  call's descriptors. A spare serves one call and is never reused; it is made
+  from a supervisor that never held any call's data, so it starts exactly as a
+  process forked at the call would. When the function's result is written and it
+  is the call's only process, the call is reported ended once it is killed,
+  without waiting for its teardown (:func:`_ended_alone`).
 * If a supervisor dies, its orphans are re-parented to the fork server, which kills
   every child that is not a supervisor. If the caller goes away (its sockets reach
   EOF), the fork server kills everything and exits.
@@ -72,6 +81,10 @@ NOTE = struct.Struct("=ci")
 INLINE_LIMIT = 32 * 1024
 _RECV_SIZE = INLINE_LIMIT + 1024
 _MAX_FDS = 8
+#: What a :class:`_Spare` is called (``/proc/PID/comm``) until a call takes it; then
+#: it is called CALL_NAME.
+SPARE_NAME = b"sandlock-spare"
+CALL_NAME = b"sandlock-call"
 
 
 # ----------------------------------------------------------------------------
@@ -149,6 +162,19 @@ class ForkServer:
         except OSError:
             return []
 
+    def spares(self) -> list[int]:
+        """Pids of the confined processes prepared for a next call (see ``_Spare``)."""
+        found = []
+        for supervisor in self.children():
+            for pid in _children(supervisor):
+                try:
+                    with open(f"/proc/{pid}/comm", "rb") as handle:
+                        if handle.read().strip() == SPARE_NAME:
+                            found.append(pid)
+                except OSError:
+                    pass  # gone meanwhile
+        return found
+
     def close(self) -> None:
         """Stop the server: it kills every call still running, then exits."""
         if self._socks["exec"].fileno() >= 0:
@@ -223,6 +249,8 @@ atexit.register(shutdown)
 def serve(exec_fd: int, call_fd: int) -> None:
     """Main loop of the fork server process (never returns)."""
     # What a confined Python call needs right after fork, so it reads no more files.
+    import fcntl  # noqa: F401 - an import in a forked child costs ~0.2 ms
+    import operator  # noqa: F401
     import pickle  # noqa: F401
     import traceback  # noqa: F401
 
@@ -375,13 +403,44 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
     call's child keeps running in a copy of it. So call supervisors see no data of
     any call at all: the environment, arguments and function of a call travel in a
     memfd that only the confined child reads.
+
+    After each Python call, a call supervisor prepares a :class:`_Spare` for the
+    same policy, so that the next call of that ``Sandbox`` does not wait for a
+    fork and confinement.
     """
+    from . import launcher
+
+    spare: Optional[_Spare] = None
+    prepared: Optional[tuple[launcher.Compiled, bytes]] = None  # the policy spares get
     for use in range(1, MAX_USES + 1):
         request, fds = _receive(ctrl)
+        token = request.get("policy") if request["kind"] == kind == "call" else None
+        taken = None
+        if spare is not None:  # first of all: the call's function may start right away
+            if spare.token == token:
+                taken = spare.take_if_ready(fds[1:4], fds[-2], fds[-1], request["cwd"])
+            else:
+                spare.discard()
+            if taken is None:
+                spare = None
+        if prepared is not None and prepared[1] != token:
+            prepared[0].close()
+            prepared = None
+        if token is not None and prepared is None:
+            # Its own copy of the ruleset fd: the request's is closed after the call.
+            ruleset_fd = os.dup(fds[4]) if request["ruleset"] else -1
+            prepared = (launcher.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
+                                          request["bpf"], tuple(request["rlimits"])), token)
         # Nothing of this call survives into the next: the child's end (launcher's
         # Child._reap) kills and reaps every process re-parented to this supervisor.
-        _serve_one(request, fds, notes_w, kind)
+        _serve_one(request, fds, notes_w, kind, spare, taken)
+        spare = None
         if use < MAX_USES:
+            if prepared is not None:
+                try:
+                    spare = _Spare(*prepared)
+                except OSError:
+                    spare = None  # fork failed (RLIMIT_NPROC, memory): the next call forks
             _note(notes_w, b"i")
 
 
@@ -389,36 +448,109 @@ def _note(notes_w: int, event: bytes) -> None:
     os.write(notes_w, NOTE.pack(event, os.getpid()))
 
 
-def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str) -> None:
-    """Run one request confined, report, kill its tree; close every fd it brought."""
+class _Spare:
+    """A confined process made ahead of a Python call, for one policy (``token``).
+
+    It is forked and confines itself (the same :func:`launcher._child` steps) before
+    any call's data exists, then waits on its own socket for the call's descriptors
+    (stdio, the request memfd, the result pipe) and working directory. Used once:
+    a call gets a fresh process, never one that ran code before. The supervisor
+    that forks it has only seen requests without call data (see :func:`_supervise`),
+    so it starts with no call's secrets, like a child forked at the call.
+    """
+
+    def __init__(self, compiled: Any, token: bytes) -> None:
+        from . import launcher
+
+        self.token = token
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        handoff = theirs.fileno()
+        cmd = launcher.Command(sys.executable, (sys.executable,), (), None)
+        try:
+            self.starting: Any = launcher.Starting(compiled, cmd, stdio=(-1, -1, -1),
+                                                   body=lambda: _spare_body(handoff))
+        except BaseException:
+            self.sock.close()
+            raise
+        finally:
+            theirs.close()
+
+    def take(self, stdio: Sequence[int], data_fd: int, result_fd: int, cwd: str) -> Any:
+        """Hand this call to the spare; return its :class:`launcher.Child`.
+
+        Raises what :meth:`launcher.Starting.confirm` raises if it could not confine
+        itself, OSError if it died since.
+        """
+        import array
+
+        child = self.starting.confirm()
+        fds = array.array("i", [*stdio, data_fd, result_fd])
+        try:
+            self.sock.sendmsg([os.fsencode(cwd)],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except OSError:
+            child.kill_tree()
+            raise
+        return child
+
+    def take_if_ready(self, stdio: Sequence[int], data_fd: int, result_fd: int,
+                      cwd: str) -> Any:
+        """:meth:`take`, or None if this spare is not usable (a new one is made; if its
+        policy cannot be applied, that one reports why)."""
+        from .errors import SandlockError
+
+        try:
+            return self.take(stdio, data_fd, result_fd, cwd)
+        except (SandlockError, OSError):
+            self.sock.close()
+            return None
+
+    def discard(self) -> None:
+        """Not used (another policy's call came): kill it, whatever stage it is at."""
+        try:
+            os.kill(self.starting.pid, signal.SIGKILL)
+            os.waitpid(self.starting.pid, 0)
+        except OSError:
+            pass  # gone already
+        if self.starting.errr >= 0:
+            os.close(self.starting.errr)
+        self.sock.close()
+
+
+def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
+               spare: Optional[_Spare] = None, taken: Any = None) -> None:
+    """Run one request confined, report, kill its tree; close every fd it brought.
+
+    ``taken`` is the child of ``spare`` that already has this (Python) call.
+    """
     from . import launcher
-    from .errors import SandlockError
+    from .errors import ExitCode, SandlockError
 
     call = socket.socket(fileno=fds[0])
     noted = False
     try:
         stdin, stdout, stderr = fds[1:4]
-        ruleset_fd = fds[4] if request["ruleset"] else -1
-        compiled = launcher.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
-                                     request["bpf"], tuple(request["rlimits"]))
         cmd = launcher.Command(request["exe"], tuple(request["argv"]), tuple(request["env"]),
                                request["cwd"])
-        body = None
-        if request["kind"] == "call":
-            if kind != "call":
-                raise SandlockError("a Python call reached a command supervisor")
-            data_fd, result_fd = fds[-2:]
-
-            def body() -> None:
-                _call_body(data_fd, result_fd)
+        if request["kind"] == "call" and kind != "call":
+            raise SandlockError("a Python call reached a command supervisor")
+        child = taken
         failure = ""
-        try:
-            child = launcher.spawn(compiled, cmd, stdin=stdin, stdout=stdout, stderr=stderr,
-                                   body=body)
-        except SandlockError as exc:
-            failure = f"F {int(exc.exit_code)} {type(exc).__name__}\n{exc}"
-        except OSError as exc:  # fork failed (EAGAIN: RLIMIT_NPROC, memory)
-            failure = f"F 125 SetupError\ncannot fork the confined process: {exc}"
+        if child is None:
+            spare = None
+            compiled = launcher.Compiled(None, 0, (), fds[4] if request["ruleset"] else -1,  # type: ignore[arg-type]
+                                         request["bpf"], tuple(request["rlimits"]))
+            try:
+                if request["kind"] == "call":  # no spare ready: one made now, for this call
+                    spare = _Spare(compiled, request.get("policy") or b"")
+                    child = spare.take((stdin, stdout, stderr), fds[-2], fds[-1], request["cwd"])
+                else:
+                    child = launcher.spawn(compiled, cmd, stdin=stdin, stdout=stdout,
+                                           stderr=stderr)
+            except SandlockError as exc:
+                failure = f"F {int(exc.exit_code)} {type(exc).__name__}\n{exc}"
+            except OSError as exc:  # fork failed (EAGAIN: RLIMIT_NPROC, memory)
+                failure = f"F 125 SetupError\ncannot fork the confined process: {exc}"
         # Only now (the child has exec'd) may the fork server fork a replacement: that
         # fork does not compete for a CPU with this call's start; the pool has a spare.
         _note(notes_w, b"t")
@@ -429,12 +561,22 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str)
         if failure:
             _send(call, failure)
             return
+        assert child is not None
         if request.get("report_start"):
             _send(call, f"S {child.pid}")
-        _watch(child, call, request["timeout"])
-        _send(call, f"E {child.returncode} {child.signal or 0} {int(child.timed_out)} "
-                    f"{child.pid}")
+        report = _watch(child, call, request["timeout"],
+                        spare.sock if spare is not None else None)
+        if report and child.returncode == ExitCode.LAUNCHER:
+            error = launcher._setup_failure(cmd, report)
+            _send(call, f"F {int(error.exit_code)} {type(error).__name__}\n{error}")
+        else:
+            _send(call, f"E {child.returncode} {child.signal or 0} {int(child.timed_out)} "
+                        f"{child.pid}")
+        if child.pidfd >= 0:
+            child._reap()  # ended early (see _watch): reap it, and anything it left
     finally:
+        if spare is not None:
+            spare.sock.close()
         if not noted:
             _note(notes_w, b"t")
         for fd in fds[1:]:
@@ -449,14 +591,26 @@ def _send(call: socket.socket, text: str) -> None:
         pass  # the caller has gone; the tree is (or will be) killed anyway
 
 
-def _watch(child: Any, call: socket.socket, timeout: Optional[float]) -> None:
-    """Wait for the command; obey the caller's kill/signal requests and the deadline."""
+def _watch(child: Any, call: socket.socket, timeout: Optional[float],
+           done: Optional[socket.socket] = None) -> bytes:
+    """Wait for the command; obey the caller's kill/signal requests and the deadline.
+
+    ``done`` is a :class:`_Spare`'s socket. ``.`` on it means the function's result is
+    written and the child is about to ``_exit(0)``: then, if the child is the call's
+    only process, it is killed and the call reported ended (``returncode`` 0) without
+    waiting for its teardown (see :func:`_ended_alone`); otherwise the wait goes on.
+    Any other message is the spare's report that it could not start the call
+    (returned; the child exits by itself).
+    """
     import time
 
     deadline = None if timeout is None else time.monotonic() + timeout
     poller = select.poll()
     poller.register(child.pidfd, select.POLLIN)
     poller.register(call.fileno(), select.POLLIN)
+    if done is not None:
+        poller.register(done.fileno(), select.POLLIN)
+    report = b""
     while child.returncode is None:
         wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
         events = poller.poll(wait)
@@ -477,30 +631,136 @@ def _watch(child: Any, call: socket.socket, timeout: Optional[float]) -> None:
                         child.send_signal(int(message[2:]))
                     except (ValueError, OSError):
                         pass  # not a signal number: nothing to send
+            elif done is not None and fd == done.fileno():
+                poller.unregister(fd)
+                try:
+                    report = done.recv(4096, socket.MSG_DONTWAIT)
+                except OSError:
+                    report = b""
+                if report == b"." and _ended_alone(child):
+                    child.returncode = 0
+                    return b""
             elif child.returncode is None:
                 child._reap()  # also kills and reaps whatever the command left behind
                 break
+    return report
+
+
+def _ended_alone(child: Any) -> bool:
+    """Kill ``child``; True if it was the only process of its call.
+
+    After ``kill`` returns, the child can no longer fork (a fork racing with the
+    signal fails: copy_process checks for pending fatal signals after linking the
+    new task), so a child with no children of its own, in a supervisor with no
+    other child (no orphan re-parented here), leaves nothing that can run.
+    """
+    me = os.getpid()  # a supervisor is single-threaded: one children file
+    try:
+        os.kill(child.pid, signal.SIGKILL)
+        if _read(f"/proc/{me}/task/{me}/children").split() != [b"%d" % child.pid]:
+            return False
+        for task in os.listdir(f"/proc/{child.pid}/task"):
+            if _read(f"/proc/{child.pid}/task/{task}/children").strip():
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def _read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
 
 
 # ----------------------------------------------------------------------------
 # The confined child of a Python call (runs after Landlock and seccomp)
 
 
-def _call_body(data_fd: int, result_fd: int) -> None:
+def _spare_body(handoff: int) -> None:
+    """A :class:`_Spare`, confined: wait for a call's descriptors, then run it."""
+    import array
+    import operator
+    import pickle
+
+    from . import kernel
+
+    os.dup2(handoff, 3)
+    os.closerange(4, 2**31 - 1)  # the ruleset fd and the supervisor's own descriptors
+    kernel.set_name(SPARE_NAME)
+    # Rehearse a call on dummy data while no call waits: the pages it touches are
+    # copied (copy-on-write) now rather than on the call's time.
+    _outcome(marshal.loads(marshal.dumps({
+        "env": [], "main": None,
+        "sys_path": list(sys.path), "payload": pickle.dumps((operator.add, (1, 2), {}))})))
+    from .errors import ExitCode
+
+    fds = array.array("i")
+    sock = socket.socket(fileno=3)
+    try:
+        data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(5 * fds.itemsize))
+    except OSError:
+        os._exit(0)
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    if len(fds) != 5:
+        os._exit(0)  # the supervisor went away (EOF): nothing to run
+    kernel.set_name(CALL_NAME)
+    for target in range(3):
+        os.dup2(fds[target], target)
+    try:
+        os.chdir(os.fsdecode(data))
+    except OSError as exc:  # the supervisor reports it as launcher._child would have
+        sock.send(f"chdir\0{exc.errno or 0}\0{exc.strerror}".encode(errors="replace"))
+        os._exit(ExitCode.LAUNCHER)
+    # Stays open: the child tells the supervisor there that the result is written.
+    _call_body(fds[3], fds[4], done_fd=sock.detach())
+
+
+def _call_body(data_fd: int, result_fd: int, done_fd: int) -> None:
     """Run the caller's function inside the sandbox and write its outcome to the caller.
 
     Before any of the caller's code is loaded, every descriptor but stdio and the
     result pipe is closed (the ruleset fd above all: rules added to it would widen
     the sandbox of later calls), and the environment becomes exactly the policy's.
     """
-    import pickle
 
     size, data = os.fstat(data_fd).st_size, b""
     while len(data) < size:  # pread: the caller's writes moved the shared offset
         data += os.pread(data_fd, size - len(data), len(data)) or b"\0"
     request = marshal.loads(data)
-    os.dup2(result_fd, 3)
-    os.closerange(4, 2**31 - 1)
+    import fcntl
+
+    # result -> 3, done -> 4, then nothing else: lifted first, so that neither
+    # dup2 overwrites the other's source.
+    lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD, 5) for fd in (result_fd, done_fd)]
+    for target, fd in enumerate(lifted, 3):
+        os.dup2(fd, target)
+    os.closerange(5, 2**31 - 1)
+    data = _outcome(request)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(3, view):]
+        os.close(3)  # EOF for the caller now, not after this process's teardown
+        os.write(4, b".")  # to the supervisor: the call has ended (see _watch)
+    finally:
+        os._exit(0)
+
+
+def _outcome(request: dict[str, Any]) -> bytes:
+    """Set up the environment and ``sys`` as the request says, run its function and
+    return the pickled record of how it ended."""
+    import pickle
+
     os.environ.clear()
     os.environ.update(dict(request["env"]))
     sys.dont_write_bytecode = True
@@ -527,18 +787,7 @@ def _call_body(data_fd: int, result_fd: int) -> None:
         record = _raised(exc)
     # Only str and bytes at this level: the caller can always read the envelope, and
     # decides separately (and restrictively) whether to rebuild the objects inside.
-    data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001
-            pass
-    view = memoryview(data)
-    try:
-        while view:
-            view = view[os.write(3, view):]
-    finally:
-        os._exit(0)
+    return pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _raised(exc: BaseException) -> tuple[Any, ...]:

@@ -40,6 +40,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_SECCOMP = 21
+PR_SET_NAME = 15  # https://man7.org/linux/man-pages/man2/pr_set_name.2const.html
 # seccomp(2), from linux/seccomp.h
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_GET_ACTION_AVAIL = 2
@@ -181,6 +182,13 @@ def no_new_privs() -> None:
 
 def set_pdeathsig(signal_number: int) -> None:
     _check(_prctl(PR_SET_PDEATHSIG, signal_number, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+
+
+def set_name(name: bytes) -> None:
+    """The thread's name (``/proc/PID/comm``, what ps shows), truncated to 15 bytes."""
+    buffer = ctypes.create_string_buffer(name[:15])
+    address = ctypes.cast(buffer, ctypes.c_void_p).value or 0
+    _check(_prctl(PR_SET_NAME, address, 0, 0, 0), "prctl(PR_SET_NAME)")
 
 
 def set_child_subreaper() -> None:

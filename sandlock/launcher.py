@@ -397,31 +397,53 @@ def spawn(compiled: Compiled, cmd: Command, *, stdin: int = -1, stdout: int = -1
     ``body``, if given, runs in the confined child instead of execve (it must end
     with ``os._exit``): the fork server's Python calls use the very same steps.
     """
-    # fsencode, not encode: argv and environment are bytes on Linux, and Python keeps
-    # bytes that are not UTF-8 as surrogate escapes.
-    env = {os.fsencode(k): os.fsencode(v) for k, v in cmd.env}
-    argv = [os.fsencode(a) for a in cmd.argv]
-    errr, errw = os.pipe2(os.O_CLOEXEC)
-    parent = os.getpid()
-    spared = children()  # before fork: an orphan of the tool can never be among them
-    if TIMING_FD >= 0:
-        global _fork_stamp
-        _fork_stamp = time.monotonic_ns()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child, which never returns
-        os.close(errr)
-        _child(compiled, cmd, errw, parent, (stdin, stdout, stderr), env, argv, hook, body)
-    os.close(errw)
-    try:
-        report = b""
-        while chunk := os.read(errr, 4096):
-            report += chunk
-    finally:
-        os.close(errr)
-    if report:
-        os.waitpid(pid, 0)
-        raise _setup_failure(cmd, report)
-    return Child(pid, frozenset(spared))
+    return Starting(compiled, cmd, stdio=(stdin, stdout, stderr), hook=hook, body=body).confirm()
+
+
+class Starting:
+    """A child forked and confining itself: :meth:`confirm` waits until it has exec'd
+    (or, with a ``body``, until it is confined) and raises its setup failure if any.
+    Between the two the parent is free: the fork server prepares confined processes
+    ahead of the calls that will use them."""
+
+    def __init__(self, compiled: Compiled, cmd: Command, *, stdio: tuple[int, int, int],
+                 hook: Optional[Callable[[], None]] = None,
+                 body: Optional[Callable[[], None]] = None) -> None:
+        # fsencode, not encode: argv and environment are bytes on Linux, and Python keeps
+        # bytes that are not UTF-8 as surrogate escapes.
+        env = {os.fsencode(k): os.fsencode(v) for k, v in cmd.env}
+        argv = [os.fsencode(a) for a in cmd.argv]
+        self.cmd = cmd
+        self.errr, errw = os.pipe2(os.O_CLOEXEC)
+        parent = os.getpid()
+        # Before fork: an orphan of the tool can never be among them.
+        self.spared = frozenset(children())
+        if TIMING_FD >= 0:
+            global _fork_stamp
+            _fork_stamp = time.monotonic_ns()
+        try:
+            self.pid = os.fork()
+        except BaseException:
+            os.close(self.errr)
+            os.close(errw)
+            raise
+        if self.pid == 0:  # pragma: no cover - runs in the child, which never returns
+            os.close(self.errr)
+            _child(compiled, cmd, errw, parent, stdio, env, argv, hook, body)
+        os.close(errw)
+
+    def confirm(self) -> Child:
+        try:
+            report = b""
+            while chunk := os.read(self.errr, 4096):
+                report += chunk
+        finally:
+            os.close(self.errr)
+            self.errr = -1
+        if report:
+            os.waitpid(self.pid, 0)
+            raise _setup_failure(self.cmd, report)
+        return Child(self.pid, self.spared)
 
 
 def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,

@@ -112,3 +112,30 @@ def forge_result(marker: str, inner: bool) -> None:
     evil = pickle.dumps(Evil())
     os.write(3, pickle.dumps(("ok", evil)) if inner else evil)  # fd 3: the result pipe
     os._exit(0)
+
+
+#: Set by remember(): a call that sees a value here ran in a process a previous call used.
+MEMORY: list[int] = []
+
+
+def remember() -> tuple[int, list[int]]:
+    """This process's pid, and what earlier calls left in this module (must be nothing)."""
+    seen = list(MEMORY)
+    MEMORY.append(os.getpid())
+    return os.getpid(), seen
+
+
+def leave_daemon(pidfile: str) -> None:
+    """Leave a setsid'd grandchild behind, record its pid, and return at once."""
+    child = os.fork()
+    if child == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(pidfile + ".tmp", "w") as handle:
+                handle.write(str(os.getpid()))
+            os.rename(pidfile + ".tmp", pidfile)
+            time.sleep(60)
+        os._exit(0)
+    os.waitpid(child, 0)
+    while not os.path.exists(pidfile):
+        time.sleep(0.001)

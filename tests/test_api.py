@@ -51,10 +51,13 @@ def tree(pid: int) -> list[int]:
 
 
 def only_idle_supervisors() -> bool:
-    """The fork server has only supervisors left, none with a child: nothing of any call."""
+    """The fork server has only supervisors left, each with at most its spare (a
+    confined process that has not run any call): nothing of any call."""
     server = forkserver.get()
     supervisors = server.children()
-    return len(tree(server.pid)) == len(supervisors) >= forkserver.POOL * 2
+    spares = server.spares()
+    return (len(tree(server.pid)) == len(supervisors) + len(spares)
+            and len(supervisors) >= forkserver.POOL * 2)
 
 
 def eventually(predicate: Any, limit: float = 10.0) -> bool:
@@ -290,6 +293,73 @@ def test_call_cannot_reach_the_callers_secrets(monkeypatch: pytest.MonkeyPatch) 
     # /proc is granted (a documented Landlock gap, see README): not where this secret is.
     assert found["caller_environ"] is not True
     assert found["caller_mem"] in (errno.EACCES, errno.EPERM)  # Landlock: ptrace domain
+
+
+# ----------------------------------------------------------------------------
+# Spares: confined processes made ahead of a Sandbox's next call (forkserver._Spare)
+
+
+def test_each_call_gets_a_fresh_process(box: sandlock.Sandbox) -> None:
+    """Spares are used once: no call runs where an earlier call ran."""
+    outcomes = [box.call(api_tools.remember) for _ in range(6)]
+    assert [seen for _, seen in outcomes] == [[]] * 6
+    assert len({pid for pid, _ in outcomes}) == 6
+
+
+def test_a_spare_never_serves_another_policy(workspace: Path, outside: Path) -> None:
+    """Two Sandboxes take turns on the same supervisors: each call is confined by its
+    own policy, never by the one its supervisor's spare was made for."""
+    secret = outside / "secret.txt"
+    wide = {"extends": ["python"], "filesystem": {"read": [TESTS, str(outside)]}}
+    narrow = {"extends": ["python"], "filesystem": {"read": [TESTS]}}
+    with sandlock.Sandbox(wide) as open_box, sandlock.Sandbox(narrow) as closed_box:
+        for _ in range(6):
+            assert open_box.call(api_tools.read, str(secret)) == "top secret\n"
+            with pytest.raises(PermissionError):
+                closed_box.call(api_tools.read, str(secret))
+            with pytest.raises(PermissionError):
+                closed_box.call(api_tools.read, str(secret))
+            assert open_box.call(api_tools.read, str(secret)) == "top secret\n"
+
+
+def test_spares_wait_under_their_name_and_hold_no_call(box: sandlock.Sandbox) -> None:
+    for _ in range(3):
+        box.call(api_tools.add, 1, 2)
+    server = forkserver.get()
+    assert eventually(lambda: len(server.spares()) >= 1)
+    for pid in server.spares():
+        with open(f"/proc/{pid}/status") as handle:
+            status = dict(line.split(":", 1) for line in handle.read().splitlines())
+        assert status["NoNewPrivs"].strip() == "1"
+        assert int(status["Seccomp"]) == 2  # a filter: confined before any call arrives
+        assert sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2", "3"]
+
+
+def test_a_call_that_leaves_a_daemon_returns_after_it_is_killed(
+        box: sandlock.Sandbox, workspace: Path) -> None:
+    for attempt in range(3):  # the first call forks afresh; the next ones take spares
+        pidfile = workspace / f"daemon{attempt}.pid"
+        box.call(api_tools.leave_daemon, str(pidfile))
+        assert not alive(int(pidfile.read_text()))  # at return, not eventually
+
+
+def test_unusable_working_directory_is_a_setup_error(box: sandlock.Sandbox, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The confined process cannot enter the caller's directory (mode 000; its
+    capabilities are dropped even for root): 125, on a fresh fork and on a spare."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    monkeypatch.chdir(locked)
+    locked.chmod(0)
+    try:
+        for _ in range(3):
+            with pytest.raises(sandlock.SetupError, match="cannot change directory") as info:
+                box.call(api_tools.add, 1, 2)
+            assert info.value.exit_code == 125
+    finally:
+        locked.chmod(0o700)
+    monkeypatch.chdir(tmp_path)
+    assert box.call(api_tools.add, 1, 2) == 3
 
 
 # ----------------------------------------------------------------------------
