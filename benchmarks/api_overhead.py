@@ -11,10 +11,12 @@ the native helper sandlock-exec is built; ``--native`` requires the helper.
 2. The same while the caller holds 2 GiB (a bytearray with every page touched):
    ``subprocess`` forks the caller (vfork + exec), sandlock asks its fork server.
 3. ``Sandbox.call()`` round trip of a trivial function: ``operator.add`` (already
-   loaded in the fork server) and a function of this script (imported afresh).
+   loaded in the fork server), called back to back and, as an agent calls its tools
+   (between model steps), one call every 20 ms; and a function of this script
+   (imported afresh in each call's process: this script's imports dominate).
 4. ``--threads`` threads share ``--total`` calls (run and call mixed); then counts
-   failures, processes left under the fork server besides its idle supervisors,
-   and file descriptors of this process that were not there before.
+   failures, processes left under the fork server besides its idle supervisors and
+   their spares, and file descriptors of this process that were not there before.
 
 Prints one JSON object (the numbers) after a human summary. Numbers depend on load:
 the load average is printed with them.
@@ -53,9 +55,11 @@ def interleaved(n: int, first: Callable[[], Any], second: Callable[[], Any]) -> 
     return statistics.median(a) * 1e3, statistics.median(b) * 1e3
 
 
-def timed(n: int, fn: Callable[[], Any]) -> float:
+def timed(n: int, fn: Callable[[], Any], pause: float = 0.0) -> float:
     samples = []
     for _ in range(n):
+        if pause:
+            time.sleep(pause)
         t = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t)
@@ -147,6 +151,8 @@ def main() -> None:
 
     box.call(operator.add, 1, 2)
     out["call_ms"] = {"operator.add": timed(args.n, lambda: box.call(operator.add, 1, 2)),
+                      "operator.add_every_20ms": timed(
+                          args.n // 2 or 1, lambda: box.call(operator.add, 1, 2), pause=0.02),
                       "script_function": timed(args.n // 5 or 1, lambda: box.call(trivial, 1, 2))}
 
     fds_before = sorted(os.listdir("/proc/self/fd"))
@@ -177,10 +183,12 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     server = forkserver.get()
     deadline = time.monotonic() + 10
-    while len(tree(server.pid)) != len(server.children()) and time.monotonic() < deadline:
+    def idle() -> set[int]:  # supervisors, and spares (confined, waiting, no call yet)
+        return {*server.children(), *server.spares()}
+
+    while set(tree(server.pid)) != idle() and time.monotonic() < deadline:
         time.sleep(0.01)  # supervisors that just reported are reaped asynchronously
-    # Left under the fork server: supervisors (no confined process: none has a child).
-    leaked = [p for p in tree(server.pid) if p not in server.children()]
+    leaked = [p for p in tree(server.pid) if p not in idle()]
     leaked += [p for p in tree(os.getpid()) if p != server.pid and p not in tree(server.pid)]
     out["concurrency"] = {
         "threads": args.threads, "calls": args.total, "seconds": elapsed,
@@ -203,8 +211,9 @@ def main() -> None:
         print(f"  caller holding 2 GiB: sandlock {t['sandlock_ms']:.3f} ms, subprocess "
               f"{t['subprocess_ms']:.3f} ms, overhead {t['overhead_ms']:.3f} ms")
     c = out["call_ms"]
-    print(f"call(): operator.add {c['operator.add']:.3f} ms, function of this script "
-          f"{c['script_function']:.3f} ms")
+    print(f"call(): operator.add {c['operator.add']:.3f} ms back to back, "
+          f"{c['operator.add_every_20ms']:.3f} ms one call every 20 ms; function of this "
+          f"script {c['script_function']:.3f} ms")
     k = out["concurrency"]
     print(f"{k['threads']} threads x {k['calls']} calls: {k['calls_per_second']:.0f}/s, "
           f"{k['failures']} failures, {k['leaked_processes']} leaked processes, "

@@ -650,21 +650,23 @@ def _ended_alone(child: Any) -> bool:
     """Kill ``child``; True if it was the only process of its call.
 
     After ``kill`` returns, the child can no longer fork (a fork racing with the
-    signal fails: copy_process checks for pending fatal signals after linking the
-    new task), so a child with no children of its own, in a supervisor with no
-    other child (no orphan re-parented here), leaves nothing that can run.
+    signal fails: copy_process checks for pending fatal signals, under the lock
+    that sending takes, before it links the new task), so what is read next is
+    final. Its threads' children are read first, this (single-threaded)
+    supervisor's last: a process re-parented meanwhile, by a dying thread of the
+    child, is then seen here; a thread gone before its file is read counts as
+    "not alone". A zombie stays listed until reaped. Either way the caller is told
+    only when nothing of the call can run any more.
     """
-    me = os.getpid()  # a supervisor is single-threaded: one children file
+    me = os.getpid()
     try:
         os.kill(child.pid, signal.SIGKILL)
-        if _read(f"/proc/{me}/task/{me}/children").split() != [b"%d" % child.pid]:
-            return False
         for task in os.listdir(f"/proc/{child.pid}/task"):
             if _read(f"/proc/{child.pid}/task/{task}/children").strip():
                 return False
+        return _read(f"/proc/{me}/task/{me}/children").split() == [b"%d" % child.pid]
     except OSError:
         return False
-    return True
 
 
 def _read(path: str) -> bytes:

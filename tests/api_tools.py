@@ -139,3 +139,27 @@ def leave_daemon(pidfile: str) -> None:
     os.waitpid(child, 0)
     while not os.path.exists(pidfile):
         time.sleep(0.001)
+
+
+def fork_storm(log: str) -> None:
+    """Return while a thread keeps forking children, each of which (in its own
+    session, holding none of the call's descriptors) appends CLOCK_MONOTONIC stamps
+    to ``log`` for as long as it runs."""
+    import threading
+
+    started = threading.Event()
+
+    def storm() -> None:
+        while True:
+            if os.fork() == 0:
+                os.setsid()
+                os.closerange(3, 2**31 - 1)  # the result pipe: the caller must not wait for it
+                fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                while True:
+                    os.write(fd, b"%d\n" % time.monotonic_ns())
+            started.set()
+
+    threading.Thread(target=storm, daemon=True).start()
+    started.wait()
+    while not os.path.exists(log):
+        time.sleep(0.0001)

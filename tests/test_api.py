@@ -343,6 +343,20 @@ def test_a_call_that_leaves_a_daemon_returns_after_it_is_killed(
         assert not alive(int(pidfile.read_text()))  # at return, not eventually
 
 
+def test_a_call_ending_while_it_forks_leaves_nothing_running(box: sandlock.Sandbox,
+                                                             workspace: Path) -> None:
+    """The function returns while a thread of its process forks without pause, and
+    each child writes time stamps as fast as it can: none may be later than the
+    return of call() (every process of the call was dead or had SIGKILL pending)."""
+    for attempt in range(5):
+        log = workspace / f"storm{attempt}"
+        box.call(api_tools.fork_storm, str(log))
+        returned = time.monotonic_ns()
+        time.sleep(0.05)
+        stamps = [int(line) for line in log.read_text().split()[:-1]]  # last: maybe cut
+        assert stamps and max(stamps) < returned
+
+
 def test_unusable_working_directory_is_a_setup_error(box: sandlock.Sandbox, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The confined process cannot enter the caller's directory (mode 000; its
