@@ -66,11 +66,11 @@ def timed(n: int, fn: Callable[[], Any], pause: float = 0.0) -> float:
     return statistics.median(samples) * 1e3
 
 
-def cpu_ms_per_call(n: int, fn: Callable[[], Any], server_pid: int) -> float:
+def cpu_ms_per_call(n: int, fn: Callable[[], Any], servers: list[int]) -> float:
     """CPU time (user + system) of every process involved, per call: less sensitive to
-    other load than wall time. Counts the caller and its reaped children, the fork
-    server and its supervisors, each with the children it reaped. Clock ticks (10 ms):
-    use a large ``n``."""
+    other load than wall time. Counts the caller and its reaped children, the servers
+    (fork server, native server) and their supervisors, each with the children it
+    reaped. Clock ticks (10 ms): use a large ``n``."""
     def process(pid: int) -> float:  # its own and its reaped children's CPU seconds
         try:
             with open(f"/proc/{pid}/stat") as handle:
@@ -81,7 +81,7 @@ def cpu_ms_per_call(n: int, fn: Callable[[], Any], server_pid: int) -> float:
 
     def total() -> float:
         t = os.times()
-        live = [server_pid, *tree(server_pid)]  # supervisors live on between calls
+        live = [p for s in servers for p in (s, *tree(s))]  # supervisors live on between calls
         return t.user + t.system + t.children_user + t.children_system + sum(map(process, live))
 
     before = total()
@@ -133,10 +133,12 @@ def main() -> None:
     out["true"] = {"subprocess_ms": sub, "sandlock_ms": ours, "overhead_ms": ours - sub}
 
     server_pid = forkserver.get().pid
+    # The native path's server (the caller's child) and its supervisors: counted live.
+    servers = [server_pid] + ([nativeexec.get().pid] if nativeexec.enabled() else [])
     time.sleep(0.2)  # let the supervisors of the warm-up calls be reaped (counted before)
     out["cpu_ms_per_call"] = {
-        "subprocess": cpu_ms_per_call(args.n, lambda: subprocess.run(["/bin/true"]), server_pid),
-        "sandlock": cpu_ms_per_call(args.n, lambda: box.run(["/bin/true"]), server_pid),
+        "subprocess": cpu_ms_per_call(args.n, lambda: subprocess.run(["/bin/true"]), servers),
+        "sandlock": cpu_ms_per_call(args.n, lambda: box.run(["/bin/true"]), servers),
     }
 
     if not args.no_big:
@@ -189,7 +191,14 @@ def main() -> None:
     while set(tree(server.pid)) != idle() and time.monotonic() < deadline:
         time.sleep(0.01)  # supervisors that just reported are reaped asynchronously
     leaked = [p for p in tree(server.pid) if p not in idle()]
-    leaked += [p for p in tree(os.getpid()) if p != server.pid and p not in tree(server.pid)]
+    mine = [server.pid, *tree(server.pid)]
+    if nativeexec.enabled():  # the native server: only its spare once calls are over
+        native = nativeexec.get().pid
+        while tree(native)[1:] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        leaked += tree(native)[1:]  # beyond one child (the spare) with no child
+        mine += [native, *tree(native)]
+    leaked += [p for p in tree(os.getpid()) if p not in mine]
     out["concurrency"] = {
         "threads": args.threads, "calls": args.total, "seconds": elapsed,
         "calls_per_second": args.total / elapsed, "failures": len(failures),

@@ -115,6 +115,7 @@ class ForkServer:
                 pair[1].close()
         self._socks = {kind: pair[0] for kind, pair in zip(KINDS, pairs)}
         self.owner = os.getpid()
+        self.credentials = credentials()
         self.broken = False  #: set when a submit finds the server gone: get() restarts it
         hello = self._socks["exec"].recv(64)
         if not hello.startswith(b"R "):
@@ -210,14 +211,23 @@ def get() -> ForkServer:
     """The process-wide fork server, started on first use (thread-safe)."""
     global _server
     server = _server
-    if server is not None and server.owner == os.getpid() and not server.broken:
+    if server is not None and server.owner == os.getpid() and not server.broken and \
+            server.credentials == credentials():
         return server
     with _lock:
-        if _server is None or _server.owner != os.getpid() or _server.broken:
+        if _server is None or _server.owner != os.getpid() or _server.broken or \
+                _server.credentials != credentials():
             # A broken server is not closed here: other threads may still be inside its
             # submit(); its sockets close when the last of them drops it.
             _server = ForkServer()
         return _server
+
+
+def credentials() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The caller's real, effective and saved uids and gids. A server started before
+    the caller changed them (dropped privileges) is replaced: tools get its current
+    ones (under no_new_privs, an exec'd command's effective uid is its real one)."""
+    return os.getresuid(), os.getresgid()
 
 
 def shutdown() -> None:

@@ -247,6 +247,17 @@ class _CapData(ctypes.Structure):
                 ("inheritable", ctypes.c_uint32)]
 
 
+def has_capabilities() -> bool:
+    """Whether this process holds any capability (permitted, effective or inheritable;
+    ambient ones are also permitted). Root normally does; so does a process whose
+    effective uid is no longer 0 but whose real or saved one is (it keeps its
+    permitted set), or one started from a file-capability binary."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capget(ctypes.byref(header), ctypes.byref(data)), "capget")
+    return any(d.effective or d.permitted or d.inheritable for d in data)
+
+
 def drop_capabilities() -> None:
     """Empty the effective, permitted, inheritable and ambient sets.
 

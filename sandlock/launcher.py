@@ -222,8 +222,9 @@ def prepare_command(policy: Policy, argv: Sequence[str], *, caller_env: Optional
 # Fork and the child
 
 
-#: A root launcher's tool runs without capabilities (checked once, in the parent).
-_PRIVILEGED = os.geteuid() == 0
+#: A launcher holding capabilities (root, or a real or saved uid 0) gives its tool
+#: none (checked once, in the parent: kernel.has_capabilities).
+_PRIVILEGED = kernel.has_capabilities()
 
 
 def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,

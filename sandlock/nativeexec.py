@@ -1,22 +1,39 @@
-"""The native fast path of the Python API: one ``sandlock-exec`` per command call.
+"""The native fast path of the Python API: a ``sandlock-exec`` server per caller process.
 
 The fork server (:mod:`sandlock.forkserver`) pays a Python ``fork()`` (~1 ms of
 copy-on-write faults) and runs the confinement steps in Python. ``sandlock-exec``
 (``sandlock/native/sandlock_exec.c``, compiled at install time by ``setup.py``) does
-the same job in C: the caller starts it with ``os.posix_spawn`` (vfork + exec, so
-none of the caller's memory is copied, whatever its size: no secrets, no 2 GiB
-page-table copy), and it acts as that call's supervisor, speaking the fork server's
-per-call wire format on a SEQPACKET socket. Used for ``run``/``popen``/``run_async``
-of commands when the helper exists, the policy has no ``[network] allow`` (that
-needs the Python connect supervisor) and ``SANDLOCK_NATIVE`` is not ``"0"``;
-``call()`` always uses the fork server (the child runs Python, not ``execve``).
+the same job in C. The caller starts it once, on first use, with ``os.posix_spawn``
+(vfork + exec, so none of the caller's memory is copied, whatever its size: no
+secrets, no 2 GiB page-table copy), and sends it one request per call on a
+SEQPACKET control socket: the per-call socket, stdio and the ruleset fd as
+SCM_RIGHTS, the arguments and environment as data. Each call gets its own
+supervisor, a fork of that small static C program (not an exec), made ahead of time:
+a spare waits for the next request and the server forks the next spare while the
+call runs. The supervisor speaks the fork server's per-call wire format on that
+call's socket. Used for ``run``/``popen``/``run_async`` of commands when the helper
+exists, the policy has no ``[network] allow`` (that needs the Python connect
+supervisor) and ``SANDLOCK_NATIVE`` is not ``"0"``; ``call()`` always uses the fork
+server (the child runs Python, not ``execve``).
+
+A call never depends on the server once forked: if the server dies, calls in flight
+go on (their supervisors watch their own sockets) and the next call starts a new
+server. A forked copy of the caller starts its own.
 """
 
 from __future__ import annotations
 
+import _thread
+import array
+import atexit
+import errno
+import fcntl
 import os
 import signal
 import socket
+import struct
+
+from .forkserver import credentials
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,10 +44,18 @@ if TYPE_CHECKING:
 #: Built by setup.py next to its source; absent when no C compiler was available.
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "sandlock-exec")
 AVAILABLE = os.access(HELPER, os.X_OK)
-#: Reset to SIG_DFL for the helper and so for the command: launcher._child's set (an
-#: ignored disposition survives execve; caught ones do not).
+#: Reset to SIG_DFL for the server, so for its supervisors and their commands:
+#: launcher._child's set (an ignored disposition survives execve; caught ones do not).
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM,
                     signal.SIGHUP, signal.SIGQUIT)
+#: Request data above this size travels in a memfd (the server reads messages of at
+#: most 64 KiB: REQUEST_MAX in sandlock_exec.c; a SEQPACKET message must also fit the
+#: socket's send buffer in one piece).
+INLINE_LIMIT = 32 * 1024
+#: The request header: the number of argument strings, then of environment strings.
+_COUNTS = struct.Struct("=II")
+#: sendmsg errors that mean the server is gone (the request was not delivered).
+_GONE = (errno.EPIPE, errno.ECONNREFUSED, errno.ECONNRESET, errno.ENOTCONN)
 
 
 def enabled() -> bool:
@@ -38,45 +63,182 @@ def enabled() -> bool:
     return AVAILABLE and os.environ.get("SANDLOCK_NATIVE") != "0"
 
 
-def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optional[float],
-          report_start: bool) -> tuple[socket.socket, int]:
-    """Start ``sandlock-exec`` for one call; return the caller's end of its socket and
-    the helper's pid (the caller's child: reap it with ``waitpid`` after the call).
+class Server:
+    """The caller's handle on one ``sandlock-exec`` server (see :func:`get`)."""
 
-    Raises OSError if posix_spawn fails.
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            # posix_spawn's file actions run in order: lift the socket above 3 first if
+            # it is one of the targets (a caller that closed its stdio).
+            peer = theirs.fileno()
+            if peer <= 3:  # close-on-exec: only the dup2 below reaches the server
+                peer = fcntl.fcntl(peer, fcntl.F_DUPFD_CLOEXEC, 4)
+            null = os.devnull
+            actions = [(os.POSIX_SPAWN_DUP2, peer, 3),
+                       *((os.POSIX_SPAWN_OPEN, fd, null, os.O_RDWR, 0) for fd in range(3))]
+            try:
+                # stdio on /dev/null: the caller's pipes must not stay open in the server.
+                # Its own process group (the terminal's Ctrl-C is the caller's business),
+                # no blocked signal, default dispositions (Python ignores SIGPIPE).
+                self.pid = os.posix_spawn(HELPER, [HELPER], {}, file_actions=actions,
+                                          setpgroup=0, setsigmask=(),
+                                          setsigdef=_DEFAULT_SIGNALS)
+            finally:
+                if peer != theirs.fileno():
+                    os.close(peer)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = ours
+        self.owner = os.getpid()
+        self.credentials = credentials()
+        self.broken = False  #: set when a submit finds the server gone: get() restarts it
+
+    def submit(self, data: bytes, fds: Sequence[int]) -> None:
+        """Send one request (see sandlock_exec.c's header); large data goes in a memfd.
+
+        Raises :class:`_Gone` if the server is gone (nothing was delivered), OSError
+        for other failures.
+        """
+        memfd = -1
+        try:
+            if len(data) > INLINE_LIMIT:
+                memfd = os.memfd_create("sandlock-request", os.MFD_CLOEXEC)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(memfd, view):]
+                data, fds = _COUNTS.pack(0, 0), [*fds, memfd]
+            try:
+                self._sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                             array.array("i", fds))], socket.MSG_NOSIGNAL)
+            except OSError as exc:
+                if exc.errno not in _GONE:
+                    raise
+                self.broken = True
+                raise _Gone(str(exc)) from None
+        finally:
+            if memfd >= 0:
+                os.close(memfd)
+
+    def children(self) -> list[int]:
+        """Pids of the server's children: its spare (the supervisor forked ahead for the
+        next call), supervisors of running calls, strays about to be killed."""
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children") as handle:
+                return [int(p) for p in handle.read().split()]
+        except OSError:
+            return []
+
+    def close(self) -> None:
+        """Stop the server (it exits at EOF; running calls go on) and reap it."""
+        self._sock.close()
+        self.reap()
+
+    def reap(self) -> None:
+        """Wait for the server to exit (it is this process's child)."""
+        if self.owner == os.getpid():
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass  # reaped by someone's waitpid(-1), or SIGCHLD ignored
+
+
+class _Gone(Exception):
+    """The request was not delivered (the server died): safe to send again."""
+
+
+_server: Optional[Server] = None
+_lock = _thread.allocate_lock()
+
+
+def get() -> Server:
+    """The process-wide server, started on first use (thread-safe)."""
+    global _server
+    server = _server
+    if server is not None and server.owner == os.getpid() and not server.broken and \
+            server.credentials == credentials():
+        return server
+    with _lock:
+        if _server is None or _server.owner != os.getpid() or _server.broken or \
+                _server.credentials != credentials():
+            if _server is not None and _server.broken:
+                # Dead: reap it. Its socket is not closed here (other threads may still
+                # be inside its submit()); it closes when the last of them drops it.
+                _server.reap()
+            _server = Server()
+        return _server
+
+
+def shutdown() -> None:
+    """Stop the server now (it restarts on the next call; running calls go on)."""
+    global _server
+    with _lock:
+        server, _server = _server, None
+    if server is not None and server.owner == os.getpid():
+        server.close()
+
+
+def _after_fork_in_child() -> None:
+    """A forked copy of the caller must not share the parent's server."""
+    global _server, _lock
+    if _server is not None:
+        _server._sock.close()
+    _server = None
+    _lock = _thread.allocate_lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(shutdown)
+
+
+def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optional[float],
+          report_start: bool) -> socket.socket:
+    """Start one call; return the caller's end of its socket (closing it kills the call).
+
+    Raises OSError if the server cannot be started or reached, ValueError for an
+    argument or environment string that cannot be passed to execve (as posix_spawn).
     """
+    args = ["-c", cmd.cwd or os.getcwd()]
+    fds = [*stdio]
+    if compiled.ruleset_fd >= 0:
+        fds.append(compiled.ruleset_fd)
+        args.append("-l")
+    if report_start:
+        args.append("-s")
+    if timeout is not None:
+        args += ["-t", repr(float(timeout))]
+    for res, value in compiled.rlimits:
+        args += ["-r", f"{res}:{value}"]
+    args += ["--", cmd.executable, *cmd.argv]  # the path to exec, then argv (argv[0] too)
+    env = []
+    for name, text in cmd.env:
+        if not name or "=" in name:
+            raise ValueError(f"illegal environment variable name: {name!r}")
+        env.append(f"{name}={text}")
+    # As posix_spawn encodes them (os.fsencode); a NUL inside a string would shift
+    # every string after it, so it is refused as posix_spawn refuses it.
+    strings = [*args, *env]
+    data = b"\0".join(map(os.fsencode, strings)) + b"\0"
+    if data.count(0) != len(strings):
+        raise ValueError("embedded null byte")
+    data = _COUNTS.pack(len(args), len(env)) + data
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         # The filter travels as the socket's first message: no per-Sandbox state to keep.
         ours.send(compiled.bpf)
-        # Helper fd layout: 0-2 stdio, 3 socket, 4 ruleset. posix_spawn's file actions
-        # run in order in the child: when a source is itself one of the targets (the
-        # caller's stdio), first lift every source above every number involved.
-        sources = [*stdio, theirs.fileno()]
-        args = [HELPER, "-c", cmd.cwd or os.getcwd()]
-        if compiled.ruleset_fd >= 0:
-            sources.append(compiled.ruleset_fd)
-            args.append("-l")
-        if report_start:
-            args.append("-s")
-        if timeout is not None:
-            args += ["-t", repr(float(timeout))]
-        for res, value in compiled.rlimits:
-            args += ["-r", f"{res}:{value}"]
-        args += ["--", cmd.executable, *cmd.argv]  # the path to exec, then argv (argv[0] too)
-        if all(fd == i or fd >= len(sources) for i, fd in enumerate(sources)):
-            actions = [(os.POSIX_SPAWN_DUP2, fd, i) for i, fd in enumerate(sources)]
-        else:
-            base = max(*sources, len(sources)) + 1
-            actions = [(os.POSIX_SPAWN_DUP2, fd, base + i) for i, fd in enumerate(sources)]
-            actions += [(os.POSIX_SPAWN_DUP2, base + i, i) for i in range(len(sources))]
-        # Its own process group (the terminal's Ctrl-C is the caller's business, as with the
-        # fork server), no blocked signal, default dispositions (Python ignores SIGPIPE).
-        pid = os.posix_spawn(HELPER, args, dict(cmd.env), file_actions=actions, setpgroup=0,
-                             setsigmask=(), setsigdef=_DEFAULT_SIGNALS)
+        try:
+            get().submit(data, [theirs.fileno(), *fds])
+        except _Gone:
+            try:
+                get().submit(data, [theirs.fileno(), *fds])  # restarted once
+            except _Gone as exc:
+                raise OSError(errno.EPIPE, f"the sandlock-exec server is gone: {exc}") from None
     except BaseException:
         ours.close()
         raise
     finally:
         theirs.close()
-    return ours, pid
+    return ours

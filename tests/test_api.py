@@ -7,6 +7,8 @@ import errno
 import os
 import secrets
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -295,6 +297,54 @@ def test_call_cannot_reach_the_callers_secrets(monkeypatch: pytest.MonkeyPatch) 
     assert found["caller_mem"] in (errno.EACCES, errno.EPERM)  # Landlock: ptrace domain
 
 
+DROP_PRIVILEGES = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import api_tools, sandlock
+policy = {"extends": ["python"],
+          "filesystem": {"read": [sys.argv[1], "/proc"], "exec": ["/usr/bin/cat"]}}
+with sandlock.Sandbox(policy) as box:
+    def report(when):
+        command = box.run(["/usr/bin/cat", "/proc/self/status"], capture_output=True,
+                          text=True).stdout
+        function = box.call(api_tools.read, "/proc/self/status")
+        for who, text in (("command", command), ("function", function)):
+            status = {k: v.split() for k, _, v in (l.partition(":") for l in text.splitlines())}
+            print(when, who, status["Uid"][1], status["CapPrm"][0], status["CapEff"][0],
+                  status["CapAmb"][0])
+    report("root")
+    os.setgroups([])
+    os.setegid(65534)
+    os.seteuid(65534)  # real and saved uid stay 0: the permitted set is kept
+    report("euid")
+    os.seteuid(0)
+    os.setgid(65534)
+    os.setuid(65534)  # all of them: no capability left
+    report("uid")
+"""
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_tools_follow_a_caller_that_drops_privileges(native: str) -> None:
+    """A root caller lowers its effective uid (keeping its permitted capabilities, as
+    its real uid is 0), then drops root for good: its tools never hold a capability,
+    and after the drop they run as the new uid (the servers started as root are
+    replaced). Under no_new_privs, an exec'd command's effective uid is reset to the
+    real uid (kernel rule), so in the middle step the command is uid 0, unprivileged."""
+    if os.getuid() != 0:
+        pytest.skip("only root can change its uid (CI runs this as root)")
+    env = {**os.environ, "SANDLOCK_NATIVE": native}
+    out = subprocess.run([sys.executable, "-c", DROP_PRIVILEGES, TESTS], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    none = "0000000000000000"
+    assert out.stdout.splitlines() == [
+        f"{when} {who} {uid} {none} {none} {none}" for when, who, uid in (
+            ("root", "command", 0), ("root", "function", 0),
+            ("euid", "command", 0), ("euid", "function", 65534),
+            ("uid", "command", 65534), ("uid", "function", 65534))]
+
+
 # ----------------------------------------------------------------------------
 # Spares: confined processes made ahead of a Sandbox's next call (forkserver._Spare)
 
@@ -456,3 +506,20 @@ def test_host_allowlist_policies_are_refused_with_a_clear_error(tmp_path: Path) 
             'hosts = { "api.internal.test" = "127.0.0.1" }\n')
     with pytest.raises(PolicyError, match=r"network.allow: .*not supported by the Python API"):
         sandlock.Sandbox.from_toml(text)
+
+
+def test_an_end_report_behind_a_reset_is_still_read() -> None:
+    """A supervisor that reported E and exited with the caller's last K unread: the
+    kernel reports ECONNRESET once, ahead of the queued E, which must still count."""
+    import socket
+
+    from sandlock.api import _Call
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    call = _Call(ours)
+    theirs.send(b"E 0 0 0 4242")
+    call.send(b"K")
+    theirs.close()
+    call.receive()
+    assert call.status == (0, 0, False) and call.pid == 4242
+    call.close()

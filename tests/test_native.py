@@ -8,9 +8,14 @@ SANDLOCK_EXPECT_NATIVE=1 says it must be there (CI).
 
 from __future__ import annotations
 
+import array
+import json
 import os
+import resource
 import secrets
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -93,13 +98,19 @@ def alive(pid: int) -> bool:
 # The native path is the one taken
 
 
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_commands_run_under_the_native_helper(native: None, box: sandlock.Sandbox) -> None:
-    """The command's parent is a sandlock-exec that is this process's child."""
+    """The command's parent is a sandlock-exec supervisor forked by this process's
+    server, which is this process's child."""
     with box.popen(["/bin/sh", "-c", "read x"], stdin=sandlock.PIPE) as proc:
-        with open(f"/proc/{proc.pid}/stat") as handle:
-            helper = int(handle.read().rsplit(")", 1)[1].split()[1])
-        assert os.readlink(f"/proc/{helper}/exe") == nativeexec.HELPER
-        assert helper in launcher.children()
+        supervisor = parent(proc.pid)
+        assert os.readlink(f"/proc/{supervisor}/exe") == nativeexec.HELPER
+        assert parent(supervisor) == nativeexec.get().pid
+        assert nativeexec.get().pid in launcher.children()
         proc.communicate(b"\n")
     assert proc.returncode == 0
 
@@ -205,6 +216,223 @@ def test_signals_and_kill_reach_the_tree(path: str, box: sandlock.Sandbox) -> No
 
 
 # ----------------------------------------------------------------------------
+# The server: one per caller process, supervisors forked from it
+
+
+def state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def kids(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(p) for p in handle.read().split()]
+    except OSError:
+        return []
+
+
+def only_the_spare() -> bool:
+    """The server's one child is its spare: a supervisor forked ahead, with no child."""
+    spares = kids(nativeexec.get().pid)
+    return len(spares) == 1 and kids(spares[0]) == []
+
+
+def wait_for(predicate: Any, limit: float = 10.0) -> bool:
+    """Poll (exits are seen asynchronously); not a timing assertion."""
+    end = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_the_server_is_started_once_and_reused(native: None, box: sandlock.Sandbox) -> None:
+    """Calls fork supervisors from one server: no new process of the caller's, no exec."""
+    box.run(["/usr/bin/true"])
+    server = nativeexec.get().pid
+    children = launcher.children()
+    assert server in children and os.readlink(f"/proc/{server}/exe") == nativeexec.HELPER
+    supervisors = set()
+    for _ in range(5):
+        with box.popen(["/bin/sh", "-c", "read x"], stdin=sandlock.PIPE) as proc:
+            supervisor = parent(proc.pid)
+            assert parent(supervisor) == server
+            supervisors.add(supervisor)
+            proc.communicate(b"\n")
+        assert box.run(["/usr/bin/true"]).returncode == 0
+    assert len(supervisors) == 5  # one supervisor per call
+    assert nativeexec.get().pid == server and launcher.children() == children
+
+
+def test_a_killed_server_is_replaced_and_its_calls_go_on(native: None,
+                                                         box: sandlock.Sandbox) -> None:
+    proc = box.popen(["/bin/sh", "-c", "read x; exit 5"], stdin=sandlock.PIPE)
+    old = nativeexec.get().pid
+    assert wait_for(lambda: len(kids(old)) == 2)  # the call's supervisor, the next spare
+    spare = (set(kids(old)) - {parent(proc.pid)}).pop()
+    os.kill(old, signal.SIGKILL)
+    # The idle spare dies with it (PR_SET_PDEATHSIG): nothing holds its socket any more.
+    assert wait_for(lambda: state(old) in ("Z", "gone") and state(spare) in ("Z", "gone"))
+    with proc:
+        assert proc.poll() is None  # the supervisor does not depend on the server
+        proc.communicate(b"\n")
+    assert proc.returncode == 5
+    result = box.run(["/bin/sh", "-c", "echo again"], capture_output=True)
+    assert (result.returncode, result.stdout) == (0, b"again\n")
+    assert nativeexec.get().pid != old
+    assert state(old) == "gone"  # reaped by the restart
+
+
+def test_a_forked_caller_gets_its_own_server(native: None, box: sandlock.Sandbox) -> None:
+    box.run(["/usr/bin/true"])
+    server = nativeexec.get().pid
+    report_r, report_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports through the pipe; it never returns to pytest
+        code = 1
+        try:
+            os.close(report_r)
+            result = box.run(["/bin/sh", "-c", "echo child"], capture_output=True)
+            own = nativeexec.get().pid
+            ok = (result.stdout == b"child\n" and own != server and parent(own) == os.getpid())
+            os.write(report_w, b"ok" if ok else repr((result, own, server)).encode())
+            nativeexec.shutdown()
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(report_w)
+    with os.fdopen(report_r, "rb") as report:
+        assert report.read() == b"ok"
+    assert os.waitpid(pid, 0)[1] == 0
+    result = box.run(["/bin/sh", "-c", "echo parent"], capture_output=True)
+    assert result.stdout == b"parent\n" and nativeexec.get().pid == server
+
+
+def test_a_server_that_cannot_fork_refuses_at_once(native: None, box: sandlock.Sandbox) -> None:
+    """No spare (fork fails: RLIMIT_NPROC): the call fails with 125 instead of waiting."""
+    if os.geteuid() == 0:
+        pytest.skip("RLIMIT_NPROC does not apply to root (CAP_SYS_RESOURCE)")
+    assert box.run(["/usr/bin/true"]).returncode == 0  # the server and its spare are up
+    server = nativeexec.get().pid
+    unlimited = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.prlimit(server, resource.RLIMIT_NPROC, (0, unlimited[1]))
+    try:
+        assert box.run(["/usr/bin/true"]).returncode == 0  # the spare forked before
+        refused = box.run(["/usr/bin/true"])
+        assert (refused.returncode, refused.outcome) == (125, Outcome.NOT_STARTED)
+        assert "cannot fork a supervisor" in str(refused.error), refused.error
+    finally:
+        resource.prlimit(server, resource.RLIMIT_NPROC, unlimited)
+    assert box.run(["/usr/bin/true"]).returncode == 0 and nativeexec.get().pid == server
+
+
+def test_a_megabyte_of_argv_and_environment_round_trips(native: None,
+                                                        box: sandlock.Sandbox) -> None:
+    """Requests above INLINE_LIMIT travel in a memfd; every byte arrives."""
+    env = {f"SANDLOCK_BIG_{i}": secrets.token_hex(32 * 1024) + "=\u00e9" for i in range(8)}
+    args = [secrets.token_hex(32 * 1024) + " \u00e9" for _ in range(8)]
+    assert sum(map(len, [*env.values(), *args])) > 1 << 20
+    code = ("import json, os, sys; json.dump([sys.argv[1:], {k: v for k, v in os.environ.items()"
+            " if k.startswith('SANDLOCK_BIG_')}], sys.stdout)")
+    result = box.run([PYTHON, "-c", code, *args], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [args, env]
+
+
+def test_a_nul_inside_an_argument_is_refused(native: None, box: sandlock.Sandbox) -> None:
+    """A NUL would end the string early and shift the rest of the request."""
+    with pytest.raises(ValueError, match="null byte"):
+        box.run(["/bin/sh", "-c", "echo a\0b"])
+    assert box.run(["/usr/bin/true"]).returncode == 0
+
+
+def test_the_server_holds_none_of_the_callers_memory(native: None,
+                                                     box: sandlock.Sandbox) -> None:
+    """The server is an exec'd image: a secret in the caller's memory is not in its."""
+    secret = ("SANDLOCKSERVER" + secrets.token_hex(16)).encode()
+    held = bytearray(secret * 1000)  # noqa: F841 - in this process's memory
+    box.run(["/usr/bin/true"])
+    server = nativeexec.get().pid
+    assert os.readlink(f"/proc/{server}/exe") == nativeexec.HELPER
+    scanned = 0
+    with open(f"/proc/{server}/maps") as maps, open(f"/proc/{server}/mem", "rb") as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if not perms.startswith("r") or line.rstrip().endswith("[vvar]"):
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            mem.seek(start)
+            try:
+                data = mem.read(end - start)
+            except OSError:
+                continue
+            scanned += len(data)
+            assert secret not in data
+    assert 0 < scanned < 4 << 20  # a few pages, not a copy of this interpreter
+
+
+def request(data: bytes, nfds: int = 4) -> bytes:
+    """Send a raw request with a call socket (and nfds - 1 more fds); return the answer."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, open(os.devnull, "rb") as null:
+        ours.send(b"\0" * 8)  # as spawn() does: the BPF comes first, unread if refused
+        try:
+            nativeexec.get().submit(data, [theirs.fileno(), *[null.fileno()] * (nfds - 1)])
+        finally:
+            theirs.close()
+        ours.settimeout(10)
+        return ours.recv(4096)
+
+
+def counts(args: list[str], env: list[str] = []) -> bytes:  # noqa: B006 - read only
+    strings = b"".join(s.encode() + b"\0" for s in [*args, *env])
+    return struct.pack("=II", len(args), len(env)) + strings
+
+
+@pytest.mark.parametrize("data, nfds, why", [
+    (b"garbage", 4, "malformed request"),
+    (struct.pack("=II", 1000, 0) + b"x\0", 4, "malformed request"),
+    (struct.pack("=II", 1, 0) + b"no terminating NUL", 4, "malformed request"),
+    (counts(["--", "/bin/true", "true"]) + b"trailing", 4, "malformed request"),
+    (struct.pack("=II", 0, 0), 4, "reading the request's memfd"),
+    (counts(["--", "/bin/true", "true"]), 2, "file descriptors"),
+    (counts(["-l", "--", "/bin/true", "true"]), 4, "file descriptors"),
+    (counts(["-x", "--", "/bin/true", "true"]), 4, "bad arguments"),
+    (counts(["--"]), 4, "no command"),
+    (counts(["--", "/bin/true", "true"]), 1, "file descriptors"),
+])
+def test_a_malformed_request_is_refused_and_the_server_survives(
+        native: None, box: sandlock.Sandbox, data: bytes, nfds: int, why: str) -> None:
+    box.run(["/usr/bin/true"])
+    server = nativeexec.get().pid
+    answer = request(data, nfds)
+    assert answer.startswith(b"F 125 SetupError\nsandlock-exec: ") and why.encode() in answer
+    assert nativeexec.get().pid == server and state(server) not in ("Z", "gone")
+    assert box.run(["/usr/bin/true"]).returncode == 0
+
+
+def test_an_oversized_or_fdless_request_does_not_hurt_the_server(native: None,
+                                                                 box: sandlock.Sandbox) -> None:
+    box.run(["/usr/bin/true"])
+    server = nativeexec.get()
+    server._sock.send(b"no call socket to answer on")  # dropped
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours:
+        ours.send(b"\0" * 8)
+        server._sock.sendmsg([b"x" * (65 * 1024)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                     array.array("i", [theirs.fileno()]))])
+        theirs.close()
+        ours.settimeout(10)
+        assert ours.recv(4096).startswith(b"F 125 SetupError\nsandlock-exec: request too large")
+    assert box.run(["/usr/bin/true"]).returncode == 0 and nativeexec.get() is server
+
+
+# ----------------------------------------------------------------------------
 # Hygiene under load (native path)
 
 
@@ -243,8 +471,10 @@ def test_a_thousand_calls_from_eight_threads_leak_nothing(native: None,
         thread.join()
     assert failures == []
     assert sorted(os.listdir("/proc/self/fd")) == fds_before
-    assert launcher.children() == children_before  # no helper or zombie left
+    assert launcher.children() == children_before  # no new server or zombie
     assert len(daemons) == 100 and not any(alive(pid) for pid in daemons)
+    # Supervisors exit after their report: the server is left with its spare only.
+    assert wait_for(only_the_spare), nativeexec.get().children()
 
 
 def test_a_process_outlives_the_thread_that_started_it(native: None,

@@ -1,27 +1,47 @@
 /*
- * sandlock-exec: the native per-call supervisor of the Python API (sandlock/nativeexec.py).
+ * sandlock-exec: the native command supervisor of the Python API (sandlock/nativeexec.py).
  *
- * The caller starts it with posix_spawn (vfork + exec: none of the caller's memory is
- * copied, whatever its size), so a call costs one exec of this small program and one
- * vfork of it, instead of a Python fork and confinement steps run in Python.
+ * A caller process starts one sandlock-exec, once, with posix_spawn (vfork + exec: none
+ * of the caller's memory is copied, whatever its size) and sends it one request per
+ * command call. This server only forks: each call gets its own supervisor, a fork of
+ * this small static program, which vforks the confined command. A call so costs one
+ * sendmsg, not an exec: the supervisor is forked ahead of time (the "spare", blocked
+ * in recvmsg on the control socket), and the server forks the next spare while the
+ * call runs (a fork takes 50-90 us here: off the call's path).
  *
- *   sandlock-exec [-s] [-l] [-t SECONDS] [-c CWD] [-r RESOURCE:VALUE]... -- EXE ARGV0 ARGS...
+ * Server: fd 0-2 /dev/null, fd 3 a SOCK_SEQPACKET control socket to the caller, an
+ * empty environment, its own process group. It is the child subreaper of its
+ * supervisors: when one dies by a signal, it kills the orphans re-parented to it. At
+ * EOF on fd 3 (the caller closed it, or died) it exits, and its spare with it
+ * (PR_SET_PDEATHSIG); supervisors of running calls go on, each until its call ends
+ * (their call sockets reach EOF too if the caller died).
  *
- *   fd 0-2  the command's stdin, stdout, stderr
- *   fd 3    SOCK_SEQPACKET socket to the caller: first message in is the seccomp BPF
- *   fd 4    the Landlock ruleset fd (with -l)
- *   -s      report "S pid" once the command has exec'd (popen)
- *   -t      wall-clock limit: kill the whole tree, report timed out
- *   environ is the command's environment, already filtered by the policy.
+ * Request: one message of at most REQUEST_MAX bytes on fd 3.
+ *   fds   (SCM_RIGHTS) call socket, stdin, stdout, stderr, [ruleset, with -l], [memfd]
+ *   data  u32 nargs, u32 nenv (native byte order), then nargs then nenv NUL-terminated
+ *         strings and nothing after: the supervisor's arguments, then the command's
+ *         environment (already filtered by the policy). nargs == 0: the data, in the
+ *         same layout (nargs > 0), is in the memfd, the last fd (large requests).
+ *   args  [-s] [-l] [-t SECONDS] [-c CWD] [-r RESOURCE:VALUE]... -- EXE ARGV0 ARGS...
+ *         -s  report "S pid" once the command has exec'd (popen)
+ *         -l  the request carries the Landlock ruleset fd
+ *         -t  wall-clock limit: kill the whole tree, report timed out
+ *         -c  the command's working directory; -r a setrlimit (soft = hard = VALUE)
+ * The spare that receives a request parses it and becomes its supervisor; the server
+ * neither parses nor waits on any call. A request that cannot be served is answered
+ * "F 125 SetupError\nmessage" on its call socket (the server does so itself when it
+ * cannot fork a spare); one without fds, having no call socket, is dropped.
  *
- * Messages out (sandlock/forkserver.py's wire format): "S pid", "E returncode signal
- * timed_out pid", "F 125 SetupError\nmessage" (this program failed), "X stage\0errno\0msg"
- * (the child failed before exec; launcher._setup_failure decodes it). Messages in:
- * "K" kill the tree, "s N" send signal N to the command's process group; EOF (the
- * caller closed its end or died) kills the tree.
+ * Supervisor, per call: fd 0-2 the command's stdio, 3 the call socket, 4 the ruleset.
+ * First message in is the seccomp BPF. Messages out (sandlock/forkserver.py's wire
+ * format): "S pid", "E returncode signal timed_out pid", "F 125 SetupError\nmessage"
+ * (the supervisor failed), "X stage\0errno\0msg" (the child failed before exec;
+ * launcher._setup_failure decodes it). Messages in: "K" kill the tree, "s N" send
+ * signal N to the command's process group; EOF (the caller closed its end or died)
+ * kills the tree.
  *
  * The child makes the same syscalls, in the same order, as sandlock/launcher.py _child
- * (stdio is already in place: posix_spawn put it there).
+ * (stdio is already in place: the supervisor put it there).
  * Build: setup.py (pip install), or `python setup.py build_helper` in a checkout.
  */
 #define _GNU_SOURCE
@@ -29,13 +49,16 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -64,12 +87,14 @@ struct cap_data { unsigned int effective, permitted, inheritable; };
 #define PR_CAP_AMBIENT_CLEAR_ALL 4
 #endif
 
-#define SOCK 3
+#define SOCK 3 /* the server's control socket; in a supervisor, its call socket */
 #define RULESET 4
 #define LAUNCHER_FAILED 125 /* sandlock.errors.ExitCode.LAUNCHER */
 #define MAX_RLIMITS 16
+#define REQUEST_MAX (64 * 1024) /* nativeexec.INLINE_LIMIT stays below: more goes in a memfd */
+#define MAX_FDS 6               /* call socket, stdin, stdout, stderr, ruleset, memfd */
 
-/* Options (static: nothing the vfork child may touch lives in main's frame). */
+/* Options (static: nothing the vfork child may touch lives in a frame it returns to). */
 static struct rlimit_pair { int resource; rlim_t value; } rlimits[MAX_RLIMITS];
 static int n_rlimits, report_start, has_ruleset;
 static double timeout = -1;
@@ -79,18 +104,40 @@ static void say(const char *text, size_t len) {
     send(SOCK, text, len, MSG_NOSIGNAL); /* the caller may be gone: the tree dies anyway */
 }
 
-static void fail(const char *what) {
+/* "F 125 SetupError\n...": the caller raises SetupError. Never blocks (the server
+ * answers this way too, and must not wait on one call). */
+static void refuse(int sock, const char *what) {
     char text[512];
     int len = snprintf(text, sizeof text, "F 125 SetupError\nsandlock-exec: %s: %s", what,
                        strerror(errno));
-    say(text, (size_t)len);
-    exit(LAUNCHER_FAILED);
+    /* Closed with unread messages (the BPF), the socket would make the caller's next
+     * recv fail with ECONNRESET instead of returning this: discard them first. */
+    while (recv(sock, NULL, 0, MSG_DONTWAIT | MSG_TRUNC) > 0) {}
+    send(sock, text, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-/* capabilities(7): a root caller's tool keeps none (kernel.drop_capabilities). */
+static void fail(const char *what) { /* in a supervisor only */
+    refuse(SOCK, what);
+    _exit(LAUNCHER_FAILED);
+}
+
+/* Whether this process holds any capability (set once by the server): as
+ * kernel.has_capabilities, root or a real/saved uid 0 after a seteuid. */
+static int privileged;
+
+static int has_capabilities(void) {
+    struct cap_header header = {CAP_VERSION_3, 0};
+    struct cap_data data[2];
+    if (syscall(SYS_capget, &header, data) < 0) return 1; /* unknown: drop anyway */
+    for (int i = 0; i < 2; i++)
+        if (data[i].effective | data[i].permitted | data[i].inheritable) return 1;
+    return 0;
+}
+
+/* capabilities(7): a privileged caller's tool keeps none (kernel.drop_capabilities:
+ * the bounding set is left alone, as under no_new_privs execve cannot raise the
+ * permitted set above the old, empty one). */
 static int drop_capabilities(void) {
-    for (int cap = 0; cap <= 63; cap++)
-        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno == EINVAL) break;
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
     struct cap_header header = {CAP_VERSION_3, 0};
     struct cap_data data[2] = {{0, 0, 0}, {0, 0, 0}};
@@ -105,7 +152,8 @@ static void child(pid_t parent, int errw, struct sock_fprog *prog, char **argv) 
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) goto failed;
     if (getppid() != parent) _exit(LAUNCHER_FAILED);
     /* Dispositions are already SIG_DFL for launcher._child's set (SIGPIPE, SIGXFSZ and the
-     * forwarded ones: posix_spawn's setsigdef); this program sets no handler. */
+     * forwarded ones: posix_spawn's setsigdef for the server, inherited by every fork);
+     * this program sets no handler. */
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -117,7 +165,7 @@ static void child(pid_t parent, int errw, struct sock_fprog *prog, char **argv) 
         if (setrlimit(rlimits[i].resource, &limit) < 0) goto failed;
     }
     stage = "setup";
-    if (geteuid() == 0 && drop_capabilities() < 0) goto failed;
+    if (privileged && drop_capabilities() < 0) goto failed;
     /* Landlock needs Linux >= 5.13, so close_range (5.11) is always there. */
     if (syscall(__NR_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC_) < 0) goto failed;
     /* https://docs.kernel.org/userspace-api/no_new_privs.html */
@@ -173,7 +221,11 @@ static double now(void) {
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-int main(int argc, char **argv) {
+/* ----------------------------------------------------------------------------
+ * The supervisor of one call */
+
+/* The request's args (argv[0] is a placeholder); getopt starts afresh in each fork. */
+static void options(int argc, char **argv) {
     int opt;
     while ((opt = getopt(argc, argv, "+slt:c:r:")) != -1) {
         if (opt == 's') report_start = 1;
@@ -187,12 +239,16 @@ int main(int argc, char **argv) {
         } else { errno = EINVAL; fail("bad arguments"); }
     }
     if (optind + 1 >= argc) { errno = EINVAL; fail("no command"); }
-    /* Whatever else the caller left inheritable is not ours to keep. */
-    syscall(__NR_close_range, has_ruleset ? RULESET + 1U : RULESET + 0U, ~0U, 0U);
-    /* The command's orphans come here, not to init (PR_SET_CHILD_SUBREAPER in prctl(2)).
-     * No PR_SET_PDEATHSIG for this process: it fires when the caller's *thread* that
-     * spawned it exits, and a Process may outlive that thread. The caller's death is
-     * seen instead as EOF on fd 3 (the kernel closes its end), which kills the tree. */
+}
+
+/* Runs the call whose fds are in place (0-2 stdio, 3 call socket, 4 ruleset) and
+ * options parsed; returns once it is over and reported. */
+static void supervise(char **command) {
+    /* The command's orphans come here, not to the server (PR_SET_CHILD_SUBREAPER in
+     * prctl(2)), so this call's tree is killed at its end and no other call's is.
+     * No PR_SET_PDEATHSIG for this process: a call outlives the server's death. The
+     * caller's death is seen as EOF on fd 3 (the kernel closes its end), which kills
+     * the tree. */
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) fail("PR_SET_CHILD_SUBREAPER");
 
     static struct sock_filter filter[BPF_MAXINSNS];
@@ -219,7 +275,7 @@ int main(int argc, char **argv) {
      * per-task or copied state (no CLONE_FS/FILES/SIGHAND), never on this process's. */
     pid_t parent = getpid(), pid = vfork();
     if (pid < 0) fail("cannot fork the confined process");
-    if (pid == 0) child(parent, errpipe[1], &prog, argv + optind);
+    if (pid == 0) child(parent, errpipe[1], &prog, command);
     close(errpipe[1]);
     char report[600];
     size_t got = 0;
@@ -233,7 +289,7 @@ int main(int argc, char **argv) {
         kill_descendants();
         report[0] = 'X', report[1] = ' ';
         say(report, got + 2);
-        return 0;
+        return;
     }
     /* The command has its stdio: holding copies would delay the caller's EOF. */
     for (int fd = 0; fd <= RULESET; fd++)
@@ -275,5 +331,212 @@ int main(int argc, char **argv) {
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     int code = timed_out ? 124 : sig ? 128 + sig : WEXITSTATUS(status);
     say(text, (size_t)snprintf(text, sizeof text, "E %d %d %d %d", code, sig, timed_out, pid));
+}
+
+/* A spare receives its request here. */
+static char request[REQUEST_MAX];
+
+/* The next `count` NUL-terminated strings of [*at, end), as a NULL-terminated vector
+ * starting at index `first`; NULL if they are not all there. */
+static char **split(char **at, char *end, uint32_t count, int first) {
+    if (count > (size_t)(end - *at)) return NULL; /* each takes one byte at least */
+    char **vector = calloc((size_t)first + count + 1, sizeof *vector);
+    for (uint32_t i = 0; vector && i < count; i++) {
+        char *nul = memchr(*at, 0, (size_t)(end - *at));
+        if (!nul) { free(vector); return NULL; }
+        vector[first + i] = *at;
+        *at = nul + 1;
+    }
+    return vector;
+}
+
+/* In the spare that received a request; never returns. Lays out its fds as the
+ * header says, parses the request, then supervises the call. The received fds are
+ * all above RULESET (fds 0-6 are the server's), so no dup2 below overwrites one. */
+static void serve_call(const int *fds, int nfds, size_t len, int flags) {
+    /* The call socket replaces the control socket: from here on fail() answers this
+     * call, and this process no longer holds the server's socket. */
+    if (dup2(fds[0], SOCK) < 0) _exit(LAUNCHER_FAILED);
+    sigset_t none; /* the server blocks SIGCHLD */
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (flags & (MSG_TRUNC | MSG_CTRUNC)) { errno = EMSGSIZE; fail("request too large"); }
+    char *data = request, *end = request + len;
+    uint32_t counts[2];
+    errno = EPROTO;
+    if (len < sizeof counts) fail("malformed request");
+    memcpy(counts, data, sizeof counts);
+    if (counts[0] == 0) { /* all of it is in the memfd, the last fd */
+        struct stat st;
+        if (nfds < 2 || fstat(fds[nfds - 1], &st) < 0 || st.st_size < (off_t)sizeof counts)
+            fail("reading the request's memfd");
+        data = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fds[--nfds], 0);
+        if (data == MAP_FAILED) fail("reading the request's memfd");
+        end = data + st.st_size;
+        memcpy(counts, data, sizeof counts);
+    }
+    char *at = data + sizeof counts;
+    char **args = counts[0] ? split(&at, end, counts[0], 1) : NULL;
+    char **env = args ? split(&at, end, counts[1], 0) : NULL;
+    if (!env || at != end) { errno = EPROTO; fail("malformed request"); }
+    args[0] = "sandlock-exec";
+    options((int)counts[0] + 1, args);
+    if (nfds != 4 + has_ruleset) { errno = EBADF; fail("malformed request: file descriptors"); }
+    for (int fd = 0; fd < 3; fd++)
+        if (dup2(fds[1 + fd], fd) < 0) fail("setup");
+    if (has_ruleset && dup2(fds[4], RULESET) < 0) fail("setup");
+    /* The originals, the memfd, the server's signalfd and notes: not ours to keep. */
+    syscall(__NR_close_range, has_ruleset ? RULESET + 1U : RULESET + 0U, ~0U, 0U);
+    environ = env;
+    supervise(args + optind);
+    _exit(0);
+}
+
+/* ----------------------------------------------------------------------------
+ * The server */
+
+/* Live supervisors, the spare included: any other child is a stray (kill_strays). */
+static pid_t *supervisors;
+static size_t n_supervisors, max_supervisors;
+/* The supervisor forked ahead of its request (a fork costs 50-90 us: off the call's
+ * path this way), blocked in recvmsg on the control socket; 0 if none. */
+static pid_t spare;
+/* A spare sends one byte on notes[1] as it takes its request: fork the next one. */
+static int notes[2];
+
+static int is_supervisor(pid_t pid) {
+    for (size_t i = 0; i < n_supervisors; i++)
+        if (supervisors[i] == pid) return 1;
+    return 0;
+}
+
+/* Kill every child that is not a live supervisor: when a supervisor dies by a signal
+ * (before kill_descendants), its command's orphans are re-parented here, as this
+ * process is their next subreaper. Killed, they come back as SIGCHLD and are reaped. */
+static void kill_strays(void) {
+    pid_t pids[512];
+    int n = children(pids, 512);
+    for (int i = 0; i < n; i++)
+        if (!is_supervisor(pids[i])) kill(pids[i], SIGKILL);
+}
+
+/* Reap what exited; 0 if it was the spare, still waiting: the control socket reached
+ * EOF (or the spare was killed), so the server is done. */
+static int reap(int sigfd) {
+    struct signalfd_siginfo info;
+    while (read(sigfd, &info, sizeof info) > 0) {} /* non-blocking: drained */
+    int status, strays = 0, idle_spare_died = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        size_t i = 0;
+        while (i < n_supervisors && supervisors[i] != pid) i++;
+        int supervisor = i < n_supervisors;
+        if (supervisor) supervisors[i] = supervisors[--n_supervisors];
+        if (pid == spare) idle_spare_died = 1;
+        /* A stray reaped, or a supervisor that could not clean up: look for strays. */
+        if (!supervisor || WIFSIGNALED(status)) strays = 1;
+    }
+    if (strays) kill_strays();
+    return !idle_spare_died;
+}
+
+/* One message from the control socket: data into `request`, fds into `fds`. Returns
+ * the number of fds, or -1 at EOF or if the socket failed. */
+static int receive(int *fds, size_t *len, int *flags, int nonblocking) {
+    union { char space[CMSG_SPACE(MAX_FDS * sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {request, sizeof request};
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov, msg.msg_iovlen = 1;
+    msg.msg_control = control.space, msg.msg_controllen = sizeof control.space;
+    ssize_t got;
+    while ((got = recvmsg(SOCK, &msg, MSG_CMSG_CLOEXEC | (nonblocking ? MSG_DONTWAIT : 0))) < 0 &&
+           errno == EINTR) {}
+    if (got < 0) return -1;
+    int nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof fd, sizeof fd);
+            if (nfds < MAX_FDS) fds[nfds++] = fd;
+            else close(fd);
+        }
+    }
+    if (got == 0 && nfds == 0) return -1; /* EOF: the caller never sends an empty message */
+    *len = (size_t)got, *flags = msg.msg_flags;
+    return nfds;
+}
+
+/* A spare; never returns. Waits for a request (one without fds has no call socket to
+ * answer on: dropped), tells the server, then becomes that call's supervisor. */
+static void wait_for_request(void) {
+    int fds[MAX_FDS], nfds, flags;
+    size_t len;
+    while ((nfds = receive(fds, &len, &flags, 0)) == 0) {}
+    if (nfds < 0) _exit(0); /* EOF: the caller closed the control socket, or died */
+    prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0); /* from here on, the call outlives the server */
+    send(notes[1], "", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    serve_call(fds, nfds, len, flags);
+}
+
+/* Fork the next spare (if there is none). -1 with errno if it cannot. */
+static int fork_spare(void) {
+    if (spare) return 0;
+    if (n_supervisors == max_supervisors) {
+        size_t more = max_supervisors ? 2 * max_supervisors : 64;
+        pid_t *grown = realloc(supervisors, more * sizeof *grown);
+        if (!grown) return -1;
+        supervisors = grown, max_supervisors = more;
+    }
+    pid_t server = getpid(), pid = fork();
+    if (pid == 0) {
+        /* Dies with the server while idle: once the server is gone, the control socket
+         * must be closed, so that the caller's next request fails at once (EPIPE: it
+         * starts a new server) instead of waiting in an orphan's socket. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != server) _exit(0);
+        wait_for_request();
+    }
+    if (pid < 0) return -1;
+    supervisors[n_supervisors++] = spare = pid;
+    return 0;
+}
+
+/* No spare could be forked: answer the next request with that failure, at once. */
+static void refuse_one(void) {
+    int err = errno, fds[MAX_FDS], flags;
+    size_t len;
+    int nfds = receive(fds, &len, &flags, 1);
+    errno = err;
+    if (nfds > 0) refuse(fds[0], "cannot fork a supervisor");
+    for (int i = 0; i < nfds; i++) close(fds[i]);
+}
+
+int main(void) {
+    /* Whatever else the caller left inheritable is not ours to keep. */
+    syscall(__NR_close_range, SOCK + 1U, ~0U, 0U);
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) return LAUNCHER_FAILED;
+    privileged = has_capabilities();
+    if (chdir("/") < 0) return LAUNCHER_FAILED; /* requests name their directory (-c) */
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
+    int sigfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK); /* fd 4, notes 5-6 */
+    if (sigfd < 0 || socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, notes) < 0)
+        return LAUNCHER_FAILED;
+    for (;;) {
+        int ready = fork_spare() == 0;
+        /* Requests are the spare's to read; the server waits for the control socket's
+         * EOF (events 0: POLLHUP), or reads requests to refuse them if it has no spare. */
+        struct pollfd fds[3] = {{SOCK, ready ? 0 : POLLIN, 0}, {sigfd, POLLIN, 0},
+                                {notes[0], POLLIN, 0}};
+        if (poll(fds, 3, -1) < 0 && errno != EINTR) break;
+        char note[64];
+        while (recv(notes[0], note, sizeof note, 0) > 0) spare = 0; /* before reaping */
+        if (fds[1].revents && !reap(sigfd)) break;
+        if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) break;
+        if ((fds[0].revents & POLLIN) && fork_spare() < 0) refuse_one();
+    }
+    kill_strays();
     return 0;
 }
