@@ -211,16 +211,24 @@ def get() -> ForkServer:
     """The process-wide fork server, started on first use (thread-safe)."""
     global _server
     server = _server
-    if server is not None and server.owner == os.getpid() and not server.broken and \
-            server.credentials == credentials():
+    if usable(server):
+        assert server is not None
         return server
     with _lock:
-        if _server is None or _server.owner != os.getpid() or _server.broken or \
-                _server.credentials != credentials():
+        if not usable(_server):
             # A broken server is not closed here: other threads may still be inside its
             # submit(); its sockets close when the last of them drops it.
             _server = ForkServer()
+        assert _server is not None
         return _server
+
+
+def usable(server: Any) -> bool:
+    """Whether a process-wide server handle (this module's or
+    :mod:`sandlock.nativeexec`'s) may serve this caller: started by this process (not
+    inherited across a fork), with its current credentials, and not found dead."""
+    return (server is not None and server.owner == os.getpid() and not server.broken
+            and server.credentials == credentials())
 
 
 def credentials() -> tuple[tuple[int, int, int], tuple[int, int, int]]:

@@ -33,7 +33,7 @@ import signal
 import socket
 import struct
 
-from .forkserver import credentials
+from .forkserver import credentials, usable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -158,17 +158,17 @@ def get() -> Server:
     """The process-wide server, started on first use (thread-safe)."""
     global _server
     server = _server
-    if server is not None and server.owner == os.getpid() and not server.broken and \
-            server.credentials == credentials():
+    if usable(server):
+        assert server is not None
         return server
     with _lock:
-        if _server is None or _server.owner != os.getpid() or _server.broken or \
-                _server.credentials != credentials():
+        if not usable(_server):
             if _server is not None and _server.broken:
                 # Dead: reap it. Its socket is not closed here (other threads may still
                 # be inside its submit()); it closes when the last of them drops it.
                 _server.reap()
             _server = Server()
+        assert _server is not None
         return _server
 
 
