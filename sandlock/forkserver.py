@@ -585,7 +585,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
             _send(call, f"S {child.pid}")
         report = _watch(child, call, request["timeout"],
                         spare.sock if spare is not None else None)
-        if report and child.returncode == ExitCode.LAUNCHER:
+        if report not in (b"", b".") and child.returncode == ExitCode.LAUNCHER:
             error = launcher._setup_failure(cmd, report)
             _send(call, f"F {int(error.exit_code)} {type(error).__name__}\n{error}")
         else:
@@ -662,6 +662,11 @@ def _watch(child: Any, call: socket.socket, timeout: Optional[float],
             elif child.returncode is None:
                 child._reap()  # also kills and reaps whatever the command left behind
                 break
+    if done is not None and not report:  # it exited before its report was read here
+        try:
+            report = done.recv(4096, socket.MSG_DONTWAIT)
+        except OSError:
+            report = b""
     return report
 
 
