@@ -59,12 +59,19 @@ def verdict(value: float, limit: float, unit: str = "x") -> str:
     return f"**missed** by {ms(value - limit)}"
 
 
+def baseline(inproc: dict[str, Any], name: str) -> Any:
+    """The ``subprocess.run`` samples taken in the same worker process as ``name``'s."""
+    own = ("multikernel: subprocess.run" if name.startswith("multikernel")
+           else "api: subprocess.run" if name.startswith("api") else "")
+    return inproc.get(own) or inproc.get("subprocess.run")
+
+
 def targets(results: dict[str, Any]) -> list[list[str]]:
     rows: list[list[str]] = []
     inproc, whole = results.get("inprocess", {}), results.get("whole", {})
     name, what = confined_mode(inproc, "api Sandbox.run", "launcher, compiled once")
-    if name and "subprocess.run" in inproc:
-        overhead = median(inproc[name]) - median(inproc["subprocess.run"])
+    if name and baseline(inproc, name):
+        overhead = median(inproc[name]) - median(baseline(inproc, name))
         if "bwrap" in whole and "/bin/true" in whole:
             bwrap = median(whole["bwrap"]) - median(whole["/bin/true"])
             rows.append([f"in-process overhead ({what}) / bwrap's overhead over /bin/true",
@@ -137,8 +144,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
                  "(baseline `subprocess.run` in the same process)"), ""]
         rows = []
         for name, stats in inproc.items():
-            base = inproc.get("multikernel: subprocess.run" if name.startswith("multikernel")
-                              else "subprocess.run")
+            base = baseline(inproc, name)
             ratio = f"{median(stats) / median(base):.2f}x" if base else ""
             over = ms(median(stats) - median(base)) if base and base is not stats else "—"
             fork_exec = ms(median(stats, "exec")) if "exec" in stats else ""

@@ -179,6 +179,8 @@ def inprocess(ctx: Context, mk_dir: Optional[Path]) -> dict[str, Any]:
     if api.ops["api"]:
         ctx.skip("in-process: sandlock.api", api.ops["api"])
     else:
+        # Its baseline in the same process (the "from the same process").
+        contenders["api: subprocess.run"] = api.batch("plain")
         contenders["api Sandbox.run"] = api.batch("api")
         ctx.versions["sandlock.api command path"] = api.info.get("api_path", "?")
         if api.info.get("api_path") == "sandlock-exec":

@@ -727,14 +727,14 @@ def _spare_body(handoff: int, rehearse: bool) -> None:
     fds = array.array("i")
     sock = socket.socket(fileno=3)
     try:
-        data, ancillary, _, _ = sock.recvmsg(4096, socket.CMSG_SPACE(5 * fds.itemsize))
+        data, ancillary, flags, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(5 * fds.itemsize))
     except OSError:
         os._exit(0)
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    if len(fds) != 5:
-        os._exit(0)  # the supervisor went away (EOF): nothing to run
+    if len(fds) != 5 or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        os._exit(0)  # the supervisor went away (EOF), or a cut message: nothing to run
     kernel.set_name(CALL_NAME)
     for target in range(3):
         os.dup2(fds[target], target)
