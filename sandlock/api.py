@@ -26,7 +26,7 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from . import forkserver, launcher, nativeexec
 from .errors import (
@@ -36,13 +36,15 @@ from .errors import (
     ExitCode,
     KernelSupportError,
     LandlockError,
-    PolicyError,
     SandlockError,
     SeccompError,
     SetupError,
     TimeoutExpired,
 )
 from .policy import Compat, Policy, load_policy, loads_policy, policy_from_dict
+
+if TYPE_CHECKING:
+    from .supervisor import Mediation
 
 #: Same values as :mod:`subprocess`'s, so either module's constants work.
 PIPE = -1
@@ -76,6 +78,8 @@ class Result:
     signal: Optional[int] = None
     error: Optional[SandlockError] = None  #: why it did not start (NOT_STARTED only)
     pid: Optional[int] = None
+    #: Under ``[network] allow``: one line per connection the policy refused.
+    network_events: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -110,6 +114,10 @@ class _Call:
     """The caller's end of one call's supervisor socket (see :mod:`sandlock.forkserver`)."""
 
     cmd: Optional[launcher.Command] = None  #: decodes ``X`` reports (the native helper)
+    #: The proxy and connect supervisor of a call under ``[network] allow``, and
+    #: what they refused (known once the call is closed).
+    mediation: Optional[Mediation] = None
+    network_events: tuple[str, ...] = ()
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -154,6 +162,8 @@ class _Call:
         elif self.status is None and self.failure is None:
             self.failure = SetupError("the sandbox supervisor died before reporting; "
                                       "the call's processes were killed")
+        if self.ended:
+            self._end_mediation()
 
     def wait_started(self) -> None:
         while self.pid is None and not self.ended:
@@ -168,6 +178,15 @@ class _Call:
     def close(self) -> None:
         """Closing before the end kills the call's whole tree (the supervisor sees EOF)."""
         self.sock.close()
+        self._end_mediation()
+
+    def _end_mediation(self) -> None:
+        """Once the call's tree is gone (or being killed): stop its proxy and connect
+        supervisor, keep what they refused."""
+        mediation, self.mediation = self.mediation, None
+        if mediation is not None:
+            mediation.stop()
+            self.network_events = tuple(mediation.events)
 
 
 #: Native calls still running, for :func:`shutdown` (weak: a dropped call is closed).
@@ -447,12 +466,9 @@ class Sandbox:
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
         if loaded.network.allow:
-            # Host allowlists need the launcher's proxy and connect supervisor, which
-            # the API does not start: refuse rather than hand out a tool whose every
-            # connection would fail (EACCES) for a reason the caller cannot see.
-            raise PolicyError("[network] allow (host allowlists) is not supported by the "
-                              "Python API yet; run such tools with `sandlock run`",
-                              source=loaded.source, key="network.allow")
+            from .supervisor import check_support
+
+            check_support()  # KernelSupportError: no seccomp user notification
         self.policy = loaded
         self._compiled = launcher.compile_policy(loaded)
         self._trusted = frozenset((t.__module__, t.__qualname__) for t in trusted_types)
@@ -535,7 +551,11 @@ class Sandbox:
         on failure nothing stays open. Returns the call and the caller's ends."""
         mine, theirs = _open_stdio(stdio)
         try:
-            call = self._submit("exec", cmd, theirs, timeout, report_start=report_start)
+            mediation = self._mediation()
+            if mediation is not None:
+                cmd = mediation.command(cmd)
+            call = self._submit("exec", cmd, theirs, timeout, mediation=mediation,
+                                report_start=report_start)
         except BaseException:
             for fd in mine:
                 if fd >= 0:
@@ -545,20 +565,38 @@ class Sandbox:
             _close_theirs(theirs, stdio)
         return call, mine
 
+    def _mediation(self) -> Optional[Mediation]:
+        """A new proxy and connect supervisor for one call, if the policy has host
+        allowlists (``[network] allow``); they run in this process until the call ends."""
+        if not self.policy.network.allow:
+            return None
+        from .supervisor import Mediation
+
+        return Mediation(self.policy)
+
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),
-                **fields: Any) -> _Call:
+                mediation: Optional[Mediation] = None, **fields: Any) -> _Call:
+        """Hand one call to a supervisor. ``mediation`` is started here and stopped
+        when the call is closed (also if submitting fails)."""
         with self._lock:
             if self._closed:
+                if mediation is not None:
+                    mediation.stop()
                 raise SandlockError("this Sandbox is closed")
             self._users += 1
         try:
             compiled = self._compiled
-            if kind == "exec" and self._native and nativeexec.enabled():
+            if kind == "exec" and self._native and nativeexec.enabled() and mediation is None:
                 return _NativeCall(compiled, cmd, stdio, self.policy.limits.timeout
                                    if timeout is None else timeout,
                                    bool(fields.get("report_start")))
+            # The layout the supervisor expects (forkserver._serve_one): the call's
+            # socket, stdio, the ruleset fd, the mediation socket, then extra_fds.
             fds = [*stdio] + ([compiled.ruleset_fd] if compiled.ruleset_fd >= 0 else [])
+            if mediation is not None:
+                fds.append(mediation.supervisor.child_end)
+                fields["mediate"] = mediation.supervisor.notify_bpf
             request = {
                 "kind": kind, "exe": cmd.executable, "argv": list(cmd.argv),
                 "env": list(cmd.env), "cwd": cmd.cwd, "bpf": compiled.bpf,
@@ -566,7 +604,16 @@ class Sandbox:
                 "timeout": self.policy.limits.timeout if timeout is None else timeout,
                 **fields,
             }
-            return _Call(forkserver.submit(request, [*fds, *extra_fds]))
+            try:
+                call = _Call(forkserver.submit(request, [*fds, *extra_fds]))
+            except BaseException:
+                if mediation is not None:
+                    mediation.stop()
+                raise
+            if mediation is not None:
+                call.mediation = mediation
+                mediation.start()
+            return call
         finally:
             with self._lock:
                 self._users -= 1
@@ -736,7 +783,11 @@ class Sandbox:
             main = os.path.abspath(main)
         # What only the confined child may see travels in a memfd it reads itself: the
         # supervisor, which serves call after call, never has it in memory.
-        data = marshal.dumps({"env": list(self._environment().items()), "main": main,
+        environment = self._environment()
+        mediation = self._mediation()
+        if mediation is not None:
+            environment.update(mediation.proxy.environment())
+        data = marshal.dumps({"env": list(environment.items()), "main": main,
                               "sys_path": [p for p in sys.path if isinstance(p, str)],
                               "payload": payload})
         cmd = launcher.Command(sys.executable, (sys.executable,), (), os.getcwd())
@@ -748,9 +799,11 @@ class Sandbox:
             while view:
                 view = view[os.write(memfd, view):]
             call = self._submit("call", cmd, (devnull, 1, 2), None, [memfd, result_w],
-                                policy=self._token)
+                                mediation, policy=self._token)
         except BaseException:
             os.close(result_r)
+            if mediation is not None:
+                mediation.stop()
             raise
         finally:
             os.close(devnull)
@@ -780,12 +833,14 @@ class _RunJob:
 def _result(call: _Call, args: tuple[str, ...], stdout: Any, stderr: Any) -> Result:
     if call.failure is not None:
         return Result(args, int(call.failure.exit_code), stdout, stderr,
-                      Outcome.NOT_STARTED, error=call.failure, pid=call.pid)
+                      Outcome.NOT_STARTED, error=call.failure, pid=call.pid,
+                      network_events=call.network_events)
     assert call.status is not None
     code, sig, timed_out = call.status
     outcome = (Outcome.TIMED_OUT if timed_out else Outcome.SIGNALLED if sig
                else Outcome.EXITED)
-    return Result(args, code, stdout, stderr, outcome, sig or None, None, call.pid)
+    return Result(args, code, stdout, stderr, outcome, sig or None, None, call.pid,
+                  call.network_events)
 
 
 @dataclass

@@ -436,7 +436,7 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
         taken = None
         if spare is not None:  # first of all: the call's function may start right away
             if spare.token == token:
-                taken = spare.take_if_ready(fds[1:4], fds[-2], fds[-1], request["cwd"])
+                taken = spare.take_if_ready(request, fds)
             else:
                 spare.discard()
             if taken is None:
@@ -494,8 +494,11 @@ class _Spare:
         finally:
             theirs.close()
 
-    def take(self, stdio: Sequence[int], data_fd: int, result_fd: int, cwd: str) -> Any:
-        """Hand this call to the spare; return its :class:`launcher.Child`.
+    def take(self, request: dict[str, Any], fds: Sequence[int]) -> Any:
+        """Hand the call (``request`` and its ``fds``, see :func:`_serve_one`) to the
+        spare: its stdio, data memfd and result pipe, its working directory, and under
+        ``[network] allow`` the notifying filter and the socket for its listener.
+        Return its :class:`launcher.Child`.
 
         Raises what :meth:`launcher.Starting.confirm` raises if it could not confine
         itself, OSError if it died since.
@@ -503,23 +506,23 @@ class _Spare:
         import array
 
         child = self.starting.confirm()
-        fds = array.array("i", [*stdio, data_fd, result_fd])
+        mediate = _mediate_fd(request, fds)
+        passed = array.array("i", [*fds[1:4], fds[-2], fds[-1]] + [mediate] * (mediate >= 0))
         try:
-            self.sock.sendmsg([os.fsencode(cwd)],
-                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            self.sock.sendmsg([marshal.dumps((request["cwd"], request.get("mediate")))],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, passed)])
         except OSError:
             child.kill_tree()
             raise
         return child
 
-    def take_if_ready(self, stdio: Sequence[int], data_fd: int, result_fd: int,
-                      cwd: str) -> Any:
+    def take_if_ready(self, request: dict[str, Any], fds: Sequence[int]) -> Any:
         """:meth:`take`, or None if this spare is not usable (a new one is made; if its
         policy cannot be applied, that one reports why)."""
         from .errors import SandlockError
 
         try:
-            return self.take(stdio, data_fd, result_fd, cwd)
+            return self.take(request, fds)
         except (SandlockError, OSError):
             self.sock.close()
             return None
@@ -562,10 +565,10 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
             try:
                 if request["kind"] == "call":  # no spare ready: one made now, for this call
                     spare = _Spare(compiled, request.get("policy") or b"", ahead=False)
-                    child = spare.take((stdin, stdout, stderr), fds[-2], fds[-1], request["cwd"])
+                    child = spare.take(request, fds)
                 else:
                     child = launcher.spawn(compiled, cmd, stdin=stdin, stdout=stdout,
-                                           stderr=stderr)
+                                           stderr=stderr, hook=_listener_hook(request, fds))
             except SandlockError as exc:
                 failure = f"F {int(exc.exit_code)} {type(exc).__name__}\n{exc}"
             except OSError as exc:  # fork failed (EAGAIN: RLIMIT_NPROC, memory)
@@ -601,6 +604,29 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
         for fd in fds[1:]:
             os.close(fd)
         call.close()
+
+
+def _mediate_fd(request: dict[str, Any], fds: Sequence[int]) -> int:
+    """The socket for the listener of a call under ``[network] allow`` (after the
+    ruleset fd, before a Python call's memfd and result pipe), or -1."""
+    return fds[4 + bool(request["ruleset"])] if request.get("mediate") else -1
+
+
+def _listener_hook(request: dict[str, Any], fds: Sequence[int]) -> Any:
+    """For launcher._child: install the notifying filter of ``[network] allow`` and
+    send its listener to the caller's connect supervisor (sandlock.supervisor)."""
+    fd = _mediate_fd(request, fds)
+    if fd < 0:
+        return None
+    from . import kernel
+
+    prog, keep = kernel.make_fprog(request["mediate"])
+
+    def hook() -> None:
+        assert keep is not None  # the BPF buffer lives as long as the hook
+        kernel.install_listener(prog, fd)
+
+    return hook
 
 
 def _send(call: socket.socket, text: str) -> None:
@@ -733,15 +759,22 @@ def _spare_body(handoff: int, rehearse: bool) -> None:
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    if len(fds) != 5 or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+    if len(fds) not in (5, 6) or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         os._exit(0)  # the supervisor went away (EOF), or a cut message: nothing to run
+    cwd, notify_bpf = marshal.loads(data)
     kernel.set_name(CALL_NAME)
     for target in range(3):
         os.dup2(fds[target], target)
+    stage = "chdir"
     try:
-        os.chdir(os.fsdecode(data))
+        os.chdir(cwd)
+        if notify_bpf is not None:  # [network] allow: connect(2) goes to the caller
+            stage = "network"
+            prog, _keep = kernel.make_fprog(notify_bpf)
+            kernel.install_listener(prog, fds[5])
+            os.close(fds[5])
     except OSError as exc:  # the supervisor reports it as launcher._child would have
-        sock.send(f"chdir\0{exc.errno or 0}\0{exc.strerror}".encode(errors="replace"))
+        sock.send(f"{stage}\0{exc.errno or 0}\0{exc.strerror}".encode(errors="replace"))
         os._exit(ExitCode.LAUNCHER)
     # Stays open: the child tells the supervisor there that the result is written.
     _call_body(fds[3], fds[4], done_fd=sock.detach())

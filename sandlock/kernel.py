@@ -11,6 +11,7 @@ libseccomp at all.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 from stat import S_ISDIR
 
@@ -205,6 +206,29 @@ def make_fprog(bpf: bytes) -> tuple[SockFprog, object]:
 def load_seccomp(prog: SockFprog) -> None:
     _check(_syscall(NR["seccomp"], SECCOMP_SET_MODE_FILTER, 0, ctypes.byref(prog)),
            "seccomp(SECCOMP_SET_MODE_FILTER)")
+
+
+#: linux/seccomp.h
+SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
+SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV = 1 << 5  # Linux 5.19: no EINTR once received
+
+
+def install_listener(prog: SockFprog, sock: int) -> None:
+    """Load a filter that notifies a supervisor (SECCOMP_RET_USER_NOTIF) and send its
+    listener fd over the unix socket ``sock``; this process keeps no copy of it
+    (https://docs.kernel.org/userspace-api/seccomp_filter.html#userspace-notification)."""
+    import socket
+
+    flags = SECCOMP_FILTER_FLAG_NEW_LISTENER | SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV
+    fd = _syscall(NR["seccomp"], SECCOMP_SET_MODE_FILTER, flags, ctypes.byref(prog))
+    if fd < 0 and ctypes.get_errno() == errno.EINVAL:  # kernel without WAIT_KILLABLE_RECV
+        fd = _syscall(NR["seccomp"], SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                      ctypes.byref(prog))
+    _check(fd, "seccomp(SECCOMP_FILTER_FLAG_NEW_LISTENER)")
+    try:
+        socket.send_fds(socket.socket(fileno=os.dup(sock)), [b"L"], [fd])
+    finally:
+        os.close(fd)  # the tool must never hold its own listener
 
 
 def seccomp_action_available(action: int) -> bool:

@@ -51,8 +51,6 @@ if TYPE_CHECKING:
     from .policy import Network, Policy
 
 # linux/seccomp.h
-SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
-SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV = 1 << 5  # Linux 5.19: no EINTR once received
 SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
 NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
@@ -85,7 +83,7 @@ def notify_filter() -> bytes:
         op(jeq, connect_nr, 6, 0),                      # 3: connect -> 10 (notify)
         op(jeq, kernel.NR["seccomp"], 0, 4),            # 4: not seccomp -> 9 (allow)
         op(ld_abs, 24),                                 # 5: A = low half of args[1] (flags)
-        op(jset, SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, 2),  # 6: listener -> 7 (EPERM)
+        op(jset, kernel.SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, 2),  # 6: listener -> 7 (EPERM)
         op(ret, SECCOMP_RET_ERRNO | errno.EPERM),       # 7
         op(ret, SECCOMP_RET_ALLOW),                     # 8
         op(ret, SECCOMP_RET_ALLOW),                     # 9
@@ -110,7 +108,8 @@ class Supervisor:
         self.rules = rules
         self.proxy = proxy
         self.report = report
-        self._prog, self._keep = kernel.make_fprog(notify_filter())
+        self.notify_bpf = notify_filter()
+        self._prog, self._keep = kernel.make_fprog(self.notify_bpf)
         self._parent_end, self._child_end = socket.socketpair()
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread: Optional[threading.Thread] = None
@@ -119,17 +118,14 @@ class Supervisor:
         self._reported: set[str] = set()
         self.listener = -1
 
+    @property
+    def child_end(self) -> int:
+        """The socket on which the child sends its listener (kernel.install_listener)."""
+        return self._child_end.fileno()
+
     # -- in the forked child, after the main filter, just before execve
     def install(self) -> None:
-        flags = SECCOMP_FILTER_FLAG_NEW_LISTENER | SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV
-        fd = kernel._syscall(kernel.NR["seccomp"], kernel.SECCOMP_SET_MODE_FILTER, flags,
-                             ctypes.byref(self._prog))
-        if fd < 0 and ctypes.get_errno() == errno.EINVAL:  # kernel without WAIT_KILLABLE_RECV
-            fd = kernel._syscall(kernel.NR["seccomp"], kernel.SECCOMP_SET_MODE_FILTER,
-                                 SECCOMP_FILTER_FLAG_NEW_LISTENER, ctypes.byref(self._prog))
-        kernel._check(fd, "seccomp(SECCOMP_FILTER_FLAG_NEW_LISTENER)")
-        socket.send_fds(self._child_end, [b"L"], [fd])
-        os.close(fd)  # the tool must never hold its own listener
+        kernel.install_listener(self._prog, self._child_end.fileno())
 
     # -- in the launcher
     def start(self) -> None:
@@ -362,6 +358,7 @@ class Mediation:
         check_support()
         self.events: list[str] = []
         self._report = report
+        self._stopped = False
         network = policy.network
         rules = NetRules(network.allow, network.deny, network.hosts)
         self.proxy = Proxy(rules, self._event)
@@ -392,6 +389,10 @@ class Mediation:
         self.proxy.start()
 
     def stop(self) -> None:
+        """Stop both (once: later calls do nothing)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.supervisor.stop()
         self.proxy.stop()
 

@@ -163,3 +163,30 @@ def fork_storm(log: str) -> None:
     started.wait()
     while not os.path.exists(log):
         time.sleep(0.0001)
+
+
+def fetch(url: str) -> tuple[int, str]:
+    """GET ``url`` through the proxy the policy's environment names: status, body."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def connect_errno(host: str, port: int) -> str:
+    """Connect directly (no proxy): "OK" or the errno name."""
+    import errno
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.connect((host, port))
+        return "OK"
+    except OSError as error:
+        return errno.errorcode.get(error.errno or 0, str(error.errno))
+    finally:
+        sock.close()

@@ -498,16 +498,6 @@ def test_sandbox_inspection_and_loading(tmp_path: Path, workspace: Path) -> None
         closed.run(["/bin/true"])
 
 
-def test_host_allowlist_policies_are_refused_with_a_clear_error(tmp_path: Path) -> None:
-    """The API does not start the allowlist proxy: it says so instead of failing later."""
-    from sandlock.errors import PolicyError
-
-    text = ('version = 1\nextends = ["base"]\n[network]\nallow = ["api.internal.test:443"]\n'
-            'hosts = { "api.internal.test" = "127.0.0.1" }\n')
-    with pytest.raises(PolicyError, match=r"network.allow: .*not supported by the Python API"):
-        sandlock.Sandbox.from_toml(text)
-
-
 def test_an_end_report_behind_a_reset_is_still_read() -> None:
     """A supervisor that reported E and exited with the caller's last K unread: the
     kernel reports ECONNRESET once, ahead of the queued E, which must still count."""

@@ -671,3 +671,97 @@ def test_probe_runs_the_network_rows_under_mediation(tmp_path: Path) -> None:
     assert rows["net.proxy_port_elsewhere"] == "blocked\tEACCES: Permission denied", out.stdout
     assert rows["net.proxy_unlisted_host"] == "blocked\tHTTP/1.1 403 Forbidden"
     assert rows["net.tcp_connect_denied_port"].startswith("blocked\tEACCES")
+
+
+# ----------------------------------------------------------------------------
+# The Python API: each call gets its own proxy and connect supervisor
+
+
+API_FETCH = """
+import sys, urllib.request, urllib.error
+for url in sys.argv[1:]:
+    try:
+        print(urllib.request.urlopen(url, timeout=30).read().decode().strip())
+    except urllib.error.HTTPError as err:
+        print(err.code)
+"""
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_api_run_is_mediated_like_the_cli(tmp_path: Path, http_server: Server, native: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """run() of a policy with ``allow``: names through the proxy, refusals as 403 and in
+    Result.network_events, direct connections EACCES (whichever path commands take)."""
+    needs_kernel()
+    import sandlock
+
+    monkeypatch.setenv("SANDLOCK_NATIVE", native)
+    port = http_server.port
+    before = http_server.accepted
+    policy = net_policy(tmp_path, [f"api.internal.test:{port}"], deny=["bad.example.test"])
+    with sandlock.Sandbox(policy) as box:
+        for _ in range(3):  # a new proxy and supervisor per call
+            result = box.run([PYTHON, "-c", API_FETCH, f"http://api.internal.test:{port}/a",
+                              f"http://bad.example.test:{port}/b"], capture_output=True,
+                             text=True)
+            assert result.returncode == 0, result.stderr
+            assert result.stdout.splitlines() == [f"hello api.internal.test:{port} /a", "403"]
+            assert any(f"refused bad.example.test:{port} (HTTP proxy)" in line
+                       for line in result.network_events), result.network_events
+        direct = box.run([PYTHON, "-c", PROBE_HEAD + f"print(err(lambda: tcp_to(('127.0.0.1', {port}))))"],
+                         capture_output=True, text=True)
+        assert direct.stdout.strip() == "EACCES", direct.stderr
+        assert any("refused direct connection to 127.0.0.1" in line
+                   for line in direct.network_events)
+    assert http_server.accepted == before + 3  # the three allowed fetches, nothing else
+
+
+def test_api_call_is_mediated(tmp_path: Path, http_server: Server) -> None:
+    """call() of a Python function under ``allow``: the same proxy and supervisor, on a
+    fresh process and on the ones prepared ahead of the next calls."""
+    needs_kernel()
+    import api_tools
+
+    import sandlock
+
+    tests = str(Path(__file__).parent)
+    port = http_server.port
+    before = http_server.accepted
+    policy = net_policy(tmp_path, [f"api.internal.test:{port}"], read=[tests])
+    with sandlock.Sandbox(policy) as box:
+        for n in range(4):
+            assert box.call(api_tools.fetch, f"http://api.internal.test:{port}/{n}") == (
+                200, f"hello api.internal.test:{port} /{n}\n")
+            status, body = box.call(api_tools.fetch, f"http://other.internal.test:{port}/")
+            assert status == 403 and "no allow rule matches" in body
+            assert box.call(api_tools.connect_errno, "127.0.0.1", port) == "EACCES"
+    assert http_server.accepted == before + 4
+
+
+def test_api_mediation_leaks_no_descriptor_or_thread(tmp_path: Path, http_server: Server) -> None:
+    """Each call's proxy and supervisor are stopped when it ends: run, call, popen,
+    a timeout and a refused start leave the caller's fds and threads as they were."""
+    needs_kernel()
+    import api_tools
+
+    import sandlock
+
+    port = http_server.port
+    policy = net_policy(tmp_path, [f"api.internal.test:{port}"], read=[str(Path(__file__).parent)])
+    url = f"http://api.internal.test:{port}/"
+    with sandlock.Sandbox(policy) as box:
+        box.run([PYTHON, "-c", "pass"])  # the servers are up: their sockets are no leak
+        assert box.call(api_tools.add, 1, 2) == 3
+        fds, threads = sorted(os.listdir("/proc/self/fd")), threading.active_count()
+        for _ in range(5):
+            assert box.run([PYTHON, "-c", API_FETCH, url], capture_output=True).returncode == 0
+            assert box.call(api_tools.fetch, url)[0] == 200
+            with box.popen([PYTHON, "-c", API_FETCH, url], stdout=sandlock.PIPE) as process:
+                assert process.stdout is not None and process.stdout.read()
+                assert process.wait() == 0
+            timed_out = box.run([PYTHON, "-c", "import time; time.sleep(30)"], timeout=0.2)
+            assert timed_out.outcome is sandlock.Outcome.TIMED_OUT
+            missing = box.run(["/nonexistent/tool"])
+            assert missing.returncode == 127
+        assert sorted(os.listdir("/proc/self/fd")) == fds
+        assert threading.active_count() == threads
