@@ -319,6 +319,9 @@ def test_a_server_that_cannot_fork_refuses_at_once(native: None, box: sandlock.S
         pytest.skip("RLIMIT_NPROC does not apply to root (CAP_SYS_RESOURCE)")
     assert box.run(["/usr/bin/true"]).returncode == 0  # the server and its spare are up
     server = nativeexec.get().pid
+    deadline = time.monotonic() + 10  # the next spare is forked as the last call runs
+    while not nativeexec.get().children() and time.monotonic() < deadline:
+        time.sleep(0.01)
     unlimited = resource.getrlimit(resource.RLIMIT_NPROC)
     resource.prlimit(server, resource.RLIMIT_NPROC, (0, unlimited[1]))
     try:
