@@ -1102,11 +1102,14 @@ class Process:
 
 
 def start() -> int:
-    """Start the fork server now (it starts on first use otherwise); return its pid.
+    """Start the fork server, and the native command server when it is built, now
+    (they start on first use otherwise); return the fork server's pid.
 
-    Not needed for safety (it is exec'd fresh, never a copy of the caller), only to
-    move its ~20 ms start-up out of the first tool call.
+    Not needed for safety (both are exec'd fresh, never copies of the caller), only
+    to move their start-up (~20 ms for the fork server) out of the first tool call.
     """
+    if nativeexec.enabled():
+        nativeexec.get()
     return forkserver.get().pid
 
 
