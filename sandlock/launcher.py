@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from .supervisor import Mediation
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+#: Reset to SIG_DFL in the child, as plain ints: after fork, each enum the child
+#: touches costs copy-on-write faults (~0.1 ms for these few).
+_DEFAULTED = tuple(int(s) for s in (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED_SIGNALS))
+_SIGKILL = int(signal.SIGKILL)
 
 #: Off unless scripts/measure_fork_exec.py sets it: a pipe to which each child writes
 #: three CLOCK_MONOTONIC nanosecond stamps (parent before fork, child after fork,
@@ -235,12 +239,12 @@ def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,
     stage = "setup"
     try:
         os.setsid()
-        kernel.set_pdeathsig(signal.SIGKILL)
+        kernel.set_pdeathsig(_SIGKILL)
         if os.getppid() != parent:
             os._exit(ExitCode.LAUNCHER)
         # _signal, not signal: the wrapper converts to and from enums, which after
         # fork costs ~200 us of copy-on-write faults; the C functions cost ~10.
-        for signum in (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED_SIGNALS):
+        for signum in _DEFAULTED:
             _signal.signal(signum, _signal.SIG_DFL)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
         for target, source in enumerate(stdio):
