@@ -463,7 +463,8 @@ def test_a_thousand_calls_from_eight_threads_leak_nothing(native: None,
                     assert echoed == str(index).encode(), result
                     daemons.append(int(daemon))
                 else:
-                    assert box.run(["/usr/bin/true"]).returncode == 0
+                    result = box.run(["/usr/bin/true"])
+                    assert result.returncode == 0, (result.outcome, str(result.error))
             except Exception as exc:  # noqa: BLE001 - collected, asserted below
                 failures.append(repr(exc))
 
@@ -472,7 +473,7 @@ def test_a_thousand_calls_from_eight_threads_leak_nothing(native: None,
         thread.start()
     for thread in threads:
         thread.join()
-    assert failures == []
+    assert failures == [], "\n".join(failures[:3])
     assert sorted(os.listdir("/proc/self/fd")) == fds_before
     assert launcher.children() == children_before  # no new server or zombie
     assert len(daemons) == 100 and not any(alive(pid) for pid in daemons)

@@ -420,6 +420,12 @@ static void kill_strays(void) {
         if (!is_supervisor(pids[i])) kill(pids[i], SIGKILL);
 }
 
+/* A spare's note that it took a request: it is a supervisor now, no longer the spare. */
+static void drain_notes(void) {
+    char note[64];
+    while (recv(notes[0], note, sizeof note, 0) > 0) spare = 0;
+}
+
 /* Reap what exited; 0 if it was the spare, still waiting: the control socket reached
  * EOF (or the spare was killed), so the server is done. */
 static int reap(int sigfd) {
@@ -432,6 +438,10 @@ static int reap(int sigfd) {
         while (i < n_supervisors && supervisors[i] != pid) i++;
         int supervisor = i < n_supervisors;
         if (supervisor) supervisors[i] = supervisors[--n_supervisors];
+        /* Its note may have come after the last drain: a spare that took a request and
+         * already ended its call must not be taken for an idle one (the server would
+         * exit with requests still queued). The note is sent before the call starts. */
+        if (pid == spare) drain_notes();
         if (pid == spare) idle_spare_died = 1;
         /* A stray reaped, or a supervisor that could not clean up: look for strays. */
         if (!supervisor || WIFSIGNALED(status)) strays = 1;
@@ -531,8 +541,7 @@ int main(void) {
         struct pollfd fds[3] = {{SOCK, ready ? 0 : POLLIN, 0}, {sigfd, POLLIN, 0},
                                 {notes[0], POLLIN, 0}};
         if (poll(fds, 3, -1) < 0 && errno != EINTR) break;
-        char note[64];
-        while (recv(notes[0], note, sizeof note, 0) > 0) spare = 0; /* before reaping */
+        drain_notes(); /* before reaping */
         if (fds[1].revents && !reap(sigfd)) break;
         if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) break;
         if ((fds[0].revents & POLLIN) && fork_spare() < 0) refuse_one();
