@@ -65,7 +65,7 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Optional, Sequence
+    from typing import Any, Callable, Optional, Sequence
 
 #: Kinds of request, each with its own socket and pool of idle supervisors.
 KINDS = ("exec", "call")
@@ -203,30 +203,51 @@ def submit(request: dict[str, Any], fds: Sequence[int]) -> socket.socket:
         raise SetupError(f"the sandlock fork server is gone: {exc}") from None
 
 
-_server: Optional[ForkServer] = None
-_lock = _thread.allocate_lock()
+class ProcessWide:
+    """The one helper process of a kind (this fork server, :mod:`sandlock.nativeexec`'s
+    server) per caller process: started on first use, under a lock; replaced when
+    :func:`usable` says no; forgotten in a forked copy of the caller.
 
+    A replaced handle is not closed (other threads may still be inside its submit;
+    its sockets close when the last of them drops it): ``retire`` gets it, under the
+    lock. ``forget`` gets the parent's handle in a forked child.
+    """
 
-def get() -> ForkServer:
-    """The process-wide fork server, started on first use (thread-safe)."""
-    global _server
-    server = _server
-    if usable(server):
-        assert server is not None
-        return server
-    with _lock:
-        if not usable(_server):
-            # A broken server is not closed here: other threads may still be inside its
-            # submit(); its sockets close when the last of them drops it.
-            _server = ForkServer()
-        assert _server is not None
-        return _server
+    def __init__(self, start: Callable[[], Any], retire: Callable[[Any], None],
+                 forget: Callable[[Any], None]) -> None:
+        self._start, self._retire, self._forget = start, retire, forget
+        self._current: Any = None
+        self._lock = _thread.allocate_lock()
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def get(self) -> Any:
+        current = self._current
+        if usable(current):
+            return current
+        with self._lock:
+            if not usable(self._current):
+                if self._current is not None:
+                    self._retire(self._current)
+                self._current = self._start()
+            return self._current
+
+    def detach(self) -> Any:
+        """The current handle (or None), which the next get() will not return."""
+        with self._lock:
+            current, self._current = self._current, None
+        return current
+
+    def _after_fork_in_child(self) -> None:
+        if self._current is not None:
+            self._forget(self._current)
+        self._current = None
+        self._lock = _thread.allocate_lock()
 
 
 def usable(server: Any) -> bool:
-    """Whether a process-wide server handle (this module's or
-    :mod:`sandlock.nativeexec`'s) may serve this caller: started by this process (not
-    inherited across a fork), with its current credentials, and not found dead."""
+    """Whether a process-wide server handle may serve this caller: started by this
+    process (not inherited across a fork), with its current credentials, and not
+    found dead."""
     return (server is not None and server.owner == os.getpid() and not server.broken
             and server.credentials == credentials())
 
@@ -238,25 +259,27 @@ def credentials() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     return os.getresuid(), os.getresgid()
 
 
+def _close_sockets(server: ForkServer) -> None:
+    for sock in server._socks.values():
+        sock.close()
+
+
+_servers = ProcessWide(ForkServer, retire=lambda server: None, forget=_close_sockets)
+
+
+def get() -> ForkServer:
+    """The process-wide fork server, started on first use (thread-safe)."""
+    server: ForkServer = _servers.get()
+    return server
+
+
 def shutdown() -> None:
     """Stop the fork server now (it restarts on the next call)."""
-    global _server
-    server, _server = _server, None
+    server = _servers.detach()
     if server is not None:
         server.close()
 
 
-def _after_fork_in_child() -> None:
-    """A forked copy of the caller must not share the parent's fork server."""
-    global _server, _lock
-    if _server is not None:
-        for sock in _server._socks.values():
-            sock.close()
-    _server = None
-    _lock = _thread.allocate_lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(shutdown)
 
 

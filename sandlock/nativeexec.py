@@ -23,7 +23,6 @@ server. A forked copy of the caller starts its own.
 
 from __future__ import annotations
 
-import _thread
 import array
 import atexit
 import errno
@@ -33,7 +32,7 @@ import signal
 import socket
 import struct
 
-from .forkserver import credentials, usable
+from .forkserver import ProcessWide, credentials
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -150,47 +149,27 @@ class _Gone(Exception):
     """The request was not delivered (the server died): safe to send again."""
 
 
-_server: Optional[Server] = None
-_lock = _thread.allocate_lock()
+def _retire(server: Server) -> None:
+    if server.broken:
+        server.reap()  # dead: reap it (its socket closes when the last user drops it)
+
+
+_servers = ProcessWide(Server, retire=_retire, forget=lambda server: server._sock.close())
 
 
 def get() -> Server:
     """The process-wide server, started on first use (thread-safe)."""
-    global _server
-    server = _server
-    if usable(server):
-        assert server is not None
-        return server
-    with _lock:
-        if not usable(_server):
-            if _server is not None and _server.broken:
-                # Dead: reap it. Its socket is not closed here (other threads may still
-                # be inside its submit()); it closes when the last of them drops it.
-                _server.reap()
-            _server = Server()
-        assert _server is not None
-        return _server
+    server: Server = _servers.get()
+    return server
 
 
 def shutdown() -> None:
     """Stop the server now (it restarts on the next call; running calls go on)."""
-    global _server
-    with _lock:
-        server, _server = _server, None
+    server = _servers.detach()
     if server is not None and server.owner == os.getpid():
         server.close()
 
 
-def _after_fork_in_child() -> None:
-    """A forked copy of the caller must not share the parent's server."""
-    global _server, _lock
-    if _server is not None:
-        _server._sock.close()
-    _server = None
-    _lock = _thread.allocate_lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 atexit.register(shutdown)
 
 
