@@ -157,17 +157,13 @@ class ForkServer:
 
     def children(self) -> list[int]:
         """Pids of the fork server's children (idle and busy supervisors, strays)."""
-        try:
-            with open(f"/proc/{self.pid}/task/{self.pid}/children") as handle:
-                return [int(p) for p in handle.read().split()]
-        except OSError:
-            return []
+        return children_of(self.pid)
 
     def spares(self) -> list[int]:
         """Pids of the confined processes prepared for a next call (see ``_Spare``)."""
         found = []
         for supervisor in self.children():
-            for pid in _children(supervisor):
+            for pid in children_of(supervisor):
                 try:
                     with open(f"/proc/{pid}/comm", "rb") as handle:
                         if handle.read().strip() == SPARE_NAME:
@@ -380,7 +376,7 @@ def _reap(supervisors: dict[int, str], me: int) -> None:
         if pid == 0:
             break
         supervisors.pop(pid, None)
-    for pid in _children(me):
+    for pid in children_of(me):
         if pid not in supervisors:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -388,7 +384,9 @@ def _reap(supervisors: dict[int, str], me: int) -> None:
                 pass
 
 
-def _children(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
+    """The children of a single-threaded process (``/proc/PID/task/PID/children``);
+    [] if it is gone."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as handle:
             return [int(p) for p in handle.read().split()]

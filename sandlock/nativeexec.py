@@ -32,7 +32,7 @@ import signal
 import socket
 import struct
 
-from .forkserver import ProcessWide, credentials
+from .forkserver import ProcessWide, children_of, credentials
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -125,11 +125,7 @@ class Server:
     def children(self) -> list[int]:
         """Pids of the server's children: its spare (the supervisor forked ahead for the
         next call), supervisors of running calls, strays about to be killed."""
-        try:
-            with open(f"/proc/{self.pid}/task/{self.pid}/children") as handle:
-                return [int(p) for p in handle.read().split()]
-        except OSError:
-            return []
+        return children_of(self.pid)
 
     def close(self) -> None:
         """Stop the server (it exits at EOF; running calls go on) and reap it."""

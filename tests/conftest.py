@@ -10,13 +10,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import pytest
 from hypothesis import settings
 
 from sandlock import kernel
+from sandlock.forkserver import children_of
 
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = REPO / "policies"
@@ -27,6 +29,46 @@ IS_ROOT = os.geteuid() == 0
 # The test tree may be read-only for the unprivileged CI user: keep no example database.
 settings.register_profile("sandlock", database=None, deadline=None)
 settings.load_profile("sandlock")
+
+
+# ----------------------------------------------------------------------------
+# Processes, as /proc shows them (exits are seen asynchronously: poll with eventually)
+
+
+def proc_state(pid: int) -> str:
+    """The state letter of ``pid`` (R, S, Z, ...), or "gone"."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    return proc_state(pid) not in ("Z", "X", "gone")
+
+
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as handle:
+        return int(handle.read().rsplit(")", 1)[1].split()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of the single-threaded process ``pid``."""
+    children = children_of(pid)
+    return children + [p for c in children for p in descendants(c)]
+
+
+def eventually(predicate: Callable[[], object], limit: float = 10.0) -> bool:
+    """Poll until ``predicate()`` holds (exits are reaped asynchronously); not a
+    timing assertion: False only after ``limit`` seconds."""
+    end = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def require_abi(minimum: int, what: str) -> None:

@@ -12,11 +12,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import api_tools
 import pytest
-from conftest import PYTHON, REPO, require_abi
+from conftest import PYTHON, REPO, alive, descendants, eventually, require_abi
 
 import sandlock
 from sandlock import forkserver
@@ -42,42 +42,14 @@ def box(workspace: Path) -> Iterator[sandlock.Sandbox]:
         yield sandbox
 
 
-def tree(pid: int) -> list[int]:
-    """Every descendant of ``pid``."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            children = [int(p) for p in handle.read().split()]
-    except OSError:
-        return []
-    return children + [p for c in children for p in tree(c)]
-
-
 def only_idle_supervisors() -> bool:
     """The fork server has only supervisors left, each with at most its spare (a
     confined process that has not run any call): nothing of any call."""
     server = forkserver.get()
     supervisors = server.children()
     spares = server.spares()
-    return (len(tree(server.pid)) == len(supervisors) + len(spares)
+    return (len(descendants(server.pid)) == len(supervisors) + len(spares)
             and len(supervisors) >= forkserver.POOL * 2)
-
-
-def eventually(predicate: Any, limit: float = 10.0) -> bool:
-    """Poll (exited processes are reaped asynchronously); not a timing assertion."""
-    end = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # ----------------------------------------------------------------------------
@@ -171,7 +143,7 @@ def test_popen_streams_and_kills_its_tree(box: sandlock.Sandbox) -> None:
     with pytest.raises(sandlock.TimeoutExpired):
         sleeper.wait(timeout=0.1)
     assert sleeper.poll() is None
-    children = tree(sleeper.pid)
+    children = descendants(sleeper.pid)
     sleeper.kill()
     assert sleeper.wait() == 137
     assert not any(alive(pid) for pid in [sleeper.pid, *children])
@@ -453,7 +425,7 @@ def test_threads_many_calls_no_leaks(box: sandlock.Sandbox) -> None:
         thread.join()
     assert failures == []
     assert sorted(os.listdir("/proc/self/fd")) == fds_before
-    assert eventually(only_idle_supervisors), tree(forkserver.get().pid)
+    assert eventually(only_idle_supervisors), descendants(forkserver.get().pid)
 
 
 def test_shutdown_kills_running_calls(box: sandlock.Sandbox) -> None:

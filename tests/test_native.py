@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import PYTHON, REPO, require_abi
+from conftest import PYTHON, REPO, alive, eventually, parent, proc_state, require_abi
 
 import sandlock
 from sandlock import launcher, nativeexec
 from sandlock.api import Outcome
+from sandlock.forkserver import children_of
 
 TESTS = str(REPO / "tests")
 
@@ -86,21 +87,8 @@ def attempt(box: sandlock.Sandbox, body: str) -> str:
     return str(result.stdout).strip()
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 # ----------------------------------------------------------------------------
 # The native path is the one taken
-
-
-def parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as handle:
-        return int(handle.read().rsplit(")", 1)[1].split()[1])
 
 
 def test_commands_run_under_the_native_helper(native: None, box: sandlock.Sandbox) -> None:
@@ -219,36 +207,10 @@ def test_signals_and_kill_reach_the_tree(path: str, box: sandlock.Sandbox) -> No
 # The server: one per caller process, supervisors forked from it
 
 
-def state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
-
-
-def kids(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(p) for p in handle.read().split()]
-    except OSError:
-        return []
-
-
 def only_the_spare() -> bool:
     """The server's one child is its spare: a supervisor forked ahead, with no child."""
-    spares = kids(nativeexec.get().pid)
-    return len(spares) == 1 and kids(spares[0]) == []
-
-
-def wait_for(predicate: Any, limit: float = 10.0) -> bool:
-    """Poll (exits are seen asynchronously); not a timing assertion."""
-    end = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
-    return True
+    spares = children_of(nativeexec.get().pid)
+    return len(spares) == 1 and children_of(spares[0]) == []
 
 
 def test_the_server_is_started_once_and_reused(native: None, box: sandlock.Sandbox) -> None:
@@ -273,11 +235,11 @@ def test_a_killed_server_is_replaced_and_its_calls_go_on(native: None,
                                                          box: sandlock.Sandbox) -> None:
     proc = box.popen(["/bin/sh", "-c", "read x; exit 5"], stdin=sandlock.PIPE)
     old = nativeexec.get().pid
-    assert wait_for(lambda: len(kids(old)) == 2)  # the call's supervisor, the next spare
-    spare = (set(kids(old)) - {parent(proc.pid)}).pop()
+    assert eventually(lambda: len(children_of(old)) == 2)  # the call's supervisor, the next spare
+    spare = (set(children_of(old)) - {parent(proc.pid)}).pop()
     os.kill(old, signal.SIGKILL)
     # The idle spare dies with it (PR_SET_PDEATHSIG): nothing holds its socket any more.
-    assert wait_for(lambda: state(old) in ("Z", "gone") and state(spare) in ("Z", "gone"))
+    assert eventually(lambda: proc_state(old) in ("Z", "gone") and proc_state(spare) in ("Z", "gone"))
     with proc:
         assert proc.poll() is None  # the supervisor does not depend on the server
         proc.communicate(b"\n")
@@ -285,7 +247,7 @@ def test_a_killed_server_is_replaced_and_its_calls_go_on(native: None,
     result = box.run(["/bin/sh", "-c", "echo again"], capture_output=True)
     assert (result.returncode, result.stdout) == (0, b"again\n")
     assert nativeexec.get().pid != old
-    assert state(old) == "gone"  # reaped by the restart
+    assert proc_state(old) == "gone"  # reaped by the restart
 
 
 def test_a_forked_caller_gets_its_own_server(native: None, box: sandlock.Sandbox) -> None:
@@ -415,7 +377,7 @@ def test_a_malformed_request_is_refused_and_the_server_survives(
     server = nativeexec.get().pid
     answer = request(data, nfds)
     assert answer.startswith(b"F 125 SetupError\nsandlock-exec: ") and why.encode() in answer
-    assert nativeexec.get().pid == server and state(server) not in ("Z", "gone")
+    assert nativeexec.get().pid == server and proc_state(server) not in ("Z", "gone")
     assert box.run(["/usr/bin/true"]).returncode == 0
 
 
@@ -478,7 +440,7 @@ def test_a_thousand_calls_from_eight_threads_leak_nothing(native: None,
     assert launcher.children() == children_before  # no new server or zombie
     assert len(daemons) == 100 and not any(alive(pid) for pid in daemons)
     # Supervisors exit after their report: the server is left with its spare only.
-    assert wait_for(only_the_spare), nativeexec.get().children()
+    assert eventually(only_the_spare), nativeexec.get().children()
 
 
 def test_a_process_outlives_the_thread_that_started_it(native: None,

@@ -16,19 +16,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import POLICIES, PYTHON, python_probe, require_abi, run_confined, write_policy
+from conftest import POLICIES, PYTHON, alive, python_probe, require_abi, run_confined, write_policy
 
 SIGSYS_EXIT = 128 + signal.SIGSYS
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def wait_gone(pid: int, within: float = 20.0) -> bool:
