@@ -1,4 +1,4 @@
-"""The seccomp filter: a pure plan, compiled to BPF by libseccomp, cached by content.
+"""The seccomp filter: a pure plan, compiled to BPF by libseccomp (once per process).
 
 The filter allows by default and refuses (EPERM) what no tool needs, plus every
 socket family, type and protocol the policy does not grant. libseccomp adds the
@@ -14,11 +14,9 @@ exact 64-bit comparison could be bypassed by setting garbage high bits.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from .errors import PolicyError, SeccompError
@@ -221,11 +219,6 @@ def _resolver() -> Callable[[str], int]:
     return lambda name: int(pyseccomp.resolve_syscall(arch, name))
 
 
-#: Changes whenever compile_bpf would turn the same rules into a different program, so
-#: that a cached filter from an older sandlock is never reused.
-COMPILER = "libseccomp-tree-1"
-
-
 def compile_bpf(rules: tuple[Rule, ...]) -> bytes:
     """Compile ``rules`` with libseccomp into classic BPF for the native architecture."""
     try:
@@ -258,26 +251,18 @@ def compile_bpf(rules: tuple[Rule, ...]) -> bytes:
         raise SeccompError(f"libseccomp could not build the filter: {exc}") from None
 
 
-def bpf_for(rules: tuple[Rule, ...]) -> bytes:
-    """The compiled filter for ``rules``, from the cache when this exact plan was seen."""
-    key = hashlib.sha256(repr((os.uname().machine, COMPILER, rules)).encode()).hexdigest()[:32]
-    from .fastpath import cache_dir  # the same private-directory rules as the policy cache
+#: Filters compiled in this process, by plan. Never stored on disk: a file a tool could
+#: write would be trusted by the next launcher (the compiled-policy cache, which does
+#: keep a filter, authenticates its entries; see sandlock.fastpath).
+_COMPILED: dict[tuple[Rule, ...], bytes] = {}
 
-    cache = None if os.environ.get("SANDLOCK_NO_CACHE") else cache_dir(create=True, name="bpf")
-    entry = Path(cache) / key if cache else None
-    if entry is not None:
-        try:
-            data = entry.read_bytes()
-            if data and len(data) % 8 == 0:
-                return data
-        except OSError:
-            pass
-    data = compile_bpf(rules)
-    if entry is not None:
-        try:
-            tmp = entry.with_name(f".{entry.name}.{os.getpid()}")
-            tmp.write_bytes(data)
-            os.replace(tmp, entry)
-        except OSError:
-            pass
+
+def bpf_for(rules: tuple[Rule, ...]) -> bytes:
+    """The compiled filter for ``rules``, compiled once per process."""
+    data = _COMPILED.get(rules)
+    if data is None:
+        data = compile_bpf(rules)
+        if len(_COMPILED) >= 64:
+            _COMPILED.clear()
+        _COMPILED[rules] = data
     return data
