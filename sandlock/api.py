@@ -501,7 +501,9 @@ class Sandbox:
 
     @property
     def warnings(self) -> list[str]:
-        """Protections not enforced on this kernel (non-empty only in best-effort mode)."""
+        """Protections the policy relies on that are not enforced for this caller on this
+        kernel: Landlock gaps (best-effort mode only), a ``processes`` limit that is
+        per-user (RLIMIT_NPROC, no pids cgroup) or, for root in best-effort mode, absent."""
         return self._compiled.warnings
 
     def grants(self) -> dict[str, Any]:
@@ -601,6 +603,7 @@ class Sandbox:
                 "kind": kind, "exe": cmd.executable, "argv": list(cmd.argv),
                 "env": list(cmd.env), "cwd": cmd.cwd, "bpf": compiled.bpf,
                 "rlimits": list(compiled.rlimits), "ruleset": compiled.ruleset_fd >= 0,
+                "cgroup": None if compiled.cgroup is None else compiled.cgroup.wire(),
                 "timeout": self.policy.limits.timeout if timeout is None else timeout,
                 **fields,
             }

@@ -152,7 +152,7 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
         out.print("NOT enforced on this kernel:")
         for line in report["not_enforced"]:
             out.print(f"  - {line}")
-        if report["compat"] == "strict":
+        if report["compat"] == "strict" and report["refused_in_strict"]:
             out.print("strict mode: `sandlock run` will refuse to start with this policy here.")
     else:
         out.print("Everything this policy relies on is enforced on this kernel.")

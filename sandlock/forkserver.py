@@ -468,8 +468,7 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
         if token is not None and prepared is None:
             # Its own copy of the ruleset fd: the request's is closed after the call.
             ruleset_fd = os.dup(fds[4]) if request["ruleset"] else -1
-            prepared = (launcher.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
-                                          request["bpf"], tuple(request["rlimits"])), token)
+            prepared = (_compiled(request, ruleset_fd), token)
         # Nothing of this call survives into the next: the child's end (launcher's
         # Child._reap) kills and reaps every process re-parented to this supervisor.
         _serve_one(request, fds, notes_w, kind, spare, taken)
@@ -481,6 +480,18 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
                 except OSError:
                     spare = None  # fork failed (RLIMIT_NPROC, memory): the next call forks
             _note(notes_w, b"i")
+
+
+def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
+    """The caller's compiled policy, as its request carries it: the ruleset fd, BPF,
+    rlimits, and where each run's pids cgroup is made (the caller's decision, the one
+    its warnings describe: never looked up again here)."""
+    from . import cgroups, launcher
+
+    wire = request["cgroup"]
+    base = None if wire is None else cgroups.Base(*wire)
+    return launcher.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
+                             request["bpf"], tuple(request["rlimits"]), base)
 
 
 def _note(notes_w: int, event: bytes) -> None:
@@ -557,6 +568,7 @@ class _Spare:
             pass  # gone already
         if self.starting.errr >= 0:
             os.close(self.starting.errr)
+        self.starting.discard_group()
         self.sock.close()
 
 
@@ -581,8 +593,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
         failure = ""
         if child is None:
             spare = None
-            compiled = launcher.Compiled(None, 0, (), fds[4] if request["ruleset"] else -1,  # type: ignore[arg-type]
-                                         request["bpf"], tuple(request["rlimits"]))
+            compiled = _compiled(request, fds[4] if request["ruleset"] else -1)
             try:
                 if request["kind"] == "call":  # no spare ready: one made now, for this call
                     spare = _Spare(compiled, request.get("policy") or b"", ahead=False)

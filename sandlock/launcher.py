@@ -4,9 +4,13 @@ The parent prepares everything (:func:`compile_policy`: ruleset fd, compiled BPF
 rlimits; :func:`prepare_command`: executable path, argv, environment). The child
 after fork makes a handful of syscalls, in this order:
 
-    setsid -> PDEATHSIG (+ parent check) -> default signals -> stdio -> chdir
-    -> rlimits -> close-on-exec for fds >= 3 -> no_new_privs
-    -> landlock_restrict_self -> seccomp -> execve
+    join the run's pids cgroup -> setsid -> PDEATHSIG (+ parent check)
+    -> default signals -> stdio -> chdir -> rlimits -> close-on-exec for fds >= 3
+    -> no_new_privs -> landlock_restrict_self -> seccomp -> execve
+
+``[limits] processes`` is a pids cgroup of the run (:mod:`sandlock.cgroups`) when
+this caller can create one, else RLIMIT_NPROC (per user, and not binding root: a
+reported gap, refused in strict mode for root).
 
 A failure before exec travels to the parent over a close-on-exec pipe, so the
 parent can tell "could not start" (125/126/127) from "ran and failed".
@@ -22,7 +26,7 @@ import select
 import signal
 import time
 
-from . import kernel
+from . import cgroups, kernel
 from .errors import ExecError, ExitCode, KernelSupportError, SandlockError, SetupError
 
 # Start-up is paid on every `sandlock run`: nothing the cached run path skips
@@ -49,16 +53,36 @@ TIMING_FD = -1
 _fork_stamp = 0
 
 
+#: Compiled(cgroup=DISCOVER): look for a pids cgroup base now (cgroups.find).
+DISCOVER = "discover"
+
+
+def process_limit(rlimits: Sequence[tuple[int, int]]) -> Optional[int]:
+    """The ``processes`` limit carried by a compiled policy's rlimits, or None."""
+    for res, value in rlimits:
+        if res == resource.RLIMIT_NPROC:
+            return value
+    return None
+
+
 class Compiled:
     """A policy made ready for the kernel; reusable for any number of launches.
 
     The ruleset fd may be shared by many children: landlock_restrict_self only
     reads it. Close it with :meth:`close` when done. (A plain class, not a
     dataclass: importing dataclasses costs more than the whole cached run.)
+
+    ``rlimits`` are the policy's (RLIMIT_NPROC for ``processes`` included). When
+    ``processes`` is set and this caller can create pids cgroups, ``cgroup`` is where
+    each run's group is made (then RLIMIT_NPROC is not applied: the group counts the
+    sandbox, the rlimit the whole user); the attribute exists only then.
     """
 
+    cgroup: Optional[cgroups.Base] = None
+
     def __init__(self, policy: Policy, abi: int, gaps: tuple[ruleset.Gap, ...], ruleset_fd: int,
-                 bpf: bytes, rlimits: tuple[tuple[int, int], ...]) -> None:
+                 bpf: bytes, rlimits: tuple[tuple[int, int], ...],
+                 cgroup: Optional[cgroups.Base] | str = DISCOVER) -> None:
         self.policy = policy
         self.abi = abi
         self.gaps = gaps
@@ -66,6 +90,8 @@ class Compiled:
         self.bpf = bpf
         self.rlimits = rlimits
         self._fprog, self._keep = kernel.make_fprog(bpf)
+        if process_limit(rlimits) is not None:
+            self.cgroup = cgroups.find()[0] if cgroup == DISCOVER else cgroup  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return (f"Compiled(policy={self.policy.source!r}, abi={self.abi}, gaps={self.gaps!r}, "
@@ -74,8 +100,15 @@ class Compiled:
 
     @property
     def warnings(self) -> list[str]:
-        """One line per protection not enforced (only non-empty in best-effort mode)."""
+        """One line per protection not enforced for this caller on this kernel (in strict
+        mode only those a strict policy accepts: a per-user process limit)."""
         return [str(gap) for gap in self.gaps]
+
+    def child_rlimits(self, in_group: bool) -> tuple[tuple[int, int], ...]:
+        """What the child sets: RLIMIT_NPROC only when it is not in a pids cgroup."""
+        if not in_group:
+            return self.rlimits
+        return tuple(pair for pair in self.rlimits if pair[0] != resource.RLIMIT_NPROC)
 
     def close(self) -> None:
         if self.ruleset_fd >= 0:
@@ -124,6 +157,16 @@ def strict_failure(policy: Policy, abi: int, gaps: Sequence[ruleset.Gap]) -> Ker
     )
 
 
+def process_failure(policy: Policy, gap: ruleset.Gap) -> KernelSupportError:
+    return KernelSupportError(
+        f"{policy.source}: cannot enforce the {gap}.\n"
+        "Refusing to run. Give sandlock a pids cgroup it can create children in (root with a "
+        "writable cgroup hierarchy with the pids controller, or a delegated cgroup subtree), "
+        "run as an ordinary user (RLIMIT_NPROC then binds, per user), remove `processes` from "
+        "the policy, or accept the gap with --best-effort (or compat = \"best-effort\")."
+    )
+
+
 def compile_policy(policy: Policy) -> Compiled:
     """Check kernel support, build the Landlock ruleset and the seccomp BPF."""
     from . import ruleset, seccomp
@@ -136,12 +179,31 @@ def compile_policy(policy: Policy) -> Compiled:
     plan = ruleset.plan(policy, abi)
     if plan.gaps and policy.compat is Compat.STRICT:
         raise strict_failure(policy, abi, plan.gaps)
+    caller = ruleset.caller_gaps(policy)
+    refused = [gap for gap in caller if gap.strict]
+    if refused and policy.compat is Compat.STRICT:
+        raise process_failure(policy, refused[0])
     if policy.syscalls.allow or policy.syscalls.deny:
         seccomp.check_names(policy)
     bpf = seccomp.bpf_for(seccomp.plan(policy))
-    fd = ruleset.build(plan)
+    fd = build_rules(policy, plan)
     rlimits = clamp_to_hard_limits(rlimits_for(policy.limits))
-    return Compiled(policy, abi, plan.gaps, fd, bpf, rlimits)
+    return Compiled(policy, abi, plan.gaps + caller, fd, bpf, rlimits)
+
+
+def build_rules(policy: Policy, plan: ruleset.Plan) -> int:
+    """The ruleset fd for ``plan``; a grant refused by :mod:`sandlock.grants` becomes a
+    PolicyError naming the policy line it came from."""
+    from . import ruleset
+    from .errors import PolicyError
+    from .grants import GrantError
+
+    try:
+        return ruleset.build(plan, ruleset.policy_files(policy))
+    except GrantError as exc:
+        origin = next((r.origin for r in policy.paths if r.path == exc.path), policy.source)
+        where, _, key = origin.partition(" ")
+        raise PolicyError(f"{exc.path!r}: {exc.reason}", source=where, key=key) from None
 
 
 # ----------------------------------------------------------------------------
@@ -234,10 +296,13 @@ _PRIVILEGED = kernel.has_capabilities()
 def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,
            stdio: tuple[int, int, int], env: dict[bytes, bytes], argv: list[bytes],
            hook: Optional[Callable[[], None]] = None,
-           body: Optional[Callable[[], None]] = None) -> None:
+           body: Optional[Callable[[], None]] = None, group_fd: int = -1) -> None:
     started = time.monotonic_ns() if TIMING_FD >= 0 else 0
-    stage = "setup"
+    stage = "cgroup"
     try:
+        if group_fd >= 0:  # first: everything the child and its descendants do is counted
+            os.write(group_fd, b"0")  # "0": the writing process (cgroup-v2.rst, cgroup.procs)
+        stage = "setup"
         os.setsid()
         kernel.set_pdeathsig(_SIGKILL)
         if os.getppid() != parent:
@@ -254,7 +319,7 @@ def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,
             stage = "chdir"
             os.chdir(cmd.cwd)
         stage = "rlimit"
-        for res, value in compiled.rlimits:
+        for res, value in compiled.child_rlimits(group_fd >= 0):
             resource.setrlimit(res, (value, value))
         stage = "setup"
         if _PRIVILEGED:
@@ -300,15 +365,19 @@ def _setup_failure(cmd: Command, report: bytes) -> SandlockError:
         return ExecError(f"{cmd.executable}: cannot execute: {text}", ExitCode.NOT_EXECUTABLE)
     if stage == "chdir":
         return SetupError(f"cannot change directory to {cmd.cwd!r}: {text}")
+    if stage == "cgroup":
+        return SetupError(f"cannot join the run's pids cgroup ([limits] processes): {text}")
     return SetupError(f"sandbox setup failed at {stage}: {text}")
 
 
 class Child:
     """A confined process started by :func:`spawn`."""
 
-    def __init__(self, pid: int, spared: frozenset[int] = frozenset()) -> None:
+    def __init__(self, pid: int, spared: frozenset[int] = frozenset(),
+                 group: Optional[cgroups.Group] = None) -> None:
         self.pid = pid
         self.spared = spared  #: the caller's own children, never killed when reaping
+        self.group = group  #: the run's pids cgroup: killed and removed when reaped
         self.pidfd = os.pidfd_open(pid)
         self.returncode: Optional[int] = None
         self.timed_out = False
@@ -336,7 +405,12 @@ class Child:
         self.returncode = ExitCode.TIMEOUT if self.timed_out else code
         os.close(self.pidfd)
         self.pidfd = -1
+        if self.group is not None:
+            self.group.kill()  # the whole tree at once, a fork bomb included
         reap_descendants(self.spared)
+        if self.group is not None:
+            self.group.close()
+            self.group = None
 
     def send_signal(self, signum: int) -> None:
         """Signal the command's process group (it is the leader of its own session)."""
@@ -348,6 +422,8 @@ class Child:
             pass
 
     def kill_tree(self) -> None:
+        if self.group is not None and self.returncode is None:
+            self.group.kill()
         self.send_signal(signal.SIGKILL)
         if self.returncode is None:
             self._reap()
@@ -419,7 +495,18 @@ class Starting:
         env = {os.fsencode(k): os.fsencode(v) for k, v in cmd.env}
         argv = [os.fsencode(a) for a in cmd.argv]
         self.cmd = cmd
-        self.errr, errw = os.pipe2(os.O_CLOEXEC)
+        self.group: Optional[cgroups.Group] = None
+        limit = process_limit(compiled.rlimits)
+        if compiled.cgroup is not None and limit is not None:
+            try:
+                self.group = cgroups.Group(compiled.cgroup, limit)
+            except cgroups.CgroupError as exc:
+                raise SetupError(f"[limits] processes = {limit}: {exc.strerror}") from None
+        try:
+            self.errr, errw = os.pipe2(os.O_CLOEXEC)
+        except BaseException:
+            self.discard_group()
+            raise
         parent = os.getpid()
         # Before fork: an orphan of the tool can never be among them.
         self.spared = frozenset(children())
@@ -431,11 +518,23 @@ class Starting:
         except BaseException:
             os.close(self.errr)
             os.close(errw)
+            self.discard_group()
             raise
         if self.pid == 0:  # pragma: no cover - runs in the child, which never returns
             os.close(self.errr)
-            _child(compiled, cmd, errw, parent, stdio, env, argv, hook, body)
+            _child(compiled, cmd, errw, parent, stdio, env, argv, hook, body,
+                   -1 if self.group is None else self.group.procs_fd)
         os.close(errw)
+        if self.group is not None:  # the child holds its copy until exec (close-on-exec)
+            os.close(self.group.procs_fd)
+            self.group.procs_fd = -1
+
+    def discard_group(self) -> None:
+        """Kill what is in the run's pids cgroup and remove it (a child that never ran,
+        or a spare thrown away)."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
 
     def confirm(self) -> Child:
         try:
@@ -447,8 +546,11 @@ class Starting:
             self.errr = -1
         if report:
             os.waitpid(self.pid, 0)
+            self.discard_group()
             raise _setup_failure(self.cmd, report)
-        return Child(self.pid, self.spared)
+        child = Child(self.pid, self.spared, self.group)
+        self.group = None  # the Child's now
+        return child
 
 
 def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,

@@ -33,6 +33,7 @@ import socket
 import struct
 
 from .forkserver import ProcessWide, children_of, credentials
+from .launcher import process_limit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -185,8 +186,13 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
         args.append("-s")
     if timeout is not None:
         args += ["-t", repr(float(timeout))]
-    for res, value in compiled.rlimits:
+    limit = process_limit(compiled.rlimits)
+    group = compiled.cgroup is not None and limit is not None
+    for res, value in compiled.child_rlimits(group):
         args += ["-r", f"{res}:{value}"]
+    if group:  # the supervisor makes the call's pids cgroup (sandlock/cgroups.py)
+        version, base, relative = compiled.cgroup.wire()  # type: ignore[union-attr]
+        args += ["-p", str(limit), "-g", f"{version}:{base}", "-G", relative]
     args += ["--", cmd.executable, *cmd.argv]  # the path to exec, then argv (argv[0] too)
     env = []
     for name, text in cmd.env:

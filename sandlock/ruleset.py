@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 from . import abi as A
 from . import kernel
@@ -23,14 +24,21 @@ ENV_ABI = "SANDLOCK_ABI"
 
 @dataclass(frozen=True)
 class Gap:
-    """A protection the policy relies on that this kernel cannot apply."""
+    """A protection the policy relies on that this kernel (or this caller) cannot apply.
+
+    ``needs`` says what would enforce it when that is not a Landlock ABI
+    (``needs_abi`` 0). ``strict``: a strict-mode policy refuses to run with this gap.
+    """
 
     protection: str
     needs_abi: int
     consequence: str
+    needs: str = ""
+    strict: bool = True
 
     def __str__(self) -> str:
-        return f"{self.protection} (needs Landlock ABI {self.needs_abi}): {self.consequence}"
+        needs = self.needs or f"Landlock ABI {self.needs_abi}"
+        return f"{self.protection} (needs {needs}): {self.consequence}"
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,36 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
     return tuple(out)
 
 
+def process_gap(limit: Optional[int], cgroup_why: Optional[str], root: bool) -> Optional[Gap]:
+    """The gap of ``[limits] processes = limit`` for a caller that can (``cgroup_why``
+    None) or cannot (the reason) create a pids cgroup; ``root``: real uid 0, which
+    RLIMIT_NPROC does not bind (kernel/fork.c: the INIT_USER exemption)."""
+    if limit is None or cgroup_why is None:
+        return None
+    needs = f"a pids cgroup this caller can create; none here: {cgroup_why}"
+    if root:
+        return Gap(f"process limit (processes = {limit})", 0,
+                   "RLIMIT_NPROC does not bind root: the tool can fork without limit "
+                   "(a fork bomb can take the machine down)", needs)
+    return Gap(f"per-sandbox process limit (processes = {limit})", 0,
+               "enforced with RLIMIT_NPROC instead, which counts every process of this user, "
+               "not of the sandbox (the tool may fork only while this user has fewer than "
+               f"{limit} processes in all)", needs, strict=False)
+
+
+def caller_gaps(policy: Policy) -> tuple[Gap, ...]:
+    """Protections ``policy`` relies on that this caller cannot have enforced (not a
+    matter of the Landlock ABI): today, a per-sandbox ``processes`` limit."""
+    limit = policy.limits.processes
+    if limit is None:
+        return ()
+    from . import cgroups
+
+    base, why = cgroups.find()
+    gap = process_gap(limit, None if base is not None else why, os.getuid() == 0)
+    return () if gap is None else (gap,)
+
+
 def plan(policy: Policy, abi: int) -> Plan:
     """Rights per path and port for ``policy`` on ``abi``: pure, testable for every ABI."""
     sockets = policy.network.unix
@@ -116,12 +154,19 @@ def detect_abi() -> int:
     return real
 
 
-def build(p: Plan) -> int:
-    """Create the ruleset fd for ``p`` (close-on-exec). Paths are opened O_PATH here,
-    in the parent, so the child only has to call landlock_restrict_self.
+def build(p: Plan, policy_files: tuple[str, ...] = ()) -> int:
+    """Create the ruleset fd for ``p`` (close-on-exec). Paths are resolved here, in the
+    parent, to the descriptors the rules are made from, so the child only has to call
+    landlock_restrict_self; ``policy_files`` are the files the policy was read from,
+    which no write grant may reach (:mod:`sandlock.grants`).
 
     The work is :func:`sandlock.kernel.build_ruleset`, which takes plain values so
     that the cached run path (:mod:`sandlock.fastpath`) shares it without importing
     this module and the policy model."""
     return kernel.build_ruleset(p.abi, p.handled_fs, p.handled_net, p.scoped, p.paths, p.ports,
-                                int(A.FILE_ONLY))
+                                int(A.FILE_ONLY), int(A.WRITE_RIGHTS), policy_files)
+
+
+def policy_files(policy: Policy) -> tuple[str, ...]:
+    """The files ``policy`` was read from (built-in profiles and texts excluded)."""
+    return tuple(s for s in policy.layers if s and not s.startswith("<"))

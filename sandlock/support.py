@@ -58,6 +58,15 @@ def kernel_report() -> dict[str, Any]:
     notif = why is None and kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF)
     features.append({"feature": "seccomp user notification", "available": notif,
                      "detail": "SECCOMP_RET_USER_NOTIF"})
+    from . import cgroups
+
+    base, why = cgroups.find()
+    features.append({"feature": "per-sandbox process limit (pids cgroup, [limits] processes)",
+                     "available": base is not None,
+                     "detail": f"cgroup v{base.version} below {base.path}" if base is not None
+                     else f"{why}; RLIMIT_NPROC instead: per user, and not binding root"
+                     if os.getuid() != 0 else f"{why}; RLIMIT_NPROC does not bind root: "
+                     "`processes` cannot be enforced for this caller"})
     userns, detail = _userns()
     features.append({"feature": "unprivileged user namespaces", "available": userns, "detail": detail})
     return {"kernel": os.uname().release, "landlock_abi": real, "abi_in_use": used,
@@ -69,6 +78,7 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
     plan = seccomp.plan(policy)
     denied = sorted({rule.syscall for rule in plan if not rule.args and rule.syscall != "clone3"})
     limits = {k: v for k, v in vars(policy.limits).items() if v is not None}
+    gaps = (*ruleset.gaps(policy, abi), *ruleset.caller_gaps(policy))
     return {
         "source": policy.source,
         "description": policy.description,
@@ -87,5 +97,6 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         "env": {"pass": list(policy.env.passed), "set": dict(policy.env.set)},
         "limits": limits,
         "seccomp": {"rules": len(plan), "denied": denied},
-        "not_enforced": [str(gap) for gap in ruleset.gaps(policy, abi)],
+        "not_enforced": [str(gap) for gap in gaps],
+        "refused_in_strict": [str(gap) for gap in gaps if gap.strict],
     }

@@ -22,11 +22,16 @@
  *         strings and nothing after: the supervisor's arguments, then the command's
  *         environment (already filtered by the policy). nargs == 0: the data, in the
  *         same layout (nargs > 0), is in the memfd, the last fd (large requests).
- *   args  [-s] [-l] [-t SECONDS] [-c CWD] [-r RESOURCE:VALUE]... -- EXE ARGV0 ARGS...
+ *   args  [-s] [-l] [-t SECONDS] [-c CWD] [-r RESOURCE:VALUE]...
+ *         [-p LIMIT -g VERSION:BASE -G RELATIVE] -- EXE ARGV0 ARGS...
  *         -s  report "S pid" once the command has exec'd (popen)
  *         -l  the request carries the Landlock ruleset fd
  *         -t  wall-clock limit: kill the whole tree, report timed out
  *         -c  the command's working directory; -r a setrlimit (soft = hard = VALUE)
+ *         -p  [limits] processes as a pids cgroup of the call (sandlock/cgroups.py): made
+ *             below BASE (cgroup VERSION 1 or 2; RELATIVE is BASE as /proc/PID/cgroup
+ *             names it), pids.max = LIMIT; the child joins it first; at the end it is
+ *             killed and removed
  * The spare that receives a request parses it and becomes its supervisor; the server
  * neither parses nor waits on any call. A request that cannot be served is answered
  * "F 125 SetupError\nmessage" on its call socket (the server does so itself when it
@@ -57,6 +62,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -70,6 +76,12 @@
 #endif
 #ifndef __NR_landlock_restrict_self
 #define __NR_landlock_restrict_self 446
+#endif
+#ifndef __NR_pidfd_open
+#define __NR_pidfd_open 434
+#endif
+#ifndef __NR_pidfd_send_signal
+#define __NR_pidfd_send_signal 424
 #endif
 #define CLOSE_RANGE_CLOEXEC_ (1U << 2) /* https://man7.org/linux/man-pages/man2/close_range.2.html */
 
@@ -99,6 +111,18 @@ static struct rlimit_pair { int resource; rlim_t value; } rlimits[MAX_RLIMITS];
 static int n_rlimits, report_start, has_ruleset;
 static double timeout = -1;
 static const char *cwd;
+/* -p/-g/-G: the call's pids cgroup (see group_make) */
+static long long pids_limit = -1;
+static int cgroup_version;
+static const char *cgroup_base, *cgroup_relative;
+static char group_path[4096], group_line[4096];
+static int group_procs = -1;
+
+static unsigned long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000000ULL + (unsigned long long)t.tv_nsec;
+}
 
 static void say(const char *text, size_t len) {
     send(SOCK, text, len, MSG_NOSIGNAL); /* the caller may be gone: the tree dies anyway */
@@ -146,7 +170,10 @@ static int drop_capabilities(void) {
 
 /* Runs after fork; never returns. Any failure goes to errw as "stage\0errno\0message". */
 static void child(pid_t parent, int errw, struct sock_fprog *prog, char **argv) {
-    const char *stage = "setup";
+    const char *stage = "cgroup";
+    /* First: everything the child and its descendants do is counted. "0" is the writer. */
+    if (group_procs >= 0 && write(group_procs, "0", 1) != 1) goto failed;
+    stage = "setup";
     if (setsid() < 0) goto failed;
     /* PR_SET_PDEATHSIG: killed with the supervisor; then make sure it was not already gone. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) goto failed;
@@ -215,6 +242,89 @@ static void kill_descendants(void) {
     }
 }
 
+/* ----------------------------------------------------------------------------
+ * The call's pids cgroup, as sandlock/cgroups.py's Group */
+
+static int write_file(const char *dir, const char *name, const char *text) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t len = (ssize_t)strlen(text), n = write(fd, text, (size_t)len);
+    close(fd);
+    return n == len ? 0 : -1;
+}
+
+/* SIGKILL every member until none is left: cgroup.kill on v2; else each member by
+ * pidfd, signalled only if /proc/PID/cgroup, read after its pidfd was opened, still
+ * names the group (a pid reused elsewhere is never signalled). */
+static void group_kill(void) {
+    if (!group_path[0]) return;
+    if (cgroup_version == 2) write_file(group_path, "cgroup.kill", "1");
+    char path[4200], buf[8192], member[8192];
+    snprintf(path, sizeof path, "%s/cgroup.procs", group_path);
+    for (int round = 0; round < 10000; round++) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return;
+        ssize_t len = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (len <= 0) return;
+        buf[len] = 0;
+        for (char *p = buf, *end;; p = end) {
+            long pid = strtol(p, &end, 10);
+            if (end == p) break;
+            int pidfd = (int)syscall(__NR_pidfd_open, (pid_t)pid, 0U);
+            if (pidfd < 0) continue;
+            char proc[64];
+            snprintf(proc, sizeof proc, "/proc/%ld/cgroup", pid);
+            int cg = open(proc, O_RDONLY | O_CLOEXEC);
+            ssize_t got = cg < 0 ? -1 : read(cg, member, sizeof member - 1);
+            if (cg >= 0) close(cg);
+            if (got > 0) {
+                member[got] = 0;
+                if (strstr(member, group_line))
+                    syscall(__NR_pidfd_send_signal, pidfd, SIGKILL, NULL, 0U);
+            }
+            close(pidfd);
+        }
+        sched_yield();
+    }
+}
+
+static void group_remove(void) {
+    if (!group_path[0]) return;
+    if (group_procs >= 0) close(group_procs), group_procs = -1;
+    group_kill();
+    for (int i = 0; i < 1000 && rmdir(group_path) < 0 && errno == EBUSY; i++) {
+        group_kill();
+        sched_yield();
+    }
+    group_path[0] = 0;
+}
+
+static void group_make(void) {
+    unsigned int tag = 0;
+    if (syscall(SYS_getrandom, &tag, sizeof tag, 0U) != (long)sizeof tag) tag ^= (unsigned)now_ns();
+    snprintf(group_path, sizeof group_path, "%s/sandlock-%d-%08x", cgroup_base, getpid(), tag);
+    const char *rel = cgroup_relative[strlen(cgroup_relative) - 1] == '/' ? "" : "/";
+    snprintf(group_line, sizeof group_line, ":%s%ssandlock-%d-%08x\n", cgroup_relative, rel,
+             getpid(), tag);
+    if (mkdir(group_path, 0755) < 0) {
+        group_path[0] = 0;
+        fail("cannot create the pids cgroup of [limits] processes");
+    }
+    char text[32], path[4200];
+    snprintf(text, sizeof text, "%lld", pids_limit);
+    snprintf(path, sizeof path, "%s/cgroup.procs", group_path);
+    if (write_file(group_path, "pids.max", text) < 0 ||
+        (group_procs = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
+        int err = errno;
+        group_remove();
+        errno = err;
+        fail("cannot set up the pids cgroup of [limits] processes");
+    }
+}
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -227,7 +337,7 @@ static double now(void) {
 /* The request's args (argv[0] is a placeholder); getopt starts afresh in each fork. */
 static void options(int argc, char **argv) {
     int opt;
-    while ((opt = getopt(argc, argv, "+slt:c:r:")) != -1) {
+    while ((opt = getopt(argc, argv, "+slt:c:r:p:g:G:")) != -1) {
         if (opt == 's') report_start = 1;
         else if (opt == 'l') has_ruleset = 1;
         else if (opt == 't') timeout = strtod(optarg, NULL);
@@ -236,9 +346,27 @@ static void options(int argc, char **argv) {
             char *value;
             rlimits[n_rlimits].resource = (int)strtol(optarg, &value, 10);
             rlimits[n_rlimits++].value = (rlim_t)strtoull(value + 1, NULL, 10);
+        } else if (opt == 'p') {
+            char *end;
+            errno = 0;
+            pids_limit = strtoll(optarg, &end, 10);
+            if (errno || end == optarg || *end || pids_limit < 1) { errno = EINVAL; fail("bad -p"); }
+        } else if (opt == 'g') {
+            if ((optarg[0] != '1' && optarg[0] != '2') || optarg[1] != ':' || optarg[2] != '/') {
+                errno = EINVAL;
+                fail("bad -g");
+            }
+            cgroup_version = optarg[0] - '0', cgroup_base = optarg + 2;
+        } else if (opt == 'G') {
+            if (optarg[0] != '/') { errno = EINVAL; fail("bad -G"); }
+            cgroup_relative = optarg;
         } else { errno = EINVAL; fail("bad arguments"); }
     }
     if (optind + 1 >= argc) { errno = EINVAL; fail("no command"); }
+    if ((pids_limit > 0) != (cgroup_base != NULL) || (cgroup_base != NULL) != (cgroup_relative != NULL)) {
+        errno = EINVAL;
+        fail("-p, -g and -G go together");
+    }
 }
 
 /* Runs the call whose fds are in place (0-2 stdio, 3 call socket, 4 ruleset) and
@@ -269,14 +397,21 @@ static void supervise(char **command) {
     int errpipe[2];
     if (sigfd < 0 || pipe2(errpipe, O_CLOEXEC) < 0) fail("setup");
     double deadline = timeout >= 0 ? now() + timeout : 0;
+    if (pids_limit > 0) group_make();
 
     /* vfork: no copy of even this small process's page tables. The child only makes
      * syscalls on its own stack and ends in execve or _exit; each step it takes acts on
      * per-task or copied state (no CLONE_FS/FILES/SIGHAND), never on this process's. */
     pid_t parent = getpid(), pid = vfork();
-    if (pid < 0) fail("cannot fork the confined process");
+    if (pid < 0) {
+        int err = errno;
+        group_remove();
+        errno = err;
+        fail("cannot fork the confined process");
+    }
     if (pid == 0) child(parent, errpipe[1], &prog, command);
     close(errpipe[1]);
+    if (group_procs >= 0) close(group_procs), group_procs = -1; /* the child is in (or failed) */
     char report[600];
     size_t got = 0;
     ssize_t n;
@@ -286,7 +421,9 @@ static void supervise(char **command) {
     int status = 0;
     if (got) { /* the child's pre-exec failure, verbatim */
         waitpid(pid, &status, 0);
+        group_kill();
         kill_descendants();
+        group_remove();
         report[0] = 'X', report[1] = ' ';
         say(report, got + 2);
         return;
@@ -322,12 +459,15 @@ static void supervise(char **command) {
             else if (message[0] == 's' && message[1] == ' ') kill(-pid, atoi(message + 2));
         }
         if (kill_tree && !done) {
+            group_kill(); /* the whole tree at once, a fork bomb included */
             kill(-pid, SIGKILL);
             while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
             done = 1;
         }
     }
+    group_kill();
     kill_descendants();
+    group_remove();
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     int code = timed_out ? 124 : sig ? 128 + sig : WEXITSTATUS(status);
     say(text, (size_t)snprintf(text, sizeof text, "E %d %d %d %d", code, sig, timed_out, pid));

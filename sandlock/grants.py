@@ -1,0 +1,310 @@
+"""Policy paths resolved once, to descriptors, and what no tool may ever write.
+
+Two rules keep one tool from weakening the sandbox of a later one (README, "Threat
+model"):
+
+1. **A grant means the object that was checked.** Each policy path is resolved here,
+   one component at a time with ``O_PATH | O_NOFOLLOW``, to the descriptor that the
+   Landlock rule is made from; every check (is it ``/proc``? does it reach sandlock's
+   state?) is made on that resolution, never on a path string opened again later.
+   A symbolic link is followed only where no tool can have planted it: directly in
+   ``/`` or in a system directory (:data:`SYSTEM_DIRS`), the directory owned by root
+   and writable by no one else, the link itself owned by root. Anywhere else the
+   grant is refused and the link named, since a tool with write access to its
+   directory (in this policy or in another) could point it at ``~/.ssh`` or ``/``.
+2. **Nothing sandlock trusts later is writable by a tool.** A write grant is refused
+   when it is, contains, or lies inside: sandlock's state directories (every place a
+   later run may look for them), the policy files this run was built from, sandlock's
+   installation (its package, the Python it runs on, the single-file binary and its
+   unpacked program). A write grant that contains a directory of sandlock's import
+   path is refused too (a planted module or ``.pth`` file would run in the next
+   launcher). Directories under the system directories cannot be granted write,
+   since rule 1 trusts the links there.
+
+Facts about the objects come from ``fstat`` of descriptors; ancestors are found by
+walking ``..`` from a descriptor, so a bind mount or a symlinked home cannot hide
+that a grant reaches a protected directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from stat import S_ISDIR, S_ISLNK
+
+from .errors import SandlockError
+
+TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
+if TYPE_CHECKING:
+    from typing import Iterable, Optional, Sequence
+
+#: Directories whose symbolic links are followed (with "/" itself, not recursively):
+#: root-owned system locations no policy may grant write on a directory of.
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
+#: Paths no policy may grant write access to, nor anything beneath the last two.
+FORBIDDEN_WRITE = ("/", "/proc", "/sys")
+MAX_LINKS = 40  # as the kernel's path walk (ELOOP)
+_WALK = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+
+#: Environment variables the single-file binary's stub sets for the program it runs:
+#: its own path and the state directory it unpacked into (scripts/persistent_stub.c).
+ENV_STUB = "SANDLOCK_STUB"
+ENV_STATE = "SANDLOCK_STATE_DIR"
+
+
+class GrantError(SandlockError):
+    """A policy path that cannot be granted as it stands (exit code 125).
+
+    ``path`` is the policy's path as written (after variables); the caller that knows
+    the policy line turns this into a PolicyError naming file, line and key.
+    """
+
+    stage = "policy"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path!r}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class Resolved:
+    """One policy path resolved to an ``O_PATH`` descriptor (close it with :meth:`close`).
+
+    ``canonical`` is its location without symbolic links; ``chain`` the (device, inode)
+    of every directory from ``/`` down to the object itself, included.
+    """
+
+    __slots__ = ("fd", "canonical", "chain", "is_dir")
+
+    def __init__(self, fd: int, canonical: str, chain: tuple[tuple[int, int], ...],
+                 is_dir: bool) -> None:
+        self.fd = fd
+        self.canonical = canonical
+        self.chain = chain
+        self.is_dir = is_dir
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def in_system_dir(canonical: str) -> bool:
+    """Whether ``canonical`` is one of :data:`SYSTEM_DIRS` or lies below one."""
+    return any(canonical == d or canonical.startswith(d + "/") for d in SYSTEM_DIRS)
+
+
+def _trusted_link(directory: str, dir_fd: int, link: os.stat_result) -> bool:
+    if not (directory == "/" or in_system_dir(directory)):
+        return False
+    info = os.fstat(dir_fd)
+    return info.st_uid == 0 and not info.st_mode & 0o022 and link.st_uid == 0
+
+
+def resolve(path: str) -> Resolved:
+    """Open ``path`` (absolute) as :class:`Resolved`, following only trusted links.
+
+    Raises GrantError for an untrusted link or a loop, OSError (from the kernel) for
+    a missing component or one that is not a directory.
+    """
+    parts = [p for p in path.split("/") if p]
+    parts.reverse()  # a stack: the next component is last
+    fd = os.open("/", _DIR)
+    root = os.fstat(fd)
+    chain = [(root.st_dev, root.st_ino)]
+    canon: list[str] = []
+    links = 0
+    info = root
+    try:
+        while parts:
+            name = parts.pop()
+            if name == ".":
+                continue
+            if name == "..":
+                if canon:
+                    parent = os.open("..", _DIR, dir_fd=fd)
+                    os.close(fd)
+                    fd = parent
+                    canon.pop()
+                    chain.pop()
+                    info = os.fstat(fd)
+                continue
+            step = os.open(name, _WALK, dir_fd=fd)
+            try:
+                info = os.fstat(step)
+                if S_ISLNK(info.st_mode):
+                    here = "/" + "/".join(canon)
+                    target = os.readlink("", dir_fd=step)
+                    links += 1
+                    if not _trusted_link(here, fd, info):
+                        shown = os.path.join(here, name)
+                        what = "it" if shown == path else repr(shown)
+                        raise GrantError(path, (
+                            f"{what} is a symbolic link (to {target!r}) in a directory a tool "
+                            "may be able to write; sandlock follows links only in system "
+                            "directories owned by root, so that a planted link cannot redirect "
+                            "a grant: name the link's target instead"))
+                    if links > MAX_LINKS:
+                        raise GrantError(path, "too many levels of symbolic links")
+                    parts.extend(reversed([p for p in target.split("/") if p]))
+                    if target.startswith("/"):
+                        os.close(fd)
+                        fd = os.open("/", _DIR)
+                        canon.clear()
+                        del chain[1:]
+                    info = os.fstat(fd)
+                    continue
+            except BaseException:
+                os.close(step)
+                raise
+            os.close(fd)
+            fd = step
+            canon.append(name)
+            chain.append((info.st_dev, info.st_ino))
+            if parts and not S_ISDIR(info.st_mode):
+                raise NotADirectoryError(20, "Not a directory", "/" + "/".join(canon))
+    except BaseException:
+        os.close(fd)
+        raise
+    return Resolved(fd, "/" + "/".join(canon), tuple(chain), S_ISDIR(info.st_mode))
+
+
+# ----------------------------------------------------------------------------
+# What sandlock trusts later
+
+
+def _state_dirs() -> list[str]:
+    """Every place a later run (the CLI, the API, the binary) may keep its state."""
+    homes = [os.environ.get("HOME", "")]
+    try:
+        import pwd
+
+        homes.append(pwd.getpwuid(os.geteuid()).pw_dir)
+    except (ImportError, KeyError):
+        pass
+    bases = [os.environ.get("XDG_CACHE_HOME", "")] + [os.path.join(h, ".cache") for h in homes if h]
+    out = [os.path.join(b, "sandlock") for b in bases if os.path.isabs(b)]
+    stub_state = os.environ.get(ENV_STATE, "")
+    if os.path.isabs(stub_state):
+        out.append(stub_state)
+    return out
+
+
+def protected(policy_files: Iterable[str]) -> list[tuple[str, str, bool]]:
+    """(path, what it is, whether a grant inside it is refused too) for everything a
+    later run trusts. Paths may be missing: a grant that covers where one would be
+    created is refused as well."""
+    out = [(p, "sandlock's state directory", True) for p in _state_dirs()]
+    out += [(p, "a policy file this run is built from", True) for p in policy_files]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out.append((here, "sandlock's installation", True))
+    for prefix in dict.fromkeys((sys.prefix, sys.exec_prefix, sys.base_prefix)):
+        out.append((prefix, "the Python installation sandlock runs on", True))
+    if sys.executable:
+        out.append((os.path.realpath(sys.executable), "the Python interpreter sandlock runs on",
+                    True))
+    bundle = getattr(sys, "_MEIPASS", None)
+    if bundle:
+        out.append((bundle, "the single-file binary's unpacked program", True))
+    stub = os.environ.get(ENV_STUB, "")
+    if os.path.isabs(stub):
+        out.append((stub, "the single-file sandlock binary", True))
+    entries = list(sys.path)
+    try:
+        import site
+
+        if site.ENABLE_USER_SITE and site.USER_SITE:
+            entries.append(site.USER_SITE)
+    except ImportError:  # pragma: no cover - a frozen build without site
+        pass
+    for entry in dict.fromkeys(entries):
+        if entry and not os.path.isabs(entry) and not os.path.exists(entry):
+            continue  # a path hook's marker (editable installs), not a directory
+        where = os.path.abspath(entry or ".")
+        out.append((where, "a directory on sandlock's import path (a module planted there "
+                    "would run in the next launcher)", False))
+    return out
+
+
+def _ancestry(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]]]:
+    """(the object's own id or None if missing, ids of its nearest existing directory
+    and every ancestor of that, found by walking ``..`` from descriptors)."""
+    own = None
+    probe = path
+    while True:
+        try:
+            fd = os.open(probe, os.O_PATH | os.O_CLOEXEC)
+            break
+        except OSError:
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return None, set()
+            probe = parent
+    ids: set[tuple[int, int]] = set()
+    try:
+        info = os.fstat(fd)
+        if probe == path:
+            own = (info.st_dev, info.st_ino)
+        if not S_ISDIR(info.st_mode):
+            os.close(fd)
+            fd = os.open(os.path.dirname(probe) or "/", _DIR)
+            info = os.fstat(fd)
+        while True:
+            ids.add((info.st_dev, info.st_ino))
+            parent_fd = os.open("..", _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = parent_fd
+            info = os.fstat(fd)
+            if (info.st_dev, info.st_ino) in ids:
+                break
+    finally:
+        os.close(fd)
+    return own, ids
+
+
+def check_writes(grants: Sequence[tuple[str, Resolved]], policy_files: Iterable[str]) -> None:
+    """Refuse write grants (path as written, its resolution) that reach anything a later
+    run trusts, or a forbidden place. Raises GrantError naming the first one."""
+    if not grants:
+        return
+    proc = os.stat("/proc").st_dev if os.path.isdir("/proc") else None
+    for path, got in grants:
+        real = got.canonical
+        if real in FORBIDDEN_WRITE or real.startswith(("/proc/", "/sys/")) or (
+                proc is not None and got.chain[-1][0] == proc):
+            via = "" if real == path else f" ({path!r} resolves to it)"
+            raise GrantError(path, f"write access to {real!r} is never allowed{via}")
+        if got.is_dir and in_system_dir(real):
+            raise GrantError(path, (
+                f"write access to the directory {real!r} is never allowed: sandlock trusts the "
+                f"symbolic links in system directories ({', '.join(SYSTEM_DIRS)}); grant the "
+                "files the tool must change instead"))
+    for where, what, inside in protected(policy_files):
+        own, ancestors = _ancestry(where)
+        for path, got in grants:
+            covers = got.is_dir and got.chain[-1] in ancestors
+            within = inside and own is not None and own in got.chain
+            if covers or within:
+                how = "covers" if covers else "lies inside"
+                raise GrantError(path, (
+                    f"this write grant {how} {where!r}, {what}: a tool could change what a "
+                    "later sandlock run trusts and so weaken or switch off its sandbox. "
+                    "Grant a narrower directory, or move that one out of the granted tree"))
+
+
+def open_rules(paths: Sequence[tuple[str, int]], write_rights: int,
+               policy_files: Iterable[str]) -> list[tuple[Resolved, int]]:
+    """Resolve every policy path once and check the write grants; the caller makes the
+    Landlock rules from these descriptors and closes them. Raises GrantError or OSError."""
+    opened: list[tuple[Resolved, int]] = []
+    try:
+        for path, rights in paths:
+            opened.append((resolve(path), rights))
+        check_writes([(p, r) for (p, rights), (r, _) in zip(paths, opened) if rights & write_rights],
+                     policy_files)
+    except BaseException:
+        for got, _ in opened:
+            got.close()
+        raise
+    return opened

@@ -1,0 +1,41 @@
+"""Read a policy file once, bounded, without ever blocking.
+
+A policy path is named by the caller, but what is there may be anything: a FIFO
+(``open`` would wait for a writer), a device (``/dev/zero`` never ends), or a file
+someone replaces while a run starts. The file is opened non-blocking, must be a
+regular file, and is read in full once, up to :data:`MAX_BYTES`; everything the run
+does (the cache key and the compiled policy alike) comes from these bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from stat import S_ISREG
+
+MAX_BYTES = 1 << 20  #: 1 MiB: far beyond any real policy
+
+
+class FileTooLarge(OSError):
+    pass
+
+
+def read_policy_bytes(path: str) -> bytes:
+    """The bytes of ``path``; OSError (``strerror`` says why) if it is not a regular
+    file of at most MAX_BYTES."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        if not S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file", path)
+        chunks = []
+        size = 0
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_BYTES:
+                raise FileTooLarge(0, f"larger than {MAX_BYTES} bytes", path)
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
