@@ -19,12 +19,22 @@ back to the full path, which then reports errors exactly as without a cache. On
 a hit the paths are still opened and the ruleset fd built, now; a path that
 vanished in between is an error (exit 125), as it is without the cache.
 
-Safety: entries live in ``$XDG_CACHE_HOME/sandlock/policies`` (default
-``~/.cache``), a directory that must be owned by the effective uid with no
-group or other access, else the cache is not used at all. Entries are written
-to a temporary name and renamed into place; each carries a magic header and a
-CRC-32 of its payload, and anything that does not read back cleanly is ignored
-(then overwritten). ``SANDLOCK_NO_CACHE=1`` turns the cache off.
+Trust: a tool may be able to write the cache directory (its policy may grant write
+on the home), so nothing read back is trusted unless it is authenticated. Each
+entry carries a keyed BLAKE2b tag over its payload, with a 256-bit key kept in the
+caller's kernel user keyring (:func:`sandlock.kernel.user_keyring_secret`), which no
+tool can read: the seccomp filter refuses keyctl, add_key and request_key to every
+tool, and Landlock keeps tools from tracing the launcher that holds the key. An
+entry whose tag does not verify is ignored (then overwritten); without a keyring
+(some container profiles refuse keyctl) there is no cache at all, only the full
+path. Entries are unmarshalled only after their tag verified. The Landlock ABI of an
+entry must be the one the kernel reports now. On a hit the policy paths are still
+resolved, checked and opened now (:mod:`sandlock.grants`), exactly as on a miss.
+The policy file is read once (:mod:`sandlock.readfile`): the key and, on a miss,
+the compiled policy both come from those bytes, and an entry records the exact text
+of every file it extends, as compiled. Entries live in
+``$XDG_CACHE_HOME/sandlock/policies`` (default ``~/.cache``), which must be a real
+directory owned by the effective uid; ``SANDLOCK_NO_CACHE=1`` turns the cache off.
 """
 
 from __future__ import annotations
@@ -32,7 +42,6 @@ from __future__ import annotations
 import marshal
 import os
 import sys
-import zlib
 
 from . import __version__, kernel
 
@@ -43,8 +52,11 @@ if TYPE_CHECKING:
     from .launcher import Compiled
     from .policy import Policy
 
-FORMAT = 2
+FORMAT = 3
 MAGIC = b"sandlock-compiled-policy\x00%d\n" % FORMAT
+TAG_BYTES = 32
+#: The description of the cache key in the user keyring (see keyrings(7)).
+KEY_NAME = b"sandlock:policy-cache:v1"
 ENV_NO_CACHE = "SANDLOCK_NO_CACHE"
 BUILD_ID_FILE = "sandlock-build-id"  #: bundled by scripts/build_binary.sh
 MAX_ENTRIES = 256
@@ -55,7 +67,7 @@ PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles
 #: uncacheable unless it holds its default value: never silently skip a feature.
 KNOWN_FIELDS = {
     "Policy": {"source", "description", "compat", "paths", "network", "scope", "env", "limits",
-               "syscalls", "layers"},
+               "syscalls", "layers", "inputs"},
     "PathRule": {"path", "access", "optional", "origin"},
     "PortRange": {"low", "high"},
     "Network": {"connect", "bind", "udp", "unix"},
@@ -105,9 +117,9 @@ class CachedPolicy:
 
 
 class Entry:
-    """A compiled policy read back from the cache and re-checked against the disk."""
+    """A compiled policy read back from the cache (authenticated) and re-checked."""
 
-    def __init__(self, value: dict[str, Any]) -> None:
+    def __init__(self, value: dict[str, Any], policy_file: str) -> None:
         passed, set_ = value["env"]
         self.policy = CachedPolicy(value["source"], _Env(tuple(passed), tuple(set_)),
                                    _Limits(value["timeout"]))
@@ -115,15 +127,20 @@ class Entry:
         self.warnings: tuple[str, ...] = tuple(value["warnings"])
         self.bpf: bytes = value["bpf"]
         self.rlimits: tuple[tuple[int, int], ...] = tuple(value["rlimits"])
+        self.policy_files = (policy_file, *(where for kind, where, _ in value["layers"]
+                                            if kind == "file"))
         if not isinstance(self.bpf, bytes) or not self.bpf or len(self.bpf) % 8:
             raise ValueError("bad BPF program")
 
     def compile(self) -> Compiled:
-        """Open the paths and build the ruleset fd now, as the full path does."""
+        """Resolve and open the paths and build the ruleset fd now, as the full path does
+        (a refused grant raises GrantError: the caller then takes the full path, which
+        reports it with the policy line)."""
         from .launcher import Compiled
 
-        abi, handled_fs, handled_net, scoped, paths, ports, file_only = self.plan
-        fd = kernel.build_ruleset(abi, handled_fs, handled_net, scoped, paths, ports, file_only)
+        abi, handled_fs, handled_net, scoped, paths, ports, file_only, write_rights = self.plan
+        fd = kernel.build_ruleset(abi, handled_fs, handled_net, scoped, paths, ports, file_only,
+                                  write_rights, self.policy_files)
         # Gaps are kept as their one-line descriptions: Compiled.warnings prints str(gap).
         return Compiled(self.policy, abi, self.warnings, fd,  # type: ignore[arg-type]
                         self.bpf, self.rlimits)
@@ -132,23 +149,23 @@ class Entry:
 class Lookup:
     """The cache slot for one `sandlock run` invocation: a hit (``entry``) or a slot to fill."""
 
-    def __init__(self, key: tuple[Any, ...], path: Optional[str], entry: Optional[Entry],
-                 policy_file: str, variables: Mapping[str, str]) -> None:
+    def __init__(self, key: tuple[Any, ...], path: str, secret: bytes, entry: Optional[Entry],
+                 policy_file: str, text: bytes, variables: Mapping[str, str]) -> None:
         self.key = key
         self.path = path
         self.entry = entry
+        self._secret = secret
         self._policy_file = policy_file
+        self._text = text
         self._variables = dict(variables)
 
     def store(self, policy: Policy, compiled: Compiled) -> None:
         """Save ``compiled`` for next time. Never raises: a cache that cannot be
         written only costs speed, it must not change what the command does."""
-        if self.path is None:
-            return
         try:
-            value = _value(policy, compiled, self._policy_file, self._variables)
+            value = _value(policy, compiled, self._policy_file, self._text, self._variables)
             if value is not None:
-                _write(self.path, self.key, value)
+                _write(self.path, self._secret, self.key, value)
         except Exception:  # noqa: BLE001 - see docstring
             pass
 
@@ -177,20 +194,21 @@ def _code_id() -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _key(policy_file: str, variables: Mapping[str, str], timeout: Optional[str],
+def _key(policy_file: str, text: bytes, variables: Mapping[str, str], timeout: Optional[str],
          best_effort: bool) -> tuple[Any, ...]:
-    with open(policy_file, "rb") as handle:
-        text = handle.read()
     env = os.environ
     return (FORMAT, __version__, _code_id(), os.uname().machine, os.geteuid(),
             kernel.landlock_abi(), env.get("SANDLOCK_ABI"), os.getcwd(), env.get("HOME"),
-            env.get("TMPDIR"), policy_file, os.path.realpath(policy_file), text,
-            tuple(sorted(variables.items())), timeout, best_effort)
+            env.get("TMPDIR"), env.get("XDG_CACHE_HOME"), env.get("SANDLOCK_STUB"),
+            env.get("SANDLOCK_STATE_DIR"), tuple(sys.path), policy_file,
+            os.path.realpath(policy_file), text, tuple(sorted(variables.items())), timeout,
+            best_effort)
 
 
 def cache_dir(create: bool, name: str = "policies") -> Optional[str]:
-    """The per-user cache directory ``name`` (compiled policies, or the BPF cache of
-    :mod:`sandlock.seccomp`), or None if it is missing or anyone else could reach it."""
+    """The per-user cache directory ``name``, or None if it is missing or not a real
+    directory of the effective uid. (Ownership is no defence against a tool of the
+    same uid: the entries are authenticated, see the module's docstring.)"""
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
         base = os.path.join(os.path.expanduser("~"), ".cache")
@@ -198,12 +216,20 @@ def cache_dir(create: bool, name: str = "policies") -> Optional[str]:
     try:
         if create:
             os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.stat(path)
+        info = os.lstat(path)
     except OSError:
         return None
     if (info.st_mode & 0o170000) != 0o040000 or info.st_uid != os.geteuid() or info.st_mode & 0o077:
         return None
     return path
+
+
+def _tag(secret: bytes, payload: bytes) -> bytes:
+    try:  # the builtin module: hashlib would load OpenSSL (milliseconds)
+        from _blake2 import blake2b  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover
+        from hashlib import blake2b
+    return bytes(blake2b(payload, key=secret, digest_size=TAG_BYTES).digest())
 
 
 def _digest(key: tuple[Any, ...]) -> str:
@@ -218,69 +244,67 @@ def _digest(key: tuple[Any, ...]) -> str:
     return str(sha256(data).hexdigest()[:40])
 
 
-def lookup(policy_file: str, variables: Mapping[str, str], timeout: Optional[str],
+def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout: Optional[str],
            best_effort: bool) -> Optional[Lookup]:
-    """The cache slot for these arguments; None when the cache is off or unusable."""
+    """The cache slot for the policy file whose bytes are ``text``; None when the cache
+    is off or unusable (no keyring, no private directory)."""
     if os.environ.get(ENV_NO_CACHE):
         return None
     try:
-        key = _key(policy_file, variables, timeout, best_effort)
+        key = _key(policy_file, text, variables, timeout, best_effort)
     except (OSError, ValueError):
         return None  # the full path will report it
     directory = cache_dir(create=True)
     if directory is None:
         return None
+    secret = kernel.user_keyring_secret(KEY_NAME)
+    if secret is None:
+        return None
     path = os.path.join(directory, _digest(key))
-    return Lookup(key, path, _read(path, key), policy_file, variables)
+    return Lookup(key, path, secret, _read(path, secret, key, policy_file), policy_file, text,
+                  variables)
 
 
 # ----------------------------------------------------------------------------
 # Reading
 
 
-def _read(path: str, key: tuple[Any, ...]) -> Optional[Entry]:
+def _read(path: str, secret: bytes, key: tuple[Any, ...], policy_file: str) -> Optional[Entry]:
+    from .readfile import read_policy_bytes
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        data = read_policy_bytes(path)  # regular, bounded, never blocks
     except OSError:
         return None
-    try:
-        if os.fstat(fd).st_uid != os.geteuid():
-            return None
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        data = b"".join(chunks)
-    except OSError:
+    head = len(MAGIC) + TAG_BYTES
+    if not data.startswith(MAGIC):
         return None
-    finally:
-        os.close(fd)
-    head = len(MAGIC) + 4
-    if not data.startswith(MAGIC) or int.from_bytes(data[len(MAGIC):head], "little") != zlib.crc32(
-            data[head:]):
+    from _operator import _compare_digest  # type: ignore[import-not-found]
+
+    if not _compare_digest(data[len(MAGIC):head], _tag(secret, data[head:])):
         return None
     try:
         stored_key, value = marshal.loads(data[head:])
-        if stored_key != key or not _fresh(value):
+        if stored_key != key or value["plan"][0] > kernel.landlock_abi() or not _fresh(value):
             return None
-        return Entry(value)
-    except (ValueError, TypeError, KeyError, EOFError):
+        return Entry(value, policy_file)
+    except (ValueError, TypeError, KeyError, EOFError, IndexError):
         return None
 
 
 def _fresh(value: dict[str, Any]) -> bool:
     """Whether what the entry was compiled from is still what is on disk."""
+    from .readfile import read_policy_bytes
+
     for kind, where, content in value["layers"]:
         path = os.path.join(PROFILE_DIR, where + ".toml") if kind == "builtin" else where
         try:
-            with open(path, "rb") as handle:
-                if handle.read() != content:
-                    return False
+            if read_policy_bytes(path) != content:
+                return False
         except OSError:
             return False
-    for path, present, real in value["checks"]:
+    for path, present in value["checks"]:
         if os.path.exists(path) != present:
-            return False
-        if real is not None and os.path.realpath(path) != real:
             return False
     return bool(seccomp_ok())
 
@@ -312,44 +336,41 @@ def _cacheable(obj: object) -> bool:
     return True
 
 
-def _layer_files(policy: Policy, policy_file: str) -> list[tuple[str, str, bytes]]:
-    """Every file the policy extends, as (kind, where, bytes), the policy itself excluded."""
+def _layer_files(policy: Policy) -> list[tuple[str, str, bytes]]:
+    """Every layer the policy extends, as (kind, where, bytes) exactly as compiled (the
+    policy's own file excluded: it is in the key)."""
+    texts = dict(policy.inputs)
     out = []
     for source in policy.layers[:-1]:
+        data = texts[source].encode("utf-8")
         if source.startswith("<builtin:") and source.endswith(">"):
-            name = source[len("<builtin:"):-1]
-            with open(os.path.join(PROFILE_DIR, name + ".toml"), "rb") as handle:
-                out.append(("builtin", name, handle.read()))
+            out.append(("builtin", source[len("<builtin:"):-1], data))
         else:
-            with open(source, "rb") as handle:
-                out.append(("file", source, handle.read()))
+            out.append(("file", source, data))
     return out
 
 
-def _value(policy: Policy, compiled: Compiled, policy_file: str,
+def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
            variables: Mapping[str, str]) -> Optional[dict[str, Any]]:
     from . import ruleset
-    from .abi import FILE_ONLY
+    from .abi import FILE_ONLY, WRITE_RIGHTS
     from .launcher import Compiled as CompiledType
-    from .policy import Access, load_policy
+    from .policy import load_policy
 
     if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
             or not _cacheable(policy) or policy.source != policy_file):
         return None
     # Every rule, including optional paths that are absent now (they were skipped).
-    everything = load_policy(policy_file, variables, check_paths=False)
+    everything = load_policy(policy_file, variables, check_paths=False, data=text)
     present = {rule.path for rule in policy.paths}
-    checks = []
-    for rule in dict.fromkeys(everything.paths):
-        real = os.path.realpath(rule.path) if rule.access is Access.WRITE else None
-        checks.append((rule.path, rule.path in present, real))
+    checks = tuple((rule.path, rule.path in present) for rule in dict.fromkeys(everything.paths))
     plan = ruleset.plan(policy, compiled.abi)
     return {
         "source": policy.source,
-        "layers": tuple(_layer_files(policy, policy_file)),
-        "checks": tuple(checks),
+        "layers": tuple(_layer_files(policy)),
+        "checks": checks,
         "plan": (plan.abi, plan.handled_fs, plan.handled_net, plan.scoped, plan.paths, plan.ports,
-                 int(FILE_ONLY)),
+                 int(FILE_ONLY), int(WRITE_RIGHTS)),
         "warnings": tuple(compiled.warnings),
         "bpf": bytes(compiled.bpf),
         "rlimits": tuple((int(r), int(v)) for r, v in compiled.rlimits),
@@ -358,9 +379,9 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str,
     }
 
 
-def _write(path: str, key: tuple[Any, ...], value: dict[str, Any]) -> None:
+def _write(path: str, secret: bytes, key: tuple[Any, ...], value: dict[str, Any]) -> None:
     payload = marshal.dumps((key, value))
-    data = MAGIC + zlib.crc32(payload).to_bytes(4, "little") + payload
+    data = MAGIC + _tag(secret, payload) + payload
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)

@@ -222,8 +222,9 @@ def protected(policy_files: Iterable[str]) -> list[tuple[str, str, bool]]:
         if entry and not os.path.isabs(entry) and not os.path.exists(entry):
             continue  # a path hook's marker (editable installs), not a directory
         where = os.path.abspath(entry or ".")
+        hint = "" if entry else "; `python -m sandlock` and `python -c` put the working directory there"
         out.append((where, "a directory on sandlock's import path (a module planted there "
-                    "would run in the next launcher)", False))
+                    f"would run in the next launcher{hint})", False))
     return out
 
 

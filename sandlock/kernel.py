@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from stat import S_ISDIR
 
 TYPE_CHECKING = False  # typing and platform cost milliseconds on every `sandlock run`
 if TYPE_CHECKING:
@@ -23,9 +22,11 @@ _MACHINE = os.uname().machine
 #: Syscall numbers per architecture (from the kernel's syscall tables).
 _NR = {
     "x86_64": {"seccomp": 317, "close_range": 436, "landlock_create_ruleset": 444,
-               "landlock_add_rule": 445, "landlock_restrict_self": 446},
+               "landlock_add_rule": 445, "landlock_restrict_self": 446, "add_key": 248,
+               "keyctl": 250},
     "aarch64": {"seccomp": 277, "close_range": 436, "landlock_create_ruleset": 444,
-                "landlock_add_rule": 445, "landlock_restrict_self": 446},
+                "landlock_add_rule": 445, "landlock_restrict_self": 446, "add_key": 217,
+                "keyctl": 219},
 }
 NR = _NR.get(_MACHINE, {})
 
@@ -130,46 +131,51 @@ def add_port_rule(ruleset: int, port: int, access: int) -> None:
 
 def build_ruleset(abi: int, handled_fs: int, handled_net: int, scoped: int,
                   paths: Sequence[tuple[str, int]], ports: Sequence[tuple[int, int]],
-                  file_only: int) -> int:
+                  file_only: int, write_rights: int, policy_files: Sequence[str]) -> int:
     """One Landlock ruleset fd (close-on-exec) with a rule per path and per TCP port.
 
-    Paths are opened ``O_PATH`` here, in the parent, so the child only calls
-    landlock_restrict_self. ``rights`` are those for a directory; a rule on a
-    non-directory keeps only ``file_only`` (sandlock.abi.FILE_ONLY; the kernel refuses
-    other rights on a file with EINVAL).
+    Paths are resolved by :func:`sandlock.grants.open_rules`, here in the parent, to
+    the descriptors the rules are made from (so the child only calls
+    landlock_restrict_self); a grant holding any of ``write_rights`` is refused there
+    if it reaches what a later run trusts (GrantError). ``rights`` are those for a
+    directory; a rule on a non-directory keeps only ``file_only``
+    (sandlock.abi.FILE_ONLY; the kernel refuses other rights on a file with EINVAL).
     Returns -1 when there is no Landlock (``abi`` < 1). Raises LandlockError.
     """
     from .errors import LandlockError
+    from .grants import open_rules
 
-    if abi < 1:
-        return -1
     try:
-        fd = create_ruleset(handled_fs, handled_net, scoped, abi)
+        opened = open_rules(paths, write_rights, policy_files)
     except OSError as exc:
-        raise LandlockError(f"cannot create the Landlock ruleset: {exc.strerror}") from None
+        raise LandlockError(f"cannot open {exc.filename or 'a path'!r} for a rule: "
+                            f"{exc.strerror}") from None
     try:
-        for path, rights in paths:
-            try:
-                target = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError as exc:
-                raise LandlockError(f"cannot open {path!r} for a rule: {exc.strerror}") from None
-            try:
-                if not S_ISDIR(os.fstat(target).st_mode):
-                    rights &= file_only
-                add_path_rule(fd, target, rights)
-            except OSError as exc:
-                raise LandlockError(f"cannot add a rule for {path!r}: {exc.strerror}") from None
-            finally:
-                os.close(target)
-        for port, rights in ports:
-            try:
-                add_port_rule(fd, port, rights)
-            except OSError as exc:
-                raise LandlockError(f"cannot add a rule for TCP port {port}: {exc.strerror}") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        if abi < 1:
+            return -1
+        try:
+            fd = create_ruleset(handled_fs, handled_net, scoped, abi)
+        except OSError as exc:
+            raise LandlockError(f"cannot create the Landlock ruleset: {exc.strerror}") from None
+        try:
+            for (path, _), (target, rights) in zip(paths, opened):
+                try:
+                    add_path_rule(fd, target.fd, rights if target.is_dir else rights & file_only)
+                except OSError as exc:
+                    raise LandlockError(f"cannot add a rule for {path!r}: {exc.strerror}") from None
+            for port, rights in ports:
+                try:
+                    add_port_rule(fd, port, rights)
+                except OSError as exc:
+                    raise LandlockError(f"cannot add a rule for TCP port {port}: "
+                                        f"{exc.strerror}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    finally:
+        for target, _ in opened:
+            target.close()
 
 
 def restrict_self(ruleset: int) -> None:
@@ -304,3 +310,35 @@ def drop_capabilities() -> None:
     _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     _check(_capset(*_NO_CAPABILITIES), "capset")
 
+
+
+# keyrings(7): the key that authenticates sandlock's cache lives in the caller's user
+# keyring, which no tool can reach: keyctl, add_key and request_key are refused to
+# every tool by the seccomp filter, unconditionally (sandlock.seccomp).
+KEY_SPEC_USER_KEYRING = -4
+KEYCTL_SEARCH = 10
+KEYCTL_READ = 11
+
+
+def user_keyring_secret(description: bytes, size: int = 32) -> Optional[bytes]:
+    """The ``size``-byte secret named ``description`` in the user keyring, made from
+    os.urandom on first use; None where keyrings are unavailable (a container's
+    seccomp profile, an architecture without the numbers here) or it cannot be read.
+    Two processes making it at once may each add one: the later replaces the earlier,
+    and what the earlier stored with its copy simply stops verifying."""
+    if "keyctl" not in NR:
+        return None
+    keyctl, user = NR["keyctl"], ctypes.c_long(KEY_SPEC_USER_KEYRING)
+    key_id = _syscall(keyctl, KEYCTL_SEARCH, user, b"user", description, 0)
+    if key_id < 0:
+        if ctypes.get_errno() not in (errno.ENOKEY, errno.EKEYEXPIRED, errno.EKEYREVOKED):
+            return None
+        secret = os.urandom(size)
+        key_id = _syscall(NR["add_key"], b"user", description, secret, ctypes.c_size_t(size), user)
+        if key_id < 0:
+            return None
+    buffer = ctypes.create_string_buffer(size)
+    got = _syscall(keyctl, KEYCTL_READ, ctypes.c_long(key_id), buffer, ctypes.c_size_t(size))
+    if got != size:
+        return None
+    return buffer.raw

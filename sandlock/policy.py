@@ -121,6 +121,8 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     syscalls: Syscalls = field(default_factory=Syscalls)
     layers: tuple[str, ...] = ()  #: every file merged, base first
+    #: (source, text) of every layer read from a file or profile, exactly as compiled
+    inputs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
     def with_compat(self, compat: Compat) -> Policy:
         from dataclasses import replace
@@ -477,11 +479,20 @@ def _parse_text(text: str, source: str) -> dict[str, Any]:
 
 
 def _read(path: Path, source: str) -> str:
+    from .readfile import read_policy_bytes
+
     try:
-        return path.read_text(encoding="utf-8")
+        return _decode(read_policy_bytes(str(path)), source)
     except FileNotFoundError:
         raise PolicyError("policy file does not exist", source=source) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file: {exc.strerror or exc}", source=source) from None
+
+
+def _decode(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise PolicyError(f"cannot read policy file: {exc}", source=source) from None
 
 
@@ -563,6 +574,7 @@ def _merge(layers: list[_Layer], variables: Mapping[str, str], check_paths: bool
                       get("limits.processes"), get("limits.open_files"), get("limits.file_size")),
         syscalls=Syscalls(merged.get("syscalls.deny", ()), merged.get("syscalls.allow", ())),
         layers=tuple(layer.source for layer in layers),
+        inputs=tuple((layer.source, layer.text) for layer in layers if layer.text is not None),
     )
 
 
@@ -611,14 +623,16 @@ def _variables(extra: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def load_policy(path: str | os.PathLike[str], variables: Mapping[str, str] | None = None,
-                *, check_paths: bool = True) -> Policy:
+                *, check_paths: bool = True, data: bytes | None = None) -> Policy:
     """Load a policy file with ``--var`` style variables.
 
     ``check_paths=False`` skips the existence check (for linting on another machine).
+    ``data``: the file's bytes, already read by the caller (`sandlock run` reads a
+    policy once and compiles exactly what it keyed its cache on).
     """
     file = Path(path)
     source = str(path)
-    text = _read(file, source)
+    text = _read(file, source) if data is None else _decode(data, source)
     return loads_policy(text, variables, source=source, base_dir=file.resolve().parent,
                         check_paths=check_paths)
 

@@ -42,8 +42,9 @@ def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
-         variables: Mapping[str, str]) -> Policy:
-    """The policy named on the command line: a file, or a tool of a registry."""
+         variables: Mapping[str, str], data: Optional[bytes] = None) -> Policy:
+    """The policy named on the command line: a file (``data``: its bytes, when the
+    caller already read them), or a tool of a registry."""
     if tool is not None:
         from .registry import Registry
 
@@ -54,15 +55,16 @@ def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
         raise SandlockError("missing --policy FILE")
     from .policy import load_policy
 
-    return load_policy(policy, variables)
+    return load_policy(policy, variables, data=data)
 
 
 def _load_full(policy: Optional[str], tool: Optional[str], policies: Optional[str],
-               variables: Mapping[str, str], timeout: Optional[str], best_effort: bool) -> Policy:
+               variables: Mapping[str, str], timeout: Optional[str], best_effort: bool,
+               data: Optional[bytes]) -> Policy:
     """Parse the policy and apply the command-line overrides (the uncached path)."""
     from .policy import Compat, parse_duration
 
-    loaded = load(policy, tool, policies, variables)
+    loaded = load(policy, tool, policies, variables, data)
     if best_effort:
         loaded = loaded.with_compat(Compat.BEST_EFFORT)
     if timeout is not None:
@@ -71,6 +73,20 @@ def _load_full(policy: Optional[str], tool: Optional[str], policies: Optional[st
         except Exception as exc:  # _Bad from the duration parser
             raise SandlockError(f"--timeout: {exc}") from None
     return loaded
+
+
+def _read_once(policy: str) -> bytes:
+    """The policy file's bytes, read once: the cache key and the compiled policy both
+    come from them, so a file replaced while the run starts cannot mix two versions."""
+    from .errors import PolicyError
+    from .readfile import read_policy_bytes
+
+    try:
+        return read_policy_bytes(policy)
+    except FileNotFoundError:
+        raise PolicyError("policy file does not exist", source=policy) from None
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy file: {exc.strerror or exc}", source=policy) from None
 
 
 def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
@@ -85,22 +101,28 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
     try:
         from . import launcher
 
-        cached = None
+        cached = compiled = None
+        data = None
         if policy is not None and tool is None:
             from . import fastpath
 
-            cached = fastpath.lookup(policy, variables, timeout, best_effort)
+            data = _read_once(policy)
+            cached = fastpath.lookup(policy, data, variables, timeout, best_effort)
         loaded: Policy  # on a hit, the CachedPolicy view: the parts the launcher reads
         if cached is not None and cached.entry is not None:
-            loaded = cached.entry.policy  # type: ignore[assignment]
-            command = launcher.prepare_command(loaded, argv)
-            compiled = cached.entry.compile()
-        else:
-            loaded = _load_full(policy, tool, policies, variables, timeout, best_effort)
-            command = launcher.prepare_command(loaded, argv)
+            from .grants import GrantError
+
+            try:
+                compiled = cached.entry.compile()
+                loaded = cached.entry.policy  # type: ignore[assignment]
+            except GrantError:
+                compiled = None  # the full path reports it with the policy's line
+        if compiled is None:
+            loaded = _load_full(policy, tool, policies, variables, timeout, best_effort, data)
             compiled = launcher.compile_policy(loaded)
             if cached is not None:
                 cached.store(loaded, compiled)
+        command = launcher.prepare_command(loaded, argv)
         if compiled.gaps:
             say(f"warning: best-effort: NOT enforced on this kernel (Landlock ABI {compiled.abi}):")
             for line in compiled.warnings:

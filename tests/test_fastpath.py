@@ -186,16 +186,18 @@ def test_key_covers_what_compilation_reads(tmp_path: Path, monkeypatch: pytest.M
     variable (or a new input of one) must be added to fastpath._key too."""
     assert set(policy.builtin_vars()) == {"cwd", "home", "tmpdir"}
     pol = write_policy(tmp_path, "version = 1\n")
-    base = fastpath._key(str(pol), {}, None, False)
-    assert fastpath._key(str(pol), {"a": "1"}, None, False) != base
-    assert fastpath._key(str(pol), {}, "1s", False) != base
-    assert fastpath._key(str(pol), {}, None, True) != base
-    for name in ("HOME", "TMPDIR", "SANDLOCK_ABI"):
+    text = pol.read_bytes()
+    base = fastpath._key(str(pol), text, {}, None, False)
+    assert fastpath._key(str(pol), text + b"\n", {}, None, False) != base
+    assert fastpath._key(str(pol), text, {"a": "1"}, None, False) != base
+    assert fastpath._key(str(pol), text, {}, "1s", False) != base
+    assert fastpath._key(str(pol), text, {}, None, True) != base
+    for name in ("HOME", "TMPDIR", "SANDLOCK_ABI", "XDG_CACHE_HOME"):
         monkeypatch.setenv(name, "/x")
-        assert fastpath._key(str(pol), {}, None, False) != base
+        assert fastpath._key(str(pol), text, {}, None, False) != base
         monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
-    assert fastpath._key(str(pol), {}, None, False) != base
+    assert fastpath._key(str(pol), text, {}, None, False) != base
 
 
 def test_policy_with_fields_the_cache_does_not_know_is_not_cached() -> None:

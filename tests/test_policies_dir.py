@@ -145,9 +145,12 @@ def test_python_runner(workspace: Path) -> None:
         "except PermissionError:\n    print('passwd denied')\n"
         "print(os.environ['HOME'] == os.getcwd() or os.environ['HOME'])\n"
     )
+    # -P: `python -m` would put the working directory (the tool's writable workspace) on
+    # sandlock's own import path, which sandlock refuses (tests/test_integrity.py).
     result = subprocess.run(
-        [sys.executable, "-m", "sandlock", "run", "--policy", str(POLICIES / "python_runner.toml"),
-         "--var", f"workspace={workspace}", "--", PYTHON, "-c", code],
+        [sys.executable, "-P", "-m", "sandlock", "run", "--policy",
+         str(POLICIES / "python_runner.toml"), "--var", f"workspace={workspace}", "--", PYTHON,
+         "-c", code],
         cwd=workspace, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["passwd denied", "True"]

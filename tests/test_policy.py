@@ -422,7 +422,7 @@ def test_toml_syntax_error_at_end_of_document(tmp_path: Path) -> None:
 
 
 def test_policy_file_is_a_directory(tmp_path: Path) -> None:
-    with pytest.raises(PolicyError, match=r": cannot read policy file: \[Errno 21\] Is a directory"):
+    with pytest.raises(PolicyError, match=r": cannot read policy file: not a regular file"):
         load_policy(tmp_path)
 
 
