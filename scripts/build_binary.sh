@@ -104,7 +104,11 @@ a = Analysis(
     [r"$WORK/sandlock_main.py"],
     pathex=[],
     binaries=[(r"$LIBSECCOMP", ".")],
-    datas=collect_data_files("sandlock") + [(r"$WORK/sandlock-build-id", ".")],
+    # probe_payload.py is read as text by `sandlock probe` (it runs in the system
+    # interpreter inside the sandbox), so it ships as a file, not only in the PYZ.
+    datas=collect_data_files("sandlock")
+        + collect_data_files("sandlock", include_py_files=True, includes=["probe_payload.py"])
+        + [(r"$WORK/sandlock-build-id", ".")],
     hiddenimports=collect_submodules("sandlock"),
     excludes=$EXCLUDES,
     noarchive=False,
@@ -139,7 +143,14 @@ env "${LEVEL[@]}" "$VENV/bin/pyinstaller" --noconfirm --clean \
 mkdir -p "$(dirname "$OUT")"
 rm -rf "$OUT"
 if [ "$PERSISTENT" = 1 ]; then
-    gcc -O2 -s -Wall -Wextra -o "$WORK/stub" "$ROOT/scripts/persistent_stub.c"
+    # Warnings are errors (bubblewrap's set and a few more): the stub decides what root runs.
+    gcc -O2 -s -std=gnu11 -Werror -Wall -Wextra -Wformat=2 -Wformat-security -Wshadow \
+        -Wconversion -Wsign-conversion -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes \
+        -Wmissing-declarations -Wold-style-definition -Wundef -Wcast-align -Wcast-qual \
+        -Wwrite-strings -Wnull-dereference -Wimplicit-fallthrough -Wvla -Wredundant-decls \
+        -Wswitch-enum -Wlogical-op -Wduplicated-cond -Wduplicated-branches -Wjump-misses-init \
+        -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fPIE -pie -Wl,-z,relro,-z,now \
+        -o "$WORK/stub" "$ROOT/scripts/persistent_stub.c"
     "$PYTHON" - "$WORK/dist/sandlock-dir" "$WORK/stub" "$OUT" <<'EOF'
 # Append the onedir tree to the stub as a payload (format: scripts/persistent_stub.c).
 import hashlib, os, stat, struct, sys

@@ -2,7 +2,8 @@
 # CI, after the test suite (.ci/run calls `scripts/ci_extra.sh "$VENV"` as root):
 # build the single-file binary from the tree, then smoke-test it as root and as the
 # unprivileged user: it confines (a read outside the policy fails), passes exit codes
-# through, and works under `env -i` from any directory. Then the binary's tests and a
+# through, and works under `env -i` from any directory. Then the binary's tests (both
+# users; tests/test_binary_integrity.py attacks its unpack directory) and a
 # short, threshold-free run of the start-up benchmark. Takes about two minutes.
 #
 #   scripts/ci_extra.sh VENV          # the CI entry point
@@ -70,10 +71,12 @@ runuser -u sandlock-ci -- env -i PATH=/usr/bin:/bin HOME=/home/sandlock-ci \
 
 echo "== binary tests as root and as an unprivileged user"
 cd "$SRC"
-SANDLOCK_BINARY="$BIN" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_binary.py
+# tests/test_binary_*.py: the attacks on the unpack directory (issue 11 items 2 and 7).
+SANDLOCK_BINARY="$BIN" "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/test_binary.py \
+    tests/test_binary_*.py
 runuser -u sandlock-ci -- env -i PATH="$VENV/bin:/usr/bin:/bin" HOME=/home/sandlock-ci \
     SANDLOCK_BINARY="$BIN" SANDLOCK_EXPECT_ABI="${SANDLOCK_EXPECT_ABI:-}" LANG=C.UTF-8 \
-    sh -c "cd '$SRC' && python -m pytest -q -p no:cacheprovider tests/test_binary.py"
+    sh -c "cd '$SRC' && python -m pytest -q -p no:cacheprovider tests/test_binary.py tests/test_binary_*.py"
 
 echo "== start-up benchmark (informational, no thresholds)"
 "$VENV/bin/python" benchmarks/startup.py --rounds 10 --binary "$BIN" \

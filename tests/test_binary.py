@@ -98,10 +98,10 @@ def test_binary_full_cli_and_builtin_profiles(tmp_path: Path) -> None:
     assert binary("check", "--json", cwd=tmp_path).returncode in (0, 1)
 
 
-def test_binary_works_when_its_cache_is_not_private(workspace: Path, tmp_path: Path) -> None:
-    """A cache directory others can write is never used: the binary still runs (it
-    unpacks for this run only) and leaves nothing behind in TMPDIR."""
-    require_abi(1, "filesystem confinement")
+def test_binary_refuses_a_cache_others_can_write(workspace: Path, tmp_path: Path) -> None:
+    """A cache directory others can write is never used, and there is no fallback into a
+    shared TMPDIR (where a concurrent tool could swap the program before it runs): exit
+    125 with one line saying what to do. tests/test_binary_integrity.py has the rest."""
     shared = tmp_path / "shared"
     (shared / "sandlock" / "bin").mkdir(parents=True)
     (shared / "sandlock" / "bin").chmod(0o777)
@@ -111,9 +111,20 @@ def test_binary_works_when_its_cache_is_not_private(workspace: Path, tmp_path: P
     done = binary("run", "--policy", str(pol), "--var", f"ws={workspace}", "--", "/usr/bin/sh",
                   "-c", "exit 5", cwd=tmp_path,
                   env={"XDG_CACHE_HOME": str(shared), "TMPDIR": str(scratch)})
-    assert done.returncode == 5, done.stderr
+    assert done.returncode == 125, done.stderr
+    assert "writable by others" in done.stderr and "XDG_CACHE_HOME" in done.stderr
     assert list((shared / "sandlock" / "bin").iterdir()) == []
     assert list(scratch.iterdir()) == []
+
+
+def test_binary_probe_runs(workspace: Path, tmp_path: Path, cache: dict[str, str]) -> None:
+    """`sandlock probe` reads probe_payload.py as a file: the binary ships it."""
+    require_abi(1, "filesystem confinement")
+    pol = write_policy(tmp_path, POLICY)
+    done = binary("probe", "--policy", str(pol), "--var", f"ws={workspace}", cwd=tmp_path,
+                  env=cache)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_binary_concurrent_first_runs_share_one_unpacked_copy(workspace: Path,

@@ -1,0 +1,372 @@
+"""The single-file binary never runs code a tool could have written (issue 11 items 2
+and 7, issue 17 item 4).
+
+The stub (scripts/persistent_stub.c) unpacks the frozen CLI once into
+``$XDG_CACHE_HOME/sandlock/bin/<hash>/``. Each attack below plays the tool (or the other
+user) by writing into that directory directly, then checks what the *next* run of the
+binary does: it must repair the unpack or refuse with exit 125, and never execute what
+was planted. Each test has its own HOME and XDG_CACHE_HOME. Runs as root and as an
+ordinary user, and only when the binary exists (see tests/test_binary.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from conftest import IS_ROOT, eventually, require_abi, write_policy
+from test_binary import BINARY, POLICY
+
+pytestmark = pytest.mark.skipif(
+    not BINARY.is_file(),
+    reason=f"{BINARY} not built (run scripts/build_binary.sh, or set SANDLOCK_BINARY)")
+
+PLANTED = "#!/bin/sh\necho planted > {marker}\nexit 0\n"
+
+
+def payload_id() -> str:
+    """The hash the stub names its unpack directory after (the trailer's last 40 bytes)."""
+    with open(BINARY, "rb") as handle:
+        handle.seek(-64, os.SEEK_END)
+        trailer = handle.read(64)
+    assert trailer[:8] == b"SLPAYLD1", "not a persistent-stub build"
+    return trailer[24:64].decode()
+
+
+class Stage:
+    """One test's private HOME and cache, a policy, and a marker a planted program writes."""
+
+    def __init__(self, tmp_path: Path, workspace: Path) -> None:
+        self.root = tmp_path
+        self.home = tmp_path / "home"
+        self.home.mkdir(mode=0o700)
+        self.cache = self.home / ".cache"
+        self.marker = tmp_path / "planted-ran"
+        self.policy = write_policy(tmp_path, POLICY)
+        self.workspace = workspace
+
+    @property
+    def bins(self) -> Path:
+        return self.cache / "sandlock" / "bin"
+
+    @property
+    def unpacked(self) -> Path:
+        return self.bins / payload_id()
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"HOME": str(self.home), "XDG_CACHE_HOME": str(self.cache), **extra}
+
+    def argv(self, code: int = 7) -> list[str]:
+        return [str(BINARY), "run", "--policy", str(self.policy), "--var",
+                f"ws={self.workspace}", "--", "/usr/bin/sh", "-c", f"exit {code}"]
+
+    def run(self, env: Optional[dict[str, str]] = None, code: int = 7,
+            prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+        pairs = [f"{k}={v}" for k, v in (self.env() if env is None else env).items()]
+        return subprocess.run([*prefix, "/usr/bin/env", "-i", *pairs, *self.argv(code)],
+                              cwd=self.root, capture_output=True, text=True, timeout=120,
+                              check=False)
+
+    def plant(self, path: Path, size: Optional[int] = None) -> None:
+        """Write the tool's program at ``path`` (padded to ``size`` bytes if given)."""
+        text = PLANTED.format(marker=self.marker)
+        if size is not None:
+            text += "#" * (size - len(text) - 1) + "\n"
+        path.write_text(text)
+        path.chmod(0o755)
+
+    def assert_not_planted(self) -> None:
+        assert not self.marker.exists(), "the planted program ran"
+
+
+@pytest.fixture
+def stage(tmp_path: Path, workspace: Path) -> Stage:
+    require_abi(1, "filesystem confinement")
+    return Stage(tmp_path, workspace)
+
+
+def ok(done: subprocess.CompletedProcess[str], code: int = 7) -> None:
+    assert done.returncode == code, done.stderr
+
+
+def refused(done: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert done.returncode == 125, (done.returncode, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sandlock: "), done.stderr
+    assert "XDG_CACHE_HOME" in lines[0], done.stderr
+    for word in words:
+        assert word in lines[0], done.stderr
+
+
+# ---------------------------------------------------------------------------
+# Attack 1: a tool with write on $HOME plants a program in the unpack directory
+
+
+@pytest.mark.parametrize("how", ["other-size", "same-size", "symlink", "directory-symlink"])
+def test_replaced_unpacked_program_is_not_run(stage: Stage, how: str) -> None:
+    ok(stage.run())
+    program = stage.unpacked / "sandlock"
+    size = program.stat().st_size
+    if how == "directory-symlink":
+        elsewhere = stage.root / "tool-dir"
+        stage.unpacked.rename(elsewhere)
+        stage.plant(elsewhere / "sandlock", size)
+        stage.unpacked.symlink_to(elsewhere)
+    else:
+        program.unlink()
+        if how == "symlink":
+            target = stage.root / "tool-program"
+            stage.plant(target, size)
+            program.symlink_to(target)
+        else:
+            stage.plant(program, size if how == "same-size" else None)
+    ok(stage.run())
+    stage.assert_not_planted()
+    ok(stage.run(code=3), 3)  # repaired, and stays so
+    stage.assert_not_planted()
+
+
+def test_precreated_unpack_directory_is_not_trusted(stage: Stage) -> None:
+    """The tool creates ``bin/<hash>/sandlock`` before the binary's first run."""
+    stage.unpacked.mkdir(parents=True, mode=0o700)
+    for directory in (stage.cache / "sandlock", stage.bins):
+        directory.chmod(0o700)
+    stage.plant(stage.unpacked / "sandlock")
+    ok(stage.run())
+    stage.assert_not_planted()
+
+
+def test_module_added_inside_the_unpack_is_noticed(stage: Stage) -> None:
+    """A module added inside the unpacked tree (next to the stdlib) is noticed: the
+    directory it lands in changed since the unpack."""
+    ok(stage.run())
+    internal = stage.unpacked / "_internal"
+    (internal / "sitecustomize.py").write_text(f"open({str(stage.marker)!r}, 'w')\n")
+    ok(stage.run())
+    stage.assert_not_planted()
+    assert not (internal / "sitecustomize.py").exists()
+
+
+# ---------------------------------------------------------------------------
+# Issue 17 item 4: damaged or interrupted unpacks repair themselves
+
+
+def _libpython(root: Path) -> Path:
+    return next((root / "_internal").glob("libpython*"))
+
+
+@pytest.mark.parametrize("damage", ["delete-program", "truncate-libpython", "delete-stdlib-zip",
+                                    "delete-everything-inside"])
+def test_damaged_unpack_is_repaired(stage: Stage, damage: str) -> None:
+    ok(stage.run())
+    if damage == "delete-program":
+        (stage.unpacked / "sandlock").unlink()
+    elif damage == "truncate-libpython":
+        os.truncate(_libpython(stage.unpacked), 4096)
+    elif damage == "delete-stdlib-zip":
+        (stage.unpacked / "_internal" / "base_library.zip").unlink()
+    else:
+        for child in stage.unpacked.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    ok(stage.run(code=4), 4)
+    ok(stage.run(code=5), 5)
+    assert sorted(p.name for p in stage.bins.iterdir()) == [payload_id()]
+
+
+def test_interrupted_unpacks_are_removed_by_the_next_unpack(stage: Stage) -> None:
+    stage.bins.mkdir(parents=True, mode=0o700)
+    (stage.cache / "sandlock").chmod(0o700)
+    old, fresh = stage.bins / ".unpack-old123", stage.bins / ".unpack-new123"
+    for leftover in (old, fresh):
+        (leftover / "_internal").mkdir(parents=True)
+        (leftover / "_internal" / "libpython3.so").write_bytes(b"\0" * 4096)
+    hour_ago = time.time() - 3600
+    for path in (old / "_internal" / "libpython3.so", old / "_internal", old):
+        os.utime(path, (hour_ago, hour_ago))
+    ok(stage.run())
+    names = sorted(p.name for p in stage.bins.iterdir())
+    assert names == [".unpack-new123", payload_id()], names  # a concurrent unpack is left alone
+
+
+def test_unpack_that_cannot_be_written_is_cleaned_up_and_retried(stage: Stage) -> None:
+    """A write that fails half-way (here: a file-size limit; a full disk takes the same
+    path) leaves nothing behind, exits 125 with a message, and the next run unpacks."""
+    done = stage.run(prefix=("/usr/bin/prlimit", "--fsize=1000000"))
+    assert done.returncode == 125, done.stderr
+    assert "cannot unpack" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert list(stage.bins.iterdir()) == []
+    ok(stage.run())
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="mounting a small tmpfs (a real full disk) needs root")
+def test_full_disk_during_unpack_is_125_and_the_next_run_retries(stage: Stage) -> None:
+    small = stage.root / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(small)],
+                   check=True)
+    try:
+        env = stage.env(XDG_CACHE_HOME=str(small))
+        done = stage.run(env)
+        assert done.returncode == 125, done.stderr
+        assert "No space left on device" in done.stderr
+        assert list((small / "sandlock" / "bin").iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+    ok(stage.run())
+
+
+# ---------------------------------------------------------------------------
+# Attack 2: no unpack into a shared $TMPDIR (the run-once mode is gone)
+
+
+def test_no_private_directory_means_no_tmpdir_unpack(stage: Stage) -> None:
+    """The old fallback unpacked into $TMPDIR/sandlock-XXXXXX, where a concurrent tool
+    with write on $TMPDIR replaced the program between unpack and exec. A racer that
+    tries exactly that finds nothing to replace: the binary refuses instead."""
+    shared = stage.root / "shared-cache"
+    (shared / "sandlock" / "bin").mkdir(parents=True)
+    (shared / "sandlock" / "bin").chmod(0o777)
+    scratch = stage.root / "tmpdir"
+    scratch.mkdir()
+    stop = threading.Event()
+
+    def racer() -> None:
+        while not stop.is_set():
+            for program in scratch.glob("sandlock-*/sandlock"):
+                try:
+                    program.unlink()
+                    stage.plant(program)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=racer, daemon=True)
+    thread.start()
+    try:
+        done = stage.run(stage.env(XDG_CACHE_HOME=str(shared), TMPDIR=str(scratch)))
+    finally:
+        stop.set()
+        thread.join()
+    stage.assert_not_planted()
+    refused(done, str(shared / "sandlock" / "bin"))
+    assert list(scratch.iterdir()) == []
+    assert list((shared / "sandlock" / "bin").iterdir()) == []
+
+
+# ---------------------------------------------------------------------------
+# Attack 3: a state directory inside a tree someone else controls is never used
+
+
+def _other_users_directory(tmp_path: Path) -> Path:
+    """A directory owned by another (non-root) user: made for the test when root,
+    otherwise one the system already has."""
+    if IS_ROOT:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir()
+        shutil.chown(theirs, "sandlock-ci", "sandlock-ci")
+        return theirs
+    for candidate in ("/var/cache/man", "/var/cache/apt/archives/partial", "/var/spool/mail"):
+        try:
+            info = os.stat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid not in (0, os.geteuid()):
+            return Path(candidate)
+    pytest.skip("no directory owned by another user on this machine")
+
+
+def test_home_in_another_users_tree_is_refused(stage: Stage) -> None:
+    """Root with HOME inside another user's directory (sudo -E, shared CI homes): that
+    user could swap a path component between any check and the use. Refused."""
+    theirs = _other_users_directory(stage.root)
+    home = theirs / "home"
+    before = sorted(os.listdir(theirs)) if os.access(theirs, os.R_OK) else None
+    done = stage.run({"HOME": str(home)})
+    refused(done, str(theirs))
+    stage.assert_not_planted()
+    if before is not None:
+        assert sorted(os.listdir(theirs)) == before
+
+
+@pytest.mark.parametrize("where", ["bin-world-writable", "ancestor-world-writable",
+                                   "ancestor-sticky-not-root", "symlinked-component",
+                                   "cache-is-a-file", "state-dir-group-writable"])
+def test_unusable_state_directory_is_125_with_a_message(stage: Stage, where: str) -> None:
+    cache = stage.root / "c"
+    if where == "bin-world-writable":
+        (cache / "sandlock" / "bin").mkdir(parents=True, mode=0o700)
+        (cache / "sandlock").chmod(0o700)
+        (cache / "sandlock" / "bin").chmod(0o777)
+        blamed = cache / "sandlock" / "bin"
+    elif where in ("ancestor-world-writable", "ancestor-sticky-not-root"):
+        shared = stage.root / "shared"
+        shared.mkdir()
+        shared.chmod(0o777 if where == "ancestor-world-writable" else 0o1777)
+        cache = shared / "mine"
+        cache.mkdir(mode=0o700)
+        blamed = shared
+    elif where == "symlinked-component":
+        real = stage.root / "real"
+        real.mkdir(mode=0o700)
+        (stage.root / "link").symlink_to(real)
+        cache = stage.root / "link" / "cache"
+        blamed = stage.root / "link"
+    elif where == "cache-is-a-file":
+        cache.write_text("not a directory\n")
+        blamed = cache
+    else:
+        (cache / "sandlock").mkdir(parents=True, mode=0o700)
+        (cache / "sandlock").chmod(0o770)
+        blamed = cache / "sandlock"
+    done = stage.run(stage.env(XDG_CACHE_HOME=str(cache)))
+    if where == "ancestor-sticky-not-root" and IS_ROOT:
+        ok(done)  # sticky and root's, like /tmp: others cannot rename root's entries there
+    else:
+        refused(done, str(blamed))
+    stage.assert_not_planted()
+
+
+def test_state_directory_readable_by_others_is_made_private(stage: Stage) -> None:
+    """``~/.cache/sandlock`` made 0755 by an older version (or os.makedirs): nobody else
+    could write in it, so the stub keeps it and takes group and other access away."""
+    (stage.cache / "sandlock").mkdir(parents=True, mode=0o700)
+    (stage.cache / "sandlock").chmod(0o755)
+    ok(stage.run())
+    assert stat.S_IMODE((stage.cache / "sandlock").stat().st_mode) == 0o700
+
+
+# ---------------------------------------------------------------------------
+# What the stub tells the CLI
+
+
+def test_stub_exports_its_real_path_and_state_directory(stage: Stage) -> None:
+    """SANDLOCK_STUB (the real path of the binary, even when started through a symlink)
+    and SANDLOCK_STATE_DIR (the state root used), so the CLI can refuse write grants
+    that reach either."""
+    alias = stage.root / "alias"
+    alias.symlink_to(BINARY)
+    argv = ["/usr/bin/env", "-i", *[f"{k}={v}" for k, v in stage.env().items()], str(alias),
+            *stage.argv()[1:-3], "/usr/bin/cat"]
+    child = subprocess.Popen(argv, cwd=stage.root, stdin=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        def started() -> bool:
+            try:
+                return os.readlink(f"/proc/{child.pid}/exe").startswith(str(stage.bins))
+            except OSError:
+                return False
+        assert eventually(started, 60), "the unpacked program did not start"
+        environ = Path(f"/proc/{child.pid}/environ").read_bytes().split(b"\0")
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(60)
+    values = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+    assert values["SANDLOCK_STUB"] == os.path.realpath(BINARY)
+    assert values["SANDLOCK_STATE_DIR"] == str(stage.cache / "sandlock")
