@@ -163,6 +163,34 @@ def find() -> tuple[Optional[Base], str]:
     return _found[1], _found[2]
 
 
+def sweep(base: Base) -> None:
+    """Remove the empty per-run groups below ``base`` whose creator is gone (a launcher,
+    supervisor or spare killed before it could remove its own): no group outlives
+    its run for longer than the next run's start. A group that still holds a
+    process, or whose creator's pid is alive (or reused), is left alone."""
+    try:
+        names = os.listdir(base.path)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        creator = name[len(PREFIX):].partition("-")[0]
+        if not creator.isdigit() or int(creator) == os.getpid():
+            continue
+        try:
+            os.kill(int(creator), 0)
+            continue  # alive (or its pid reused): not ours to judge
+        except PermissionError:
+            continue
+        except OSError:
+            pass
+        try:
+            os.rmdir(os.path.join(base.path, name))  # EBUSY while it holds a process
+        except OSError:
+            pass
+
+
 class Group:
     """One run's pids cgroup. ``procs_fd`` is its ``cgroup.procs`` (close-on-exec): the
     child writes ``0`` to it to move itself in. :meth:`close` kills what is left and
@@ -170,6 +198,7 @@ class Group:
 
     def __init__(self, base: Base, limit: int) -> None:
         self.base = base
+        sweep(base)
         name = f"{PREFIX}{os.getpid()}-{os.urandom(4).hex()}"
         self.path = os.path.join(base.path, name)
         self.relative = base.relative.rstrip("/") + "/" + name

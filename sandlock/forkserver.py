@@ -400,6 +400,11 @@ def _shutdown(supervisors: dict[int, str]) -> None:
 
     del supervisors  # every child goes, supervisors included
     launcher.reap_descendants()
+    from . import cgroups
+
+    base = cgroups.find()[0]
+    if base is not None:
+        cgroups.sweep(base)  # the groups of spares killed with their supervisors
     os._exit(0)
 
 
@@ -407,23 +412,29 @@ def _shutdown(supervisors: dict[int, str]) -> None:
 # Supervisor side (one call)
 
 
-def _receive(ctrl: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """Block until a request arrives; exit quietly when the caller has gone."""
+def _receive(ctrl: socket.socket, leaving: Callable[[], None] = lambda: None
+             ) -> tuple[dict[str, Any], list[int]]:
+    """Block until a request arrives; exit quietly when the caller has gone (after
+    ``leaving()``)."""
     import array
+
+    def _exit(code: int) -> None:
+        leaving()
+        os._exit(code)
 
     fds = array.array("i")
     try:
         data, ancillary, flags, _ = ctrl.recvmsg(_RECV_SIZE, socket.CMSG_SPACE(_MAX_FDS * 4),
                                                  socket.MSG_CMSG_CLOEXEC)
     except OSError:
-        os._exit(0)
+        _exit(0)
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % 4])
     if not data:
-        os._exit(0)
+        _exit(0)
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-        os._exit(1)  # cannot happen with our own client; the caller sees EOF
+        _exit(1)  # cannot happen with our own client; the caller sees EOF
     request = marshal.loads(data)
     if request.get("memfd"):
         memfd = fds.pop()
@@ -451,8 +462,12 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
 
     spare: Optional[_Spare] = None
     prepared: Optional[tuple[launcher.Compiled, bytes]] = None  # the policy spares get
+    def leaving() -> None:  # its pids cgroup too ([limits] processes)
+        if spare is not None:
+            spare.discard()
+
     for use in range(1, MAX_USES + 1):
-        request, fds = _receive(ctrl)
+        request, fds = _receive(ctrl, leaving)
         token = request.get("policy") if request["kind"] == kind == "call" else None
         taken = None
         if spare is not None:  # first of all: the call's function may start right away
