@@ -253,7 +253,12 @@ def _ancestry(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]
             info = os.fstat(fd)
         while True:
             ids.add((info.st_dev, info.st_ino))
-            parent_fd = os.open("..", _DIR, dir_fd=fd)
+            try:
+                parent_fd = os.open("..", _DIR, dir_fd=fd)
+            except PermissionError:
+                # A directory this uid cannot search: no tool of this uid (capabilities
+                # dropped) can reach the object through a grant above it either.
+                break
             os.close(fd)
             fd = parent_fd
             info = os.fstat(fd)
