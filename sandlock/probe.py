@@ -266,7 +266,9 @@ def _limit_unset(name: str) -> Explain:
 
 
 def _nproc_root(ctx: Context) -> str | None:
-    if ctx.root:
+    from .cgroups import find
+
+    if ctx.root and find()[0] is None:  # else a pids cgroup per run (sandlock.cgroups)
         return (f"not enforceable: RLIMIT_NPROC does not apply to root ({README_LIMITS}: "
                 "process counting)")
     return None
