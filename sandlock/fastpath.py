@@ -149,10 +149,12 @@ class Entry:
 class Lookup:
     """The cache slot for one `sandlock run` invocation: a hit (``entry``) or a slot to fill."""
 
-    def __init__(self, key: tuple[Any, ...], path: str, secret: bytes, entry: Optional[Entry],
-                 policy_file: str, text: bytes, variables: Mapping[str, str]) -> None:
+    def __init__(self, key: tuple[Any, ...], directory: int, name: str, secret: bytes,
+                 entry: Optional[Entry], policy_file: str, text: bytes,
+                 variables: Mapping[str, str]) -> None:
         self.key = key
-        self.path = path
+        self.directory = directory  #: a descriptor of the verified cache directory
+        self.name = name
         self.entry = entry
         self._secret = secret
         self._policy_file = policy_file
@@ -165,7 +167,7 @@ class Lookup:
         try:
             value = _value(policy, compiled, self._policy_file, self._text, self._variables)
             if value is not None:
-                _write(self.path, self._secret, self.key, value)
+                _write(self.directory, self.name, self._secret, self.key, value)
         except Exception:  # noqa: BLE001 - see docstring
             pass
 
@@ -206,22 +208,71 @@ def _key(policy_file: str, text: bytes, variables: Mapping[str, str], timeout: O
 
 
 def cache_dir(create: bool, name: str = "policies") -> Optional[str]:
-    """The per-user cache directory ``name``, or None if it is missing or not a real
-    directory of the effective uid. (Ownership is no defence against a tool of the
-    same uid: the entries are authenticated, see the module's docstring.)"""
+    """The per-user cache directory ``name``, or None if it cannot be trusted (see
+    :func:`open_private_dir`)."""
+    path = _cache_path(name)
+    fd = open_private_dir(path, create)
+    if fd is None:
+        return None
+    os.close(fd)
+    return path
+
+
+def _cache_path(name: str) -> str:
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
         base = os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "sandlock", name)
+    return os.path.join(os.path.normpath(base), "sandlock", name)
+
+
+_OPEN_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_private_dir(path: str, create: bool, private_from: int = 2) -> Optional[int]:
+    """A descriptor of directory ``path``, reached from ``/`` one component at a time
+    without following a symbolic link, or None if any step cannot be trusted.
+
+    Every directory on the way must be owned by root or the effective uid and writable
+    by no one else (a root-owned sticky directory such as /tmp excepted, where only the
+    owner may rename what it holds); the last ``private_from`` components (sandlock's
+    own) must be owned by the effective uid with no access for group or others. So a
+    root caller whose HOME lies in another user's tree keeps no cache there, and no
+    one can swap a component between the check and the use: the files are then used
+    relative to this descriptor. Missing components are created (0700) if ``create``.
+    (Ownership is no defence against a tool of the same uid: entries are authenticated.)
+    """
+    parts = [p for p in path.split("/") if p]
+    euid = os.geteuid()
     try:
-        if create:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.lstat(path)
+        fd = os.open("/", _OPEN_DIR)
     except OSError:
         return None
-    if (info.st_mode & 0o170000) != 0o040000 or info.st_uid != os.geteuid() or info.st_mode & 0o077:
+    try:
+        for index, part in enumerate(parts):
+            try:
+                step = os.open(part, _OPEN_DIR, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                step = os.open(part, _OPEN_DIR, dir_fd=fd)
+            os.close(fd)
+            fd = step
+            info = os.fstat(fd)
+            own = index >= len(parts) - private_from
+            if own:
+                if info.st_uid != euid or info.st_mode & 0o077:
+                    raise PermissionError
+            elif info.st_uid not in (0, euid) or (
+                    info.st_mode & 0o022 and not (info.st_mode & 0o1000 and info.st_uid == 0)):
+                raise PermissionError
+    except OSError:
+        os.close(fd)
         return None
-    return path
+    return fd
 
 
 def _tag(secret: bytes, payload: bytes) -> bytes:
@@ -254,26 +305,27 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
         key = _key(policy_file, text, variables, timeout, best_effort)
     except (OSError, ValueError):
         return None  # the full path will report it
-    directory = cache_dir(create=True)
-    if directory is None:
-        return None
     secret = kernel.user_keyring_secret(KEY_NAME)
     if secret is None:
         return None
-    path = os.path.join(directory, _digest(key))
-    return Lookup(key, path, secret, _read(path, secret, key, policy_file), policy_file, text,
-                  variables)
+    directory = open_private_dir(_cache_path("policies"), create=True)
+    if directory is None:
+        return None
+    name = _digest(key)
+    return Lookup(key, directory, name, secret, _read(directory, name, secret, key, policy_file),
+                  policy_file, text, variables)
 
 
 # ----------------------------------------------------------------------------
 # Reading
 
 
-def _read(path: str, secret: bytes, key: tuple[Any, ...], policy_file: str) -> Optional[Entry]:
+def _read(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
+          policy_file: str) -> Optional[Entry]:
     from .readfile import read_policy_bytes
 
     try:
-        data = read_policy_bytes(path)  # regular, bounded, never blocks
+        data = read_policy_bytes(name, directory, os.O_NOFOLLOW)  # regular, bounded, never blocks
     except OSError:
         return None
     head = len(MAGIC) + TAG_BYTES
@@ -379,33 +431,52 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
     }
 
 
-def _write(path: str, secret: bytes, key: tuple[Any, ...], value: dict[str, Any]) -> None:
+def _write(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
+           value: dict[str, Any]) -> None:
+    """Write the entry under a temporary name, check it reads back whole (a short
+    write, a full disk or a file-size limit leaves no entry), then rename it into place."""
     payload = marshal.dumps((key, value))
     data = MAGIC + _tag(secret, payload) + payload
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    tmp = f".{name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600,
+                 dir_fd=directory)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        from .readfile import read_policy_bytes
+
+        if read_policy_bytes(tmp, directory, os.O_NOFOLLOW) != data:
+            raise OSError("the entry did not read back as written")
+        os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
     except BaseException:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=directory)
         except OSError:
             pass
         raise
     _prune(directory)
 
 
-def _prune(directory: str) -> None:
+def _prune(directory: int) -> None:
     """Keep the cache bounded: past MAX_ENTRIES, drop the least recently written half."""
-    names = [n for n in os.listdir(directory) if not n.startswith(".")]
+    listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        names = [n for n in os.listdir(listing) if not n.startswith(".")]
+    finally:
+        os.close(listing)
     if len(names) <= MAX_ENTRIES:
         return
-    aged = sorted(names, key=lambda n: os.stat(os.path.join(directory, n)).st_mtime_ns)
-    for name in aged[: len(aged) // 2]:
+    def age(n: str) -> int:
         try:
-            os.unlink(os.path.join(directory, name))
+            return os.stat(n, dir_fd=directory, follow_symlinks=False).st_mtime_ns
+        except OSError:
+            return 0
+    for name in sorted(names, key=age)[: len(names) // 2]:
+        try:
+            os.unlink(name, dir_fd=directory)
         except OSError:
             pass

@@ -12,6 +12,10 @@ from __future__ import annotations
 import os
 from stat import S_ISREG
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
 MAX_BYTES = 1 << 20  #: 1 MiB: far beyond any real policy
 
 
@@ -19,10 +23,12 @@ class FileTooLarge(OSError):
     pass
 
 
-def read_policy_bytes(path: str) -> bytes:
-    """The bytes of ``path``; OSError (``strerror`` says why) if it is not a regular
-    file of at most MAX_BYTES."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+def read_policy_bytes(path: str, dir_fd: Optional[int] = None, flags: int = 0) -> bytes:
+    """The bytes of ``path`` (relative to ``dir_fd`` if given, opened with the extra
+    ``flags``); OSError (``strerror`` says why) if it is not a regular file of at most
+    MAX_BYTES."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | flags,
+                 dir_fd=dir_fd)
     try:
         if not S_ISREG(os.fstat(fd).st_mode):
             raise OSError(0, "not a regular file", path)
