@@ -104,12 +104,13 @@ a = Analysis(
     [r"$WORK/sandlock_main.py"],
     pathex=[],
     binaries=[(r"$LIBSECCOMP", ".")],
-    # probe_payload.py is read as text by `sandlock probe` (it runs in the system
+    # probe_payload.py is read as text by "sandlock probe" (it runs in the system
     # interpreter inside the sandbox), so it ships as a file, not only in the PYZ.
     datas=collect_data_files("sandlock")
         + collect_data_files("sandlock", include_py_files=True, includes=["probe_payload.py"])
         + [(r"$WORK/sandlock-build-id", ".")],
-    hiddenimports=collect_submodules("sandlock"),
+    # Never imported (importing it would run the escape attempts in the build process).
+    hiddenimports=collect_submodules("sandlock", filter=lambda name: name != "sandlock.probe_payload"),
     excludes=$EXCLUDES,
     noarchive=False,
 )

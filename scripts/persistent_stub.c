@@ -76,6 +76,7 @@
     "reached without symbolic links"
 
 static char why[PATH_MAX + 256];      /* the reason the last check failed, for one message */
+static uid_t euid;                      /* the effective uid, read once */
 
 __attribute__((format(printf, 1, 2)))
 static void blame(const char *fmt, ...) {
@@ -138,9 +139,8 @@ static int write_all(int fd, const void *buf, size_t len) {
  * writable by group or others, unless sticky and root's (others cannot rename our
  * entries there). */
 static int trusted_ancestor(const struct stat *st, const char *path) {
-    uid_t me = geteuid();
     if (!S_ISDIR(st->st_mode)) { blame("%s is not a directory", path); return 0; }
-    if (st->st_uid != 0 && st->st_uid != me) {
+    if (st->st_uid != 0 && st->st_uid != euid) {
         blame("%s is owned by uid %u (neither you nor root)", path, (unsigned)st->st_uid);
         return 0;
     }
@@ -156,7 +156,7 @@ static int private_dir(int fd, const char *path) {
     struct stat st;
     if (fstat(fd, &st) != 0) { blame("%s: %s", path, strerror(errno)); return 0; }
     if (!S_ISDIR(st.st_mode)) { blame("%s is not a directory", path); return 0; }
-    if (st.st_uid != geteuid()) {
+    if (st.st_uid != euid) {
         blame("%s is owned by uid %u, not by you", path, (unsigned)st.st_uid);
         return 0;
     }
@@ -207,10 +207,10 @@ static int state_path(char *out, size_t size) {
         n = snprintf(raw, sizeof raw, "%s/sandlock", cache);
     } else {
         if (!home || home[0] != '/') {
-            struct passwd *pw = getpwuid(geteuid());
+            struct passwd *pw = getpwuid(euid);
             if (!pw || !pw->pw_dir || pw->pw_dir[0] != '/') {
                 blame("there is no home directory (HOME is unset and uid %u has none)",
-                      (unsigned)geteuid());
+                      (unsigned)euid);
                 return 0;
             }
             home = pw->pw_dir;
@@ -564,7 +564,7 @@ static int check_line(struct cursor *c, char *line, int *program) {
         blame("%s: %s", path, strerror(errno));
         return 0;
     }
-    if (kind_of(st.st_mode) != kind || (st.st_mode & 07777) != mode || st.st_uid != geteuid()
+    if (kind_of(st.st_mode) != kind || (st.st_mode & 07777) != mode || st.st_uid != euid
             || (!S_ISLNK(st.st_mode) && (st.st_mode & (S_IWGRP | S_IWOTH)))
             || (unsigned long long)st.st_size != size || (unsigned long long)st.st_ino != ino
             || (long long)st.st_ctim.tv_sec != sec || (long)st.st_ctim.tv_nsec != nsec) {
@@ -600,7 +600,7 @@ static int check_top(int dir, const char *manifest) {
 /* The program of the unpack in `dir` if everything matches its manifest, else -1. */
 static int verified_program(int dir, const char *id) {
     struct stat st;
-    if (fstat(dir, &st) != 0 || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+    if (fstat(dir, &st) != 0 || st.st_uid != euid || (st.st_mode & (S_IWGRP | S_IWOTH))) {
         blame("the directory is not private");
         return -1;
     }
@@ -610,7 +610,7 @@ static int verified_program(int dir, const char *id) {
         if (fd >= 0) close(fd);
         return -1;
     }
-    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))
+    if (!S_ISREG(st.st_mode) || st.st_uid != euid || (st.st_mode & (S_IWGRP | S_IWOTH))
             || st.st_size <= 0 || st.st_size >= MANIFEST_MAX) {
         blame("its manifest is not a private file");
         close(fd);
@@ -753,6 +753,7 @@ static void load_payload(struct payload *p) {
 int main(int argc, char **argv) {
     (void)argc;
     struct payload p;
+    euid = geteuid();
     load_payload(&p);
 
     char self_path[PATH_MAX];

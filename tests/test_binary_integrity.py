@@ -154,6 +154,26 @@ def test_module_added_inside_the_unpack_is_noticed(stage: Stage) -> None:
     assert not (internal / "sitecustomize.py").exists()
 
 
+@pytest.mark.parametrize("granted", ["home", "cache", "binary-directory"])
+def test_policy_that_could_write_the_unpack_or_the_binary_is_refused(stage: Stage,
+                                                                     granted: str) -> None:
+    """The other half of attack 1: with the state directory and the binary named by the
+    stub (SANDLOCK_STATE_DIR, SANDLOCK_STUB), no policy gets write access to either."""
+    installed = stage.root / "bin" / "sandlock"
+    installed.parent.mkdir()
+    shutil.copy2(BINARY, installed)
+    target = {"home": stage.home, "cache": stage.cache, "binary-directory": installed.parent}
+    pol = write_policy(stage.root, POLICY + 'write = ["${target}"]\n', "writes.toml")
+    argv = [str(installed), "run", "--policy", str(pol), "--var", f"ws={stage.workspace}",
+            "--var", f"target={target[granted]}", "--", "/usr/bin/true"]
+    stage.cache.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["/usr/bin/env", "-i", *[f"{k}={v}" for k, v in stage.env().items()],
+                           *argv], cwd=stage.root, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 125, done.stderr
+    assert "filesystem.write" in done.stderr, done.stderr
+
+
 # ---------------------------------------------------------------------------
 # Issue 17 item 4: damaged or interrupted unpacks repair themselves
 
