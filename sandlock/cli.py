@@ -251,6 +251,8 @@ def probe(policy: str, variables: Sequence[str], as_json: bool) -> None:
                       f"policy): {', '.join(report.runtime_grants)}")
         for line in report.not_enforced:
             out.print(f"NOT enforced on this kernel: {line}")
+        for line in report.later_runs:
+            out.print(f"later runs: {line}", markup=False, highlight=False)
         _table("escape attempts", ["probe", "verdict", "why"],
                [[r.id, r.verdict, r.reason or r.detail] for r in report.results])
         counts = ", ".join(f"{n} {k}" for k, n in sorted(report.counts().items()))

@@ -314,3 +314,49 @@ def open_rules(paths: Sequence[tuple[str, int]], write_rights: int,
             got.close()
         raise
     return opened
+
+
+# ----------------------------------------------------------------------------
+# What `sandlock probe` reports: grants that let this tool change what a later run
+# executes (refused grants never get this far: they are errors)
+
+
+def _exec_targets(paths: Iterable[tuple[str, str]]) -> list[tuple[str, str, tuple[tuple[int, int], ...]]]:
+    out = []
+    for path, origin in paths:
+        try:
+            got = resolve(path)
+        except (OSError, GrantError):
+            continue
+        out.append((path, origin, got.chain))
+        got.close()
+    return out
+
+
+def later_run_findings(writes: Sequence[tuple[str, str]], own_execs: Sequence[tuple[str, str]],
+                       other_execs: Sequence[tuple[str, str]]) -> list[str]:
+    """One line per exec grant (path, origin) that a write grant of this policy covers:
+    this tool could replace what that grant lets a later run execute. A program of the
+    same policy then runs with this policy's rights only; one of another policy runs
+    with that policy's rights, which this tool would gain."""
+    dirs = []
+    for path, origin in writes:
+        try:
+            got = resolve(path)
+        except (OSError, GrantError):
+            continue
+        dirs.append((path, origin, got.chain[-1]))
+        got.close()
+    lines = []
+    for kind, targets in (("this policy's", own_execs), ("another policy's", other_execs)):
+        for path, origin, chain in _exec_targets(targets):
+            for wpath, worigin, wid in dirs:
+                if wid in chain:
+                    effect = ("later runs of this policy would execute what the tool left there"
+                              if kind == "this policy's" else
+                              "a tool under this policy could plant code that runs with the other "
+                              "policy's rights")
+                    lines.append(f"write grant {wpath!r} ({worigin}) covers {kind} exec grant "
+                                 f"{path!r} ({origin}): {effect}")
+                    break
+    return lines
