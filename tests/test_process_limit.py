@@ -23,10 +23,10 @@ import textwrap
 from pathlib import Path
 from typing import Iterator
 
+import limit_tools
 import pytest
 from conftest import IS_ROOT, PYTHON, require_abi, write_policy
 
-import limit_tools
 import sandlock
 from sandlock import cgroups, ruleset
 from sandlock.errors import KernelSupportError
