@@ -316,11 +316,6 @@ def _ld_so(ctx: Context) -> str | None:
             f"checked only by execve ({README_LIMITS}: executing code by reading it)")
 
 
-def _memfd(ctx: Context) -> str | None:
-    return ("not enforceable: Landlock does not restrict executing a memfd; code that already "
-            f"runs can run any code it can write ({README_LIMITS}: executing code by reading it)")
-
-
 FS_READ = Access.READ
 SPECS: tuple[Spec, ...] = (
     # filesystem
@@ -400,11 +395,12 @@ SPECS: tuple[Spec, ...] = (
          runtime=(("ld_target", FS_READ), ("loader", Access.EXEC))),
     Spec("exec.opath_execveat", "execve via /proc/self/fd of an O_PATH fd",
          _fs("prog_outside", Access.EXEC), _fs_gap),
-    Spec("exec.memfd", "fexecve a program written into a memfd", limit=_memfd),
+    Spec("exec.memfd", "fexecve a program written into a memfd", _syscall("memfd_create")),
     Spec("exec.written_binary", "execve a program written into the workspace",
          _fs("writable", Access.EXEC), _fs_gap),
     Spec("exec.read_granted_file", "execve a file the policy grants read, not exec",
          _fs("ld_target", Access.EXEC), _fs_gap),
+    Spec("exec.setuid_plant", "leave a set-user-id program behind (chmod, open, mknod)"),
     Spec("exec.setuid_no_new_privs", "gain privileges through a setuid binary (no_new_privs)"),
     # secrets
     Spec("secrets.env_canary", "see a secret in the caller's environment", _env),
@@ -487,6 +483,7 @@ SPECS: tuple[Spec, ...] = (
     # terminal
     Spec("term.dev_tty", "open /dev/tty", _fs("dev_tty", Access.READ), _fs_gap),
     Spec("term.tiocsti", "inject a keystroke into the terminal (TIOCSTI)", _syscall("ioctl")),
+    Spec("term.tiocsetd", "switch the terminal's line discipline (TIOCSETD)", _syscall("ioctl")),
     Spec("term.tiocsti_high_bits", "TIOCSTI with garbage upper bits", _syscall("ioctl")),
     # kernel surface
     Spec("kernel.bpf", "bpf(BPF_MAP_CREATE)", _syscall("bpf")),

@@ -602,6 +602,41 @@ def _() -> Outcome:
         os.close(fd)
 
 
+@probe("exec.setuid_plant")
+def _() -> Outcome:
+    """Leave a set-user-id program behind (chmod, fchmod, open(O_CREAT), mknod). Without a
+    writable grant, fchmod a pipe: the same syscall and mode, nothing left behind."""
+    routes: dict[str, Callable[[], object]] = {}
+    if writable():
+        target = scratch("setuid")
+        routes = {
+            "chmod 4755": lambda: (open(target, "w").close(), os.chmod(target, 0o4755)),
+            "open(O_CREAT, 06755)": lambda: os.close(os.open(
+                scratch("setuid-open"), os.O_CREAT | os.O_WRONLY, 0o6755)),
+            "mknod(S_IFREG | 04755)": lambda: os.mknod(scratch("setuid-mknod"),
+                                                       stat.S_IFREG | 0o4755),
+        }
+    read_end, write_end = os.pipe()
+    routes["fchmod 2755"] = lambda: os.fchmod(read_end, 0o2755)
+    done, refused = [], []
+    try:
+        for what, attempt in routes.items():
+            try:
+                attempt()
+                done.append(what)
+            except OSError as exc:
+                refused.append(f"{what}: {why(exc)}")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+        for name in ("setuid", "setuid-open", "setuid-mknod"):
+            if writable() and os.path.lexists(scratch(name)):
+                os.unlink(scratch(name))
+    if done:
+        return "allowed", f"set a set-id mode by {', '.join(done)}"
+    return "blocked", "; ".join(refused)
+
+
 @probe("exec.written_binary", needs="writable")
 def _() -> Outcome:
     elf = tiny_elf()
@@ -1309,6 +1344,19 @@ def _() -> Outcome:
         pass
     fcntl.ioctl(0, termios.TIOCSTI, b"#")
     return "allowed", "pushed a keystroke into the terminal's input"
+
+
+@probe("term.tiocsetd")
+def _() -> Outcome:
+    """Set the line discipline to the one it has (a no-op the kernel allows when it
+    allows TIOCSETD at all; N_NULL would make the terminal discard everything)."""
+    import fcntl
+    import termios
+    if not os.isatty(0):
+        return "skipped", "stdin is not a terminal"
+    current = fcntl.ioctl(0, termios.TIOCGETD, b"\0" * 4)
+    fcntl.ioctl(0, termios.TIOCSETD, current)
+    return "allowed", f"TIOCSETD accepted (line discipline {struct.unpack('i', current)[0]})"
 
 
 @probe("term.tiocsti_high_bits")

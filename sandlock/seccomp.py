@@ -1,20 +1,25 @@
 """The seccomp filter: a pure plan, compiled to BPF by libseccomp (once per process).
 
-The filter allows by default and refuses (EPERM) what no tool needs, plus every
-socket family, type and protocol the policy does not grant. libseccomp adds the
+The filter allows by default and refuses (EPERM) what no tool needs, every way to
+plant a set-user-id or set-group-id file, executable memfds, the terminal ioctls
+that reach past the tool's own output, plus every socket family, type and protocol
+the policy does not grant. libseccomp adds the
 architecture check (foreign ABIs such as i386 ``int 0x80`` kill the process) and
 refuses x32 system calls on x86_64. See
 https://docs.kernel.org/userspace-api/seccomp_filter.html and seccomp_rule_add(3).
 
 Integer arguments are compared on their low 32 bits only (``MASKED_EQ`` with
-0xffffffff): the kernel ignores the upper half of an ``int`` argument, so an
-exact 64-bit comparison could be bypassed by setting garbage high bits.
+0xffffffff, or a mask of single bits): the kernel ignores the upper half of an
+``int`` argument, so an exact 64-bit comparison could be bypassed by setting
+garbage high bits.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import struct
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -71,6 +76,19 @@ DEFAULT_DENY: tuple[str, ...] = (
     "semget", "semop", "semtimedop", "semctl", "ipc",
 )
 
+#: Syscalls a policy can never allow, with the reason given when one tries. The key
+#: management calls reach the kernel keyring, where sandlock keeps the key that
+#: authenticates its own cache: no tool may read or replace it.
+NEVER_ALLOW: dict[str, str] = {
+    **{name: "the key management syscalls (keyctl, add_key, request_key) reach the kernel "
+             "keyring, where sandlock keeps the key that authenticates its cache"
+       for name in ("keyctl", "add_key", "request_key")},
+    **{name: "set-user-id and set-group-id modes are refused on every route that sets a "
+             "mode (chmod, open/creat, mknod; openat2 is refused whole), whatever the policy"
+       for name in ("chmod", "fchmod", "fchmodat", "fchmodat2", "mknod", "mknodat", "creat",
+                    "open", "openat", "openat2")},
+}
+
 #: Syscalls that act on the process an argument names (the index): allowed on the
 #: caller itself (0), refused on any other pid. Landlock scopes signals only; these
 #: would let a tool lower the limits, priority or CPU set of any process of the user.
@@ -88,7 +106,40 @@ NAMESPACE_FLAGS = {
     "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
     "CLONE_NEWNET": 0x40000000,
 }
-TIOCSTI, TIOCLINUX = 0x5412, 0x541C  # asm-generic/ioctls.h: terminal input injection
+#: Terminal ioctls refused on every descriptor (asm-generic/ioctls.h, tty_ioctl(4)): they
+#: reach past the tool's own output into the user's terminal. TIOCSTI fakes typed input,
+#: TIOCLINUX drives the console (paste selection), TIOCSETD swaps the line discipline
+#: (N_NULL: the terminal discards everything afterwards), TIOCCONS redirects the console,
+#: TIOCVHANGUP hangs up the terminal, TIOCSLCKTRMIOS locks its settings. Settings a tool
+#: on a terminal legitimately changes (termios: TCSETS*, TCSETA*, TCFLSH, TCXONC;
+#: TIOCSWINSZ) stay allowed: pagers, editors, REPLs and pexpect need them, and they
+#: change how the terminal behaves, not what the user's shell reads.
+TIOCSTI, TIOCLINUX, TIOCSETD, TIOCCONS = 0x5412, 0x541C, 0x5423, 0x541D
+TIOCVHANGUP, TIOCSLCKTRMIOS = 0x5437, 0x5457
+TTY_DENY: tuple[int, ...] = (TIOCSTI, TIOCLINUX, TIOCSETD, TIOCCONS, TIOCVHANGUP, TIOCSLCKTRMIOS)
+#: TIOCSCTTY with a non-zero argument steals a terminal that is another session's
+#: controlling terminal; with 0 it only adopts a terminal no session owns (a new pty).
+TIOCSCTTY = 0x540E
+
+#: Mode bits that grant privilege when the file is executed (inode(7)).
+S_ISUID, S_ISGID = 0o4000, 0o2000
+#: open(2) flags under which the mode argument is used: the file may be created.
+O_CREAT = os.O_CREAT
+O_TMPFILE_BIT = os.O_TMPFILE & ~os.O_DIRECTORY  # __O_TMPFILE, the bit open(2) tests
+#: Syscalls that set a mode, and the index of that argument (chmod(2), open(2), mknod(2)).
+#: ``open``/``openat`` use their mode only when creating (``flags`` is argument 1 / 2).
+MODE_ARG: dict[str, int] = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2,
+                            "mknod": 1, "mknodat": 2, "creat": 1}
+OPEN_FLAGS_MODE: dict[str, tuple[int, int]] = {"open": (1, 2), "openat": (2, 3)}
+#: Syscalls newer than some libseccomp releases, by number on this architecture (one
+#: table for every architecture since Linux 5.1). Without the number, a rule for them
+#: would be skipped as "not a syscall here" while the kernel runs them.
+NEWER_SYSCALLS: dict[str, dict[str, int]] = {"fchmodat2": {"x86_64": 452, "aarch64": 452}}
+
+#: memfd_create(2): a memfd lives outside every directory, so Landlock never checks
+#: an execve of one. With MFD_NOEXEC_SEAL (Linux 6.3) it is created non-executable and
+#: sealed so (F_SEAL_EXEC); without it a tool could run any program it writes.
+MFD_NOEXEC_SEAL = 0x0008
 PERSONALITY_QUERY = 0xFFFFFFFF
 MSG_FASTOPEN = 0x20000000  # connect-by-sendto; refused so every TCP connect passes Landlock
 AF_UNIX, AF_INET, AF_INET6, AF_MAX = 1, 2, 10, 46
@@ -139,11 +190,35 @@ def _socket_rules(grants: dict[int, dict[int, tuple[int, ...]]]) -> list[Rule]:
     return rules
 
 
+def _plant_rules() -> list[Rule]:
+    """No set-user-id or set-group-id file, by any route that sets a mode.
+
+    Each bit is tested alone (a one-bit mask cannot see the upper half). ``open`` and
+    ``openat`` use their mode only with O_CREAT or O_TMPFILE; openat2 passes mode and
+    flags in memory seccomp cannot read, so it gets ENOSYS and libc uses openat.
+    fchmodat2 (Linux 6.6) is compiled by number when libseccomp does not know it.
+    File capabilities need CAP_SETFCAP, which no tool has (capabilities are dropped).
+    """
+    rules = [Rule(name, args=(Cmp(arg, MASKED_EQ, bit, bit),))
+             for name, arg in MODE_ARG.items() for bit in (S_ISUID, S_ISGID)]
+    rules += [Rule(name, args=(Cmp(flags, MASKED_EQ, create, create), Cmp(mode, MASKED_EQ, bit, bit)))
+              for name, (flags, mode) in OPEN_FLAGS_MODE.items()
+              for create in (O_CREAT, O_TMPFILE_BIT) for bit in (S_ISUID, S_ISGID)]
+    rules.append(Rule("openat2", errno=errno.ENOSYS))
+    return rules
+
+
 def plan(policy: Policy) -> tuple[Rule, ...]:
     """The rules of the filter for ``policy``: pure data, no kernel involved."""
-    allow = set(policy.syscalls.allow)
+    allow = set(policy.syscalls.allow) - set(NEVER_ALLOW)
     names = [n for n in DEFAULT_DENY if n not in allow] + list(policy.syscalls.deny)
     rules = [Rule(name) for name in dict.fromkeys(names)]
+    rules += _plant_rules()
+    if "memfd_create" not in allow:
+        # (flags & MFD_NOEXEC_SEAL) == 0: an executable memfd. ENOSYS, as on kernels before
+        # memfd (3.17): programs then fall back to a file, whose execution Landlock decides.
+        rules.append(Rule("memfd_create", errno=errno.ENOSYS,
+                          args=(Cmp(1, MASKED_EQ, 0, MFD_NOEXEC_SEAL),)))
     if "clone" not in allow:
         rules += [Rule("clone", args=(Cmp(0, MASKED_EQ, flag, flag),))
                   for flag in NAMESPACE_FLAGS.values()]
@@ -151,7 +226,9 @@ def plan(policy: Policy) -> tuple[Rule, ...]:
         # clone3 passes its flags in memory seccomp cannot read; ENOSYS makes libc fall back to clone.
         rules.append(Rule("clone3", errno=errno.ENOSYS))
     if "ioctl" not in allow:
-        rules += [Rule("ioctl", args=(_eq32(1, request),)) for request in (TIOCSTI, TIOCLINUX)]
+        rules += [Rule("ioctl", args=(_eq32(1, request),)) for request in TTY_DENY]
+        # NE on all 64 bits: 0 with garbage in the upper half is refused too.
+        rules.append(Rule("ioctl", args=(_eq32(1, TIOCSCTTY), Cmp(2, NE, 0))))
     if "personality" not in allow:
         rules.append(Rule("personality", args=(Cmp(0, NE, PERSONALITY_QUERY),)))
     for name, pid_arg in SELF_ONLY.items():
@@ -173,10 +250,14 @@ def plan(policy: Policy) -> tuple[Rule, ...]:
 
 
 def check_names(policy: Policy) -> None:
-    """Raise PolicyError for syscall names this architecture does not know, or an
-    ``allow`` entry that is not in the default deny list (it would grant nothing)."""
-    special = {"clone", "clone3", "ioctl", "personality", *SELF_ONLY}
+    """Raise PolicyError for syscall names this architecture does not know, an ``allow``
+    entry no policy may have (:data:`NEVER_ALLOW`), or one that is not in the default
+    deny list (it would grant nothing)."""
+    special = {"clone", "clone3", "ioctl", "personality", "memfd_create", *SELF_ONLY}
     for name in policy.syscalls.allow:
+        if name in NEVER_ALLOW:
+            raise PolicyError(f"{name!r} cannot be allowed: {NEVER_ALLOW[name]}",
+                              source=policy.source, key="syscalls.allow")
         if name not in DEFAULT_DENY and name not in special:
             raise PolicyError(f"{name!r} is not denied by default, so allowing it changes nothing "
                               f"(default deny list: {', '.join(DEFAULT_DENY)})",
@@ -238,17 +319,95 @@ def compile_bpf(rules: tuple[Rule, ...]) -> bytes:
             pass  # libseccomp < 2.5: the plain chain
         arch = sc.system_arch()
         for rule in rules:
-            if sc.resolve_syscall(arch, rule.syscall) < 0:
-                continue  # not a syscall on this architecture: nothing to deny
+            number = sc.resolve_syscall(arch, rule.syscall)
             args = [sc.Arg(c.arg, c.op, c.mask if c.op == MASKED_EQ else c.value,
                            c.value if c.op == MASKED_EQ else 0) for c in rule.args]
-            filt.add_rule(sc.ERRNO(rule.errno), rule.syscall, *args)
-        with os.fdopen(os.memfd_create("sandlock-bpf", os.MFD_CLOEXEC), "w+b") as out:
-            filt.export_bpf(out)
-            out.seek(0)
-            return out.read()
+            if number < 0:
+                number = NEWER_SYSCALLS.get(rule.syscall, {}).get(os.uname().machine, -1)
+                if number < 0:
+                    continue  # not a syscall on this architecture: nothing to deny
+                # unknown to this libseccomp: refuse it whole (libc falls back to its elder)
+                args, filt_errno = [], errno.ENOSYS
+            else:
+                filt_errno = rule.errno
+            filt.add_rule(sc.ERRNO(filt_errno), number, *args)
+        program = _export(filt)
     except OSError as exc:
         raise SeccompError(f"libseccomp could not build the filter: {exc}") from None
+    _check_program(program)
+    return program
+
+
+#: BPF_MAXINSNS: the kernel refuses longer classic BPF programs (linux/bpf_common.h).
+BPF_MAXINSNS = 4096
+BPF_INSN = 8  #: sizeof(struct sock_filter)
+BPF_CLASS_JMP, BPF_CLASS_RET, BPF_JA = 0x05, 0x06, 0x00
+
+
+def _export(filt: Any) -> bytes:
+    """The program, through a pipe: libseccomp's single write() is not checked for a short
+    count, and a file (a memfd) is cut short by RLIMIT_FSIZE; a pipe is not. The pipe holds
+    more than the longest program the kernel accepts, so a complete one never blocks, and
+    an oversized one fills it (O_NONBLOCK) and is refused below instead of hanging."""
+    read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        try:
+            fcntl.fcntl(write_end, F_SETPIPE_SZ, 2 * BPF_MAXINSNS * BPF_INSN)
+        except OSError:
+            pass  # over fs.pipe-user-pages-soft: the size it has (refused below if too small)
+        room = fcntl.fcntl(write_end, F_GETPIPE_SZ)
+        filt.export_bpf(_Fd(write_end))
+        os.close(write_end)
+        write_end = -1
+        chunks = []
+        while chunk := os.read(read_end, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+    program = b"".join(chunks)
+    if len(program) >= room:
+        why = (f"more than the kernel's {BPF_MAXINSNS} instructions"
+               if room > BPF_MAXINSNS * BPF_INSN else
+               "a pipe this small (fs.pipe-user-pages-soft reached?)")
+        raise SeccompError(f"the filter does not fit in {room} bytes: {why}")
+    return program
+
+
+F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032  # fcntl(2)
+
+
+class _Fd:
+    """What pyseccomp's export_bpf() needs of a file: its descriptor."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+
+def _check_program(program: bytes) -> None:
+    """Refuse a program that cannot be what libseccomp meant: empty, not whole
+    instructions, too long, a jump past the end, or a last instruction that is not a
+    return. A program cut short anywhere fails at least one of these."""
+    count, extra = divmod(len(program), BPF_INSN)
+    why = ("it is empty" if not program else
+           f"{len(program)} bytes is not a whole number of instructions" if extra else
+           f"{count} instructions is more than the kernel's {BPF_MAXINSNS}"
+           if count > BPF_MAXINSNS else None)
+    for index in range(count if why is None else 0):
+        code, jt, jf, k = struct.unpack_from("=HBBI", program, index * BPF_INSN)
+        if code & 0x07 == BPF_CLASS_JMP:
+            far = k if code & 0xF0 == BPF_JA else max(jt, jf)
+            if index + 1 + far >= count:
+                why = f"instruction {index} jumps past the end"
+                break
+        if index == count - 1 and code & 0x07 != BPF_CLASS_RET:
+            why = "the last instruction is not a return"
+    if why:
+        raise SeccompError(f"libseccomp exported a broken filter ({why}); nothing was loaded")
 
 
 #: Filters compiled in this process, by plan. Never stored on disk: a file a tool could
