@@ -23,8 +23,8 @@
  *   usable"); every ancestor must be owned by root or the effective uid and not
  *   writable by group or others unless it is sticky and root's (like /tmp); sandlock/
  *   and sandlock/bin/ must be the effective uid's, not writable by anyone else (other
- *   access is taken away). Missing components are created with mkdirat under the
- *   checked parent.
+ *   access is taken away). The cache directory, sandlock/ and bin/ are created when
+ *   missing, with mkdirat under the checked parent (a missing home is not).
  * - An unpack goes into a fresh .unpack-XXXXXX directory made with mkdirat under the
  *   checked bin descriptor; every file is created with openat(O_EXCL|O_NOFOLLOW)
  *   relative to descriptors and fsynced, then a manifest (.manifest: kind, mode, size,
@@ -172,12 +172,13 @@ static int private_dir(int fd, const char *path) {
 }
 
 /* Open directory `name` under the checked `parent` without following a symbolic link,
- * creating it (0700) if missing. `shown` names it in messages. */
-static int open_component(int parent, const char *name, const char *shown, int flags) {
+ * creating it (0700) if missing and `create`. `shown` names it in messages. */
+static int open_component(int parent, const char *name, const char *shown, int flags,
+                          int create) {
     for (int attempt = 0; attempt < 2; attempt++) {
         int fd = openat(parent, name, flags | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd >= 0) return fd;
-        if (errno == ENOENT && attempt == 0) {
+        if (errno == ENOENT && attempt == 0 && create) {
             if (mkdirat(parent, name, 0700) != 0 && errno != EEXIST) {
                 blame("cannot create %s: %s", shown, strerror(errno));
                 return -1;
@@ -240,6 +241,10 @@ static int open_bins(const char *path) {
     int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 || fstat(fd, &st) != 0) { blame("/: %s", strerror(errno)); return -1; }
     if (!trusted_ancestor(&st, "/")) { close(fd); return -1; }
+    /* Only the cache directory itself (~/.cache, $XDG_CACHE_HOME) and sandlock/ are
+     * created: a home that does not exist is not made up. */
+    int left = 0;
+    for (const char *c = path; *c; c++) left += *c == '/';
     const char *at = path + 1;
     while (*at) {
         const char *slash = strchr(at, '/');
@@ -252,7 +257,7 @@ static int open_bins(const char *path) {
         memcpy(shown, path, end);
         shown[end] = 0;
         int last = slash == NULL;
-        int next = open_component(fd, name, shown, last ? O_RDONLY : O_PATH);
+        int next = open_component(fd, name, shown, last ? O_RDONLY : O_PATH, left-- <= 2);
         close(fd);
         if (next < 0) return -1;
         fd = next;
@@ -273,7 +278,7 @@ static int open_bins(const char *path) {
         close(fd);
         return -1;
     }
-    int bins = open_component(fd, "bin", shown, O_RDONLY);
+    int bins = open_component(fd, "bin", shown, O_RDONLY, 1);
     close(fd);
     if (bins >= 0 && !private_dir(bins, shown)) { close(bins); return -1; }
     return bins;

@@ -352,6 +352,12 @@ def test_unusable_state_directory_is_125_with_a_message(stage: Stage, where: str
     stage.assert_not_planted()
 
 
+def test_missing_home_is_not_created(stage: Stage) -> None:
+    missing = stage.root / "gone" / "home"
+    refused(stage.run({"HOME": str(missing)}), str(stage.root / "gone"))
+    assert not (stage.root / "gone").exists()
+
+
 def test_state_directory_readable_by_others_is_made_private(stage: Stage) -> None:
     """``~/.cache/sandlock`` made 0755 by an older version (or os.makedirs): nobody else
     could write in it, so the stub keeps it and takes group and other access away."""
