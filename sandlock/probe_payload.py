@@ -608,9 +608,13 @@ def _() -> Outcome:
     writable grant, fchmod a pipe: the same syscall and mode, nothing left behind."""
     routes: dict[str, Callable[[], object]] = {}
     if writable():
-        target = scratch("setuid")
+        def chmod() -> None:
+            target = scratch("setuid")
+            open(target, "w").close()
+            os.chmod(target, 0o4755)
+
         routes = {
-            "chmod 4755": lambda: (open(target, "w").close(), os.chmod(target, 0o4755)),
+            "chmod 4755": chmod,
             "open(O_CREAT, 06755)": lambda: os.close(os.open(
                 scratch("setuid-open"), os.O_CREAT | os.O_WRONLY, 0o6755)),
             "mknod(S_IFREG | 04755)": lambda: os.mknod(scratch("setuid-mknod"),

@@ -6,7 +6,6 @@ and ``Sandbox.call`` (a spare of the fork server). Root and ordinary user alike.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -19,10 +18,10 @@ import termios
 from pathlib import Path
 from typing import Any, Callable
 
-import pytest
-from conftest import IS_ROOT, PYTHON, require_abi, run_confined, write_policy
-
 import plant_attacks
+import pytest
+from conftest import PYTHON, require_abi, run_confined, write_policy
+
 import sandlock
 
 TESTS = Path(__file__).resolve().parent
@@ -36,7 +35,7 @@ def _landlock() -> None:
     require_abi(1, "the sandbox")
 
 
-def policy_for(tmp_path: Path, workspace: Path, extra: str = "") -> dict[str, Any]:
+def policy_for(_: Path, workspace: Path, extra: str = "") -> dict[str, Any]:
     syscalls = {"allow": [extra]} if extra else {}
     return {"extends": ["python"],
             "filesystem": {"read": [str(TESTS), "/proc"], "write": [str(workspace)]},
@@ -296,8 +295,8 @@ def test_a_file_size_limit_does_not_break_this_or_the_next_run(fsize: str, tmp_p
     limited = subprocess.run(["prlimit", f"--fsize={fsize}", sys.executable, "-m", "sandlock",
                               "run", "--policy", str(policy), "--", "/usr/bin/true"],
                              capture_output=True, text=True, env=env, timeout=60)
-    assert limited.returncode in (0, 125), limited.stderr
-    assert "Traceback" not in limited.stderr
+    # the filter is exported through a pipe, which RLIMIT_FSIZE does not cut: it works
+    assert limited.returncode == 0, limited.stderr
     for _ in range(2):
         after = run_confined(policy, ["/usr/bin/true"], env=env)
         assert after.returncode == 0, after.stderr
@@ -305,11 +304,11 @@ def test_a_file_size_limit_does_not_break_this_or_the_next_run(fsize: str, tmp_p
 
 def test_the_api_builds_filters_under_a_file_size_limit(tmp_path: Path) -> None:
     """In-process: the filter is compiled after RLIMIT_FSIZE is lowered to one byte."""
-    script = (f"import resource, signal, sandlock; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-              f"resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))\n"
-              f"box = sandlock.Sandbox({{'extends': ['base'], 'filesystem': "
-              f"{{'exec': ['/usr/bin/true']}}, 'syscalls': {{'deny': ['sync']}}}})\n"
-              f"print(box.run(['/usr/bin/true']).returncode)\n")
+    script = ("import resource, signal, sandlock; signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (1, 1))\n"
+              "box = sandlock.Sandbox({'extends': ['base'], 'filesystem': "
+              "{'exec': ['/usr/bin/true']}, 'syscalls': {'deny': ['sync']}})\n"
+              "print(box.run(['/usr/bin/true']).returncode)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
     assert done.stdout.strip() == "0", done.stderr

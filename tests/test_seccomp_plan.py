@@ -411,12 +411,11 @@ def test_memfd_create_must_seal_exec_unless_allowed() -> None:
 def test_a_program_cut_short_is_refused() -> None:
     program = S.compile_bpf(rules_for())
     S._check_program(program)
-    refused = 0
-    for size in range(0, len(program) - 8):
+    # every cut but the one before the last instruction (libseccomp ends with two returns;
+    # that cut is why the export avoids files, which RLIMIT_FSIZE can shorten)
+    for size in [*range(0, len(program) - 8), *range(len(program) - 7, len(program))]:
         with pytest.raises(S.SeccompError, match="libseccomp exported a broken filter"):
             S._check_program(program[:size])
-        refused += 1
-    assert refused == len(program) - 8
     with pytest.raises(S.SeccompError, match="more than the kernel's 4096"):
         S._check_program(program * (4097 * 8 // len(program) + 1))
 
