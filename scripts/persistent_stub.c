@@ -759,6 +759,7 @@ int main(int argc, char **argv) {
     (void)argc;
     struct payload p;
     euid = geteuid();
+    mode_t caller_umask = umask(077);  /* whatever the caller's, we can open what we create */
     load_payload(&p);
 
     char self_path[PATH_MAX];
@@ -789,6 +790,7 @@ int main(int argc, char **argv) {
     }
     close(bins);
     close(p.self);
+    umask(caller_umask);
     if (setenv("SANDLOCK_STUB", self_path, 1) != 0 || setenv("SANDLOCK_STATE_DIR", state, 1) != 0)
         fail("cannot set the environment: %s", strerror(errno));
     syscall(SYS_execveat, program, "", argv, environ, AT_EMPTY_PATH);

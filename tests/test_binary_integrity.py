@@ -200,6 +200,35 @@ def test_damaged_unpack_is_repaired(stage: Stage, damage: str) -> None:
     assert sorted(p.name for p in stage.bins.iterdir()) == [payload_id()]
 
 
+def test_concurrent_runs_repair_a_damaged_unpack_once(stage: Stage) -> None:
+    ok(stage.run())
+    os.truncate(_libpython(stage.unpacked), 0)
+    pairs = [f"{k}={v}" for k, v in stage.env().items()]
+    runs = [subprocess.Popen(["/usr/bin/env", "-i", *pairs, *stage.argv()], cwd=stage.root,
+                             stderr=subprocess.PIPE) for _ in range(4)]
+    for run in runs:
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 7, err
+    assert sorted(p.name for p in stage.bins.iterdir()) == [payload_id()]
+    ok(stage.run())
+
+
+@pytest.mark.parametrize("umask", ["0027", "0077"])
+def test_callers_umask_changes_neither_the_unpack_nor_the_command(stage: Stage,
+                                                                   umask: str) -> None:
+    """The unpack's modes are the payload's whatever the umask; the command still runs
+    under the caller's umask."""
+    pairs = [f"{k}={v}" for k, v in stage.env().items()]
+    argv = [*stage.argv()[:-1], "umask"]
+    done = subprocess.run(["/bin/sh", "-c", f'umask {umask}; exec "$@"', "sh", "/usr/bin/env",
+                           "-i", *pairs, *argv], cwd=stage.root, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == umask
+    assert stat.S_IMODE((stage.unpacked / "sandlock").stat().st_mode) == 0o755
+    ok(stage.run())
+
+
 def test_interrupted_unpacks_are_removed_by_the_next_unpack(stage: Stage) -> None:
     stage.bins.mkdir(parents=True, mode=0o700)
     (stage.cache / "sandlock").chmod(0o700)
