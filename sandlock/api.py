@@ -15,6 +15,7 @@ call by a ``sandlock-exec`` server (one per caller process, started once with
 
 from __future__ import annotations
 
+import collections
 import enum
 import io
 import marshal
@@ -24,6 +25,7 @@ import select
 import socket
 import sys
 import threading
+import types
 import weakref
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
@@ -384,9 +386,14 @@ def _wait_readable(sock: socket.socket, timeout: Optional[float]) -> bool:
 
 # ----------------------------------------------------------------------------
 # Results of Python calls come from a confined process: untrusted input.
+#
+# What is rebuilt is bounded: a pickle's opcodes can at most repeat references
+# (a few pointers per input byte); constructors are named by the bytes, so the only
+# ones reachable are those below, each called through a check that its output is
+# about the size of its arguments and costs about as long to build as to read.
 
 _SAFE_GLOBALS = {
-    "builtins": {"complex", "set", "frozenset", "bytearray", "slice", "range"},
+    "builtins": {"complex", "set", "frozenset", "bytearray", "slice"},
     "collections": {"OrderedDict", "deque", "Counter"},
     "datetime": {"date", "time", "datetime", "timedelta", "timezone"},
     "decimal": {"Decimal"},
@@ -394,10 +401,131 @@ _SAFE_GLOBALS = {
     "uuid": {"UUID"},
     "pathlib": {"PurePath", "PurePosixPath", "Path", "PosixPath"},
 }
+#: An int given to a number constructor (Fraction's gcd, Decimal's conversion are
+#: quadratic in it): 2^16 bits, ~20,000 decimal digits.
+_MAX_INT_BITS = 1 << 16
+#: A Decimal's exponent: int() or Fraction() of it would make that many digits.
+_MAX_EXPONENT = 10_000
+#: Containers inside containers (the caller's repr, ==, json, copy recurse on them).
+_MAX_DEPTH = 200
+#: Arguments whose length is that of what was read (not range, not an iterator).
+_MATERIALISED = (list, tuple, dict, set, frozenset, str, bytes, bytearray)
+#: Values with nothing inside to walk.
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray})
 
 
 class _Untrusted(Exception):
     pass
+
+
+class _Refused(Exception):
+    """A constructor's arguments would cost the caller more than the bytes read."""
+
+
+def _small_int(value: Any) -> bool:
+    return type(value) is not int or value.bit_length() <= _MAX_INT_BITS
+
+
+def _numbers(cls: type, args: tuple[Any, ...]) -> Any:
+    if not all(type(a) in (int, float, str) and _small_int(a) for a in args):
+        raise _Refused(f"{cls.__name__}{tuple(type(a).__name__ for a in args)}")
+    return cls(*args)
+
+
+def _fraction(cls: type, args: tuple[Any, ...]) -> Any:
+    """Fraction(int, int) or Fraction(str) without an exponent (``1e10000000`` is
+    10**10000000: seconds to minutes of CPU to build)."""
+    import re
+
+    if (all(type(a) is int and _small_int(a) for a in args) and 1 <= len(args) <= 2) or (
+            len(args) == 1 and type(args[0]) is str and len(args[0]) <= 4300
+            and re.fullmatch(r"\s*[-+]?(\d+(/\d+)?|\d*\.\d+|\d+\.)\s*", args[0], re.ASCII)):
+        return cls(*args)
+    raise _Refused(f"Fraction{tuple(type(a).__name__ for a in args)} (only integers of up "
+                   f"to {_MAX_INT_BITS} bits, or a string without an exponent)")
+
+
+def _decimal(cls: type, args: tuple[Any, ...]) -> Any:
+    if len(args) != 1 or type(args[0]) not in (str, int, float, tuple) or not _small_int(args[0]):
+        raise _Refused(f"Decimal{tuple(type(a).__name__ for a in args)}")
+    value = cls(*args)
+    if value.is_finite() and max(abs(value.as_tuple().exponent), abs(value.adjusted())) \
+            > _MAX_EXPONENT:
+        raise _Refused(f"a Decimal with an exponent beyond +-{_MAX_EXPONENT}")
+    return value
+
+
+def _bytearray(cls: type, args: tuple[Any, ...]) -> Any:
+    """bytearray(bytes) or bytearray(str, encoding[, errors]); never bytearray(n)."""
+    if (len(args) == 1 and isinstance(args[0], (bytes, bytearray))) or (
+            2 <= len(args) <= 3 and all(type(a) is str for a in args)) or not args:
+        return cls(*args)
+    raise _Refused(f"bytearray{tuple(type(a).__name__ for a in args)}")
+
+
+def _collection(cls: type, args: tuple[Any, ...]) -> Any:
+    """set, frozenset, deque, Counter, OrderedDict of what was read (not of a range)."""
+    if len(args) > 2 or (args and not isinstance(args[0], _MATERIALISED)) or (
+            len(args) == 2 and not (args[1] is None or type(args[1]) is int)):
+        raise _Refused(f"{cls.__name__}{tuple(type(a).__name__ for a in args)}")
+    return cls(*args)
+
+
+#: The checked constructors; classes not named here are handed out as they are (their
+#: constructors take bounded arguments; UUID and the date types are rebuilt with NEWOBJ
+#: or from their own small state).
+_CHECKS: dict[tuple[str, str], Callable[[type, tuple[Any, ...]], Any]] = {
+    ("builtins", "complex"): _numbers, ("builtins", "bytearray"): _bytearray,
+    ("builtins", "set"): _collection, ("builtins", "frozenset"): _collection,
+    ("collections", "OrderedDict"): _collection, ("collections", "deque"): _collection,
+    ("collections", "Counter"): _collection,
+    ("decimal", "Decimal"): _decimal, ("fractions", "Fraction"): _fraction,
+}
+
+
+def _checked(cls: type, check: Callable[[type, tuple[Any, ...]], Any]) -> Callable[..., Any]:
+    def construct(*args: Any) -> Any:
+        return check(cls, args)
+    return construct
+
+
+def _imported_exception(module: str, name: str) -> Optional[type]:
+    """The exception class ``module.name`` if that module is already imported; read
+    from namespaces only (no getattr: a module's ``__getattr__`` may import)."""
+    found: Any = sys.modules.get(module)
+    if not isinstance(found, types.ModuleType):
+        return None
+    namespace: Any = object.__getattribute__(found, "__dict__")
+    for part in name.split("."):
+        found = namespace.get(part) if isinstance(namespace, Mapping) else None
+        if not isinstance(found, type):
+            return None
+        namespace = type.__dict__["__dict__"].__get__(found)
+    return found if issubclass(found, BaseException) else None
+
+
+def _check_depth(value: Any) -> None:
+    """Refuse containers nested deeper than _MAX_DEPTH (each object walked once per
+    depth it is reached at, so shared references cost no more than their number)."""
+    stack = [(value, 0)]
+    seen: dict[int, int] = {}
+    while stack:
+        item, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
+        if seen.get(id(item), -1) >= depth:
+            continue
+        seen[id(item)] = depth
+        if isinstance(item, dict):
+            children: Iterable[Any] = (*item.keys(), *item.values())
+        elif isinstance(item, (list, tuple, set, frozenset, collections.deque)):
+            children = item
+        elif isinstance(item, BaseException):
+            children = (item.args, getattr(item, "__dict__", {}), item.__cause__,
+                        item.__context__)
+        else:
+            children = tuple(getattr(item, "__dict__", {}).values())
+        stack.extend((child, depth + 1) for child in children if type(child) not in _ATOMS)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -405,22 +533,32 @@ class _Unpickler(pickle.Unpickler):
 
     Unpickling runs whatever callable the bytes name, so a compromised tool could
     otherwise run code in the caller (https://docs.python.org/3/library/pickle.html,
-    "Restricting Globals"). Nothing is imported on the tool's behalf.
+    "Restricting Globals"). A name is decided on before anything is imported or looked
+    up: only the modules of ``_SAFE_GLOBALS`` are ever imported here.
     """
 
-    def __init__(self, data: bytes, trusted: frozenset[tuple[str, str]]) -> None:
+    def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
         super().__init__(io.BytesIO(data))
         self.trusted = trusted
 
     def find_class(self, module: str, name: str) -> Any:
-        if name in _SAFE_GLOBALS.get(module, ()) or (module, name) in self.trusted:
-            return super().find_class(module, name)
-        found: Any = sys.modules.get(module)
-        for part in name.split("."):
-            found = getattr(found, part, None)
-        if isinstance(found, type) and issubclass(found, BaseException):
+        if (module, name) in self.trusted:
+            return self.trusted[module, name]
+        if name in _SAFE_GLOBALS.get(module, ()):
+            import importlib
+
+            cls = getattr(importlib.import_module(module), name)
+            check = _CHECKS.get((module, name))
+            return cls if check is None else _checked(cls, check)
+        found = _imported_exception(module, name)
+        if found is not None:
             return found
         raise _Untrusted(f"{module}.{name}")
+
+    def load(self) -> Any:
+        value = super().load()
+        _check_depth(value)
+        return value
 
 
 class RemoteTraceback(Exception):
@@ -446,6 +584,53 @@ def _load(policy: PolicyLike, variables: Optional[Mapping[str, str]]) -> Policy:
     raise TypeError(f"policy must be a Policy, a path or a dict, not {type(policy).__name__}")
 
 
+#: The longest timeout (seconds) the API takes, as the policy's ``timeout``.
+_MAX_TIMEOUT = 10**9
+
+
+def _check_timeout(timeout: Any) -> Optional[float]:
+    """None (the policy's), or a positive, finite number of seconds. A negative, zero,
+    NaN or infinite timeout is an error at once: never "no limit" (a caller passing a
+    remaining budget that ran out must not lift the policy's own limit)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    seconds = float(timeout)
+    if not 0 < seconds <= _MAX_TIMEOUT:
+        raise ValueError(f"timeout must be a positive, finite number of seconds (at most "
+                         f"{_MAX_TIMEOUT}), got {timeout!r}")
+    return seconds
+
+
+def _trusted_types(types_: Any) -> dict[tuple[str, str], type]:
+    try:
+        items = list(types_)
+    except TypeError:
+        raise TypeError(f"trusted_types must be an iterable of classes, not "
+                        f"{type(types_).__name__}") from None
+    for item in items:
+        if not isinstance(item, type):
+            raise TypeError(f"trusted_types must hold classes, not {item!r:.80}")
+    return {(t.__module__, t.__qualname__): t for t in items}
+
+
+#: setrlimit's largest value (rlim_t as the kernel and Python's resource module take it).
+_MAX_RLIMIT = 2**63 - 1
+
+
+def _check_limits(policy: Policy) -> None:
+    """A size the kernel cannot take is an error, not a silently saturated limit."""
+    from .errors import PolicyError
+
+    for key in ("memory", "file_size", "open_files", "processes"):
+        value = getattr(policy.limits, key)
+        if value is not None and value > _MAX_RLIMIT:
+            raise PolicyError(f"{value} is larger than the largest limit the kernel "
+                              f"takes ({_MAX_RLIMIT})", source=policy.source,
+                              key=f"limits.{key}")
+
+
 class Sandbox:
     """A compiled policy: every :meth:`run`, :meth:`popen` or :meth:`call` is a new,
     separately confined process. Thread-safe; close it (or use ``with``) to release
@@ -460,18 +645,29 @@ class Sandbox:
     def __init__(self, policy: PolicyLike, *, vars: Optional[Mapping[str, str]] = None,
                  best_effort: bool = False, timeout: Optional[float] = None,
                  trusted_types: Iterable[type] = (), max_result_size: int = 64 << 20) -> None:
+        # Every argument is checked before anything is compiled or opened.
+        if vars is not None and not (isinstance(vars, Mapping) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in vars.items())):
+            raise TypeError(f"vars must be a mapping of str to str, not {vars!r:.80}")
+        timeout = _check_timeout(timeout)
+        trusted = _trusted_types(trusted_types)
+        if type(max_result_size) is not int:
+            raise TypeError(f"max_result_size must be an int, not {type(max_result_size).__name__}")
+        if max_result_size <= 0:
+            raise ValueError(f"max_result_size must be positive, got {max_result_size}")
         loaded = _load(policy, vars)
         if best_effort:
             loaded = loaded.with_compat(Compat.BEST_EFFORT)
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
+        _check_limits(loaded)
         if loaded.network.allow:
             from .supervisor import check_support
 
             check_support()  # KernelSupportError: no seccomp user notification
         self.policy = loaded
         self._compiled = launcher.compile_policy(loaded)
-        self._trusted = frozenset((t.__module__, t.__qualname__) for t in trusted_types)
+        self._trusted = trusted
         self._max_result = max_result_size
         import fnmatch
         import re
@@ -851,7 +1047,7 @@ class _CallJob:
     call: _Call
     pump: _Pump
     result_fd: int
-    trusted: frozenset[tuple[str, str]]
+    trusted: Mapping[tuple[str, str], type]
     limit: int
 
     def outcome(self, func: Callable[..., Any]) -> Any:
@@ -872,7 +1068,7 @@ class _CallJob:
             raise CallError(f"{name}: the confined process {how} before returning a result",
                             exit_code=code)
         try:  # an envelope of str and bytes only; a hijacked tool may send anything
-            envelope = _Unpickler(data, frozenset()).load()
+            envelope = _Unpickler(data, {}).load()
             kind = envelope[0]
             if kind == "raise":
                 _, what, message, text, blob = envelope
@@ -899,8 +1095,10 @@ class _CallJob:
                 exc_obj = _Unpickler(blob, self.trusted).load()
             except Exception:  # noqa: BLE001 - fall back to the text
                 exc_obj = None
-        if isinstance(exc_obj, BaseException):
+        if isinstance(exc_obj, Exception):
             raise exc_obj from RemoteTraceback(text)
+        # SystemExit, KeyboardInterrupt, GeneratorExit...: would pass the caller's
+        # ``except Exception`` and end it; the tool's exit is the tool's.
         raise CallError(f"{name} raised {what}: {message}", remote_traceback=text)
 
 

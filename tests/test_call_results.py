@@ -1,0 +1,143 @@
+"""What a call()'s confined function sends back cannot hurt the caller.
+
+Each attack is a result a hijacked tool can send (``api_tools.reply`` writes the bytes
+as its result): the caller must refuse it with a CallError, without allocating far
+more than the bytes it read, without spending long rebuilding it, and without
+importing or looking anything up on the tool's behalf.
+"""
+
+from __future__ import annotations
+
+import fractions
+import pickle
+import resource
+import struct
+import sys
+import types
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import api_tools
+import pytest
+from conftest import REPO, require_abi
+
+import sandlock
+
+TESTS = str(REPO / "tests")
+
+
+@pytest.fixture(autouse=True)
+def _landlock() -> None:
+    require_abi(1, "the Python API")
+
+
+@pytest.fixture(scope="module")
+def box() -> Iterator[sandlock.Sandbox]:
+    with sandlock.Sandbox({"extends": ["python"], "filesystem": {"read": [TESTS]}}) as sandbox:
+        yield sandbox
+
+
+class _As:
+    """Pickles as ``func(*args)``: what a hijacked tool can ask the caller to run."""
+
+    def __init__(self, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.func, self.args = func, args
+
+    def __reduce__(self) -> Any:
+        return self.func, self.args
+
+
+def _peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _refused(box: sandlock.Sandbox, blob: bytes) -> sandlock.CallError:
+    try:
+        box.call(api_tools.reply, blob)
+    except BaseException as exc:  # noqa: BLE001 - whatever comes out is the verdict
+        assert isinstance(exc, sandlock.CallError), repr(exc)
+        return exc
+    raise AssertionError("the hostile result was rebuilt")
+
+
+def _global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+BIG = 1 << 29  # 512 MiB
+
+
+@pytest.mark.parametrize("blob", [
+    pytest.param(pickle.dumps(_As(bytearray, (BIG,)), 5), id="bytearray(n)"),
+    # list[0:0] = range(n): a 30-byte pickle that materialises n ints
+    pytest.param(b"\x80\x05]" + _global("builtins", "slice") + b"K\x00K\x00\x86R"
+                 + _global("builtins", "range") + b"J" + struct.pack("<i", 1 << 24)
+                 + b"\x85Rs.", id="list-slice=range(n)"),
+    pytest.param(pickle.dumps(_As(frozenset, (range(1 << 24),)), 5), id="frozenset(range)"),
+])
+def test_a_small_result_cannot_make_the_caller_allocate(box: sandlock.Sandbox,
+                                                        blob: bytes) -> None:
+    before = _peak_mib()
+    _refused(box, blob)
+    assert _peak_mib() - before < 100
+
+
+@pytest.mark.parametrize("blob", [
+    pytest.param(pickle.dumps(_As(fractions.Fraction, ("1e1000000",)), 5),
+                 id="Fraction('1e1000000')"),
+    pytest.param(pickle.dumps(_As(fractions.Fraction, (3 ** 400000, 7 ** 300000)), 5),
+                 id="Fraction(huge, huge)"),
+    pytest.param(pickle.dumps(_As(__import__("decimal").Decimal, ("1e999999999",)), 5),
+                 id="Decimal('1e999999999')"),
+    pytest.param(b"\x80\x05" + b"]" * 100_000 + b"a" * 99_999 + b".", id="nested 100000 deep"),
+])
+def test_results_that_cost_time_or_depth_to_use_are_refused(box: sandlock.Sandbox,
+                                                            blob: bytes) -> None:
+    _refused(box, blob)
+
+
+def test_plain_data_still_comes_back(box: sandlock.Sandbox) -> None:
+    import collections
+    import datetime
+    import decimal
+    import uuid
+
+    value = {"frac": fractions.Fraction(3, 4), "dec": decimal.Decimal("-1.25e-7"),
+             "ba": bytearray(b"xy"), "od": collections.OrderedDict(a=1),
+             "dq": collections.deque([1, 2], maxlen=5), "ct": collections.Counter("aab"),
+             "fs": frozenset({1, 2}), "s": {3}, "c": 1 + 2j, "sl": slice(1, 2),
+             "dt": datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone.utc),
+             "u": uuid.UUID(int=5), "p": Path("/a/b"), "deep": [[[[[1]]]]],
+             "big": 10 ** 1000}
+    assert box.call(api_tools.echo, value) == value
+
+
+def test_nothing_is_looked_up_or_imported_for_the_tool(box: sandlock.Sandbox,
+                                                       tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    looked_up: list[str] = []
+    lazy = types.ModuleType("sandlock_test_lazy")
+    lazy.__getattr__ = lambda name: looked_up.append(name)  # type: ignore[method-assign]
+    monkeypatch.setitem(sys.modules, "sandlock_test_lazy", lazy)
+    (tmp_path / "sandlock_test_never.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module, name in [("sandlock_test_lazy", "Boom"), ("sandlock_test_lazy", "A.B"),
+                         ("sandlock_test_never", "Error"), ("os", "system"),
+                         ("builtins", "eval"), ("__builtin__", "set")]:
+        error = _refused(box, b"\x80\x02" + _global(module, name) + b")R.")
+        assert "trusted_types" in str(error)
+    assert looked_up == []
+    assert "sandlock_test_never" not in sys.modules
+    assert not (tmp_path / "imported").exists()
+
+
+@pytest.mark.parametrize("kind", ["SystemExit", "KeyboardInterrupt", "GeneratorExit"])
+def test_only_exceptions_are_raised_again(box: sandlock.Sandbox, kind: str) -> None:
+    try:
+        box.call(api_tools.leave_by, kind)
+    except BaseException as exc:  # noqa: BLE001
+        assert isinstance(exc, sandlock.CallError), repr(exc)
+        assert kind in str(exc)
+    else:
+        raise AssertionError("no error")
