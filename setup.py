@@ -16,6 +16,11 @@ import sys
 from setuptools import Command, setup
 from setuptools.command.build_py import build_py
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join("sandlock", "native", "sandlock_exec.c")
 TARGET = os.path.join("sandlock", "native", "sandlock-exec")
@@ -73,4 +78,15 @@ class BuildHelper(Command):
             raise SystemExit(1)
 
 
-setup(cmdclass={"build_py": BuildPy, "build_helper": BuildHelper})
+class BdistWheel(bdist_wheel):
+    """A wheel carrying the compiled helper says so: any Python 3, this platform only."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self) -> tuple[str, str, str]:
+        return ("py3", "none", super().get_tag()[2])
+
+
+setup(cmdclass={"build_py": BuildPy, "build_helper": BuildHelper, "bdist_wheel": BdistWheel})

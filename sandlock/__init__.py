@@ -8,7 +8,11 @@ sandlock`` stays cheap for the CLI's per-call path::
         box.run(["cat", "notes.md"], capture_output=True).check()
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+#: The name this package is installed under (pip). PyPI's "sandlock" is another project
+#: with the same import name: the two cannot share an environment, and this attribute
+#: tells which one ``import sandlock`` found.
+__distribution__ = "sandlock-agent"
 
 _EXPORTS = {
     "Sandbox": "api", "Process": "api", "Result": "api", "Outcome": "api",

@@ -205,13 +205,14 @@ def _load_for_validation(load_policy: Any, file: str, given: dict[str, str]) -> 
 @click.argument("name", required=False)
 def policies(name: str | None) -> None:
     """List the built-in profiles, or show one."""
-    from .policy import PROFILE_DIR, builtin_profiles, load_profile
+    from .policy import PROFILE_DIR, builtin_profiles, load_policy
 
     if name is None:
         rows = []
         for profile in builtin_profiles():
-            try:
-                description = load_profile(profile).description
+            try:  # a tool policy's ${workspace} gets a placeholder, as in validate
+                description = _load_for_validation(load_policy, str(PROFILE_DIR / f"{profile}.toml"),
+                                                   {}).description
             except SandlockError as exc:
                 description = f"(not loadable here: {exc})"
             rows.append([profile, description])
@@ -236,9 +237,10 @@ def probe(policy: str, variables: Sequence[str], as_json: bool) -> None:
     not be set up.
     """
     from .probe import probe_file
+    from .profiles import policy_file
 
     try:
-        report = probe_file(policy, parse_vars(variables))
+        report = probe_file(policy_file(policy), parse_vars(variables))
     except SandlockError as exc:
         raise _fail(exc) from None
     if as_json:

@@ -23,13 +23,14 @@ from typing import Any, Callable
 
 from .errors import PolicyError
 from .locate import find_element_lines, find_line
+from .profiles import DIR as _SHIPPED
 
 if sys.version_info >= (3, 11):
     import tomllib as _toml
 else:  # pragma: no cover - Python < 3.11
     import tomli as _toml
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILE_DIR = Path(_SHIPPED)  #: the shipped profiles and tool policies (package data)
 DEFAULT_ENV_PASS = ("PATH", "LANG", "LC_*", "TERM", "TZ")
 #: Paths a policy may never grant write access to (nor anything beneath /proc, /sys).
 FORBIDDEN_WRITE = ("/", "/proc", "/sys")

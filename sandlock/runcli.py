@@ -54,6 +54,9 @@ def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     if policy is None:
         raise SandlockError("missing --policy FILE")
     from .policy import load_policy
+    from .profiles import policy_file
+
+    policy = policy_file(policy)  # a bare name: the shipped policy of that name
 
     return load_policy(policy, variables, data=data)
 
@@ -84,7 +87,10 @@ def _read_once(policy: str) -> bytes:
     try:
         return read_policy_bytes(policy)
     except FileNotFoundError:
-        raise PolicyError("policy file does not exist", source=policy) from None
+        from .profiles import is_name
+
+        hint = " nor a built-in policy (`sandlock policies` lists them)" if is_name(policy) else ""
+        raise PolicyError(f"policy file does not exist{hint}", source=policy) from None
     except OSError as exc:
         raise PolicyError(f"cannot read policy file: {exc.strerror or exc}", source=policy) from None
 
@@ -105,7 +111,9 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         data = None
         if policy is not None and tool is None:
             from . import fastpath
+            from .profiles import policy_file
 
+            policy = policy_file(policy)  # a bare name: the shipped policy of that name
             data = _read_once(policy)
             cached = fastpath.lookup(policy, data, variables, timeout, best_effort)
         loaded: Policy  # on a hit, the CachedPolicy view: the parts the launcher reads
