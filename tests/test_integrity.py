@@ -11,7 +11,7 @@ achieves nothing. Before each attack the same policy is run once untouched and m
 work, so that refusing everything cannot pass.
 
 Measured on this kernel (Landlock ABI 7), as root and as the unprivileged CI user
-(identical verdicts), the "before" at 523520c and the "after" at acef34f:
+(identical verdicts), the "before" at 523520c and the "after" at acef34f or later:
 
 - forged cache entry, existing (the tool rewrites every entry: plan ABI 0, allow-all
   BPF, env.pass = ["*"], no re-checks, CRC recomputed) and pre-created for a policy
@@ -26,7 +26,7 @@ Measured on this kernel (Landlock ABI 7), as root and as the unprivileged CI use
   core_pattern opened for write, nothing written) and 31 to 41 out of 100 as the user
   (a file created outside the workspace); 21 to 36 starts also crashed with a
   traceback. After: no escape in 100 starts as root (33 clean refusals), but 11
-  tracebacks; still xfail (CRASH below).
+  tracebacks at acef34f; none since 84cc028 (22 clean refusals in 100 starts).
 - symlinked grants (an exec grant of the same policy turned into a link to /, a
   write and a read grant of another policy turned into links to ~/.ssh), through the
   CLI and the API: before, the key was read and ~/.ssh written. After, refused (125 /
@@ -60,11 +60,6 @@ from conftest import IS_ROOT, PYTHON, require_abi
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- integrity-test secret\n"
 API_KEY = "sk-integrity-test-5c1e7b"
 NOTES = "hello from the workspace\n"
-#: Left at acef34f: no escape, but a start that races the check of a write grant
-#: crashes with a Python traceback (exit 1) in about 1 start out of 10 instead of
-#: refusing with exit 125 (os.path.realpath, under policy._resolve_paths, raises EINVAL
-#: when the path stops being a link between its lstat and its readlink).
-CRASH = "issue 11: the launcher crashes (traceback) when a grant is swapped during its check"
 
 #: ``struct sock_filter {BPF_RET | BPF_K, 0, 0, SECCOMP_RET_ALLOW}``: allows every syscall.
 ALLOW_ALL_BPF = (0x06).to_bytes(2, "little") + b"\0\0" + (0x7FFF0000).to_bytes(4, "little")
@@ -451,7 +446,6 @@ RACER = textwrap.dedent("""\
 """)
 
 
-@pytest.mark.xfail(strict=True, reason=CRASH)
 def test_race_on_the_write_grant_check(scene: Scene) -> None:
     """As root the link points at /proc/sys/kernel (a path no grant may reach) and a
     won race opens core_pattern for write (writing nothing); as a user it points at a
