@@ -566,8 +566,8 @@ static void drain_notes(void) {
     while (recv(notes[0], note, sizeof note, 0) > 0) spare = 0;
 }
 
-/* Reap what exited; 0 if it was the spare, still waiting: the control socket reached
- * EOF (or the spare was killed), so the server is done. */
+/* Reap what exited; 0 if it was the spare, still waiting, that exited: the control
+ * socket reached EOF, so the server is done. */
 static int reap(int sigfd) {
     struct signalfd_siginfo info;
     while (read(sigfd, &info, sizeof info) > 0) {} /* non-blocking: drained */
@@ -582,6 +582,9 @@ static int reap(int sigfd) {
          * already ended its call must not be taken for an idle one (the server would
          * exit with requests still queued). The note is sent before the call starts. */
         if (pid == spare) drain_notes();
+        /* An idle spare exits by itself only at the control socket's EOF; one killed
+         * (by a signal) is replaced, or the next request would wait for no one. */
+        if (pid == spare && WIFSIGNALED(status)) spare = 0;
         if (pid == spare) idle_spare_died = 1;
         /* A stray reaped, or a supervisor that could not clean up: look for strays. */
         if (!supervisor || WIFSIGNALED(status)) strays = 1;
