@@ -619,8 +619,15 @@ def _trusted_types(types_: Any) -> dict[tuple[str, str], type]:
 _MAX_RLIMIT = 2**63 - 1
 
 
+#: Below this much address space no program is loaded at all: the kernel kills it
+#: with SIGSEGV inside execve (measured: /bin/true needs ~3 MB, python3 ~10 MB).
+_MIN_MEMORY = 1 << 20
+
+
 def _check_limits(policy: Policy) -> None:
-    """A size the kernel cannot take is an error, not a silently saturated limit."""
+    """A size the kernel cannot take is an error, not a silently saturated limit; a
+    memory limit under which nothing can start is an error, not a tool "killed by
+    signal 11"."""
     from .errors import PolicyError
 
     for key in ("memory", "file_size", "open_files", "processes"):
@@ -629,6 +636,31 @@ def _check_limits(policy: Policy) -> None:
             raise PolicyError(f"{value} is larger than the largest limit the kernel "
                               f"takes ({_MAX_RLIMIT})", source=policy.source,
                               key=f"limits.{key}")
+    memory = policy.limits.memory
+    if memory is not None and memory < _MIN_MEMORY:
+        raise PolicyError(f"{memory} bytes of address space: no program can start under "
+                          f"less than {_MIN_MEMORY} (1MiB; most need 10MiB or more)",
+                          source=policy.source, key="limits.memory")
+
+
+def _compile(policy: Policy) -> launcher.Compiled:
+    """launcher.compile_policy, with a descriptor shortage named as such (libseccomp,
+    the ruleset and the cgroup each need one; EMFILE is not a missing library)."""
+    import errno
+
+    try:
+        return launcher.compile_policy(policy)
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        cause: BaseException = exc
+    except SandlockError as exc:
+        context = exc.__cause__ or exc.__context__
+        if not (isinstance(context, OSError) and context.errno in (errno.EMFILE, errno.ENFILE)):
+            raise
+        cause = context
+    raise SetupError(f"cannot compile {policy.source}: no file descriptor left ({cause}); "
+                     "raise RLIMIT_NOFILE (ulimit -n) or close descriptors") from None
 
 
 class Sandbox:
@@ -666,7 +698,7 @@ class Sandbox:
 
             check_support()  # KernelSupportError: no seccomp user notification
         self.policy = loaded
-        self._compiled = launcher.compile_policy(loaded)
+        self._compiled = _compile(loaded)
         self._trusted = trusted
         self._max_result = max_result_size
         import fnmatch
@@ -821,9 +853,12 @@ class Sandbox:
 
     def _command(self, argv: Sequence[str], cwd: Optional[str],
                  env: Optional[Mapping[str, str]]) -> launcher.Command:
-        if isinstance(argv, (str, bytes)):
-            raise TypeError("argv must be a sequence of strings (no shell is involved)")
-        args = tuple(os.fspath(a) for a in argv)
+        args = _argv(argv)
+        if cwd is not None and not isinstance(os.fspath(cwd), str):
+            raise TypeError(f"cwd must be a str path, not {type(cwd).__name__}")
+        if env is not None and not (isinstance(env, Mapping) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+            raise TypeError(f"env must be a mapping of str to str, not {env!r:.80}")
         if not args:
             raise ExecError("no command given", ExitCode.NOT_FOUND)
         exe = launcher.resolve_command(args[0], os.environ.get("PATH"))
@@ -862,6 +897,7 @@ class Sandbox:
         not start. ``timeout`` (or the policy's) is a hard limit enforced by the
         supervisor; ``env`` adds variables to those the policy passes.
         """
+        timeout = _check_timeout(timeout)
         cmd = self._command(argv, cwd, env)
         call, mine = self._start(cmd, (stdin, stdout, stderr), timeout, report_start=True)
         return Process(call, cmd.argv, mine, text or bool(encoding or errors), encoding, errors)
@@ -913,6 +949,13 @@ class Sandbox:
                    stdin: File, stdout: File, stderr: File, env: Optional[Mapping[str, str]],
                    text: bool, encoding: Optional[str], errors: Optional[str]
                    ) -> Union[Result, "_RunJob"]:
+        # Everything is checked before anything is opened or started.
+        timeout = _check_timeout(timeout)
+        for what, value in (("encoding", encoding), ("errors", errors)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+        if input is not None and not isinstance(input, (bytes, bytearray, memoryview, str)):
+            raise TypeError(f"input must be bytes or str, not {type(input).__name__}")
         decode = text or bool(encoding or errors)
         if capture_output:
             if stdout is not None or stderr is not None:
@@ -924,9 +967,9 @@ class Sandbox:
             stdin = PIPE
             if isinstance(input, str):
                 input = input.encode(encoding or "utf-8", errors or "strict")
-        args = tuple(os.fspath(a) for a in argv) if not isinstance(argv, (str, bytes)) else ()
+        args = _argv(argv)
         try:
-            cmd = self._command(argv, cwd, env)
+            cmd = self._command(args, cwd, env)
         except ExecError as exc:
             return Result(args, int(exc.exit_code), outcome=Outcome.NOT_STARTED, error=exc)
         call, mine = self._start(cmd, (stdin, stdout, stderr), timeout)
@@ -990,24 +1033,26 @@ class Sandbox:
                               "sys_path": [p for p in sys.path if isinstance(p, str)],
                               "payload": payload})
         cmd = launcher.Command(sys.executable, (sys.executable,), (), os.getcwd())
-        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        memfd = os.memfd_create("sandlock-call", os.MFD_CLOEXEC)
-        result_r, result_w = os.pipe2(os.O_CLOEXEC)
-        try:
+        devnull = memfd = result_r = result_w = -1
+        try:  # each may fail (EMFILE): whatever was opened is closed
+            devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            memfd = os.memfd_create("sandlock-call", os.MFD_CLOEXEC)
+            result_r, result_w = os.pipe2(os.O_CLOEXEC)
             view = memoryview(data)
             while view:
                 view = view[os.write(memfd, view):]
             call = self._submit("call", cmd, (devnull, 1, 2), None, [memfd, result_w],
                                 mediation, policy=self._token)
         except BaseException:
-            os.close(result_r)
+            if result_r >= 0:
+                os.close(result_r)
             if mediation is not None:
                 mediation.stop()
             raise
         finally:
-            os.close(devnull)
-            os.close(memfd)
-            os.close(result_w)
+            for fd in (devnull, memfd, result_w):
+                if fd >= 0:
+                    os.close(fd)
         return _CallJob(call, _Pump(call, {}, [result_r], limit=self._max_result), result_r,
                         self._trusted, self._max_result)
 
@@ -1100,6 +1145,17 @@ class _CallJob:
         # SystemExit, KeyboardInterrupt, GeneratorExit...: would pass the caller's
         # ``except Exception`` and end it; the tool's exit is the tool's.
         raise CallError(f"{name} raised {what}: {message}", remote_traceback=text)
+
+
+def _argv(argv: Any) -> tuple[str, ...]:
+    if isinstance(argv, (str, bytes)) or not isinstance(argv, Iterable):
+        raise TypeError("argv must be a sequence of strings (no shell is involved)")
+    args = tuple(os.fspath(a) for a in argv)
+    if not all(isinstance(a, str) for a in args):
+        raise TypeError("argv must be a sequence of strings (no shell is involved)")
+    if any("\0" in a for a in args):
+        raise ValueError("argv: embedded null byte")
+    return args
 
 
 def _decode(data: Optional[bytes], encoding: Optional[str], errors: Optional[str]) -> Any:
