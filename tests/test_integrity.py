@@ -52,7 +52,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import pytest
 from conftest import IS_ROOT, PYTHON, require_abi
