@@ -154,6 +154,7 @@ def resolve(path: str) -> Resolved:
                         canon.clear()
                         del chain[1:]
                     info = os.fstat(fd)
+                    os.close(step)  # the link itself: its target is walked instead
                     continue
             except BaseException:
                 os.close(step)
