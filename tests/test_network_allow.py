@@ -765,3 +765,38 @@ def test_api_mediation_leaks_no_descriptor_or_thread(tmp_path: Path, http_server
             assert missing.returncode == 127
         assert sorted(os.listdir("/proc/self/fd")) == fds
         assert threading.active_count() == threads
+
+
+# ----------------------------------------------------------------------------
+# The shipped https_client policy: TLS works, the private keys beside the CAs do not
+
+
+def test_https_client_policy_reaches_tls_but_not_private_keys(
+        tmp_path: Path, tls: tuple[Server, Path]) -> None:
+    needs_kernel()
+    needs_curl()
+    server, cert = tls
+    policies = Path(__file__).resolve().parent.parent / "policies"
+    policy = write_policy(tmp_path, f"""\
+version = 1
+extends = ["python", "{policies / 'https_client.toml'}"]
+[filesystem]
+read = ["{cert}"]
+[network]
+connect = [{server.port}]
+""", name="https.toml")
+    url = f"https://api.internal.test:{server.port}/t"
+    resolve = f"api.internal.test:{server.port}:127.0.0.1"
+    done = py(policy, f"""
+        import os, subprocess
+        def curl(*args):
+            return subprocess.run([{CURL!r}, "-s", "--resolve", {resolve!r}, *args, {url!r}],
+                                  capture_output=True, text=True)
+        print("pinned", curl("--cacert", {str(cert)!r}).returncode)
+        print("store", curl().returncode)  # 60: the CA store was read, the test CA is not in it
+        try:
+            print("private", os.listdir("/etc/ssl/private"))
+        except OSError as exc:
+            print("private", exc.errno)
+    """)
+    assert done.stdout.splitlines() == ["pinned 0", "store 60", "private 13"], done
