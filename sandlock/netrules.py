@@ -111,15 +111,15 @@ class NetRules:
     def check_address(self, host: str, address: IPAddress, port: int) -> Verdict:
         """May the proxy connect to ``address``, which ``host`` resolved to?
 
-        Deny rules on addresses win. A private, loopback or link-local result is
-        refused unless ``host`` is pinned in ``hosts`` or an allow rule names the
+        Deny rules on addresses win. A private, loopback or link-local result, or any
+        address of this host's own interfaces (a global one too), is refused unless ``host`` is pinned in ``hosts`` or an allow rule names the
         address (DNS rebinding: a public name must not lead into the local network).
         """
         address = unmap(address)
         for rule in self.deny:
             if rule.matches_address(address, port):
                 return Verdict(False, f"{address} is denied by {rule}")
-        if address.is_global and not address.is_multicast:
+        if address.is_global and not address.is_multicast and address not in local_addresses():
             return Verdict(True, "public address")
         host = normalize_host(host)
         if self.pin(host) == address:
@@ -130,6 +130,34 @@ class NetRules:
         return Verdict(False, f"{host} resolved to non-public address {address} (refused against "
                               "DNS rebinding; pin the name in [network] hosts or allow the "
                               "address)")
+
+
+def local_addresses() -> frozenset[IPAddress]:
+    """Every address of this host's interfaces, as the kernel lists them now (IPv4:
+    /proc/net/fib_trie's "/32 host LOCAL" entries; IPv6: /proc/net/if_inet6). A name
+    that resolves to one of them leads to this host's own services, whatever the
+    address's scope. Read per check: addresses come and go."""
+    found: set[IPAddress] = set()
+    try:
+        with open("/proc/net/fib_trie") as trie:
+            last = ""
+            for line in trie:
+                text = line.strip()
+                if text.startswith(("|--", "+--")):
+                    last = text[3:].split()[0]
+                elif text.startswith("/32 host LOCAL") and last:
+                    found.add(ipaddress.ip_address(last))
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/net/if_inet6") as table:
+            for line in table:
+                raw = line.split()[0] if line.strip() else ""
+                if len(raw) == 32:
+                    found.add(ipaddress.IPv6Address(int(raw, 16)))
+    except (OSError, ValueError):
+        pass
+    return frozenset(found)
 
 
 def normalize_host(host: str) -> str:

@@ -800,3 +800,43 @@ connect = [{server.port}]
             print("private", exc.errno)
     """)
     assert done.stdout.splitlines() == ["pinned 0", "store 60", "private 13"], done
+
+
+# ----------------------------------------------------------------------------
+# DNS rebinding to this host's own addresses
+
+
+def test_this_hosts_own_addresses_count_as_local() -> None:
+    """Every address `ip -o addr` lists (non-loopback ones included) is refused for a
+    name that is not pinned or allowed by address."""
+    rules = NetRules(parse_rules(["api.example.test"], "allow"), (), ())
+    listed = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("`ip -o addr` is not available")
+    import ipaddress
+
+    addresses = [ipaddress.ip_address(line.split()[3].split("/")[0])
+                 for line in listed.stdout.splitlines()]
+    assert set(addresses) <= netrules.local_addresses()
+    for address in addresses:
+        assert not rules.check_address("api.example.test", address, 443).allowed, address
+
+
+def test_a_global_address_of_this_host_is_local() -> None:
+    """In a network namespace of its own, give lo a global address: a public name
+    resolving to it must be refused (it leads to this host's services)."""
+    code = textwrap.dedent("""
+        import ipaddress, subprocess
+        from sandlock.netrules import NetRules, parse_rules
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        subprocess.run(["ip", "addr", "add", "1.2.3.4/32", "dev", "lo"], check=True)
+        rules = NetRules(parse_rules(["api.example.test"], "allow"), (), ())
+        print(rules.check_address("api.example.test", ipaddress.ip_address("1.2.3.4"), 443).allowed,
+              rules.check_address("api.example.test", ipaddress.ip_address("1.2.3.5"), 443).allowed)
+    """)
+    unshare = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+    done = subprocess.run([*unshare, sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    if done.returncode != 0 and "unshare" in done.stderr:
+        pytest.skip(f"cannot make a network namespace here: {done.stderr.strip()}")
+    assert done.stdout.split() == ["False", "True"], done
