@@ -518,7 +518,12 @@ def _check_depth(value: Any) -> None:
         seen[id(item)] = depth
         if isinstance(item, dict):
             children: Iterable[Any] = (*item.keys(), *item.values())
+            if _ATOMS.issuperset(map(type, item.values())) and _ATOMS.issuperset(
+                    map(type, item.keys())):
+                continue  # the common case, at C speed
         elif isinstance(item, (list, tuple, set, frozenset, collections.deque)):
+            if _ATOMS.issuperset(map(type, item)):
+                continue
             children = item
         elif isinstance(item, BaseException):
             children = (item.args, getattr(item, "__dict__", {}), item.__cause__,
