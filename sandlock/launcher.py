@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from . import ruleset
     from .policy import EnvSpec, Limits, Policy
     from .supervisor import Mediation
+    from .trace import Recorder
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 #: Reset to SIG_DFL in the child, as plain ints: after fork, each enum the child
@@ -353,15 +354,21 @@ def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,
         os._exit(ExitCode.LAUNCHER)
 
 
-def _setup_failure(cmd: Command, report: bytes) -> SandlockError:
+def _setup_failure(cmd: Command, report: bytes, ruleset_fd: int = -1) -> SandlockError:
     stage, code, text = (report.decode(errors="replace").split("\0", 2) + ["", ""])[:3]
     err = int(code or 0)
     if stage == "exec":
         if err in (errno.ENOENT, errno.ENOTDIR):
             return ExecError(f"{cmd.executable}: command not found", ExitCode.NOT_FOUND)
+        refused = ""
+        if err == errno.EACCES:  # which file of the exec chain: asked of Landlock (failure path only)
+            from .trace import exec_refusals_under
+
+            refused = exec_refusals_under(ruleset_fd, cmd.executable, cmd.cwd)
         if err in (errno.EACCES, errno.EPERM):
             return ExecError(f"{cmd.executable}: permission denied (the policy does not grant exec "
-                             "on it, or on its interpreter or loader)", ExitCode.NOT_EXECUTABLE)
+                             "on it, or on its interpreter or loader)"
+                             + (f": {refused}" if refused else ""), ExitCode.NOT_EXECUTABLE)
         return ExecError(f"{cmd.executable}: cannot execute: {text}", ExitCode.NOT_EXECUTABLE)
     if stage == "chdir":
         return SetupError(f"cannot change directory to {cmd.cwd!r}: {text}")
@@ -495,6 +502,7 @@ class Starting:
         env = {os.fsencode(k): os.fsencode(v) for k, v in cmd.env}
         argv = [os.fsencode(a) for a in cmd.argv]
         self.cmd = cmd
+        self.ruleset_fd = compiled.ruleset_fd  # to say which file an exec refusal was about
         self.group: Optional[cgroups.Group] = None
         limit = process_limit(compiled.rlimits)
         if compiled.cgroup is not None and limit is not None:
@@ -547,7 +555,7 @@ class Starting:
         if report:
             os.waitpid(self.pid, 0)
             self.discard_group()
-            raise _setup_failure(self.cmd, report)
+            raise _setup_failure(self.cmd, report, self.ruleset_fd)
         child = Child(self.pid, self.spared, self.group)
         self.group = None  # the Child's now
         return child
@@ -555,26 +563,49 @@ class Starting:
 
 def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
         forward_signals: bool = True, report: Optional[Callable[[str], None]] = None,
-        _mediation: Optional[Mediation] = None) -> Child:
+        _mediation: Optional[Mediation] = None, recorder: Optional[Recorder] = None) -> Child:
     """Run ``cmd`` confined, as the launcher process: subreaper, signal forwarding, timeout.
 
     Returns the finished :class:`Child`; its ``returncode`` follows :class:`ExitCode`.
-    ``report`` receives one line per network refusal (policies with ``[network] allow``).
+    ``report`` receives one line per network refusal (policies with ``[network] allow``),
+    and one hint when the command exits non-zero. ``recorder`` (`sandlock trace`/`learn`
+    only, :mod:`sandlock.trace`) loads its notifying filter in the child and is started
+    before the child's execve, which it is notified of; the caller stops it.
     """
     kernel.set_child_subreaper()
     if compiled.policy.network.allow and _mediation is None:  # host allowlist (issue 7)
         from .supervisor import Mediation
 
         with Mediation(compiled.policy, report) as mediation:  # proxy + connect supervisor
-            return run(compiled, mediation.command(cmd), timeout=timeout,
-                       forward_signals=forward_signals, _mediation=mediation)
+            child = run(compiled, mediation.command(cmd), timeout=timeout,
+                        forward_signals=forward_signals, _mediation=mediation, recorder=recorder)
+    else:
+        child = _run(compiled, cmd, timeout, forward_signals, _mediation, recorder)
+    if report is not None and recorder is None and child.returncode and child.signal is None \
+            and not child.timed_out:
+        report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; "
+               "`sandlock trace` with the same options lists what the policy refused it")
+    return child
+
+
+def _run(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
+         _mediation: Optional[Mediation], recorder: Optional[Recorder]) -> Child:
+    hooks = [h.in_child for h in (recorder, _mediation) if h is not None]  # recorder first:
+    # the mediation filter refuses new listeners
+
+    def hook() -> None:
+        for each in hooks:
+            each()
     # Hold the forwarded signals until the handlers that forward them exist: one that
     # arrived between fork and the handlers would kill or interrupt the launcher and
     # leave the tool running. The child unblocks them before exec.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS) if forward_signals else None
     previous = {}
     try:
-        child = spawn(compiled, cmd, hook=None if _mediation is None else _mediation.in_child)
+        starting = Starting(compiled, cmd, stdio=(-1, -1, -1), hook=hook if hooks else None)
+        if recorder is not None:
+            recorder.start()  # before confirm(): the child's own execve is notified
+        child = starting.confirm()
         if _mediation is not None:
             _mediation.start()  # threads only after fork
         if forward_signals:

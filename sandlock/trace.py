@@ -1,0 +1,710 @@
+"""Recording what a confined tool touched, and saying which of it the policy refuses.
+
+Used by `sandlock trace` and `sandlock learn` (:mod:`sandlock.tracecli`), never by a
+plain `sandlock run`: that path loads no notifying filter and starts no supervisor.
+
+How a run is recorded without weakening it. The child loads, after the policy's
+own seccomp filter, a second filter that answers ``SECCOMP_RET_USER_NOTIF`` for the
+syscalls Landlock can refuse (open, exec, create, remove, rename, link, truncate,
+TCP connect and bind) and for ``socket``. The :class:`Recorder` in the launcher
+receives each notification, copies the path or address from the tool's memory
+(``/proc/TID/mem``, checked with ``SECCOMP_IOCTL_NOTIF_ID_VALID`` after the copy),
+notes it, and always answers ``SECCOMP_USER_NOTIF_FLAG_CONTINUE``: the kernel then
+runs the syscall in the tool's context, where Landlock and the policy's seccomp
+filter decide as they would without tracing
+(https://docs.kernel.org/userspace-api/seccomp_filter.html#userspace-notification).
+What was copied is used only to *describe* the call, never to answer it, so a tool
+that rewrites its memory after the copy can only make the record wrong, not the
+sandbox weaker. A syscall the policy's filter refuses with an errno never reaches a
+notifying filter (the errno action takes precedence), so seccomp refusals of a
+socket family are not seen here.
+
+Which recorded accesses were refused is then computed by :class:`Judge` from the
+same Landlock rights the ruleset was built from (:func:`sandlock.ruleset.plan`),
+on each path as it resolved when the call was made (whether it existed, what it
+was): a prediction of Landlock's verdict, not an observation of the errno.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import platform
+import select
+import socket
+import stat
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+
+from . import abi as A
+from . import kernel
+
+if TYPE_CHECKING:
+    from .policy import Policy
+
+# linux/seccomp.h (see sandlock.supervisor for the same ioctls)
+SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
+SECCOMP_RET_ALLOW = 0x7FFF0000
+NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
+NOTIF_SIZE, RESP_FORMAT = 80, "=QqiI"
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+AT_FDCWD = -100
+AT_REMOVEDIR = 0x200
+AT_EMPTY_PATH = 0x1000
+RENAME_EXCHANGE = 2
+O_ACCMODE, O_CREAT, O_TRUNC, O_DIRECTORY, O_NOFOLLOW, O_PATH = 3, 0o100, 0o1000, 0o200000, 0o400000, 0o10000000
+PATH_MAX = 4096
+
+#: syscall -> (x86_64 number, aarch64 number or None, argument layout). Layout letters:
+#: ``d`` a directory fd, ``p`` a path (relative to the ``d`` before it, else the cwd),
+#: ``f`` open flags, ``h`` a pointer to ``struct open_how`` (flags first), ``m`` a mode,
+#: ``x`` other flags, ``s`` a socket fd, ``a`` a sockaddr pointer, ``l`` its length,
+#: ``F`` socket family, ``T`` socket type, ``_`` ignored.
+SYSCALLS: dict[str, tuple[int, Optional[int], str]] = {
+    "open": (2, None, "pf"),
+    "creat": (85, None, "p"),
+    "openat": (257, 56, "dpf"),
+    "openat2": (437, 437, "dph"),
+    "execve": (59, 221, "p"),
+    "execveat": (322, 281, "dp__x"),
+    "mkdir": (83, None, "p"),
+    "mkdirat": (258, 34, "dp"),
+    "mknod": (133, None, "pm"),
+    "mknodat": (259, 33, "dpm"),
+    "unlink": (87, None, "p"),
+    "unlinkat": (263, 35, "dpx"),
+    "rmdir": (84, None, "p"),
+    "rename": (82, None, "pp"),
+    "renameat": (264, 38, "dpdp"),
+    "renameat2": (316, 276, "dpdpx"),
+    "link": (86, None, "pp"),
+    "linkat": (265, 37, "dpdp"),
+    "symlink": (88, None, "_p"),
+    "symlinkat": (266, 36, "_dp"),
+    "truncate": (76, 45, "p"),
+    "connect": (42, 203, "sal"),
+    "bind": (49, 200, "sal"),
+    "socket": (41, 198, "FT"),
+}
+_INDEX = 0 if platform.machine() == "x86_64" else 1
+_BY_NR = {nrs[_INDEX]: name for name, nrs in SYSCALLS.items() if nrs[_INDEX] is not None}
+
+
+def notify_filter(network_mediated: bool) -> bytes:
+    """Classic BPF: every syscall of :data:`SYSCALLS` -> USER_NOTIF, the rest ALLOW.
+
+    ``network_mediated``: the policy has ``[network] allow``, whose own supervisor
+    answers connect(2) (:mod:`sandlock.supervisor`); connect is then left to it, so
+    that this filter's CONTINUE can never stand in for that supervisor's decision.
+    Foreign architectures fall through to ALLOW: the policy's filter kills them.
+    """
+    numbers = [nr for nr, name in sorted(_BY_NR.items())
+               if not (network_mediated and name == "connect")]
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+        return struct.pack("=HBBI", code, jt, jf, k)
+
+    ld_abs, jeq, ret = 0x20, 0x15, 0x06
+    count = len(numbers)
+    prog = [op(ld_abs, 4), op(jeq, AUDIT_ARCH[platform.machine()], 0, count + 1), op(ld_abs, 0)]
+    for index, nr in enumerate(numbers):  # match -> the notify return after the allow
+        prog.append(op(jeq, nr, count - index, 0))
+    prog += [op(ret, SECCOMP_RET_ALLOW), op(ret, kernel.SECCOMP_RET_USER_NOTIF)]
+    return b"".join(prog)
+
+
+def supported() -> Optional[str]:
+    """None when this kernel and architecture can record a run, else why not."""
+    if platform.machine() not in AUDIT_ARCH:
+        return f"recording is not supported on {platform.machine()}"
+    if not kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF):
+        return "recording needs seccomp user notification (Linux 5.9+)"
+    return None
+
+
+# ----------------------------------------------------------------------------
+# What was recorded
+
+
+@dataclass(frozen=True)
+class Target:
+    """One path of a call, as it resolved when the call was made."""
+
+    given: str  #: absolute, before links were followed
+    real: str  #: links followed (the last one only when the call follows it)
+    kind: str  #: "file", "dir", "other" or "" (did not exist)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One notified syscall (nothing here decided anything)."""
+
+    syscall: str
+    targets: tuple[Target, ...] = ()
+    flags: int = 0
+    port: int = -1
+    family: int = -1
+    sock_type: int = -1
+    program: str = ""  #: the calling process's executable (learn only)
+
+
+def _kind(path: str, follow: bool) -> str:
+    try:
+        info = os.stat(path) if follow else os.lstat(path)
+    except OSError:
+        return ""
+    if stat.S_ISDIR(info.st_mode):
+        return "dir"
+    return "file" if stat.S_ISREG(info.st_mode) else "other"
+
+
+class Recorder:
+    """Receives the notifications of :func:`notify_filter`, records, always CONTINUEs.
+
+    The launcher calls :meth:`in_child` in the forked child (after the policy's
+    filter, before execve), :meth:`start` in the parent right after fork, and
+    :meth:`stop` once the tool's tree is gone; :attr:`events` then holds the record.
+    """
+
+    def __init__(self, *, network_mediated: bool = False, programs: bool = False) -> None:
+        self._prog, self._keep = kernel.make_fprog(notify_filter(network_mediated))
+        self._parent_end, self._child_end = socket.socketpair()
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self._thread: Optional[threading.Thread] = None
+        self._programs = programs
+        self._dirs: dict[str, str] = {}  #: realpath of directories, cleared on any change
+        self.listener = -1
+        self.events: list[Event] = []
+        self.lost = 0  #: notifications that could not be read (the caller went away)
+
+    def in_child(self) -> None:
+        kernel.install_listener(self._prog, self._child_end.fileno())
+
+    def start(self) -> None:
+        self._child_end.close()
+        self._thread = threading.Thread(target=self._serve, name="sandlock-trace", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        os.write(self._stop_w, b"x")
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for fd in (self._stop_r, self._stop_w, self.listener):
+            if fd >= 0:
+                os.close(fd)
+        self._stop_r = self._stop_w = self.listener = -1
+        self._parent_end.close()
+        self._child_end.close()
+
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._stop_w >= 0:
+            self.stop()
+
+    # -- the supervisor thread
+    def _serve(self) -> None:
+        poller = select.poll()
+        poller.register(self._stop_r, select.POLLIN)
+        poller.register(self._parent_end.fileno(), select.POLLIN)
+        if any(fd == self._stop_r for fd, _ in poller.poll()):
+            return
+        _, fds, _, _ = socket.recv_fds(self._parent_end, 1, 1)
+        if not fds:
+            return
+        self.listener = fds[0]
+        poller.unregister(self._parent_end.fileno())
+        poller.register(self.listener, select.POLLIN)
+        try:
+            while True:
+                for fd, events in poller.poll():
+                    if fd == self._stop_r:
+                        return
+                    if events & select.POLLIN:
+                        self._receive()
+                    elif events & (select.POLLHUP | select.POLLERR):
+                        return
+        finally:
+            # Pending and later calls then fail (ENOSYS) instead of waiting forever.
+            os.close(self.listener)
+            self.listener = -1
+
+    def _receive(self) -> None:
+        buf = bytearray(NOTIF_SIZE)
+        try:
+            fcntl.ioctl(self.listener, NOTIF_RECV, buf, True)
+        except OSError:
+            return
+        ident, tid = struct.unpack_from("=QI", buf, 0)
+        nr, = struct.unpack_from("=i", buf, 16)  # struct seccomp_notif: id, pid, flags, data
+        args = struct.unpack_from("=6Q", buf, 32)
+        try:
+            event = self._describe(tid, _BY_NR.get(nr, ""), args)
+            if event is not None and self._valid(ident):
+                self.events.append(event)
+            elif event is None:
+                self.lost += 1
+        except Exception:  # noqa: BLE001 - a recording bug must never stop the tool
+            self.lost += 1
+        try:  # always CONTINUE: Landlock and the policy's filter decide in the tool
+            fcntl.ioctl(self.listener, NOTIF_SEND,
+                        struct.pack(RESP_FORMAT, ident, 0, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE))
+        except OSError:
+            pass
+
+    def _valid(self, ident: int) -> bool:
+        try:
+            fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", ident))
+            return True
+        except OSError:
+            return False
+
+    def _describe(self, tid: int, name: str, args: Sequence[int]) -> Optional[Event]:
+        if not name:
+            return None
+        layout = SYSCALLS[name][2]
+        program = _readlink(f"/proc/{tid}/exe") if self._programs else ""
+        if name == "socket":
+            return Event(name, family=args[0] & 0xFFFFFFFF, sock_type=args[1] & 0xF,
+                         program=program)
+        if name in ("connect", "bind"):
+            return self._address(tid, name, args, program)
+        with open(f"/proc/{tid}/mem", "rb", buffering=0) as mem:
+            raw: list[tuple[int, str]] = []  # (dirfd, path)
+            dirfd, flags = AT_FDCWD, 0
+            for index, letter in enumerate(layout):
+                value = args[index]
+                if letter == "d":
+                    dirfd = struct.unpack("=i", struct.pack("=I", value & 0xFFFFFFFF))[0]
+                elif letter == "p":
+                    raw.append((dirfd, _read_string(mem, value)))
+                    dirfd = AT_FDCWD
+                elif letter in "fx":
+                    flags = value & 0xFFFFFFFF
+                elif letter == "h":
+                    mem.seek(value)
+                    flags = struct.unpack("=Q", (mem.read(8) + bytes(8))[:8])[0]
+                elif letter == "m":
+                    flags = value & 0xFFFFFFFF
+        if name == "creat":
+            flags = O_CREAT | O_TRUNC | 1
+        targets = []
+        for dirfd, path in raw:
+            follow = self._follows(name, flags, path)
+            targets.append(self._resolve(tid, dirfd, path, follow, name == "execveat" and not path))
+        if name in ("rename", "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "symlink",
+                    "symlinkat", "unlink", "unlinkat"):
+            self._dirs.clear()
+        return Event(name, tuple(targets), flags, program=program)
+
+    @staticmethod
+    def _follows(name: str, flags: int, path: str) -> bool:
+        if name in ("open", "openat", "openat2", "creat"):
+            return not flags & O_NOFOLLOW
+        return name in ("execve", "execveat", "truncate")
+
+    def _resolve(self, tid: int, dirfd: int, path: str, follow: bool, empty: bool) -> Target:
+        if empty or not path:
+            base = f"/proc/{tid}/fd/{dirfd}" if dirfd != AT_FDCWD else f"/proc/{tid}/cwd"
+            real = _readlink(base)
+            return Target(real, real, _kind(real, True))
+        if path.startswith("/"):
+            given = path
+        else:
+            base = f"/proc/{tid}/cwd" if dirfd == AT_FDCWD else f"/proc/{tid}/fd/{dirfd}"
+            given = os.path.join(_readlink(base), path)
+        for self_link in ("/proc/self", "/proc/thread-self"):
+            if given == self_link or given.startswith(self_link + "/"):
+                given = f"/proc/{tid}" + given[len(self_link):]
+        given = os.path.normpath(given)
+        parent, leaf = os.path.split(given)
+        real_parent = self._dirs.get(parent)
+        if real_parent is None:
+            real_parent = os.path.realpath(parent)
+            if len(self._dirs) < 4096:
+                self._dirs[parent] = real_parent
+        real = os.path.join(real_parent, leaf) if leaf else real_parent
+        if follow and os.path.islink(real):
+            real = os.path.realpath(real)
+        return Target(given, real, _kind(real, follow))
+
+    def _address(self, tid: int, name: str, args: Sequence[int], program: str) -> Optional[Event]:
+        length = min(args[2] & 0xFFFFFFFF, 128)
+        with open(f"/proc/{tid}/mem", "rb", buffering=0) as mem:
+            mem.seek(args[1])
+            raw = mem.read(length)
+        if len(raw) < 4:
+            return Event(name, program=program)
+        family = struct.unpack_from("=H", raw)[0]
+        if family not in (socket.AF_INET, socket.AF_INET6):
+            return Event(name, family=family, program=program)
+        sock_type = _socket_type(tid, args[0] & 0xFFFFFFFF)
+        return Event(name, port=struct.unpack_from("!H", raw, 2)[0], family=family,
+                     sock_type=sock_type, program=program)
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _read_string(mem: Any, pointer: int) -> str:
+    """A NUL-terminated string from the tool's memory, a page at a time (a string
+    near the end of a mapping must not fail because the next page is unmapped)."""
+    out = b""
+    while len(out) < PATH_MAX:
+        chunk = 4096 - (pointer + len(out)) % 4096
+        mem.seek(pointer + len(out))
+        data = mem.read(chunk)
+        if not data:
+            break
+        end = data.find(b"\0")
+        if end >= 0:
+            return os.fsdecode(out + data[:end])
+        out += data
+    return os.fsdecode(out[:PATH_MAX])
+
+
+def _socket_type(tid: int, fdnum: int) -> int:
+    """SOCK_STREAM or SOCK_DGRAM of the tool's socket (our own reference; -1 if unknown)."""
+    from .supervisor import _grab, _sockopt
+
+    try:
+        fd = _grab(tid, fdnum)
+    except OSError:
+        return -1
+    try:
+        return _sockopt(fd, socket.SO_TYPE)
+    except OSError:
+        return -1
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------
+# Interpreters of an executable (ELF PT_INTERP, #!)
+
+
+def interpreters(path: str, depth: int = 0) -> list[tuple[str, str]]:
+    """(interpreter, why) the kernel also opens for exec when ``path`` is executed:
+    the ELF loader (PT_INTERP) or the ``#!`` line, recursively (binfmt_script)."""
+    if depth > 4:
+        return []
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(256)
+            if head.startswith(b"#!"):
+                line = head[2:].split(b"\n", 1)[0].strip()
+                if not line:
+                    return []
+                interp = os.fsdecode(line.split()[0])
+                why = f"#! interpreter of {path}"
+                return [(interp, why), *interpreters(interp, depth + 1)]
+            if head[:4] != b"\x7fELF" or len(head) < 64:
+                return []
+            wide, little = head[4] == 2, head[5] == 1
+            end = "<" if little else ">"
+            if wide:
+                phoff, = struct.unpack_from(end + "Q", head, 32)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+            else:
+                phoff, = struct.unpack_from(end + "I", head, 28)
+                phentsize, phnum = struct.unpack_from(end + "HH", head, 42)
+            for index in range(min(phnum, 64)):
+                handle.seek(phoff + index * phentsize)
+                entry = handle.read(phentsize)
+                if len(entry) < (56 if wide else 32) or struct.unpack_from(end + "I", entry)[0] != 3:
+                    continue
+                if wide:
+                    offset, = struct.unpack_from(end + "Q", entry, 8)
+                    size, = struct.unpack_from(end + "Q", entry, 32)
+                else:
+                    offset, = struct.unpack_from(end + "I", entry, 4)
+                    size, = struct.unpack_from(end + "I", entry, 16)
+                handle.seek(offset)
+                interp = os.fsdecode(handle.read(min(size, PATH_MAX)).rstrip(b"\0"))
+                return [(interp, f"ELF interpreter of {path}")] if interp else []
+    except (OSError, struct.error):
+        pass
+    return []
+
+
+# ----------------------------------------------------------------------------
+# Which accesses the policy refuses
+
+#: How each right is named to people, and the policy line that grants it.
+RIGHT_NAMES = (
+    (A.Fs.EXECUTE, "exec"), (A.Fs.WRITE_FILE, "write"), (A.Fs.TRUNCATE, "truncate"),
+    (A.Fs.READ_FILE, "read"), (A.Fs.READ_DIR, "read"),
+    (A.Fs.MAKE_REG | A.Fs.MAKE_DIR | A.Fs.MAKE_SYM | A.Fs.MAKE_FIFO | A.Fs.MAKE_SOCK
+     | A.Fs.MAKE_CHAR | A.Fs.MAKE_BLOCK, "create"),
+    (A.Fs.REMOVE_FILE | A.Fs.REMOVE_DIR, "remove"), (A.Fs.REFER, "move"),
+)
+
+
+@dataclass(frozen=True)
+class Need:
+    """One access a call needed: ``rights`` on ``path`` (a file, or the directory in
+    which something is created, removed or moved)."""
+
+    right: str  #: read, write, exec, create, remove, move, truncate, connect, bind
+    path: str = ""
+    rights: int = 0
+    port: int = -1
+    detail: str = ""  #: why, when it is not the call's own path (an interpreter)
+    program: str = ""
+
+
+def _name(rights: int) -> str:
+    for mask, name in RIGHT_NAMES:
+        if rights & mask:
+            return name
+    return "access"
+
+
+def _make_right(kind: str) -> int:
+    return int(A.Fs.MAKE_DIR if kind == "dir" else A.Fs.MAKE_SYM if kind == "link" else A.Fs.MAKE_REG)
+
+
+def needs(event: Event, abi: int) -> list[Need]:
+    """The Landlock rights ``event`` needed (nothing for a call that failed before
+    Landlock looks, such as opening a path that does not exist)."""
+    out: list[Need] = []
+    prog = event.program
+    name, flags, targets = event.syscall, event.flags, event.targets
+
+    def add(rights: int, path: str, detail: str = "") -> None:
+        rights &= int(A.fs_handled(abi))
+        if rights and path.startswith("/"):
+            out.append(Need(_name(rights), path, rights, detail=detail, program=prog))
+
+    def parent(target: Target) -> str:
+        return os.path.dirname(target.real) or "/"
+
+    if name in ("open", "openat", "openat2", "creat"):
+        target = targets[0]
+        if flags & O_PATH:
+            return out
+        if not target.kind:
+            if flags & O_CREAT:
+                add(int(A.Fs.MAKE_REG), parent(target))
+            return out
+        mode = flags & O_ACCMODE
+        rights = 0
+        if mode in (0, 2):
+            rights |= int(A.Fs.READ_DIR if target.kind == "dir" else A.Fs.READ_FILE)
+        if mode in (1, 2):
+            rights |= int(A.Fs.WRITE_FILE)
+        if flags & O_TRUNC and mode:
+            rights |= int(A.Fs.TRUNCATE)
+        add(rights, target.real)
+    elif name in ("execve", "execveat"):
+        target = targets[0]
+        if target.kind != "file":
+            return out
+        add(int(A.Fs.EXECUTE | A.Fs.READ_FILE), target.real)
+        for interp, why in interpreters(target.real):
+            if os.path.exists(interp):
+                add(int(A.Fs.EXECUTE | A.Fs.READ_FILE), os.path.realpath(interp), why)
+    elif name in ("mkdir", "mkdirat"):
+        if not targets[0].kind:
+            add(int(A.Fs.MAKE_DIR), parent(targets[0]))
+    elif name in ("mknod", "mknodat"):
+        if not targets[0].kind:
+            fmt = flags & stat.S_IFMT
+            right = {stat.S_IFIFO: A.Fs.MAKE_FIFO, stat.S_IFSOCK: A.Fs.MAKE_SOCK,
+                     stat.S_IFCHR: A.Fs.MAKE_CHAR, stat.S_IFBLK: A.Fs.MAKE_BLOCK}.get(fmt, A.Fs.MAKE_REG)
+            add(int(right), parent(targets[0]))
+    elif name in ("symlink", "symlinkat"):
+        if not targets[0].kind:
+            add(int(A.Fs.MAKE_SYM), parent(targets[0]))
+    elif name in ("unlink", "unlinkat", "rmdir"):
+        target = targets[0]
+        if target.kind:
+            gone = target.kind == "dir" or name == "rmdir" or flags & AT_REMOVEDIR
+            add(int(A.Fs.REMOVE_DIR if gone else A.Fs.REMOVE_FILE), parent(target))
+    elif name in ("rename", "renameat", "renameat2", "link", "linkat"):
+        source, dest = targets[0], targets[-1]
+        if not source.kind:
+            return out
+        linking = name.startswith("link")
+        refer = int(A.Fs.REFER) if parent(source) != parent(dest) else 0
+        kind = "dir" if source.kind == "dir" else "file"
+        if not linking:
+            add(int(A.Fs.REMOVE_DIR if kind == "dir" else A.Fs.REMOVE_FILE) | refer, parent(source))
+        add(_make_right(kind) | refer, parent(dest))
+        if dest.kind and not linking:
+            add(int(A.Fs.REMOVE_DIR if dest.kind == "dir" else A.Fs.REMOVE_FILE), parent(dest))
+    elif name == "truncate":
+        if targets[0].kind:
+            add(int(A.Fs.TRUNCATE), targets[0].real)
+    elif name in ("connect", "bind") and event.port >= 0:
+        if abi >= A.NET_SINCE and event.sock_type in (socket.SOCK_STREAM, -1):
+            out.append(Need(name, port=event.port, rights=int(
+                A.Net.CONNECT_TCP if name == "connect" else A.Net.BIND_TCP), program=prog))
+    return out
+
+
+@dataclass(frozen=True)
+class Denial:
+    """An access the policy refuses, with the smallest policy line that grants it."""
+
+    right: str
+    path: str = ""
+    port: int = -1
+    detail: str = ""
+    section: str = ""
+    line: str = ""
+
+    def __str__(self) -> str:
+        what = self.path if self.port < 0 else f"TCP port {self.port}"
+        why = f" ({self.detail})" if self.detail else ""
+        return f"denied {self.right} {what}{why} -> [{self.section}] {self.line}"
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"right": self.right, "section": self.section, "grant": self.line}
+        if self.path:
+            out["path"] = self.path
+        if self.port >= 0:
+            out["port"] = self.port
+        if self.detail:
+            out["detail"] = self.detail
+        return out
+
+
+def shown(path: str) -> str:
+    """A path as a policy would name it (/proc/1234/... of the tool is /proc/self/...)."""
+    parts = path.split("/")
+    if len(parts) > 2 and parts[1] == "proc" and parts[2].isdigit():
+        return "/".join(["", "proc", "self", *parts[3:]])
+    return path
+
+
+def grant_line(need: Need) -> tuple[str, str]:
+    """(section, line) that grants ``need`` and no more."""
+    if need.port >= 0:
+        return "network", f"{need.right} += [{need.port}]"
+    path = shown(need.path)
+    if path.startswith("/proc/self"):
+        path = "/proc"  # a tool's own /proc entry has a new number on every run
+    key = {"read": "read", "exec": "exec"}.get(need.right, "write")
+    return "filesystem", f'{key} += "{path}"'
+
+
+@dataclass
+class Judge:
+    """Landlock's verdict on a recorded access, from the rights the ruleset holds."""
+
+    abi: int
+    rules: list[tuple[str, int, bool]] = field(default_factory=list)  #: (real path, rights, dir)
+    ports: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def for_policy(cls, policy: "Policy", abi: int) -> "Judge":
+        from . import ruleset
+
+        plan = ruleset.plan(policy, abi)
+        rules = [(os.path.realpath(path), rights, os.path.isdir(path)) for path, rights in plan.paths]
+        return cls(abi, rules, dict(plan.ports))
+
+    def granted(self, path: str) -> int:
+        total = 0
+        for rule, rights, is_dir in self.rules:
+            if path == rule:
+                total |= rights if is_dir else rights & int(A.FILE_ONLY)
+            elif is_dir and (rule == "/" or path.startswith(rule + "/")):
+                total |= rights
+        return total
+
+    def refused(self, need: Need) -> bool:
+        if need.port >= 0:
+            return not self.ports.get(need.port, 0) & need.rights
+        return bool(need.rights & ~self.granted(need.path))
+
+    def denials(self, events: Iterable[Event]) -> list[Denial]:
+        out: dict[tuple[str, str, int], Denial] = {}
+        for event in events:
+            for need in needs(event, self.abi):
+                if not self.refused(need):
+                    continue
+                key = (need.right, need.path, need.port)
+                if key not in out:
+                    section, line = grant_line(need)
+                    out[key] = Denial(need.right, shown(need.path), need.port, need.detail,
+                                      section, line)
+        return list(out.values())
+
+
+# ----------------------------------------------------------------------------
+# After the execve of a plain `sandlock run` failed with EACCES
+
+
+def exec_refusals_under(ruleset_fd: int, executable: str, cwd: Optional[str] = None) -> str:
+    """:func:`exec_refusals` asked in a child confined by the run's ruleset (the
+    launcher's own process is not confined); "" when the ruleset is gone or the probe
+    cannot run."""
+    if ruleset_fd < 0:
+        return ""
+    try:
+        chain = [(executable, "the command"), *interpreters(os.path.join(cwd or "", executable))]
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    except OSError:
+        return ""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the probe child
+        try:
+            os.close(read_end)
+            if cwd is not None:
+                os.chdir(cwd)
+            kernel.no_new_privs()
+            kernel.restrict_self(ruleset_fd)
+            os.write(write_end, exec_refusals(chain).encode(errors="replace")[:60000])
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        data = b""
+        while chunk := os.read(read_end, 65536):
+            data += chunk
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    return data.decode(errors="replace")
+
+
+def exec_refusals(chain: Sequence[tuple[str, str]]) -> str:
+    """Which file of an exec ``chain`` (the command, then its interpreters) this (confined) process may not read or
+    execute, asked of Landlock itself: each file is opened for reading, then passed to
+    an execve that fails with E2BIG *after* the kernel opened it for exec (the argument
+    count is checked once the file is open, before anything is loaded), so an EACCES
+    is the policy's answer for that file alone. Runs only on the failure path."""
+    import resource
+
+    found = []
+    try:  # the argument-space limit is max(128 KiB, stack limit / 4): 40000 pointers exceed it
+        resource.setrlimit(resource.RLIMIT_STACK, (65536, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+        many: Optional[list[bytes]] = [b"-"] * 40000
+    except (OSError, ValueError):
+        many = None  # never probe exec without a guaranteed E2BIG
+    for path, why in chain:
+        try:
+            os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+        except OSError as exc:
+            if exc.errno == errno.EACCES:
+                found.append(f'{path} ({why}) has no read or exec grant: [filesystem] exec += "{path}"')
+                continue
+        if many is None:
+            continue
+        try:
+            os.execve(path, many, {})
+        except OSError as exc:
+            if exc.errno == errno.EACCES:
+                found.append(f'{path} ({why}) has no exec grant: [filesystem] exec += "{path}"')
+    return "; ".join(found)

@@ -1,0 +1,158 @@
+"""`sandlock trace` and `sandlock learn`: the commands that record a run.
+
+Kept apart from :mod:`sandlock.cli` (which only registers them) and far from the
+`sandlock run` fast path: nothing here is imported by a plain run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import click
+
+from .errors import ExitCode, SandlockError
+from .runcli import parse_vars, say
+
+_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+def _emit(report: Optional[str], text: str) -> None:
+    """The report on stderr, or in a file (``-``: stdout)."""
+    if report is None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    elif report == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        with open(report, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+
+def _check_support() -> None:
+    from .trace import supported
+
+    why = supported()
+    if why:
+        raise SandlockError(why)
+
+
+@click.command(context_settings=_CONTEXT,
+               epilog="\b\nExit codes: the command's own, as `sandlock run`; 125 sandlock failed.")
+@click.option("--policy", type=click.Path(dir_okay=False), help="Policy file (TOML).")
+@click.option("--tool", help="Tool name in the --policies registry.")
+@click.option("--policies", type=click.Path(), help="Directory of policies, or one registry file.")
+@click.option("--var", "variables", multiple=True, metavar="NAME=VALUE",
+              help="Define ${NAME} for the policy (repeatable).")
+@click.option("--timeout", help="Wall-clock limit, e.g. 30s (overrides [limits] timeout).")
+@click.option("--best-effort", is_flag=True, help="Run even if the kernel cannot enforce everything.")
+@click.option("--json", "as_json", is_flag=True, help="The report as JSON.")
+@click.option("--report", "report", metavar="FILE",
+              help="Write the report to FILE (- for stdout) instead of stderr.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
+          variables: Sequence[str], timeout: Optional[str], best_effort: bool, as_json: bool,
+          report: Optional[str], command: Sequence[str]) -> None:
+    """Run COMMAND confined exactly as `run` would, and list what the policy refused.
+
+    Each refused file access (read, write, exec, create, remove, move, truncate),
+    exec interpreter (ELF loader, #! line) and TCP connect/bind port is printed
+    with the smallest policy line that grants it. Recording never decides: Landlock
+    and seccomp refuse exactly what they refuse under `run`.
+    """
+    from . import launcher
+    from .runcli import _load_full
+    from .trace import Judge, Recorder
+
+    code: int = ExitCode.LAUNCHER
+    try:
+        _check_support()
+        loaded = _load_full(policy, tool, policies, parse_vars(variables), timeout, best_effort, None)
+        compiled = launcher.compile_policy(loaded)
+        cmd = launcher.prepare_command(loaded, list(command))
+        for line in compiled.warnings:
+            say(f"warning: NOT enforced on this kernel: {line}")
+        failure: Optional[SandlockError] = None
+        with compiled, Recorder(network_mediated=bool(loaded.network.allow)) as recorder:
+            try:
+                child = launcher.run(compiled, cmd, report=say, recorder=recorder)
+                code = int(child.returncode or 0)
+            except SandlockError as exc:  # e.g. exec refused (126): still report what was seen
+                failure, code = exc, int(exc.exit_code)
+            recorder.stop()
+            denials = Judge.for_policy(loaded, compiled.abi).denials(recorder.events)
+            recorded, lost = len(recorder.events), recorder.lost
+        if failure is not None:
+            say(str(failure))
+    except SandlockError as exc:
+        say(str(exc))
+        raise click.exceptions.Exit(int(exc.exit_code)) from None
+    if as_json:
+        _emit(report, json.dumps({"exit_code": code, "recorded": recorded, "unreadable": lost,
+                                  "denials": [d.as_dict() for d in denials]}, indent=2) + "\n")
+    else:
+        lines = [f"sandlock: trace: {d}\n" for d in denials]
+        if not denials:
+            lines.append(f"sandlock: trace: nothing refused by the filesystem or TCP rules "
+                         f"({recorded} calls recorded)\n")
+        if lost:
+            lines.append(f"sandlock: trace: {lost} calls could not be read (their process "
+                         "ended first)\n")
+        lines.append("sandlock: trace: not seen here: socket families and syscalls the seccomp "
+                     "filter refuses, hosts refused by [network] allow (reported as they happen)\n")
+        _emit(report, "".join(lines))
+    raise click.exceptions.Exit(code)
+
+
+@click.command(context_settings=_CONTEXT)
+@click.option("-o", "--output", metavar="FILE", help="Write the draft policy to FILE (default stdout).")
+@click.option("--extends", "extends", multiple=True, metavar="PROFILE",
+              help="Built-in profile or policy file the draft extends (repeatable; default: "
+                   "whichever built-in profiles cover what was used).")
+@click.option("--timeout", help="Wall-clock limit of the recorded run, e.g. 5m.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
+          command: Sequence[str]) -> None:
+    """Run COMMAND once with recording, under a permissive sandbox, and write a draft policy.
+
+    The recorded run may read and execute what you can, except secrets (~/.ssh,
+    ~/.gnupg, ~/.aws, ~/.config/gcloud, sandlock's caches, /etc/shadow); it may write
+    only the working directory and a private TMPDIR. The draft grants what was used,
+    grouped by directory where that stays tight, with a comment per grant and a
+    warning for each grant broader than what was used. Review it, then use it with
+    `sandlock run --policy FILE -- COMMAND`.
+    """
+    from .learn import learn_policy
+
+    try:
+        _check_support()
+        draft, code = learn_policy(list(command), extends=tuple(extends), timeout=timeout,
+                                   report=say)
+    except SandlockError as exc:
+        say(str(exc))
+        raise click.exceptions.Exit(int(exc.exit_code)) from None
+    if output is None:
+        sys.stdout.write(draft)
+    else:
+        try:
+            with open(output, "w", encoding="utf-8") as handle:
+                handle.write(draft)
+        except OSError as exc:
+            say(f"cannot write {output!r}: {exc.strerror}")
+            raise click.exceptions.Exit(ExitCode.LAUNCHER) from None
+        say(f"learn: draft policy written to {output}; review it, then "
+            f"`sandlock run --policy {output} -- {' '.join(command)}`")
+    if code:
+        say(f"learn: the command exited with {code} during the recorded run: the draft covers "
+            "only what it did before that")
+    raise click.exceptions.Exit(code)
+
+
+def register(group: Any) -> None:
+    """Add `trace` and `learn` to the click group of :mod:`sandlock.cli`."""
+    group.add_command(trace)
+    group.add_command(learn)
+
