@@ -265,5 +265,10 @@ def probe(policy: str, variables: Sequence[str], as_json: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
+from .tracecli import register as _register_recording  # noqa: E402 - after the group exists
+
+_register_recording(cli)  # `trace` and `learn`
+
+
 def main() -> None:
     cli.main(prog_name="sandlock")
