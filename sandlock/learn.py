@@ -18,7 +18,7 @@ import tempfile
 from typing import Callable, Optional, Sequence
 
 from . import trace as T
-from .errors import SandlockError
+from .errors import LandlockError, SandlockError
 from .policy import DEFAULT_ENV_PASS
 
 #: Relative to the home directory: never granted by learn, never readable in its run.
@@ -75,7 +75,7 @@ def recording_policy(cwd: str, tmpdir: str, home: str) -> str:
     readable = cover("/", secrets(home))
     lines = ["version = 1", 'description = "sandlock learn: the recorded run"', "",
              "[filesystem]", "exec = ["]
-    lines += [f"    {_quote(p)}," for p in readable]
+    lines += [f"    {{ path = {_quote(p)}, optional = true }}," for p in readable]
     lines += ["]", f"write = [{_quote(cwd)}, {_quote(tmpdir)}, \"/dev/null\", "
               "{ path = \"/dev/tty\", optional = true }]", "",
               "[network]", 'connect = ["1-65535"]', 'bind = ["1-65535"]', "udp = true",
@@ -101,13 +101,19 @@ def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: O
     home = os.path.realpath(os.path.expanduser("~"))
     tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="sandlock-learn-"))
     try:
-        policy = loads_policy(recording_policy(cwd, tmpdir, home), source="<learn>")
-        if timeout is not None:
+        for attempt in range(3):  # an entry of a shared directory (/tmp) may vanish meanwhile
+            policy = loads_policy(recording_policy(cwd, tmpdir, home), source="<learn>")
+            if timeout is not None:
+                try:
+                    policy = policy.with_timeout(parse_duration(timeout))
+                except Exception as exc:  # _Bad from the duration parser
+                    raise SandlockError(f"--timeout: {exc}") from None
             try:
-                policy = policy.with_timeout(parse_duration(timeout))
-            except Exception as exc:  # _Bad from the duration parser
-                raise SandlockError(f"--timeout: {exc}") from None
-        compiled = launcher.compile_policy(policy)
+                compiled = launcher.compile_policy(policy)
+                break
+            except LandlockError:
+                if attempt == 2:
+                    raise
         cmd = launcher.prepare_command(policy, list(argv))
         code = 0
         with compiled, T.Recorder(programs=True) as recorder:
