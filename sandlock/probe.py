@@ -83,6 +83,8 @@ class Report:
     not_enforced: tuple[str, ...]  #: gaps of this kernel (best-effort policies only)
     results: tuple[Result, ...]
     stderr: str = ""
+    #: grants through which this tool could change what a later run executes
+    later_runs: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -99,7 +101,8 @@ class Report:
         return {"policy": self.policy, "abi": self.abi, "uid": self.uid, "ok": self.ok,
                 "counts": self.counts(), "runtime_grants": list(self.runtime_grants),
                 "not_enforced": list(self.not_enforced),
-                "results": [r.as_dict() for r in self.results], "stderr": self.stderr}
+                "results": [r.as_dict() for r in self.results], "stderr": self.stderr,
+                "later_runs": list(self.later_runs)}
 
 
 # ---------------------------------------------------------------------------
@@ -941,7 +944,8 @@ def _drain(fd: int, into: list[bytes]) -> None:
         os.close(fd)
 
 
-def probe_policy(policy: Policy, *, home: str | None = None) -> Report:
+def probe_policy(policy: Policy, *, home: str | None = None,
+                 variables: Mapping[str, str] | None = None) -> Report:
     """Run every probe inside ``policy``'s sandbox and explain each outcome.
 
     Note: like `sandlock run`, this makes the calling process a child subreaper
@@ -977,7 +981,40 @@ def probe_policy(policy: Policy, *, home: str | None = None) -> Report:
         results.append(_judge(spec, outcome, detail, ctx))
     return Report(policy.source, abi, os.geteuid(),
                   tuple(f"{r.access.value} {r.path}" for r in extra), gaps,
-                  tuple(results), stderr.strip())
+                  tuple(results), stderr.strip(), later_run_findings(policy, variables))
+
+
+def _siblings(policy: Policy, variables: Mapping[str, str] | None) -> list[Policy]:
+    """The other policies in the directory of ``policy``'s file (a tool's neighbours)."""
+    from .errors import PolicyError
+    from .policy import load_policy
+
+    if policy.source.startswith("<") or not os.path.isfile(policy.source):
+        return []
+    out = []
+    here = os.path.realpath(policy.source)
+    folder = os.path.dirname(here)
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name.endswith(".toml") and path != here:
+            try:
+                out.append(load_policy(path, variables, check_paths=False))
+            except PolicyError:
+                continue  # not a policy, or one that needs variables we do not know
+    return out
+
+
+def later_run_findings(policy: Policy,
+                       variables: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Write grants of ``policy`` that cover what it, or a policy beside its file,
+    lets a later run execute (:func:`sandlock.grants.later_run_findings`)."""
+    from .grants import later_run_findings as findings
+
+    def pairs(p: Policy, access: Access) -> list[tuple[str, str]]:
+        return [(r.path, r.origin) for r in p.paths if r.access is access]
+
+    others = [pair for sibling in _siblings(policy, variables) for pair in pairs(sibling, Access.EXEC)]
+    return tuple(findings(pairs(policy, Access.WRITE), pairs(policy, Access.EXEC), others))
 
 
 def _daemon_pid(line: Mapping[str, str] | None) -> int | None:
@@ -1029,6 +1066,6 @@ def probe_file(path: str, variables: Mapping[str, str] | None = None, *,
     """Load the policy at ``path`` (with ``--var`` style variables) and probe it."""
     from .policy import load_policy
 
-    return probe_policy(load_policy(path, variables), home=home)
+    return probe_policy(load_policy(path, variables), home=home, variables=variables)
 
 
