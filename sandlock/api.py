@@ -585,7 +585,9 @@ def _load(policy: PolicyLike, variables: Optional[Mapping[str, str]]) -> Policy:
     if isinstance(policy, Mapping):
         return policy_from_dict(policy, variables)
     if isinstance(policy, (str, os.PathLike)):
-        return load_policy(policy, variables)
+        from .profiles import policy_file
+
+        return load_policy(policy_file(policy) if isinstance(policy, str) else policy, variables)
     raise TypeError(f"policy must be a Policy, a path or a dict, not {type(policy).__name__}")
 
 
