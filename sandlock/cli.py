@@ -147,14 +147,19 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
     out.print(f"environment: pass {report['env']['pass']}; set {report['env']['set']}")
     out.print(f"limits: {report['limits']}")
     out.print(f"seccomp: {report['seccomp']['rules']} rules; denied syscalls: "
-              f"{', '.join(report['seccomp']['denied'])}")
+              f"{', '.join(report['seccomp']['denied'])}; denied with some arguments (set-id "
+              f"modes, namespaces, terminal injection, other processes, unexecutable memfds, "
+              f"socket kinds not granted): {', '.join(report['seccomp']['conditional'])}")
+    for line in report["refused_grants"]:
+        out.print(f"REFUSED: `sandlock run` will not start with this grant: {line}",
+                  markup=False, highlight=False)
     if report["not_enforced"]:
         out.print("NOT enforced on this kernel:")
         for line in report["not_enforced"]:
             out.print(f"  - {line}")
         if report["compat"] == "strict" and report["refused_in_strict"]:
             out.print("strict mode: `sandlock run` will refuse to start with this policy here.")
-    else:
+    elif not report["refused_grants"]:
         out.print("Everything this policy relies on is enforced on this kernel.")
 
 
@@ -207,6 +212,11 @@ def policies(name: str | None) -> None:
     """List the built-in profiles, or show one."""
     from .policy import PROFILE_DIR, builtin_profiles, load_policy
 
+    try:
+        os.getcwd()  # each profile is loaded with ${cwd}: say once why none can be
+    except OSError:
+        raise _fail(SandlockError("the working directory no longer exists; change to an "
+                                  "existing directory")) from None
     if name is None:
         rows = []
         for profile in builtin_profiles():

@@ -67,6 +67,13 @@ def kernel_report() -> dict[str, Any]:
                      else f"{why}; RLIMIT_NPROC instead: per user, and not binding root"
                      if os.getuid() != 0 else f"{why}; RLIMIT_NPROC does not bind root: "
                      "`processes` cannot be enforced for this caller"})
+    from .fastpath import KEY_NAME
+
+    keyed = kernel.user_keyring_secret(KEY_NAME) is not None
+    features.append({"feature": "compiled-policy cache (key in the kernel user keyring)",
+                     "available": keyed, "detail": "entries authenticated with keyed BLAKE2b"
+                     if keyed else "keyctl refused here: every run parses its policy (slower, "
+                     "equally safe)"})
     userns, detail = _userns()
     features.append({"feature": "unprivileged user namespaces", "available": userns, "detail": detail})
     return {"kernel": os.uname().release, "landlock_abi": real, "abi_in_use": used,
@@ -96,7 +103,30 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         "scope": {"signals": policy.scope.signals, "abstract_unix": policy.scope.abstract_unix},
         "env": {"pass": list(policy.env.passed), "set": dict(policy.env.set)},
         "limits": limits,
-        "seccomp": {"rules": len(plan), "denied": denied},
+        "seccomp": {"rules": len(plan), "denied": denied,
+                    "conditional": sorted({rule.syscall for rule in plan if rule.args}
+                                          | ({"clone3"} if any(r.syscall == "clone3" for r in plan)
+                                             else set()))},
         "not_enforced": [str(gap) for gap in gaps],
         "refused_in_strict": [str(gap) for gap in gaps if gap.strict],
+        "refused_grants": _refused_grants(policy, abi),
     }
+
+
+def _refused_grants(policy: Policy, abi: int) -> list[str]:
+    """Why `sandlock run` would refuse this policy's grants here (sandlock.grants): a
+    link outside the system directories, or a write grant reaching what later runs
+    trust. Empty when every grant resolves and passes."""
+    from .grants import GrantError, open_rules
+
+    plan = ruleset.plan(policy, abi)
+    try:
+        opened = open_rules(plan.paths, int(A.WRITE_RIGHTS), ruleset.policy_files(policy))
+    except GrantError as exc:
+        origin = next((r.origin for r in policy.paths if r.path == exc.path), policy.source)
+        return [f"{origin}: {exc.path!r}: {exc.reason}"]
+    except OSError as exc:
+        return [f"{exc.filename or 'a path'}: {exc.strerror}"]
+    for target, _ in opened:
+        target.close()
+    return []
