@@ -77,7 +77,8 @@ KNOWN_FIELDS = {
     "Syscalls": {"deny", "allow"},
 }
 #: Attributes of launcher.Compiled the cached path reproduces.
-KNOWN_COMPILED = {"policy", "abi", "gaps", "ruleset_fd", "bpf", "rlimits", "_fprog", "_keep"}
+KNOWN_COMPILED = {"policy", "abi", "gaps", "ruleset_fd", "bpf", "rlimits", "_fprog", "_keep",
+                  "cgroup"}
 
 
 class _Limits:
@@ -129,6 +130,17 @@ class Entry:
         self.rlimits: tuple[tuple[int, int], ...] = tuple(value["rlimits"])
         self.policy_files = (policy_file, *(where for kind, where, _ in value["layers"]
                                             if kind == "file"))
+        #: The pids cgroup base found when the entry was compiled (a ``processes`` limit
+        #: only): the entry holds only while the caller finds the same one now, since
+        #: the warnings and the strict-mode verdict depend on it.
+        self.cgroup = None
+        if value["cgroup"] is not None:
+            from . import cgroups
+
+            found, why = cgroups.find()
+            if _cgroup_key(found, why) != value["cgroup"]:
+                raise ValueError("the caller's pids cgroup changed")
+            self.cgroup = found
         if not isinstance(self.bpf, bytes) or not self.bpf or len(self.bpf) % 8:
             raise ValueError("bad BPF program")
 
@@ -143,7 +155,7 @@ class Entry:
                                   write_rights, self.policy_files)
         # Gaps are kept as their one-line descriptions: Compiled.warnings prints str(gap).
         return Compiled(self.policy, abi, self.warnings, fd,  # type: ignore[arg-type]
-                        self.bpf, self.rlimits)
+                        self.bpf, self.rlimits, self.cgroup)
 
 
 class Lookup:
@@ -402,6 +414,10 @@ def _layer_files(policy: Policy) -> list[tuple[str, str, bytes]]:
     return out
 
 
+def _cgroup_key(found: Any, why: str) -> tuple[Any, ...]:
+    return (None, why) if found is None else tuple(found.wire())
+
+
 def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
            variables: Mapping[str, str]) -> Optional[dict[str, Any]]:
     from . import ruleset
@@ -428,7 +444,14 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
         "rlimits": tuple((int(r), int(v)) for r, v in compiled.rlimits),
         "env": (tuple(policy.env.passed), tuple(policy.env.set)),
         "timeout": policy.limits.timeout,
+        "cgroup": None if policy.limits.processes is None else _cgroup_key(*_find_cgroup()),
     }
+
+
+def _find_cgroup() -> tuple[Any, str]:
+    from . import cgroups
+
+    return cgroups.find()
 
 
 def _write(directory: int, name: str, secret: bytes, key: tuple[Any, ...],

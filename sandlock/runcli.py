@@ -27,7 +27,7 @@ def say(message: str) -> None:
     try:
         sys.stderr.write(f"sandlock: {message}\n")
         sys.stderr.flush()
-    except OSError:
+    except (OSError, ValueError, AttributeError):  # stderr full, closed, or None in-process
         pass
 
 
@@ -91,8 +91,9 @@ def _read_once(policy: str) -> bytes:
 
         hint = " nor a built-in policy (`sandlock policies` lists them)" if is_name(policy) else ""
         raise PolicyError(f"policy file does not exist{hint}", source=policy) from None
-    except OSError as exc:
-        raise PolicyError(f"cannot read policy file: {exc.strerror or exc}", source=policy) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise PolicyError(f"cannot read policy file: {getattr(exc, 'strerror', None) or exc}",
+                          source=policy) from None
 
 
 def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
@@ -132,7 +133,8 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                 cached.store(loaded, compiled)
         command = launcher.prepare_command(loaded, argv)
         if compiled.gaps:
-            say(f"warning: best-effort: NOT enforced on this kernel (Landlock ABI {compiled.abi}):")
+            say(f"warning: NOT enforced for this caller on this kernel (Landlock ABI "
+                f"{compiled.abi}):")
             for line in compiled.warnings:
                 say(f"warning:   - {line}")
         child = launcher.run(compiled, command, report=say)
@@ -213,11 +215,11 @@ def exit_now(code: int) -> None:
     """
     import atexit
 
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
     threading = sys.modules.get("threading")
     pending = getattr(atexit, "_ncallbacks", lambda: 1)()  # CPython's count; unknown: assume some
     if pending == 0 and (threading is None or threading.active_count() == 1):
@@ -227,13 +229,92 @@ def exit_now(code: int) -> None:
     sys.exit(code)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    """Console entry point: the fast `run` path, else the click CLI."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "run":
-        code = main_run(args[1:])
-        if code is not None:
-            exit_now(code)
+def open_standard_streams() -> None:
+    """Open /dev/null on each of descriptors 0-2 the caller left closed (``>&-``).
+
+    Left closed, the first file sandlock opens would take that number and be handed
+    to the tool as its standard input or output; and Python would leave ``sys.stdout``
+    None, so the first print would raise. A tool started this way writes to /dev/null.
+    """
+    import os
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        try:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd`` itself
+        except OSError:
+            continue  # no /dev/null: nothing better to put there
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        os.set_inheritable(fd, True)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+
+
+def _silence_stdout() -> None:
+    """Point descriptor 1 at /dev/null, so that the interpreter's last flush of output
+    that could not be written does not fail a second time on the way out."""
+    import os
+
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    except OSError:
+        pass
+
+
+def _click_main(args: list[str]) -> int:
+    """The click CLI; an output that cannot be written, or any exception that escaped
+    a command, ends as one ``sandlock:`` line and exit 125, never a traceback."""
+    import errno
+
     from .cli import cli
 
-    cli.main(args=args, prog_name="sandlock")
+    try:
+        try:
+            cli.main(args=args, prog_name="sandlock")
+            code: object = 0
+        except SystemExit as exc:
+            code = exc.code
+        sys.stdout.flush()  # output still buffered fails here, not at interpreter exit
+    except OSError as exc:
+        _silence_stdout()
+        if exc.errno == errno.EPIPE:  # the reader went away: nothing to tell it
+            return 1
+        what = f"{exc.filename}: " if exc.filename else "cannot write the output: "
+        say(what + (exc.strerror or str(exc)))
+        return ExitCode.LAUNCHER
+    except Exception as exc:  # noqa: BLE001 - the last line of defence
+        say(f"internal error: {type(exc).__name__}: {exc} (please report it)")
+        return ExitCode.LAUNCHER
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    say(str(code))
+    return 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Console entry point: the fast `run` path, else the click CLI."""
+    open_standard_streams()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "run":
+        try:
+            code = main_run(args[1:])
+        except Exception as exc:  # noqa: BLE001 - the last line of defence
+            say(f"internal error: {type(exc).__name__}: {exc} (please report it)")
+            code = ExitCode.LAUNCHER
+        if code is not None:
+            exit_now(code)
+    sys.exit(_click_main(args))

@@ -408,7 +408,7 @@ def test_best_effort_warns_and_still_confines(workspace: Path, outside: Path, ab
     code, out, err = run_read_file(workspace, workspace / "notes.md", abi, "--best-effort")
     assert (code, out) == (0, "hello from the workspace\n")
     assert err == [
-        f"sandlock: warning: best-effort: NOT enforced on this kernel (Landlock ABI {abi}):",
+        f"sandlock: warning: NOT enforced for this caller on this kernel (Landlock ABI {abi}):",
         *[f"sandlock: warning:   - {line}" for line in gap_lines(abi)],
     ]
     code, out, err = run_read_file(workspace, outside / "secret.txt", abi, "--best-effort")
@@ -435,7 +435,7 @@ def test_best_effort_in_the_policy_file(workspace: Path, tmp_path: Path) -> None
                           variables={"workspace": str(workspace)}, env=env_with(**{ENV_ABI: "3"}))
     assert (result.returncode, result.stdout) == (0, "hello from the workspace\n")
     assert result.stderr.splitlines() == [
-        "sandlock: warning: best-effort: NOT enforced on this kernel (Landlock ABI 3):",
+        "sandlock: warning: NOT enforced for this caller on this kernel (Landlock ABI 3):",
         f"sandlock: warning:   - {SIGNAL_GAP}",
     ]
 

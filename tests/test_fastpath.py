@@ -23,7 +23,7 @@ version = 1
 extends = ["base"]
 [filesystem]
 read = ["${ws}"]
-exec = ["/usr/bin/cat", "/usr/bin/sh", "/usr/bin/dash"]
+exec = ["/usr/bin/cat", "/usr/bin/sh", "/usr/bin/dash", "/usr/bin/sleep"]
 """
 
 # Runs `sandlock run` in a fresh interpreter and reports, as JSON on fd 3's stand-in
@@ -251,3 +251,24 @@ def test_run_exit_code_and_atexit_handlers_survive_the_quick_exit(workspace: Pat
                           text=True, timeout=60, check=False)
     assert done.returncode == 4, done.stderr
     assert done.stdout == ("out\natexit ran\n" if handler else "out\n")
+
+
+def test_a_process_limit_is_cached_and_still_applied(workspace: Path, cache_env: dict[str, str]
+                                                     ) -> None:
+    """A policy with ``processes`` is a hit too, and the limit holds on the hit (through a
+    pids cgroup when the caller can make one, else RLIMIT_NPROC for an ordinary user). As
+    root without a cgroup the strict refusal must come back on every run, never a hit."""
+    require_abi(1, "filesystem confinement")
+    from sandlock import cgroups
+
+    pol = write_policy(workspace.parent, CAT_POLICY + "[limits]\nprocesses = 3\n")
+    forks = "sleep 1 & sleep 1 & sleep 1 & sleep 1 & sleep 1 & sleep 1 & wait"
+    root_without_cgroup = os.geteuid() == 0 and cgroups.find()[0] is None
+    for expect_parsed in (True, False):
+        done, info = run(pol, ["sh", "-c", forks], cache_env, ws=str(workspace))
+        if root_without_cgroup:
+            assert info["code"] == 125 and info["parsed"], done.stderr
+            continue
+        # The shell cannot start a fourth process: the limit holds, on the miss and the hit.
+        assert info["parsed"] == expect_parsed and info["code"] == 2, done.stderr
+        assert "fork" in done.stderr.lower(), done.stderr
