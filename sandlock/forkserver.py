@@ -529,7 +529,12 @@ class _Spare:
         from . import launcher
 
         self.token = token
+        #: The spare's setup channel: the call's descriptors go down it, and a setup
+        #: failure comes back on it. The spare closes its end before the function runs,
+        #: so nothing the function writes can read as a setup report (issue 12).
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        #: Read end of the call's "result written" pipe (see :func:`_watch`), from take().
+        self.done = -1
         handoff = theirs.fileno()
         cmd = launcher.Command(sys.executable, (sys.executable,), (), None)
         try:
@@ -554,14 +559,29 @@ class _Spare:
 
         child = self.starting.confirm()
         mediate = _mediate_fd(request, fds)
-        passed = array.array("i", [*fds[1:4], fds[-2], fds[-1]] + [mediate] * (mediate >= 0))
+        try:
+            self.done, done_w = os.pipe2(os.O_CLOEXEC)
+        except OSError:
+            child.kill_tree()
+            raise
+        passed = array.array("i", [*fds[1:4], fds[-2], fds[-1], done_w]
+                             + [mediate] * (mediate >= 0))
         try:
             self.sock.sendmsg([marshal.dumps((request["cwd"], request.get("mediate")))],
                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, passed)])
         except OSError:
             child.kill_tree()
             raise
+        finally:
+            os.close(done_w)
         return child
+
+    def close(self) -> None:
+        """Close the supervisor's ends of the spare's channels."""
+        self.sock.close()
+        if self.done >= 0:
+            os.close(self.done)
+            self.done = -1
 
     def take_if_ready(self, request: dict[str, Any], fds: Sequence[int]) -> Any:
         """:meth:`take`, or None if this spare is not usable (a new one is made; if its
@@ -571,7 +591,7 @@ class _Spare:
         try:
             return self.take(request, fds)
         except (SandlockError, OSError):
-            self.sock.close()
+            self.close()
             return None
 
     def discard(self) -> None:
@@ -584,7 +604,7 @@ class _Spare:
         if self.starting.errr >= 0:
             os.close(self.starting.errr)
         self.starting.discard_group()
-        self.sock.close()
+        self.close()
 
 
 def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
@@ -633,8 +653,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
         assert child is not None
         if request.get("report_start"):
             _send(call, f"S {child.pid}")
-        report = _watch(child, call, request["timeout"],
-                        spare.sock if spare is not None else None)
+        report = _watch(child, call, request["timeout"], spare)
         if report not in (b"", b".") and child.returncode == ExitCode.LAUNCHER:
             error = launcher._setup_failure(cmd, report)
             _send(call, f"F {int(error.exit_code)} {type(error).__name__}\n{error}")
@@ -645,7 +664,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
             child._reap()  # ended early (see _watch): reap it, and anything it left
     finally:
         if spare is not None:
-            spare.sock.close()
+            spare.close()
         if not noted:
             _note(notes_w, b"t")
         for fd in fds[1:]:
@@ -684,15 +703,20 @@ def _send(call: socket.socket, text: str) -> None:
 
 
 def _watch(child: Any, call: socket.socket, timeout: Optional[float],
-           done: Optional[socket.socket] = None) -> bytes:
+           spare: Optional[_Spare] = None) -> bytes:
     """Wait for the command; obey the caller's kill/signal requests and the deadline.
 
-    ``done`` is a :class:`_Spare`'s socket. ``.`` on it means the function's result is
-    written and the child is about to ``_exit(0)``: then, if the child is the call's
-    only process, it is killed and the call reported ended (``returncode`` 0) without
-    waiting for its teardown (see :func:`_ended_alone`); otherwise the wait goes on.
-    Any other message is the spare's report that it could not start the call
-    (returned; the child exits by itself).
+    ``spare`` is the :class:`_Spare` of a Python call; two channels lead from it:
+
+    * its setup socket, which the confined process closes before the function runs:
+      a message there is its report that it could not start the call (returned; it
+      exits by itself with ExitCode.LAUNCHER); EOF, that setup is over. Only what
+      arrived there can ever become a setup failure;
+    * its done pipe, held by the function's process: ``.`` there means the result is
+      written and the process is about to ``_exit(0)``: then, if it is the call's only
+      process, it is killed and the call reported ended (``returncode`` 0) without
+      waiting for its teardown (see :func:`_ended_alone`). Anything else written there
+      is the function's own doing and means nothing: the wait goes on.
     """
     import time
 
@@ -700,9 +724,12 @@ def _watch(child: Any, call: socket.socket, timeout: Optional[float],
     poller = select.poll()
     poller.register(child.pidfd, select.POLLIN)
     poller.register(call.fileno(), select.POLLIN)
-    if done is not None:
-        poller.register(done.fileno(), select.POLLIN)
-    report = b""
+    setup = done = -1
+    if spare is not None:
+        setup, done = spare.sock.fileno(), spare.done
+        poller.register(setup, select.POLLIN)
+        poller.register(done, select.POLLIN)
+    report: Optional[bytes] = None
     while child.returncode is None:
         wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000) + 1)
         events = poller.poll(wait)
@@ -723,24 +750,33 @@ def _watch(child: Any, call: socket.socket, timeout: Optional[float],
                         child.send_signal(int(message[2:]))
                     except (ValueError, OSError):
                         pass  # not a signal number: nothing to send
-            elif done is not None and fd == done.fileno():
+            elif fd == setup and spare is not None:
                 poller.unregister(fd)
+                report = _recv_report(spare.sock)
+            elif fd == done:
                 try:
-                    report = done.recv(4096, socket.MSG_DONTWAIT)
+                    said = os.read(done, 2)
                 except OSError:
-                    report = b""
-                if report == b"." and _ended_alone(child):
+                    said = b""
+                if said != b".":
+                    poller.unregister(fd)  # EOF, or the function's own scribbling
+                elif report == b"" and _ended_alone(child):  # set up, and alone
                     child.returncode = 0
                     return b""
             elif child.returncode is None:
                 child._reap()  # also kills and reaps whatever the command left behind
                 break
-    if done is not None and not report:  # it exited before its report was read here
-        try:
-            report = done.recv(4096, socket.MSG_DONTWAIT)
-        except OSError:
-            report = b""
-    return report
+    if spare is not None and report is None:  # it exited before its report was read here
+        report = _recv_report(spare.sock)
+    return report or b""
+
+
+def _recv_report(sock: socket.socket) -> bytes:
+    """A spare's setup report, b"" at EOF (set up) or when nothing is there."""
+    try:
+        return sock.recv(4096, socket.MSG_DONTWAIT)
+    except OSError:
+        return b""
 
 
 def _ended_alone(child: Any) -> bool:
@@ -800,13 +836,13 @@ def _spare_body(handoff: int, rehearse: bool) -> None:
     fds = array.array("i")
     sock = socket.socket(fileno=3)
     try:
-        data, ancillary, flags, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(5 * fds.itemsize))
+        data, ancillary, flags, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(7 * fds.itemsize))
     except OSError:
         os._exit(0)
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    if len(fds) not in (5, 6) or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+    if len(fds) not in (6, 7) or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         os._exit(0)  # the supervisor went away (EOF), or a cut message: nothing to run
     cwd, notify_bpf = marshal.loads(data)
     kernel.set_name(CALL_NAME)
@@ -818,13 +854,16 @@ def _spare_body(handoff: int, rehearse: bool) -> None:
         if notify_bpf is not None:  # [network] allow: connect(2) goes to the caller
             stage = "network"
             prog, _keep = kernel.make_fprog(notify_bpf)
-            kernel.install_listener(prog, fds[5])
-            os.close(fds[5])
+            kernel.install_listener(prog, fds[6])
+            os.close(fds[6])
     except OSError as exc:  # the supervisor reports it as launcher._child would have
         sock.send(f"{stage}\0{exc.errno or 0}\0{exc.strerror}".encode(errors="replace"))
         os._exit(ExitCode.LAUNCHER)
-    # Stays open: the child tells the supervisor there that the result is written.
-    _call_body(fds[3], fds[4], done_fd=sock.detach())
+    # The setup channel closes before any of the caller's code runs: what the function
+    # writes can never read as a setup report. The done pipe tells the supervisor that
+    # the result is written; nothing else said there counts (see _watch).
+    sock.close()
+    _call_body(fds[3], fds[4], done_fd=fds[5])
 
 
 def _call_body(data_fd: int, result_fd: int, done_fd: int) -> None:
