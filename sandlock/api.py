@@ -1147,10 +1147,12 @@ class _CallJob:
                 exc_obj = _Unpickler(blob, self.trusted).load()
             except Exception:  # noqa: BLE001 - fall back to the text
                 exc_obj = None
-        if isinstance(exc_obj, Exception):
+        if isinstance(exc_obj, Exception) and not isinstance(exc_obj, SandlockError):
             raise exc_obj from RemoteTraceback(text)
         # SystemExit, KeyboardInterrupt, GeneratorExit...: would pass the caller's
-        # ``except Exception`` and end it; the tool's exit is the tool's.
+        # ``except Exception`` and end it; the tool's exit is the tool's. A sandlock
+        # error is the caller's word about the sandbox (SetupError: "could not start"),
+        # never the tool's: what the function says it raised is a CallError.
         raise CallError(f"{name} raised {what}: {message}", remote_traceback=text)
 
 
