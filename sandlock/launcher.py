@@ -573,6 +573,12 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
     before the child's execve, which it is notified of; the caller stops it.
     """
     kernel.set_child_subreaper()
+    if getattr(compiled.policy, "credentials", ()):  # credential routes (issue 16)
+        from .routes import launched
+
+        with launched(compiled, cmd, report) as (routed, routed_cmd):  # no credentials left
+            return run(routed, routed_cmd, timeout=timeout, forward_signals=forward_signals,
+                       report=report, _mediation=_mediation, recorder=recorder)
     if compiled.policy.network.allow and _mediation is None:  # host allowlist (issue 7)
         from .supervisor import Mediation
 

@@ -122,6 +122,8 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     syscalls: Syscalls = field(default_factory=Syscalls)
     layers: tuple[str, ...] = ()  #: every file merged, base first
+    #: ``[credentials]`` (issue 16): :class:`sandlock.credentials.Credential` tuples.
+    credentials: tuple[Any, ...] = ()
     #: (source, text) of every layer read from a file or profile, exactly as compiled
     inputs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
 
@@ -355,6 +357,34 @@ def _host_pins(value: object) -> tuple[tuple[str, str], ...]:
         raise _Bad(str(bad), (bad.index,)) from None
 
 
+def _credentials(value: object) -> Any:
+    """``[credentials.NAME]`` tables; sandlock.credentials is imported only when used."""
+    from . import credentials
+
+    try:
+        return credentials.parse_table(value)
+    except credentials.CredentialError as bad:
+        raise _Bad(str(bad), bad.key) from None
+
+
+def _merge_credentials(layers: list[_Layer], items: tuple[Any, ...],
+                       variables: Mapping[str, str]) -> tuple[Any, ...]:
+    if not items:
+        return ()
+    from . import credentials
+
+    def expand(text: str) -> str:
+        try:
+            return _expand(text, variables)
+        except _Bad as bad:
+            raise credentials.CredentialError(str(bad)) from None
+
+    try:
+        return credentials.merge(items, expand)
+    except credentials.CredentialError as bad:
+        raise layers[-1].error(str(bad), ["credentials", *bad.key]) from None
+
+
 Validator = Callable[[object], Any]
 SCHEMA: dict[str, Validator | dict[str, Validator]] = {
     "version": _version,
@@ -371,6 +401,7 @@ SCHEMA: dict[str, Validator | dict[str, Validator]] = {
         "processes": _count, "open_files": _count, "file_size": parse_size,
     },
     "syscalls": {"deny": _syscall_names, "allow": _syscall_names},
+    "credentials": _credentials,
 }
 
 
@@ -575,6 +606,7 @@ def _merge(layers: list[_Layer], variables: Mapping[str, str], check_paths: bool
                       get("limits.processes"), get("limits.open_files"), get("limits.file_size")),
         syscalls=Syscalls(merged.get("syscalls.deny", ()), merged.get("syscalls.allow", ())),
         layers=tuple(layer.source for layer in layers),
+        credentials=_merge_credentials(layers, merged.get("credentials", ()), variables),
         inputs=tuple((layer.source, layer.text) for layer in layers if layer.text is not None),
     )
 

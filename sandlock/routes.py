@@ -1,0 +1,617 @@
+"""The credential route server of one run: a local reverse proxy that injects secrets.
+
+The tool speaks plain HTTP to ``http://127.0.0.1:PORT/<name>/...`` (the base URL in
+the variable its credential names) and holds only a placeholder. For each request
+the server, in the launcher (a process the tool cannot read: Landlock forbids a
+sandboxed process ptrace-class access, hence ``/proc/PID/mem`` and ``environ``, to
+anything outside its domain):
+
+1. parses the request head strictly (one request per connection; no obs-fold, no
+   ``Content-Length`` beside ``Transfer-Encoding``, no ``Upgrade``: nothing can
+   smuggle a second, unchecked request);
+2. finds the credential by the first path segment and the run by the placeholder
+   the request carries where the secret belongs (header or query parameter): the
+   placeholder, random per run, is also what keeps other local processes out;
+3. decides on the percent-decoded path (dot segments and encoded slashes refused)
+   with :meth:`sandlock.credentials.Credential.check`: deny wins, then methods,
+   then paths. A refusal is HTTP 403 naming the rule, and one ``network: refused``
+   line to ``report``;
+4. replaces the placeholder with the secret, connects to the upstream over TLS,
+   verifying its certificate and host name (system store, or ``ca_file``), sends
+   the head and exactly the body the head announced;
+5. relays the response as it arrives (SSE and chunked bodies unbuffered). The
+   response head is rewritten: a ``Location`` on the upstream itself points back
+   into the route (the tool follows it through the route, under the same rules);
+   any other ``Location`` is returned as is and is followed, if at all, by the tool
+   itself, with the placeholder. The secret, if the upstream echoes it in a response
+   header, is replaced by the placeholder. Redirects are never followed here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets as _random
+import socket
+import ssl
+import threading
+import urllib.parse
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
+
+from .credentials import PLACEHOLDER_PREFIX, Credential, tool_environment
+
+if TYPE_CHECKING:
+    from .credentials import CredentialError
+    from .errors import PolicyError
+    from .launcher import Command, Compiled
+    from .policy import Policy
+
+HEAD_LIMIT = 64 * 1024
+HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
+CONNECT_TIMEOUT = 15.0
+#: Request headers the route never forwards: they concern this hop, or would turn the
+#: connection into something other than one checked request (Upgrade, h2c).
+DROP_REQUEST = {"host", "connection", "keep-alive", "proxy-connection", "proxy-authorization",
+                "te", "trailer", "upgrade", "http2-settings", "expect"}
+DROP_RESPONSE = {"connection", "keep-alive", "proxy-connection", "upgrade"}
+_HEADER_NAME = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_METHOD = re.compile(r"^[A-Z]{1,20}$")
+REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 502: "Bad Gateway"}
+
+
+class BadRequest(Exception):
+    """Answer ``status`` with this message; ``report`` it when it is a refusal by rule."""
+
+    def __init__(self, status: int, message: str, refusal: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.refusal = refusal
+
+
+class Session:
+    """The placeholders of one run (or one API call), valid until :meth:`close`."""
+
+    def __init__(self, server: "RouteServer", placeholders: dict[str, str],
+                 secrets: dict[str, str]) -> None:
+        self.server = server
+        self.placeholders = placeholders  #: credential name -> placeholder
+        self.secrets = secrets
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """``env`` for the tool: see :func:`sandlock.credentials.tool_environment`."""
+        return tool_environment(self.server.credentials, env, self.secrets, self.placeholders,
+                                {c.name: self.server.base_url(c.name)
+                                 for c in self.server.credentials})
+
+    def close(self) -> None:
+        self.server._forget(self)
+
+
+class RouteServer:
+    """Listen now (the port is granted to the tool before it starts); serve after :meth:`start`."""
+
+    def __init__(self, credentials: Sequence[Credential], pins: Sequence[tuple[str, str]],
+                 report: Callable[[str], None]) -> None:
+        self.credentials = tuple(credentials)
+        self._by_name = {c.name: c for c in credentials}
+        self._pins = dict(pins)
+        self.report = report
+        self._tls = {c.name: _tls_context(c) for c in credentials}  # ca_file read here
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(1024)
+        self.address: tuple[str, int] = self._listener.getsockname()
+        self._lock = threading.Lock()
+        self._sessions: dict[str, tuple[Credential, str]] = {}  #: placeholder -> (it, secret)
+        self._open: set[socket.socket] = set()
+        self._threads: set[threading.Thread] = set()
+        self._reported: set[str] = set()
+        self._acceptor: Optional[threading.Thread] = None
+        self._closing = False
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    def base_url(self, name: str) -> str:
+        return f"http://{self.address[0]}:{self.address[1]}/{name}"
+
+    def session(self, secrets: Mapping[str, str]) -> Session:
+        """Register fresh placeholders for ``secrets`` (one per credential)."""
+        placeholders = {c.name: f"{PLACEHOLDER_PREFIX}{c.name}-{_random.token_urlsafe(24)}"
+                        for c in self.credentials}
+        session = Session(self, placeholders, dict(secrets))
+        with self._lock:
+            for item in self.credentials:
+                self._sessions[placeholders[item.name]] = (item, secrets[item.name])
+        return session
+
+    def _forget(self, session: Session) -> None:
+        with self._lock:
+            for placeholder in session.placeholders.values():
+                self._sessions.pop(placeholder, None)
+
+    def start(self) -> None:
+        self._acceptor = threading.Thread(target=self._accept_loop, name="sandlock-routes",
+                                          daemon=True)
+        self._acceptor.start()
+
+    def stop(self) -> None:
+        """Stop accepting, cut every open connection, wait for every thread."""
+        with self._lock:
+            self._closing = True
+            sockets = list(self._open)
+            self._sessions.clear()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self._acceptor is not None:
+            self._acceptor.join()
+        self._listener.close()
+        with self._lock:
+            threads = list(self._threads)
+        for thread in threads:
+            thread.join()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                if self._closing:
+                    client.close()
+                    return
+                self._open.add(client)
+                thread = threading.Thread(target=self._serve, args=(client,), daemon=True,
+                                          name="sandlock-route")
+                self._threads.add(thread)
+            thread.start()
+
+    def _track(self, sock: socket.socket) -> bool:
+        with self._lock:
+            if self._closing:
+                return False
+            self._open.add(sock)
+            return True
+
+    def _serve(self, client: socket.socket) -> None:
+        held: list[socket.socket] = [client]  # and the upstream, once connected
+        try:
+            client.settimeout(HEAD_TIMEOUT)
+            try:
+                self._forward(client, held)
+            except BadRequest as bad:
+                _answer(client, bad.status, f"sandlock route: {bad}")
+                return
+            client.settimeout(None)
+            _relay(held[1], client)
+        except (OSError, ValueError, UnicodeError):
+            pass
+        finally:
+            with self._lock:
+                for sock in held:
+                    self._open.discard(sock)
+                    sock.close()
+                self._threads.discard(threading.current_thread())
+
+    def _refuse(self, message: str) -> BadRequest:
+        line = f"network: refused {message}"
+        with self._lock:
+            fresh = line not in self._reported and len(self._reported) <= 100
+            self._reported.add(line)
+        if fresh:
+            self.report(line)
+        return BadRequest(403, message, refusal=True)
+
+    # ------------------------------------------------------------------ one request
+
+    def _forward(self, client: socket.socket, held: list[socket.socket]) -> None:
+        head, rest = _read_head(client)
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
+            raise BadRequest(400, "malformed request line")
+        method, target = parts[0].decode("ascii"), parts[1].decode("ascii")
+        if not _METHOD.match(method) or not target.startswith("/"):
+            raise BadRequest(400, "malformed request line")
+        headers = _parse_headers(lines[1:])
+        name, _, rest_target = target[1:].partition("/")
+        item = self._by_name.get(name.split("?")[0])
+        if item is None:
+            raise BadRequest(404, f"no credential route {name.split('?')[0]!r} (routes: "
+                             f"{', '.join(self._by_name)})")
+        path, _, query = ("/" + rest_target).partition("?")
+        where = f"{method} {item.origin}{path} (credential route {item.name})"
+        secret, placeholder = self._secret(item, headers, query, where)
+        decoded = _checked_path(path)
+        allowed, rule = item.check(method, decoded)
+        if not allowed:
+            raise self._refuse(f"{where}: {rule}")
+        # The request as the upstream gets it: the secret where the placeholder was.
+        if item.query is not None:
+            query = _replace_query(query, item.query, placeholder,
+                                   urllib.parse.quote(secret, safe=""))
+        out = [(n, v) for n, v in headers if n.lower() not in DROP_REQUEST
+               and (item.header is None or n.lower() != item.header.lower())]
+        host = f"[{item.host}]" if ":" in item.host else item.host
+        out.insert(0, ("Host", host if item.port == 443 else f"{host}:{item.port}"))
+        if item.header is not None:
+            out.append((item.header, item.attach(secret)))
+        out.append(("Connection", "close"))
+        body = _body_framing(headers)
+        upstream = self._connect(item, where)
+        held.append(upstream)
+        request = f"{method} {path}{'?' + query if query else ''} HTTP/1.1\r\n" + "".join(
+            f"{n}: {v}\r\n" for n, v in out) + "\r\n"
+        upstream.sendall(request.encode("latin-1"))
+        _send_body(client, upstream, rest, body)
+        response = _response_head(upstream, client, item, self.base_url(item.name), secret,
+                                  placeholder)
+        client.sendall(response)
+
+    def _secret(self, item: Credential, headers: list[tuple[str, str]], query: str,
+                where: str) -> tuple[str, str]:
+        """(secret, placeholder) of the run whose placeholder this request carries."""
+        if item.query is not None:
+            values = [v for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True)
+                      if k == item.query]
+            place = f"query parameter {item.query}"
+        else:
+            assert item.header is not None
+            values = [v for n, v in headers if n.lower() == item.header.lower()]
+            place = f"header {item.header}"
+        pattern = re.compile(re.escape(f"{PLACEHOLDER_PREFIX}{item.name}-") + r"[A-Za-z0-9_-]{32}")
+        with self._lock:
+            for value in values:
+                for found in pattern.findall(value):
+                    entry = self._sessions.get(found)
+                    if entry is not None and entry[0] is item:
+                        return entry[1], found
+        raise self._refuse(f"{where}: the request does not carry this run's placeholder of "
+                           f"credentials.{item.name} in its {place}")
+
+    def _connect(self, item: Credential, where: str) -> socket.socket:
+        address = self._pins.get(item.host, item.host)
+        try:
+            raw = socket.create_connection((address, item.port), timeout=CONNECT_TIMEOUT)
+        except OSError as exc:
+            raise BadRequest(502, f"{where}: cannot connect: {exc.strerror or exc}") from None
+        if not self._track(raw):
+            raw.close()
+            raise BadRequest(502, "the run is over")
+        try:
+            tls = self._tls[item.name].wrap_socket(raw, server_hostname=item.host)
+        except (ssl.SSLError, ssl.CertificateError, OSError) as exc:
+            with self._lock:
+                self._open.discard(raw)
+            raw.close()
+            raise BadRequest(502, f"{where}: TLS with {item.host} failed: "
+                             f"{getattr(exc, 'verify_message', None) or exc}") from None
+        with self._lock:
+            self._open.discard(raw)
+            self._open.add(tls)
+        tls.settimeout(None)
+        return tls
+
+
+def _tls_context(item: Credential) -> ssl.SSLContext:
+    """Verifying client context: the system store, or only ``ca_file`` when given."""
+    from .credentials import CredentialError
+
+    try:
+        context = ssl.create_default_context(cafile=item.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise CredentialError(f"cannot load ca_file {item.ca_file!r}: "
+                              f"{getattr(exc, 'strerror', None) or exc}",
+                              (item.name, "ca_file")) from None
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+# ---------------------------------------------------------------------- HTTP parsing
+
+
+def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if len(data) > HEAD_LIMIT:
+            raise BadRequest(400, "request head too large")
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ValueError("connection closed before the head ended")
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    if len(head) > HEAD_LIMIT:
+        raise BadRequest(400, "head too large")
+    return head, rest
+
+
+def _parse_headers(lines: list[bytes]) -> list[tuple[str, str]]:
+    out = []
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon or not _HEADER_NAME.match(name) or b"\r" in value or b"\n" in value \
+                or b"\0" in value:
+            raise BadRequest(400, "malformed header line (obs-fold and bare CR are refused)")
+        out.append((name.decode("ascii"), value.strip(b" \t").decode("latin-1")))
+    return out
+
+
+def _body_framing(headers: list[tuple[str, str]]) -> Optional[int]:
+    """Bytes of body announced: a length, -1 for chunked, None for none."""
+    lengths = {v for n, v in headers if n.lower() == "content-length"}
+    codings = [v for n, v in headers if n.lower() == "transfer-encoding"]
+    if lengths and codings:
+        raise BadRequest(400, "Content-Length and Transfer-Encoding together are refused")
+    if codings:
+        if len(codings) != 1 or codings[0].strip().lower() != "chunked":
+            raise BadRequest(400, "only Transfer-Encoding: chunked is forwarded")
+        return -1
+    if lengths:
+        if len(lengths) != 1 or not next(iter(lengths)).isdigit():
+            raise BadRequest(400, "invalid Content-Length")
+        return int(next(iter(lengths)))
+    return None
+
+
+def _checked_path(path: str) -> str:
+    """The percent-decoded path the rules see; refused when the upstream could read it
+    differently (dot segments, encoded or back slashes, NUL, bad UTF-8)."""
+    if "\\" in path or "%2f" in path.lower() or "%5c" in path.lower() or "#" in path:
+        raise BadRequest(400, f"path {path!r}: encoded or back slashes are refused")
+    try:
+        decoded = urllib.parse.unquote(path, errors="strict")
+    except UnicodeDecodeError:
+        raise BadRequest(400, f"path {path!r} is not UTF-8 once decoded") from None
+    if any(segment in (".", "..") for segment in decoded.split("/")) or "\0" in decoded \
+            or "%" in decoded.replace("%25", ""):
+        raise BadRequest(400, f"path {path!r}: dot segments and double encoding are refused")
+    return decoded
+
+
+def _replace_query(query: str, name: str, placeholder: str, secret: str) -> str:
+    pairs = []
+    for pair in query.split("&"):
+        key, eq, value = pair.partition("=")
+        if urllib.parse.unquote_plus(key) == name and eq:
+            value = secret if placeholder in urllib.parse.unquote_plus(value) else value
+        pairs.append(f"{key}{eq}{value}")
+    return "&".join(pairs)
+
+
+def _send_body(client: socket.socket, upstream: socket.socket, rest: bytes,
+               framing: Optional[int]) -> None:
+    """Exactly the body the head announced, nothing after it."""
+    if framing is None:
+        return
+    reader = _Reader(client, rest)
+    if framing >= 0:
+        reader.copy(upstream, framing)
+        return
+    while True:  # chunked: size line, data, CRLF; then trailers up to an empty line
+        line = reader.line()
+        upstream.sendall(line)
+        size_text = line.split(b";", 1)[0].strip()
+        if not size_text or any(c not in b"0123456789abcdefABCDEF" for c in size_text) \
+                or len(size_text) > 16:
+            raise BadRequest(400, "malformed chunk size")
+        size = int(size_text, 16)
+        if size == 0:
+            while True:
+                trailer = reader.line()
+                upstream.sendall(trailer)
+                if trailer == b"\r\n":
+                    return
+        reader.copy(upstream, size)
+        end = reader.exact(2)
+        if end != b"\r\n":
+            raise BadRequest(400, "malformed chunk")
+        upstream.sendall(end)
+
+
+class _Reader:
+    def __init__(self, sock: socket.socket, buffered: bytes) -> None:
+        self.sock = sock
+        self.buf = buffered
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ValueError("connection closed mid-body")
+        self.buf += chunk
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            if len(self.buf) > 8192:
+                raise BadRequest(400, "chunk line too long")
+            self._fill()
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line + b"\r\n"
+
+    def exact(self, count: int) -> bytes:
+        while len(self.buf) < count:
+            self._fill()
+        out, self.buf = self.buf[:count], self.buf[count:]
+        return out
+
+    def copy(self, sink: socket.socket, count: int) -> None:
+        while count > 0:
+            if not self.buf:
+                self._fill()
+            piece, self.buf = self.buf[:count], self.buf[count:]
+            sink.sendall(piece)
+            count -= len(piece)
+
+
+def _response_head(upstream: socket.socket, client: socket.socket, item: Credential,
+                   route: str, secret: str, placeholder: str) -> bytes:
+    """The upstream's response head as the tool gets it (interim 1xx heads are passed on)."""
+    buf = b""
+    while True:
+        while b"\r\n\r\n" not in buf:
+            if len(buf) > HEAD_LIMIT:
+                raise BadRequest(502, "upstream response head too large")
+            chunk = upstream.recv(65536)
+            if not chunk:
+                raise BadRequest(502, "upstream closed without answering")
+            buf += chunk
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = lines[0].decode("latin-1")
+        code = status.split(" ")[1] if status.count(" ") >= 1 else ""
+        if not status.startswith("HTTP/1.") or not code.isdigit() or code == "101":
+            raise BadRequest(502, f"unexpected upstream status line {status[:80]!r}")
+        if code.startswith("1"):
+            client.sendall(head + b"\r\n\r\n")
+            continue
+        break
+    hidden = {secret: placeholder, urllib.parse.quote(secret, safe=""): placeholder}
+    out = [status]
+    for name, value in _parse_headers(lines[1:]):
+        if name.lower() in DROP_RESPONSE:
+            continue
+        if name.lower() in ("location", "content-location"):
+            value = _route_location(value, item, route)
+        for real, shown in hidden.items():
+            value = value.replace(real, shown)
+        out.append(f"{name}: {value}")
+    out.append("Connection: close")
+    return ("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + buf
+
+
+def _route_location(value: str, item: Credential, route: str) -> str:
+    """A redirect on the upstream itself goes back through the route; any other is left
+    for the tool, which follows it (if it can) with the placeholder, not the secret."""
+    if value.startswith("/") and not value.startswith("//"):
+        return route + value
+    try:
+        url = urllib.parse.urlsplit(value)
+        port = url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:
+        return value
+    if url.scheme == "https" and (url.hostname or "").lower() == item.host and port == item.port:
+        return route + urllib.parse.urlunsplit(("", "", url.path or "/", url.query, url.fragment))
+    return value
+
+
+def _relay(upstream: socket.socket, client: socket.socket) -> None:
+    """The response body as it arrives, until the upstream closes (no buffering)."""
+    while True:
+        data = upstream.recv(65536)
+        if not data:
+            return
+        client.sendall(data)
+
+
+def _answer(sock: socket.socket, status: int, text: str) -> None:
+    body = (text + "\n").encode("utf-8", "replace")
+    try:
+        sock.sendall(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n"
+                     f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+                     "Connection: close\r\n\r\n".encode() + body)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------- one run
+
+
+class Routes:
+    """Everything a run with ``[credentials]`` needs: the secrets read, the route server
+    listening, its port granted to the tool, the tool's environment rewritten."""
+
+    def __init__(self, credentials: Sequence[Credential], grants: Sequence[object],
+                 pins: Sequence[tuple[str, str]], environ: Mapping[str, str],
+                 report: Callable[[str], None],
+                 given: Optional[Mapping[str, str]] = None) -> None:
+        from .credentials import secrets_for
+
+        secrets = secrets_for(credentials, grants, environ, given)
+        self.events: list[str] = []
+        self._report = report
+        self.server = RouteServer(credentials, pins, self._event)
+        self.session = self.server.session(secrets)
+        self._stopped = False
+
+    def _event(self, message: str) -> None:
+        self.events.append(message)
+        self._report(message)
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.session.close()
+        self.server.stop()
+
+    def __enter__(self) -> "Routes":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def grant_port(ruleset_fd: int, abi: int, port: int) -> None:
+    """Add a Landlock TCP connect rule for ``port`` to a ruleset not yet enforced (before
+    ABI 4 Landlock restricts no TCP at all, so there is nothing to grant)."""
+    from . import abi as A
+    from . import kernel
+
+    if abi >= A.NET_SINCE and ruleset_fd >= 0:
+        kernel.add_port_rule(ruleset_fd, port, int(A.Net.CONNECT_TCP))
+
+
+def policy_error(policy: "Policy", exc: "CredentialError") -> "PolicyError":
+    """A CredentialError found when a run starts, named like a policy error."""
+    from .errors import PolicyError
+
+    key = "credentials" + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in exc.key)
+    return PolicyError(str(exc), source=policy.source, key=key)
+
+
+@contextmanager
+def launched(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str], None]]
+             ) -> Iterator[tuple["Compiled", "Command"]]:
+    """For ``sandlock run`` (:func:`sandlock.launcher.run`): the route server of this run,
+    serving until the ``with`` ends; yields the compiled policy with the route's port
+    granted (Landlock, and ``network.connect`` for a connect supervisor) and the
+    credentials consumed, and the command with the tool's environment rewritten.
+
+    The acceptor thread starts before the tool is forked; it only waits in accept(2),
+    holding no lock the forked child could need, and nothing connects before the tool
+    exists."""
+    from dataclasses import replace
+
+    from .credentials import CredentialError
+    from .launcher import Command
+    from .policy import PortRange
+
+    policy = compiled.policy
+    try:
+        routes = Routes(policy.credentials, policy.paths, policy.network.hosts, os.environ,
+                        report or (lambda _message: None))
+    except CredentialError as exc:
+        raise policy_error(policy, exc) from None
+    with routes:
+        port = routes.server.port
+        grant_port(compiled.ruleset_fd, compiled.abi, port)
+        compiled.policy = replace(policy, credentials=(), network=replace(
+            policy.network, connect=(*policy.network.connect, PortRange(port, port))))
+        env = routes.session.environment(dict(cmd.env))
+        routes.start()
+        yield compiled, Command(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)

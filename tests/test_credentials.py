@@ -1,0 +1,448 @@
+"""Credential routes (issue 16): secrets the tool never sees, and HTTP-level rules.
+
+An HTTPS echo server on loopback (a certificate for api.internal.test made for this
+test run, trusted through ``ca_file``) records what it receives. The tool runs under
+the real CLI on the real kernel and holds only a placeholder; the tests check what
+the server got, what the tool could read, and what sandlock printed.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from conftest import PYTHON, require_abi, run_confined, write_policy
+
+from sandlock import credentials as C
+from sandlock.errors import PolicyError
+from sandlock.policy import loads_policy
+
+OPENSSL = shutil.which("openssl")
+SECRET = "sk-test-" + secrets.token_hex(16)
+
+
+# ----------------------------------------------------------------------------
+# The model (pure)
+
+
+def cred(**table: Any) -> C.Credential:
+    return C.parse_one("api", {"upstream": "https://api.example.test", **table})
+
+
+def test_rules_deny_wins_then_methods_then_paths() -> None:
+    item = cred(methods=["POST"], paths=["/v1/chat/*"], deny=["/v1/chat/admin*", "GET /v1/*"])
+    assert item.check("POST", "/v1/chat/completions")[0]
+    assert item.check("POST", "/v1/chat/admin/x") == (
+        False, "denied by credentials.api.deny[0] '/v1/chat/admin*'")
+    assert item.check("GET", "/v1/chat/x") == (False, "denied by credentials.api.deny[1] 'GET /v1/*'")
+    assert item.check("PUT", "/v1/chat/x") == (
+        False, "method PUT is not in credentials.api.methods ['POST']")
+    allowed, why = item.check("POST", "/v1/files")
+    assert not allowed and "no entry of credentials.api.paths ['/v1/chat/*'] matches /v1/files" in why
+
+
+def test_defaults_header_and_paths_under_the_upstream_path() -> None:
+    item = C.parse_one("o", {"upstream": "https://api.example.test:8443/v1/"})
+    assert (item.host, item.port, item.base_path, item.origin) == (
+        "api.example.test", 8443, "/v1", "https://api.example.test:8443")
+    assert item.header == "Authorization" and item.attach("K") == "Bearer K"
+    assert item.check("GET", "/v1/models")[0] and not item.check("GET", "/v2/models")[0]
+    assert C.parse_one("a", {"upstream": "https://x.test", "header": "x-api-key"}).attach("K") == "K"
+    query = C.parse_one("g", {"upstream": "https://x.test", "query": "key"})
+    assert query.header is None and query.attach("K") == "K"
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"upstream": "http://api.example.test"}, "must be an https:// URL"),
+    ({"upstream": "https://u:p@api.example.test"}, "without user"),
+    ({"upstream": "https://api.example.test/a/../b"}, "must be plain"),
+    ({}, "missing key 'upstream'"),
+    ({"upstream": "https://x.test", "from_env": "A", "from_file": "/k"}, "not both"),
+    ({"upstream": "https://x.test", "header": "Host"}, "reserved header"),
+    ({"upstream": "https://x.test", "format": "Bearer"}, "exactly once"),
+    ({"upstream": "https://x.test", "query": "k", "header": "X"}, "do not apply"),
+    ({"upstream": "https://x.test", "methods": ["post"]}, "invalid method"),
+    ({"upstream": "https://x.test", "methods": []}, "refuse every request"),
+    ({"upstream": "https://x.test", "paths": ["v1/*"]}, "must start with '/'"),
+    ({"upstream": "https://x.test", "deny": ["get /x"]}, "not \"\\[METHOD \\]/glob\""),
+    ({"upstream": "https://x.test", "env": "A", "base_url_env": "A"}, "must differ"),
+    ({"upstream": "https://x.test", "nope": 1}, "unknown key 'nope'"),
+    ({"upstream": "https://x.test", "from_env": "BAD-NAME"}, "invalid environment variable"),
+])
+def test_bad_entries_are_refused_with_a_reason(table: dict[str, Any], message: str) -> None:
+    with pytest.raises(C.CredentialError, match=message):
+        C.parse_one("api", table)
+
+
+def test_policy_errors_name_the_line_and_key(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match=r"credentials\.api\.paths\[1\].*must start with '/'") as info:
+        loads_policy('version = 1\n[credentials.api]\nupstream = "https://x.test"\n'
+                     'paths = ["/a", "b"]\n')
+    assert ":4:" in str(info.value)
+    with pytest.raises(PolicyError, match=r"credentials\.Bad.*invalid credential name"):
+        loads_policy('version = 1\n[credentials.Bad]\nupstream = "https://x.test"\n')
+    with pytest.raises(PolicyError, match="not absolute"):
+        loads_policy('version = 1\n[credentials.a]\nupstream = "https://x.test"\n'
+                     'from_file = "key"\n')
+    policy = loads_policy('version = 1\n[credentials.a]\nupstream = "https://x.test"\n'
+                          'from_file = "~/k"\n', {"home": "/home/h"})
+    assert policy.credentials[0].from_file == "/home/h/k"
+
+
+def test_secret_sources_and_the_tool_environment(tmp_path: Path) -> None:
+    policy = loads_policy(f"""
+        version = 1
+        [filesystem]
+        read = ["{tmp_path}/granted"]
+        [credentials.e]
+        upstream = "https://x.test"
+        from_env = "E_KEY"
+        env = "E_KEY"
+        base_url_env = "E_URL"
+        [credentials.f]
+        upstream = "https://y.test/v1"
+        from_file = "{tmp_path}/secret"
+        [credentials.g]
+        upstream = "https://z.test"
+    """.replace("\n        ", "\n"), check_paths=False)
+    (tmp_path / "secret").write_text("file-secret\n")
+    with pytest.raises(C.CredentialError, match="no secret"):
+        C.secrets_for(policy.credentials, policy.paths, {"E_KEY": "env-secret"})
+    got = C.secrets_for(policy.credentials, policy.paths, {"E_KEY": "env-secret"},
+                        {"g": "api-secret"})
+    assert got == {"e": "env-secret", "f": "file-secret", "g": "api-secret"}
+    with pytest.raises(C.CredentialError, match="contains control characters"):
+        C.secrets_for(policy.credentials, policy.paths, {"E_KEY": "a\r\nX: y"}, {"g": "s"})
+    with pytest.raises(C.CredentialError, match=r"no \[credentials.zz\]"):
+        C.secrets_for(policy.credentials, policy.paths, {"E_KEY": "s"}, {"g": "s", "zz": "s"})
+    env = C.tool_environment(policy.credentials, {"E_KEY": "env-secret", "COPY": "x env-secret",
+                                                  "PATH": "/bin"}, got,
+                             {"e": "P-e", "f": "P-f", "g": "P-g"},
+                             {"e": "http://r/e", "f": "http://r/f", "g": "http://r/g"})
+    assert env == {"PATH": "/bin", "E_KEY": "P-e", "E_URL": "http://r/e"}
+
+
+def test_a_secret_file_within_a_grant_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "granted").mkdir()
+    (tmp_path / "granted" / "key").write_text("s")
+    os.symlink(tmp_path / "granted" / "key", tmp_path / "link")
+    for name in ("granted/key", "link"):
+        policy = loads_policy(f'version = 1\n[filesystem]\nread = ["{tmp_path}/granted"]\n'
+                              f'[credentials.a]\nupstream = "https://x.test"\n'
+                              f'from_file = "{tmp_path}/{name}"\n')
+        with pytest.raises(C.CredentialError, match="within the tool's grant filesystem.read"):
+            C.secrets_for(policy.credentials, policy.paths, {})
+
+
+# ----------------------------------------------------------------------------
+# Servers
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _record(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.server.seen.append({  # type: ignore[attr-defined]
+            "method": self.command, "path": self.path, "headers": dict(self.headers.items()),
+            "raw": str(self.headers), "body": body.decode("latin-1")})
+
+    def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def do_DELETE(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        self._record()
+        server: Any = self.server
+        if self.path.startswith("/redirect-other"):
+            self._send(302, b"", {"Location": f"http://127.0.0.1:{server.other}/landed"})
+        elif self.path.startswith("/redirect-self"):
+            self._send(302, b"", {"Location": f"https://api.internal.test:{server.port}/v1/landed"})
+        elif self.path.startswith("/v1/sse"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for index in (1, 2):
+                data = f"data: event {index}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+                if index == 1:  # the second only once the tool has seen the first
+                    server.ack.wait(60)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        else:
+            if self.path.startswith("/v1/ack"):
+                server.ack.set()
+            self._send(200, f"ok {self.command} {self.path}\n".encode())
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, context: Any = None) -> None:
+        super().__init__(("127.0.0.1", 0), Recorder)
+        self.context = context
+        self.seen: list[dict[str, Any]] = []
+        self.ack = threading.Event()
+        self.other = 0
+
+    def get_request(self):  # type: ignore[no-untyped-def]
+        sock, address = super().get_request()
+        if self.context is not None:
+            sock = self.context.wrap_socket(sock, server_side=True)
+        return sock, address
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+def _serve(server: Server) -> Iterator[Server]:
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    if OPENSSL is None:
+        pytest.skip("the openssl CLI is needed to make a test certificate")
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run([OPENSSL, "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-subj", "/CN=api.internal.test", "-addext",
+                    "subjectAltName=DNS:api.internal.test", "-days", "2"],
+                   check=True, capture_output=True)
+    os.chmod(directory, 0o755)
+    return cert, key
+
+
+@pytest.fixture
+def other() -> Iterator[Server]:
+    yield from _serve(Server())
+
+
+@pytest.fixture
+def upstream(certificate: tuple[Path, Path], other: Server) -> Iterator[Server]:
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    for server in _serve(Server(context)):
+        server.other = other.port
+        yield server
+
+
+POLICY = """\
+version = 1
+extends = ["python"]
+[filesystem]
+read = ["/proc", "{work}"]
+write = ["{work}"]
+[network]
+connect = [{other}]
+hosts = {{ "api.internal.test" = "127.0.0.1" }}
+[env]
+pass = ["PATH", "TEST_*"]
+[credentials.api]
+upstream = "https://api.internal.test:{port}/v1"
+from_env = "TEST_API_KEY"
+env = "TEST_API_KEY"
+base_url_env = "TEST_BASE_URL"
+ca_file = "{ca}"
+methods = ["GET", "POST"]
+paths = [{paths}]
+deny = ["/v1/admin*"]
+"""
+
+CLIENT = """
+import json, os, sys, urllib.request, urllib.error
+BASE, KEY = os.environ["TEST_BASE_URL"], os.environ["TEST_API_KEY"]
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *a, **k): return None
+opener = urllib.request.build_opener(NoRedirect)
+def call(method, url, auth=KEY, body=None):
+    req = urllib.request.Request(url, method=method, data=body)
+    if auth: req.add_header("Authorization", "Bearer " + auth)
+    try:
+        r = opener.open(req, timeout=60)
+        return [r.status, r.read().decode(), dict(r.headers)]
+    except urllib.error.HTTPError as e:
+        return [e.code, e.read().decode(), dict(e.headers)]
+"""
+
+
+def route_policy(tmp_path: Path, upstream: Server, other: Server, cert: Path,
+                 paths: tuple[str, ...] = ("/v1/*",)) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    return write_policy(tmp_path, POLICY.format(
+        work=work, other=other.port, port=upstream.port, ca=cert,
+        paths=", ".join(f'"{p}"' for p in paths)), name="cred.toml")
+
+
+def tool(policy: Path, *code: str, env_extra: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TEST_API_KEY": SECRET, "TEST_OTHER": "x", **(env_extra or {})}
+    source = CLIENT + "\n".join(textwrap.dedent(part) for part in code)
+    return run_confined(policy, [PYTHON, "-c", source], env=env, timeout=120)
+
+
+def needs_kernel() -> None:
+    require_abi(4, "the route's TCP port grant")
+
+
+def test_the_route_attaches_the_secret_and_the_tool_never_holds_it(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    needs_kernel()
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    out = tool(policy, """
+        res = {"env": dict(os.environ)}
+        res["chat"] = call("POST", BASE + "/chat/completions", body=b'{"m": 1}')
+        res["list"] = call("GET", BASE + "/models?limit=2")
+        leaks = {}
+        for what in ("/proc/self/environ", "/proc/%d/environ" % os.getppid(), "/proc/%d/cmdline" % os.getppid()):
+            try:
+                leaks[what] = open(what, "rb").read().decode("latin-1")
+            except OSError as exc:
+                leaks[what] = "errno %d" % exc.errno
+        try:
+            with open("/proc/%d/mem" % os.getppid(), "rb") as mem:
+                leaks["mem"] = mem.read(16).decode("latin-1")
+        except OSError as exc:
+            leaks["mem"] = "errno %d" % exc.errno
+        res["leaks"] = leaks
+        import socket
+        s = socket.create_connection(("127.0.0.1", %OTHER%))
+        s.sendall(b"GET /echo HTTP/1.0\\r\\nAuthorization: Bearer " + KEY.encode() + b"\\r\\n\\r\\n")
+        res["other"] = s.recv(1000).decode()
+        print(json.dumps(res))
+    """.replace("%OTHER%", str(other.port)))
+    assert out.returncode == 0, out.stderr
+    assert SECRET not in out.stdout and SECRET not in out.stderr
+    res = json.loads(out.stdout)
+    env = res["env"]
+    assert env["TEST_API_KEY"].startswith("sandlock-placeholder-api-")
+    assert env["TEST_BASE_URL"].startswith("http://127.0.0.1:") and env["TEST_BASE_URL"].endswith("/api/v1")
+    assert res["chat"][:2] == [200, "ok POST /v1/chat/completions\n"]
+    assert res["list"][:2] == [200, "ok GET /v1/models?limit=2\n"]
+    # the upstream got the real secret and the body, never the placeholder
+    chat, models = upstream.seen[0], upstream.seen[1]
+    assert chat["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert chat["headers"]["Host"] == f"api.internal.test:{upstream.port}"
+    assert chat["body"] == '{"m": 1}' and "sandlock-placeholder" not in chat["raw"]
+    assert models["headers"]["Authorization"] == f"Bearer {SECRET}"
+    # /proc of the launcher: Landlock refuses ptrace-class access (EACCES)
+    for what, value in res["leaks"].items():
+        assert SECRET not in value
+        if what != "/proc/self/environ" and "cmdline" not in what:
+            assert value == "errno 13", (what, value)
+    # the placeholder sent to another host is only a placeholder
+    assert other.seen[0]["headers"]["Authorization"] == "Bearer " + env["TEST_API_KEY"]
+    assert SECRET not in json.dumps(other.seen)
+
+
+def test_method_path_and_deny_refusals_name_the_rule(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    needs_kernel()
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    out = tool(policy, """
+        route = BASE[:-len("/v1")]
+        print(json.dumps({
+            "method": call("DELETE", BASE + "/chat/x"),
+            "path": call("GET", route + "/v2/models"),
+            "deny": call("POST", BASE + "/admin/users"),
+            "dots": call("GET", BASE + "/chat/../../admin"),
+            "encoded": call("GET", BASE + "/chat/%2e%2e/admin"),
+            "no_placeholder": call("GET", BASE + "/models", auth="sk-guess"),
+            "unknown_route": call("GET", route.rsplit("/", 1)[0] + "/nope/v1/x"),
+        }))
+    """)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["method"][0] == 403 and "method DELETE is not in credentials.api.methods" in res["method"][1]
+    assert res["path"][0] == 403 and "no entry of credentials.api.paths ['/v1/*'] matches /v2/models" in res["path"][1]
+    assert res["deny"][0] == 403 and "denied by credentials.api.deny[0] '/v1/admin*'" in res["deny"][1]
+    assert res["dots"][0] == 400 and res["encoded"][0] == 400
+    assert res["no_placeholder"][0] == 403 and "placeholder" in res["no_placeholder"][1]
+    assert res["unknown_route"][0] == 404
+    assert upstream.seen == []  # nothing refused reached the upstream
+    lines = [line for line in out.stderr.splitlines() if "network: refused" in line]
+    assert any(line.startswith("sandlock: network: refused DELETE https://api.internal.test:")
+               and "(credential route api): method DELETE" in line for line in lines), out.stderr
+    assert any("denied by credentials.api.deny[0]" in line for line in lines)
+
+
+def test_redirects_never_carry_the_secret(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    needs_kernel()
+    policy = route_policy(tmp_path, upstream, other, certificate[0], ("/v1/*", "/redirect-*"))
+    out = tool(policy, """
+        route = BASE[:-len("/v1")]
+        away = call("GET", route + "/redirect-other")
+        home = call("GET", route + "/redirect-self")
+        # follow both as a client would: the tool only ever has the placeholder
+        followed = [call("GET", away[2]["Location"]), call("GET", home[2]["Location"])]
+        print(json.dumps({"away": away, "home": home, "followed": followed, "route": route}))
+    """)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["away"][0] == 302 and res["away"][2]["Location"] == f"http://127.0.0.1:{other.port}/landed"
+    assert res["home"][0] == 302 and res["home"][2]["Location"] == res["route"] + "/v1/landed"
+    assert res["followed"][0][0] == 200 and res["followed"][1][:2] == [200, "ok GET /v1/landed\n"]
+    assert other.seen[0]["path"] == "/landed"
+    assert SECRET not in json.dumps(other.seen)
+    assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {SECRET}"
+
+
+def test_server_sent_events_pass_unbuffered(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    needs_kernel()
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    out = tool(policy, """
+        req = urllib.request.Request(BASE + "/sse", headers={"Authorization": "Bearer " + KEY})
+        stream = urllib.request.urlopen(req, timeout=120)
+        first = stream.readline().decode() + stream.readline().decode()
+        # the server sends event 2 only after this acknowledgement: a buffering route
+        # would never deliver event 1 first
+        print(json.dumps({"first": first, "ack": call("POST", BASE + "/ack")[0],
+                          "rest": stream.read().decode()}))
+    """)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res == {"first": "data: event 1\n\n", "ack": 200, "rest": "data: event 2\n\n"}
