@@ -683,7 +683,8 @@ class Sandbox:
 
     def __init__(self, policy: PolicyLike, *, vars: Optional[Mapping[str, str]] = None,
                  best_effort: bool = False, timeout: Optional[float] = None,
-                 trusted_types: Iterable[type] = (), max_result_size: int = 64 << 20) -> None:
+                 trusted_types: Iterable[type] = (), max_result_size: int = 64 << 20,
+                 credentials: Optional[Mapping[str, str]] = None) -> None:
         # Every argument is checked before anything is compiled or opened.
         if vars is not None and not (isinstance(vars, Mapping) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in vars.items())):
@@ -704,8 +705,18 @@ class Sandbox:
             from .supervisor import check_support
 
             check_support()  # KernelSupportError: no seccomp user notification
+        self._routes: Any = None  #: routes.Routes of ``[credentials]``
+        if loaded.credentials or credentials is not None:  # credential routes (issue 16)
+            from .routes import for_sandbox
+
+            self._routes, loaded = for_sandbox(loaded, credentials)
         self.policy = loaded
-        self._compiled = _compile(loaded)
+        try:
+            self._compiled = _compile(loaded)
+        except BaseException:
+            if self._routes is not None:
+                self._routes.stop()
+            raise
         self._trusted = trusted
         self._max_result = max_result_size
         import fnmatch
@@ -766,6 +777,8 @@ class Sandbox:
             self._closed = True
             if self._users == 0:
                 self._compiled.close()
+        if getattr(self, "_routes", None) is not None:
+            self._routes.stop()
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -888,6 +901,8 @@ class Sandbox:
             return dict(cached[1])
         env = {k: v for k, v in os.environ.items() if self._passed(k)}
         env.update(self.policy.env.set)
+        if self._routes is not None:  # placeholders and route URLs; no from_env variable
+            env = self._routes.session.environment(env)
         if isinstance(raw, dict):
             self._env_cache = (dict(raw), env)
             return dict(env)

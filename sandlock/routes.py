@@ -615,3 +615,28 @@ def launched(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[st
         env = routes.session.environment(dict(cmd.env))
         routes.start()
         yield compiled, Command(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
+
+
+def for_sandbox(policy: "Policy", given: Optional[Mapping[str, str]]
+                ) -> tuple[Routes, "Policy"]:
+    """For :class:`sandlock.Sandbox`: the route server of the Sandbox's lifetime, serving
+    already (the caller's process forks no tool: the fork server does), and the policy
+    to compile, with the route's port among its ``connect`` ports. ``given`` are the
+    secrets passed from Python; they take precedence over from_env and from_file."""
+    from dataclasses import replace
+
+    from .credentials import CredentialError
+    from .policy import PortRange
+
+    if given is not None and not (isinstance(given, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in given.items())):
+        raise TypeError(f"credentials must be a mapping of str to str, not {type(given).__name__}")
+    try:
+        routes = Routes(policy.credentials, policy.paths, policy.network.hosts, os.environ,
+                        lambda _message: None, given)
+    except CredentialError as exc:
+        raise policy_error(policy, exc) from None
+    port = routes.server.port
+    routes.start()
+    return routes, replace(policy, network=replace(
+        policy.network, connect=(*policy.network.connect, PortRange(port, port))))

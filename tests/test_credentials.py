@@ -446,3 +446,31 @@ def test_server_sent_events_pass_unbuffered(
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res == {"first": "data: event 1\n\n", "ack": 200, "rest": "data: event 2\n\n"}
+
+
+def test_the_python_api_takes_the_secret_as_an_argument(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    needs_kernel()
+    from sandlock import Sandbox
+
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    given = "sk-given-" + secrets.token_hex(8)
+    with Sandbox(str(policy), credentials={"api": given}) as box:
+        result = box.run([PYTHON, "-c", CLIENT + textwrap.dedent("""
+            print(json.dumps({"env": dict(os.environ),
+                              "chat": call("POST", BASE + "/chat/x", body=b"{}")}))
+        """)], capture_output=True, text=True, timeout=120)
+        again = box.run([PYTHON, "-c", CLIENT + "print(call('GET', BASE + '/models')[0])"],
+                        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert given not in result.stdout
+    res = json.loads(result.stdout)
+    assert res["env"]["TEST_API_KEY"].startswith("sandlock-placeholder-api-")
+    assert res["chat"][:2] == [200, "ok POST /v1/chat/x\n"]
+    assert again.stdout == "200\n", again.stderr
+    assert [seen["headers"]["Authorization"] for seen in upstream.seen] == [f"Bearer {given}"] * 2
+    with pytest.raises(PolicyError, match=r"credentials\.zz.*no \[credentials.zz\]"):
+        Sandbox(str(policy), credentials={"zz": "s"})
+    with pytest.raises(TypeError, match="credentials must be a mapping"):
+        Sandbox(str(policy), credentials={"api": 1})  # type: ignore[dict-item]
