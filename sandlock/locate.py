@@ -85,6 +85,24 @@ def _statement_lines(lines: list[str]) -> set[int]:
     Only such a line can hold a ``[table]`` header or a ``key =``; text inside a
     multi-line string (a ``description``) or array element must not be taken for one.
     """
+    return _scan(lines)[0]
+
+
+def find_deep_nesting(text: str, limit: int) -> int | None:
+    """1-based line on which brackets and braces outside strings and comments first
+    nest deeper than ``limit``; None if they never do.
+
+    Checked before parsing: the TOML parser recurses once per level, so a value
+    nested a thousand deep would exhaust Python's stack instead of being refused.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return None  # the common case costs two counts
+    return _scan(text.splitlines(), limit)[1]
+
+
+def _scan(lines: list[str], limit: int | None = None) -> tuple[set[int], int | None]:
+    """The 0-based statement lines, and the 1-based line on which nesting first
+    exceeds ``limit`` (None if it never does, or no limit is given)."""
     out: set[int] = set()
     depth = 0
     quote = ""  # the opening quote (one or three characters) while inside a string
@@ -115,10 +133,12 @@ def _statement_lines(lines: list[str]) -> set[int]:
                 continue
             if char in "[{":
                 depth += 1
+                if limit is not None and depth > limit:
+                    return out, number + 1
             elif char in "]}":
                 depth -= 1
             position += 1
-    return out
+    return out, None
 
 
 def _element_starts(lines: list[str], start: int) -> list[int]:

@@ -13,6 +13,7 @@ union, scalars overridden by the child) -> path checks -> :class:`Policy`.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import re
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import PolicyError
-from .locate import find_element_lines, find_line
+from .locate import find_deep_nesting, find_element_lines, find_line
 from .profiles import DIR as _SHIPPED
 
 if sys.version_info >= (3, 11):
@@ -34,6 +35,18 @@ PROFILE_DIR = Path(_SHIPPED)  #: the shipped profiles and tool policies (package
 DEFAULT_ENV_PASS = ("PATH", "LANG", "LC_*", "TERM", "TZ")
 #: Paths a policy may never grant write access to (nor anything beneath /proc, /sys).
 FORBIDDEN_WRITE = ("/", "/proc", "/sys")
+#: Deepest nesting of arrays and inline tables a policy may use (the schema needs 3).
+MAX_NESTING = 32
+#: Longest chain of ``extends`` from a policy to its most distant base.
+MAX_EXTENDS_DEPTH = 32
+#: Most layers one policy may merge, counting a file each time it is extended.
+MAX_LAYERS = 256
+#: Largest size (bytes) a limit may name: 2^60, far beyond any memory or file.
+MAX_SIZE = 1 << 60
+#: Longest duration (seconds) a limit may name: about 31 years.
+MAX_DURATION = 10**9
+#: Largest count a limit may name.
+MAX_COUNT = 1 << 62
 
 
 class Access(str, enum.Enum):
@@ -149,6 +162,12 @@ class _Bad(Exception):
         self.subkey = tuple(subkey)
 
 
+def _shown(value: object) -> str:
+    """``repr(value)``, cut short: a message must stay one readable line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + "..." + text[-10:]
+
+
 def _typename(value: object) -> str:
     return {
         bool: "a boolean", int: "an integer", float: "a float", str: "a string",
@@ -194,40 +213,49 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, None: 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_size(value: object) -> int:
-    """``512MiB``, ``64MB``, ``1G`` or a plain integer number of bytes."""
+    """``512MiB``, ``64MB``, ``1G`` or a plain integer number of bytes, at most MAX_SIZE."""
     if isinstance(value, int) and not isinstance(value, bool):
-        if value <= 0:
-            raise _Bad(f"size must be positive, got {value}")
-        return value
-    text = _expect(value, str, 'a size such as 512MiB or an integer number of bytes')
-    match = _SIZE.match(text)
-    if not match or match.group(2).upper() not in _SIZE_UNITS:
-        raise _Bad(f"invalid size {text!r} (use e.g. 64MiB, 1GiB, 500MB)")
-    size = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()])
+        size = value
+    else:
+        text = _expect(value, str, 'a size such as 512MiB or an integer number of bytes')
+        match = _SIZE.match(text)
+        if not match or match.group(2).upper() not in _SIZE_UNITS:
+            raise _Bad(f"invalid size {_shown(text)} (use e.g. 64MiB, 1GiB, 500MB)")
+        number = float(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+        size = int(number) if number <= MAX_SIZE else MAX_SIZE + 1  # inf has no int
     if size <= 0:
-        raise _Bad(f"size must be positive, got {text!r}")
+        raise _Bad(f"size must be positive, got {_shown(value)}")
+    if size > MAX_SIZE:
+        raise _Bad(f"size {_shown(value)} is too large (at most {MAX_SIZE} bytes, 1024PiB)")
     return size
 
 
 def parse_duration(value: object) -> float:
     """``30s``, ``500ms``, ``2m``, ``1h`` or a number of seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        seconds = float(min(max(value, 0), MAX_DURATION + 1))  # a float cannot hold every int
+    elif isinstance(value, float):
+        seconds = value
     else:
         text = _expect(value, str, "a duration such as 30s or a number of seconds")
         match = _DURATION.match(text)
         if not match:
-            raise _Bad(f"invalid duration {text!r} (use e.g. 500ms, 30s, 2m, 1h)")
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    if not seconds > 0 or seconds > 10**9:
-        raise _Bad(f"duration must be positive and finite, got {value!r}")
+            raise _Bad(f"invalid duration {_shown(text)} (use e.g. 500ms, 30s, 2m, 1h)")
+        seconds = min(float(match.group(1)) * _DURATION_UNITS[match.group(2)],
+                      MAX_DURATION + 1)  # digits beyond a float's range are not "inf"
+    if not 0 < seconds < float("inf"):
+        raise _Bad(f"duration must be positive and finite, got {_shown(value)}")
+    if seconds > MAX_DURATION:
+        raise _Bad(f"duration {_shown(value)} is too long (at most {MAX_DURATION}s, about 31 years)")
     return seconds
 
 
 def _count(value: object) -> int:
     number: int = _expect(value, int, "a positive integer")
-    if number <= 0 or number > 2**62:
+    if number <= 0:
         raise _Bad(f"expected a positive integer, got {number}")
+    if number > MAX_COUNT:
+        raise _Bad(f"{_shown(number)} is too large (at most {MAX_COUNT}, 2^62)")
     return number
 
 
@@ -250,13 +278,13 @@ def parse_ports(value: object) -> tuple[PortRange, ...]:
 def _port_range(item: object) -> PortRange:
     if isinstance(item, int) and not isinstance(item, bool):
         low = high = item
-    elif isinstance(item, str) and re.fullmatch(r"\s*\d+\s*(-\s*\d+\s*)?", item):
+    elif isinstance(item, str) and re.fullmatch(r"\s*\d{1,5}\s*(-\s*\d{1,5}\s*)?", item):
         parts = [int(p) for p in item.split("-")]
         low, high = parts[0], parts[-1]
     else:
-        raise _Bad(f"expected a port number or \"low-high\" range, got {item!r}")
+        raise _Bad(f"expected a port number or \"low-high\" range, got {_shown(item)}")
     if not 1 <= low <= high <= 65535:
-        raise _Bad(f"invalid port range {item!r}: ports are 1-65535, low <= high")
+        raise _Bad(f"invalid port range {_shown(item)}: ports are 1-65535, low <= high")
     return PortRange(low, high)
 
 
@@ -460,10 +488,17 @@ def _run(check: Validator, value: object, key: list[str | int], layer: _Layer) -
 _VAR = re.compile(r"\$\{([^}]*)\}")
 
 
-def builtin_vars() -> dict[str, str]:
+def builtin_vars(source: str = "<policy>") -> dict[str, str]:
     """``${cwd}``, ``${home}`` and ``${tmpdir}`` of the caller."""
+    try:
+        cwd = os.getcwd()
+    except OSError as exc:  # ENOENT: the directory was removed while the caller sat in it
+        what = ("no longer exists" if exc.errno == errno.ENOENT
+                else f"cannot be named ({exc.strerror})")
+        raise PolicyError(f"the working directory {what}; change to an existing directory",
+                          source=source) from None
     return {
-        "cwd": os.getcwd(),
+        "cwd": cwd,
         "home": os.path.expanduser("~"),
         "tmpdir": os.environ.get("TMPDIR") or "/tmp",
     }
@@ -493,21 +528,43 @@ def _profile_path(name: str) -> Path:
     return PROFILE_DIR / f"{name}.toml"
 
 
+def _is_profile(path: Path) -> bool:
+    """True if ``path`` names a shipped profile (a name too long for a file is none)."""
+    try:
+        return path.parent == PROFILE_DIR and path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def builtin_profiles() -> list[str]:
     """Names of the profiles shipped with sandlock."""
     return sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
 
 
 def _parse_text(text: str, source: str) -> dict[str, Any]:
+    line = find_deep_nesting(text, MAX_NESTING)
+    if line is not None:
+        raise PolicyError(f"arrays and inline tables nested more than {MAX_NESTING} deep",
+                          source=source, line=line)
     try:
         data: dict[str, Any] = _toml.loads(text)
         return data
-    except _toml.TOMLDecodeError as exc:
-        match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
-        message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
-        line, column = (int(match.group(1)), int(match.group(2))) if match else (None, None)
-        raise PolicyError(f"TOML syntax error: {message}", source=source, line=line,
-                          column=column) from None
+    except RecursionError:  # whatever nesting the scan above could not see
+        raise PolicyError("TOML nested too deeply to parse", source=source) from None
+    except ValueError as exc:
+        if isinstance(exc, _toml.TOMLDecodeError):
+            raise _syntax_error(exc, source) from None
+        # An integer of more digits than Python converts (sys.get_int_max_str_digits).
+        digits = re.search(r"\d{1000}", text)
+        raise PolicyError("TOML value out of range: a number with too many digits", source=source,
+                          line=text.count("\n", 0, digits.start()) + 1 if digits else None) from None
+
+
+def _syntax_error(exc: Exception, source: str) -> PolicyError:
+    match = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+    message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(exc))
+    line, column = (int(match.group(1)), int(match.group(2))) if match else (None, None)
+    return PolicyError(f"TOML syntax error: {message}", source=source, line=line, column=column)
 
 
 def _read(path: Path, source: str) -> str:
@@ -517,8 +574,9 @@ def _read(path: Path, source: str) -> str:
         return _decode(read_policy_bytes(str(path)), source)
     except FileNotFoundError:
         raise PolicyError("policy file does not exist", source=source) from None
-    except OSError as exc:
-        raise PolicyError(f"cannot read policy file: {exc.strerror or exc}", source=source) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise PolicyError(f"cannot read policy file: {getattr(exc, 'strerror', None) or exc}",
+                          source=source) from None
 
 
 def _decode(data: bytes, source: str) -> str:
@@ -530,33 +588,50 @@ def _decode(data: bytes, source: str) -> str:
 
 def _load_layers(
     data: Mapping[str, Any], source: str, text: str | None, base_dir: Path | None,
-    stack: tuple[str, ...],
+    stack: tuple[str, ...], loaded: list[int] | None = None,
 ) -> list[_Layer]:
-    """This layer and everything it extends, base first."""
+    """This layer and everything it extends, base first.
+
+    ``stack``: the real paths from the top policy down to this one (cycles, depth);
+    ``loaded``: how many layers were read so far, in a one-element list shared by the
+    whole load (a diamond of extends must not multiply the files read without bound).
+    """
+    loaded = [0] if loaded is None else loaded
     layer = _Layer(source, text, base_dir, {})
     _check_layer(data, layer)
     layers: list[_Layer] = []
     for index, name in enumerate(layer.values.get("extends", ())):
         key: list[str | int] = ["extends", index]
+        if len(stack) >= MAX_EXTENDS_DEPTH:
+            raise layer.error(f"extends chain longer than {MAX_EXTENDS_DEPTH} files "
+                              f"(from {stack[0]})", key)
+        loaded[0] += 1
+        if loaded[0] > MAX_LAYERS:
+            raise layer.error(f"extends brings in more than {MAX_LAYERS} files (counting "
+                              "each file every time it is extended)", key)
         if "/" in name or name.endswith(".toml"):
             if base_dir is None and not os.path.isabs(name):
                 raise layer.error(f"cannot resolve relative path {name!r} without a policy file", key)
             path = (base_dir or Path("/")) / name
         else:
             path = _profile_path(name)
-            if not path.is_file():
+            if not _is_profile(path):
                 known = ", ".join(builtin_profiles())
                 raise layer.error(f"unknown built-in profile {name!r} (known: {known})", key)
-        real = str(path.resolve())
+        try:
+            real = str(path.resolve())
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop (< 3.13)
+            raise layer.error(f"extended policy {str(path)!r} cannot be resolved: "
+                              f"{getattr(exc, 'strerror', None) or exc}", key) from None
         if real in stack:
             chain = " -> ".join([*stack, real])
             raise layer.error(f"extends cycle: {chain}", key)
-        if not path.is_file():
+        if not os.path.lexists(path):
             raise layer.error(f"extended policy {str(path)!r} does not exist", key)
         shown = f"<builtin:{name}>" if path.parent == PROFILE_DIR else str(path)
-        child_text = _read(path, shown)
+        child_text = _read(path, shown)  # regular files only, bounded, never blocks
         layers += _load_layers(_parse_text(child_text, shown), shown, child_text, path.parent,
-                               (*stack, real))
+                               (*stack, real), loaded)
     layers.append(layer)
     return layers
 
@@ -646,13 +721,26 @@ def _resolve_paths(
     return out
 
 
-def _variables(extra: Mapping[str, str] | None) -> dict[str, str]:
-    variables = builtin_vars()
+def _variables(extra: Mapping[str, str] | None, source: str) -> dict[str, str]:
+    variables = builtin_vars(source)
     for name, value in (extra or {}).items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise PolicyError(f"invalid variable name {name!r}", source="--var")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise PolicyError(f"invalid variable name {_shown(name)}", source="--var")
+        if not isinstance(value, str) or "\x00" in value:
+            raise PolicyError(f"{name}: the value must be a string without NUL characters",
+                              source="--var")
         variables[name] = value
     return variables
+
+
+def _resolve(path: Path, source: str) -> Path:
+    """``path.resolve()``, its failures (a link loop, a deleted working directory) as
+    PolicyError."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symbolic link loop (< 3.13)
+        raise PolicyError(f"cannot resolve the policy's path: {getattr(exc, 'strerror', None) or exc}",
+                          source=source) from None
 
 
 def load_policy(path: str | os.PathLike[str], variables: Mapping[str, str] | None = None,
@@ -666,7 +754,7 @@ def load_policy(path: str | os.PathLike[str], variables: Mapping[str, str] | Non
     file = Path(path)
     source = str(path)
     text = _read(file, source) if data is None else _decode(data, source)
-    return loads_policy(text, variables, source=source, base_dir=file.resolve().parent,
+    return loads_policy(text, variables, source=source, base_dir=_resolve(file, source).parent,
                         check_paths=check_paths)
 
 
@@ -676,9 +764,9 @@ def loads_policy(
 ) -> Policy:
     """Load a policy from TOML text."""
     data = _parse_text(text, source)
-    real = str(Path(source).resolve()) if base_dir is not None else source
-    return _merge(_load_layers(data, source, text, base_dir, (real,)), _variables(variables),
-                  check_paths)
+    real = str(_resolve(Path(source), source)) if base_dir is not None else source
+    return _merge(_load_layers(data, source, text, base_dir, (real,)),
+                  _variables(variables, source), check_paths)
 
 
 def policy_from_dict(
@@ -688,13 +776,14 @@ def policy_from_dict(
     """Load a policy from an already-parsed mapping (same schema as the TOML file)."""
     if not isinstance(data, Mapping):
         raise PolicyError(f"expected a mapping, got {_typename(data)}", source=source)
-    return _merge(_load_layers(data, source, None, base_dir, (source,)), _variables(variables))
+    return _merge(_load_layers(data, source, None, base_dir, (source,)),
+                  _variables(variables, source))
 
 
 def load_profile(name: str, variables: Mapping[str, str] | None = None) -> Policy:
     """Load a built-in profile by name."""
     path = _profile_path(name)
-    if not path.is_file():
+    if not _is_profile(path):
         raise PolicyError(f"unknown built-in profile {name!r} (known: {', '.join(builtin_profiles())})",
                           source=name)
     return load_policy(path, variables)

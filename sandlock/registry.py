@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 from .errors import PolicyError
-from .policy import _parse_text, loads_policy, policy_from_dict
+from .policy import _parse_text, _read, loads_policy, policy_from_dict
 
 if TYPE_CHECKING:
     from .api import Result, Sandbox
@@ -53,19 +53,13 @@ class Registry:
 
     @staticmethod
     def _from_file(file: Path) -> Callable[[Mapping[str, str]], Policy]:
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PolicyError(f"cannot read policy file: {exc}", source=str(file)) from None
+        text = _read(file, str(file))
         _parse_text(text, str(file))  # syntax errors surface at load time
         base = file.resolve().parent
         return lambda variables: loads_policy(text, variables, source=str(file), base_dir=base)
 
     def _from_tools_table(self, file: Path) -> None:
-        try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PolicyError(f"cannot read policy file: {exc}", source=str(file)) from None
+        text = _read(file, str(file))
         data = _parse_text(text, str(file))
         unknown = sorted(set(data) - {"tools"})
         if unknown or not isinstance(data.get("tools"), dict):

@@ -174,14 +174,39 @@ def test_wrong_types(tmp_path: Path, text: str, line: int, key: str, reason: str
      "duration must be positive and finite, got nan"),
     ("[limits]\ncpu = 0", 2, "limits.cpu", "duration must be positive and finite, got 0"),
     ("[limits]\ntimeout = 1e10", 2, "limits.timeout",
-     "duration must be positive and finite, got 10000000000.0"),
+     "duration 10000000000.0 is too long (at most 1000000000s, about 31 years)"),
     ('[limits]\ntimeout = "1000000h"', 2, "limits.timeout",
-     "duration must be positive and finite, got '1000000h'"),
+     "duration '1000000h' is too long (at most 1000000000s, about 31 years)"),
+    ("[limits]\ntimeout = " + "9" * 400, 2, "limits.timeout",
+     "duration 9999999999999999999999999999999999999999...9999999999 is too long "
+     "(at most 1000000000s, about 31 years)"),
+    ("[limits]\ntimeout = -" + "9" * 400, 2, "limits.timeout",
+     "duration must be positive and finite, got -999999999999999999999999999999999999999...9999999999"),
+    ('[limits]\ncpu = "' + "9" * 400 + 's"', 2, "limits.cpu",
+     "duration '999999999999999999999999999999999999999...99999999s' is too long "
+     "(at most 1000000000s, about 31 years)"),
+    # sizes
+    ('[limits]\nmemory = "999999999999999999999999"', 2, "limits.memory",
+     "size '999999999999999999999999' is too large (at most 1152921504606846976 bytes, 1024PiB)"),
+    ('[limits]\nmemory = "' + "9" * 400 + '"', 2, "limits.memory",
+     "size '999999999999999999999999999999999999999...999999999' is too large "
+     "(at most 1152921504606846976 bytes, 1024PiB)"),
+    ('[limits]\nfile_size = "' + "9" * 400 + 'TiB"', 2, "limits.file_size",
+     "size '999999999999999999999999999999999999999...999999TiB' is too large "
+     "(at most 1152921504606846976 bytes, 1024PiB)"),
+    (f"[limits]\nmemory = {2**64}", 2, "limits.memory",
+     "size 18446744073709551616 is too large (at most 1152921504606846976 bytes, 1024PiB)"),
+    (f"[limits]\nfile_size = {2**60 + 1}", 2, "limits.file_size",
+     "size 1152921504606846977 is too large (at most 1152921504606846976 bytes, 1024PiB)"),
+    ('[limits]\nmemory = "1025PiB"', 2, "limits.memory",
+     "invalid size '1025PiB' (use e.g. 64MiB, 1GiB, 500MB)"),
     # counts
     ("[limits]\nprocesses = 0", 2, "limits.processes", "expected a positive integer, got 0"),
     ("[limits]\nopen_files = -3", 2, "limits.open_files", "expected a positive integer, got -3"),
     (f"[limits]\nprocesses = {2**62 + 1}", 2, "limits.processes",
-     f"expected a positive integer, got {2**62 + 1}"),
+     f"{2**62 + 1} is too large (at most {2**62}, 2^62)"),
+    (f"[limits]\nopen_files = {2**64}", 2, "limits.open_files",
+     f"{2**64} is too large (at most {2**62}, 2^62)"),
     # ports
     ('[network]\nconnect = "443"', 2, "network.connect",
      'expected an array of ports (integers or "low-high" strings), got a string'),
@@ -201,6 +226,10 @@ def test_wrong_types(tmp_path: Path, text: str, line: int, key: str, reason: str
      'expected a port number or "low-high" range, got True'),
     ("[network]\nconnect = [443.0]", 2, "network.connect[0]",
      'expected a port number or "low-high" range, got 443.0'),
+    ('[network]\nconnect = ["' + "9" * 5000 + '"]', 2, "network.connect[0]",
+     "expected a port number or \"low-high\" range, got '999999999999999999999999999999999999999...999999999'"),
+    ("[network]\nconnect = [" + "9" * 30 + "]", 2, "network.connect[0]",
+     "invalid port range 999999999999999999999999999999: ports are 1-65535, low <= high"),
     # environment names
     ('[env]\npass = ["PATH", "BAD-NAME"]', 2, "env.pass[1]",
      "invalid variable name or glob 'BAD-NAME'"),
@@ -220,6 +249,7 @@ def test_bad_values(tmp_path: Path, text: str, line: int, key: str, reason: str)
     (1, 1), (4096, 4096), ("10", 10), ("5B", 5), ("1K", 1024), ("1KiB", 1024), ("1KB", 1000),
     ("1.5KiB", 1536), ("64MB", 64_000_000), ("512MiB", 512 * 2**20), ("1G", 2**30),
     ("1 gib", 2**30), (" 2 MiB ", 2 * 2**20), ("1TiB", 2**40), ("1TB", 10**12),
+    (2**60, 2**60), ("1048576TiB", 2**60),
 ])
 def test_sizes(text: object, expected: int) -> None:
     assert parse_size(text) == expected
@@ -227,7 +257,7 @@ def test_sizes(text: object, expected: int) -> None:
 
 @pytest.mark.parametrize("text, expected", [
     (30, 30.0), (1.5, 1.5), ("30", 30.0), ("30s", 30.0), ("30 s", 30.0), ("500ms", 0.5),
-    ("2m", 120.0), ("1h", 3600.0), ("0.5h", 1800.0),
+    ("2m", 120.0), ("1h", 3600.0), ("0.5h", 1800.0), (10**9, 1e9),
 ])
 def test_durations(text: object, expected: float) -> None:
     assert parse_duration(text) == expected
@@ -810,3 +840,94 @@ def test_error_line_inside_multiline_array_with_comments(tmp_path: Path) -> None
     """)
     assert str(error) == where(tmp_path, 10, "filesystem.read[1]") + (
         "path 'relative' is not absolute (use ${cwd}/... or an absolute path)")
+
+
+# ----------------------------------------------------------------------------
+# Input that would exhaust the parser: bounded, refused with file and line
+
+
+@pytest.mark.parametrize("value", ["[" * 1000 + "]" * 1000, "{a = " * 1000 + "1" + "}" * 1000,
+                                   "[" * 33 + "]" * 33])
+def test_deep_nesting_is_refused_with_its_line(tmp_path: Path, value: str) -> None:
+    error = failure(tmp_path, f"version = 1\n\nx = {value}\n")
+    assert str(error) == (f"{tmp_path / 'policy.toml'}:3: arrays and inline tables nested "
+                          "more than 32 deep")
+
+
+def test_nesting_within_the_bound_reaches_the_schema(tmp_path: Path) -> None:
+    error = failure(tmp_path, 'version = 1\ndescription = "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["'
+                    "\n# {{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{\nx = " + "[" * 32 + "]" * 32)
+    assert "x: unknown key" in str(error)
+
+
+def test_a_number_of_too_many_digits(tmp_path: Path) -> None:
+    error = failure(tmp_path, "version = 1\n[limits]\nprocesses = " + "9" * 5000 + "\n")
+    assert str(error) == (f"{tmp_path / 'policy.toml'}:3: TOML value out of range: a number with "
+                          "too many digits")
+
+
+def chain(tmp_path: Path, length: int) -> Path:
+    """p0.toml extends p1.toml ... extends p{length - 1}.toml."""
+    for index in range(length - 1):
+        write(tmp_path, f'version = 1\nextends = ["./p{index + 1}.toml"]\n', f"p{index}.toml")
+    write(tmp_path, 'version = 1\ndescription = "last"\n', f"p{length - 1}.toml")
+    return tmp_path / "p0.toml"
+
+
+def test_extends_chain_of_32_files_loads(tmp_path: Path) -> None:
+    assert load_policy(chain(tmp_path, 32)).description == "last"
+
+
+@pytest.mark.parametrize("length", [33, 1000])
+def test_extends_chain_is_bounded(tmp_path: Path, length: int) -> None:
+    with pytest.raises(PolicyError) as info:
+        load_policy(chain(tmp_path, length))
+    assert str(info.value) == (f"{tmp_path / 'p31.toml'}:2: extends[0]: extends chain longer than "
+                               f"32 files (from {tmp_path / 'p0.toml'})")
+
+
+def test_extends_diamond_is_bounded(tmp_path: Path) -> None:
+    """Each file extends the next one twice: 2^30 layers unless the count is bounded."""
+    for index in range(30):
+        write(tmp_path, f'version = 1\nextends = ["./d{index + 1}.toml", "./d{index + 1}.toml"]\n',
+              f"d{index}.toml")
+    write(tmp_path, "version = 1\n", "d30.toml")
+    with pytest.raises(PolicyError) as info:
+        load_policy(tmp_path / "d0.toml")
+    assert "extends brings in more than 256 files" in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["loop", "fifo", "device", "directory"])
+def test_extends_of_what_is_not_a_policy_file(tmp_path: Path, kind: str) -> None:
+    base = tmp_path / "base.toml"
+    if kind == "loop":
+        base.symlink_to(base.name)
+    elif kind == "fifo":
+        os.mkfifo(base)
+    elif kind == "device":
+        base.symlink_to("/dev/zero")
+    else:
+        base.mkdir()
+    error = failure(tmp_path, 'version = 1\nextends = ["./base.toml"]\n')
+    assert str(error).startswith(f"{tmp_path / 'policy.toml'}:2: extends[0]: " if kind == "loop"
+                                 else f"{base}: cannot read policy file: ")
+
+
+def test_variable_with_a_nul_is_refused(tmp_path: Path) -> None:
+    error = failure(tmp_path, 'version = 1\n[filesystem]\nread = ["${w}"]\n', {"w": "/tmp\x00x"})
+    assert str(error) == "--var: w: the value must be a string without NUL characters"
+
+
+def test_deleted_working_directory(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    here = os.getcwd()
+    os.chdir(gone)
+    try:
+        gone.rmdir()
+        with pytest.raises(PolicyError) as info:
+            loads_policy("version = 1\n", source="inline")
+    finally:
+        os.chdir(here)
+    assert str(info.value) == ("inline: the working directory no longer exists; change to an "
+                               "existing directory")
