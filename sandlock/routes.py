@@ -610,8 +610,15 @@ def launched(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[st
     with routes:
         port = routes.server.port
         grant_port(compiled.ruleset_fd, compiled.abi, port)
-        compiled.policy = replace(policy, credentials=(), network=replace(
-            policy.network, connect=(*policy.network.connect, PortRange(port, port))))
+        network = replace(policy.network, connect=(*policy.network.connect,
+                                                   PortRange(port, port)))
+        if network.allow:  # the tool's HTTP clients send the route's requests to the proxy
+            from .netrules import parse_rules
+
+            extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
+            network = replace(network, allow=(*network.allow, replace(
+                extra, where=f"allow[{len(network.allow)}]", text=f"credential routes {extra.text}")))
+        compiled.policy = replace(policy, credentials=(), network=network)
         env = routes.session.environment(dict(cmd.env))
         routes.start()
         yield compiled, Command(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)

@@ -474,3 +474,101 @@ def test_the_python_api_takes_the_secret_as_an_argument(
         Sandbox(str(policy), credentials={"zz": "s"})
     with pytest.raises(TypeError, match="credentials must be a mapping"):
         Sandbox(str(policy), credentials={"api": 1})  # type: ignore[dict-item]
+
+
+def test_a_second_request_smuggled_on_the_connection_never_reaches_the_upstream(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    needs_kernel()
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    out = tool(policy, """
+        import socket
+        host, port = BASE.split("/")[2].split(":")
+        answers = []
+        for first in (b"Content-Length: 0\\r\\n", b"Transfer-Encoding: chunked\\r\\n",
+                      b"Content-Length: 5\\r\\nTransfer-Encoding: chunked\\r\\n"):
+            s = socket.create_connection((host, int(port)))
+            body = b"0\\r\\n\\r\\n" if b"chunked" in first else b""
+            smuggled = b"DELETE /api/v1/admin HTTP/1.1\\r\\nAuthorization: Bearer " + KEY.encode() + b"\\r\\n\\r\\n"
+            s.sendall(b"POST /api/v1/chat/x HTTP/1.1\\r\\nHost: x\\r\\nAuthorization: Bearer " + KEY.encode()
+                      + b"\\r\\n" + first + b"\\r\\n" + body + smuggled)
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            answers.append(data.decode().split("\\r\\n")[0])
+        s = socket.create_connection((host, int(port)))
+        s.sendall(b"GET /api/v1/x HTTP/1.1\\r\\nUpgrade: h2c\\r\\nConnection: Upgrade\\r\\nAuthorization: Bearer " + KEY.encode() + b"\\r\\n\\r\\n")
+        answers.append(s.recv(65536).decode().split("\\r\\n")[0])
+        print(json.dumps(answers))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == ["HTTP/1.1 200 OK", "HTTP/1.1 200 OK",
+                                      "HTTP/1.1 400 Bad Request", "HTTP/1.1 200 OK"]
+    assert [(s["method"], s["path"]) for s in upstream.seen] == [
+        ("POST", "/v1/chat/x"), ("POST", "/v1/chat/x"), ("GET", "/v1/x")]
+    assert "Upgrade" not in upstream.seen[-1]["headers"]
+
+
+@pytest.mark.parametrize("host, ca, message", [
+    ("api.internal.test", False, "self-signed certificate"),
+    ("wrong.internal.test", True, "Hostname mismatch"),
+])
+def test_an_upstream_that_fails_verification_never_gets_the_secret(
+        tmp_path: Path, upstream: Server, other: Server, certificate: tuple[Path, Path],
+        host: str, ca: bool, message: str) -> None:
+    needs_kernel()
+    (tmp_path / "work").mkdir()
+    text = POLICY.format(work=tmp_path / "work", other=other.port, port=upstream.port, ca=certificate[0],
+                         paths='"/*"')
+    text = text.replace("api.internal.test:", f"{host}:").replace(
+        '"api.internal.test" = "127.0.0.1"', f'"{host}" = "127.0.0.1"')
+    if not ca:
+        text = text.replace(f'ca_file = "{certificate[0]}"\n', "")
+    policy = write_policy(tmp_path, text, name="cred.toml")
+    out = tool(policy, "print(json.dumps(call('GET', BASE + '/models')))")
+    assert out.returncode == 0, out.stderr
+    status, body, _ = json.loads(out.stdout)
+    assert status == 502 and message in body
+    assert upstream.seen == []  # the TLS handshake failed before any byte of the request
+
+
+def test_a_secret_file_outside_the_grants_is_read_by_sandlock_only(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    needs_kernel()
+    keydir = tmp_path / "keys"
+    keydir.mkdir()
+    (keydir / "api").write_text(SECRET + "\n")
+    os.chmod(keydir, 0o700)
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    text = policy.read_text().replace('from_env = "TEST_API_KEY"', f'from_file = "{keydir}/api"')
+    policy.write_text(text)
+    out = tool(policy, f"""
+        try:
+            open({str(keydir / "api")!r}).read(); leaked = "read"
+        except OSError as exc:
+            leaked = exc.errno
+        print(json.dumps([leaked, call("GET", BASE + "/models")[0], "TEST_API_KEY" in os.environ]))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [13, 200, True]
+    assert upstream.seen[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
+    # the same file within a read grant: refused before anything runs
+    policy.write_text(text.replace(f'read = ["/proc", ', f'read = ["/proc", "{keydir}", '))
+    refused = tool(policy, "print('ran')")
+    assert refused.returncode == 125 and refused.stdout == ""
+    assert "credentials.api.from_file" in refused.stderr
+    assert "within the tool's grant filesystem.read" in refused.stderr
+
+
+def test_routes_work_beside_a_host_allowlist(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    needs_kernel()
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    policy.write_text(policy.read_text().replace(
+        "[network]\n", "[network]\nallow = [\"api.internal.test:1\"]\n"))
+    out = tool(policy, "print(call('GET', BASE + '/models')[0])")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "200\n"
+    assert upstream.seen[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
