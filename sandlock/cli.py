@@ -142,6 +142,12 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
     if net["allow"]:
         out.print(f"host allowlist (per-run proxy + connect supervisor): allow {net['allow']}; "
                   f"deny {net['deny'] or 'none'}; pinned hosts {net['hosts'] or 'none'}")
+    for cred in report.get("credentials", ()):  # credential routes (issue 16)
+        out.print(f"credential {cred['name']}: route to {cred['upstream']} (TLS verified with "
+                  f"{cred['verify']}); secret from {cred['secret_from']}, attached as "
+                  f"{cred['attached_as']}; methods {cred['methods']}; paths {cred['paths']}; "
+                  f"deny {cred['deny'] or 'none'}; the tool gets {cred['tool_gets'] or 'nothing'}"
+                  f"; grant: {cred['grant']}")
     out.print(f"scopes: signals {'on' if report['scope']['signals'] else 'off'}; abstract unix "
               f"{'on' if report['scope']['abstract_unix'] else 'off'}")
     out.print(f"environment: pass {report['env']['pass']}; set {report['env']['set']}")

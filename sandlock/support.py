@@ -110,7 +110,14 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         "not_enforced": [str(gap) for gap in gaps],
         "refused_in_strict": [str(gap) for gap in gaps if gap.strict],
         "refused_grants": _refused_grants(policy, abi),
+        **({"credentials": _credentials(policy)} if policy.credentials else {}),
     }
+
+
+def _credentials(policy: Policy) -> list[dict[str, Any]]:
+    from .credentials import explain
+
+    return explain(policy.credentials)
 
 
 def _refused_grants(policy: Policy, abi: int) -> list[str]:

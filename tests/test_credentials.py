@@ -572,3 +572,18 @@ def test_routes_work_beside_a_host_allowlist(
     assert out.returncode == 0, out.stderr
     assert out.stdout == "200\n"
     assert upstream.seen[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
+
+
+def test_explain_names_the_route_and_its_port_grant(tmp_path: Path) -> None:
+    from conftest import sandlock
+
+    policy = write_policy(tmp_path, 'version = 1\n[credentials.openai]\n'
+                          'upstream = "https://api.openai.com/v1"\nfrom_env = "OPENAI_API_KEY"\n'
+                          'env = "OPENAI_API_KEY"\nmethods = ["POST"]\n')
+    out = sandlock("explain", "--policy", str(policy), "--json")
+    assert out.returncode == 0, out.stderr
+    (cred,) = json.loads(out.stdout)["credentials"]
+    assert cred["upstream"] == "https://api.openai.com/v1" and cred["paths"] == ["/v1/*"]
+    assert "TCP connect to the route's 127.0.0.1 port" in cred["grant"]
+    text = sandlock("explain", "--policy", str(policy))
+    assert "credential openai: route to https://api.openai.com/v1" in text.stdout
