@@ -349,7 +349,7 @@ def secrets_for(credentials: Sequence[Credential], grants: Sequence[Any],
                                            (item.name,))
         elif item.from_env is not None:
             if item.from_env not in environ:
-                raise CredentialError(f"from_env: {item.from_env} is not set in sandlock's "
+                raise CredentialError(f"{item.from_env} is not set in sandlock's "
                                       "environment", (item.name, "from_env"))
             out[item.name] = _valid_secret(environ[item.from_env], item.from_env,
                                            (item.name, "from_env"))
