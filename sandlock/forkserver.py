@@ -130,6 +130,11 @@ class ForkServer:
         """Hand one call to an idle supervisor; return the caller's end of its socket."""
         import array
 
+        if self.owner == os.getpid() and self._proc.poll() is not None:
+            # Dead: its busy supervisors still hold the request sockets until their
+            # calls end, but none of them will take another request.
+            self.broken = True
+            raise _Gone(f"exit status {self._proc.returncode}")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         memfd = -1
         try:
@@ -323,7 +328,7 @@ def serve(exec_fd: int, call_fd: int) -> None:
                 if os.getppid() != me:
                     os._exit(0)
                 kernel.set_child_subreaper()
-                _supervise(ctrls[kind], notes_w, kind)
+                _supervise(ctrls[kind], notes_w, kind, me)
             finally:
                 os._exit(0)
         supervisors[pid] = kind
@@ -444,7 +449,7 @@ def _receive(ctrl: socket.socket, leaving: Callable[[], None] = lambda: None
     return request, list(fds)
 
 
-def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
+def _supervise(ctrl: socket.socket, notes_w: int, kind: str, server: int) -> None:
     """Serve requests of one kind, one at a time, up to MAX_USES (bounds heap growth).
 
     One at a time: the supervisor is the subreaper of exactly one call's tree. Never
@@ -457,8 +462,15 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
     After each Python call, a call supervisor prepares a :class:`_Spare` for the
     same policy, so that the next call of that ``Sandbox`` does not wait for a
     fork and confinement.
+
+    An idle supervisor dies with the fork server (PDEATHSIG). A busy one does not:
+    its call goes on under its deadline, and at its end the supervisor, the
+    subreaper of the call's tree, kills that tree (daemons included) and reports
+    what happened, then exits when the fork server is gone (``server``, its pid).
+    Killed with the fork server instead, it would leave the call's daemons to init
+    and the caller without a report.
     """
-    from . import launcher
+    from . import kernel, launcher
 
     spare: Optional[_Spare] = None
     prepared: Optional[tuple[launcher.Compiled, bytes]] = None  # the policy spares get
@@ -468,6 +480,7 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
 
     for use in range(1, MAX_USES + 1):
         request, fds = _receive(ctrl, leaving)
+        kernel.set_pdeathsig(0)  # from here on, this call outlives the fork server
         token = request.get("policy") if request["kind"] == kind == "call" else None
         taken = None
         if spare is not None:  # first of all: the call's function may start right away
@@ -488,6 +501,9 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str) -> None:
         # Child._reap) kills and reaps every process re-parented to this supervisor.
         _serve_one(request, fds, notes_w, kind, spare, taken)
         spare = None
+        kernel.set_pdeathsig(signal.SIGKILL)
+        if os.getppid() != server:  # the fork server died during the call: no more calls
+            break
         if use < MAX_USES:
             if prepared is not None:
                 try:
@@ -510,7 +526,10 @@ def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
 
 
 def _note(notes_w: int, event: bytes) -> None:
-    os.write(notes_w, NOTE.pack(event, os.getpid()))
+    try:
+        os.write(notes_w, NOTE.pack(event, os.getpid()))
+    except OSError:
+        pass  # the fork server is gone (EPIPE): this supervisor ends its call, then exits
 
 
 class _Spare:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import helper_tools
 import pytest
@@ -72,3 +73,96 @@ def test_a_real_setup_failure_is_still_reported(box: sandlock.Sandbox,
     for _ in range(2):
         with pytest.raises(SetupError, match="cannot change directory"):
             box.call(helper_tools.forge_setup_report)
+
+
+# ----------------------------------------------------------------------------
+# A helper process dies while a tool's daemon holds the call's pipes (issue 17 item 2)
+
+
+def _gone(pid: int, within: float = 30.0) -> bool:
+    """Whether ``pid`` has exited (or is a zombie) within a bounded wait."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _wait_for(path: Path, within: float = 30.0) -> None:
+    end = time.monotonic() + within
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.02)
+
+
+def _in_thread(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    outcome: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            outcome["value"] = target()
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("policy", [PY, {**PY, "limits": {"processes": 64}}],
+                         ids=["no-cgroup", "processes"])
+def test_call_ends_and_its_daemon_dies_when_the_fork_server_dies(
+        tmp_path: Path, policy: dict[str, Any]) -> None:
+    pidfile, ready = tmp_path / "daemon.pid", tmp_path / "ready"
+    with sandlock.Sandbox({**policy, "filesystem": {"read": [TESTS], "write": [str(tmp_path)]}},
+                          best_effort=True, timeout=5) as box:
+        thread, outcome = _in_thread(
+            lambda: box.call(helper_tools.daemon_on_stdout, str(pidfile), str(ready)))
+        _wait_for(ready)
+        _wait_for(pidfile)
+        daemon = int(pidfile.read_text())
+        _kill(forkserver.get().pid)
+        thread.join(60)  # timeout 5 s (below) plus a margin; never asserted on
+        assert not thread.is_alive(), "the call outlived its timeout after the fork server died"
+    error = outcome.get("error")
+    assert isinstance(error, sandlock.SandlockError), outcome
+    assert not isinstance(error, SetupError) or "were killed" not in str(error)
+    assert _gone(daemon), "the tool's daemon survived its call"
+
+
+def _run_daemon(box: sandlock.Sandbox, tmp_path: Path) -> sandlock.Result:
+    """A command that leaves a setsid'd daemon holding its stdout, then hangs."""
+    pidfile, ready = tmp_path / "daemon.pid", tmp_path / "ready"
+    script = (f'(setsid sh -c "echo \\$\\$ > {pidfile}; exec sleep 120" &); '
+              f'while [ ! -s {pidfile} ]; do sleep 0.01; done; touch {ready}; exec sleep 120')
+    return box.run(["/bin/sh", "-c", script], capture_output=True)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["fork-server", "native"])
+def test_run_ends_and_its_daemon_dies_when_its_server_dies(
+        tmp_path: Path, native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if native and not nativeexec.enabled():
+        pytest.skip("the native helper is not built")
+    monkeypatch.setenv("SANDLOCK_NATIVE", "1" if native else "0")
+    with sandlock.Sandbox("shell", vars={"workspace": str(tmp_path)}, timeout=5) as box:
+        thread, outcome = _in_thread(lambda: _run_daemon(box, tmp_path))
+        _wait_for(tmp_path / "ready")
+        daemon = int((tmp_path / "daemon.pid").read_text())
+        _kill(nativeexec.get().pid if native else forkserver.get().pid)
+        thread.join(60)
+        assert not thread.is_alive(), "the run outlived its timeout after its server died"
+    result = outcome.get("value")
+    assert isinstance(result, sandlock.Result), outcome
+    assert result.outcome in (sandlock.Outcome.TIMED_OUT, sandlock.Outcome.NOT_STARTED), result
+    if result.error is not None:
+        assert "were killed" not in str(result.error)
+    assert _gone(daemon), "the command's daemon survived its run"
