@@ -162,10 +162,25 @@ class _Call:
         elif kind == b"X" and self.cmd is not None:  # the child's own pre-exec report
             self.failure = launcher._setup_failure(self.cmd, rest)
         elif self.status is None and self.failure is None:
-            self.failure = SetupError("the sandbox supervisor died before reporting; "
-                                      "the call's processes were killed")
+            self.failure = SetupError("the sandbox supervisor died before reporting how the "
+                                      "call ended (a sandlock helper process was killed)")
+            # Nothing will end the call's pipes for sure now (a daemon of the tool may
+            # hold them): wait for them only briefly.
+            self.deadline = min(self.deadline or float("inf"), _now() + _LOST_GRACE)
         if self.ended:
             self._end_mediation()
+
+    #: The caller's own end of the call (monotonic): its timeout plus _GRACE. The
+    #: supervisor enforces the timeout; this holds whatever the helper processes do.
+    deadline: Optional[float] = None
+
+    def expire(self) -> None:
+        """The caller's deadline passed: the call is over for the caller (the supervisor,
+        if it is still there, kills the tree when its socket closes)."""
+        if not self.ended:
+            self.status = (ExitCode.TIMEOUT, 0, True)
+            self._end_mediation()
+        self.send(b"K")
 
     def wait_started(self) -> None:
         while self.pid is None and not self.ended:
@@ -193,6 +208,20 @@ class _Call:
 
 #: Native calls still running, for :func:`shutdown` (weak: a dropped call is closed).
 _native_calls: "weakref.WeakSet[_NativeCall]" = weakref.WeakSet()
+#: Seconds past a call's timeout that the caller waits before ending the call itself,
+#: and after its supervisor vanished without a report (issue 17).
+_GRACE, _LOST_GRACE = 2.0, 1.0
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+def _earliest(*deadlines: Optional[float]) -> Optional[float]:
+    known = [d for d in deadlines if d is not None]
+    return min(known) if known else None
 _native_lock = threading.RLock()  # RLock: a __del__ may run (GC) while it is held
 
 
@@ -317,10 +346,14 @@ class _Pump:
             for fd in writing:
                 poller.register(fd, select.POLLOUT)
             wait = None
-            if deadline is not None:
-                left = deadline - time.monotonic()
+            limit = _earliest(deadline, self.call.deadline)
+            if limit is not None:
+                left = limit - time.monotonic()
                 if left <= 0:
-                    return False
+                    if limit == deadline:
+                        return False
+                    self.expire()
+                    break
                 wait = int(left * 1000) + 1
             for fd, _events in poller.poll(wait):
                 if fd in self.writes:
@@ -330,11 +363,36 @@ class _Pump:
             self.close_finished()
         return True
 
+    def expire(self) -> None:
+        """The call's own deadline passed (see :meth:`_Call.expire`): stop waiting for
+        its pipes, keep what was read."""
+        self.call.expire()
+        for fd, buffer in self.reads.items():
+            self.output[fd] = bytes(buffer)
+        self.finished.extend([*self.reads, *self.writes])
+        self.reads.clear()
+        self.writes.clear()
+
     async def run_async(self) -> None:
         import asyncio
 
         loop = asyncio.get_running_loop()
         finished = loop.create_future()
+        timer: list[Any] = [None, None]  # the handle, the deadline it is armed for
+
+        def arm() -> None:  # the call's own deadline, as it is now
+            deadline = self.call.deadline
+            if deadline is None or deadline == timer[1]:
+                return
+            if timer[0] is not None:
+                timer[0].cancel()
+            timer[:] = [loop.call_later(max(0.0, deadline - _now()), expired), deadline]
+
+        def expired() -> None:
+            if not self.done:
+                self.expire()
+            if not finished.done():
+                finished.set_result(None)
 
         # Only fds still registered are ever removed: a closed fd number may already
         # belong to another task's pipe.
@@ -348,6 +406,7 @@ class _Pump:
                 self.close_finished()
             if self.done and not finished.done():
                 finished.set_result(None)
+            arm()
 
         def on_read(fd: int) -> None:
             after(fd, self.readable(fd), reading, loop.remove_reader)
@@ -359,10 +418,13 @@ class _Pump:
             loop.add_reader(fd, on_read, fd)
         for fd in writing:
             loop.add_writer(fd, on_write, fd)
+        arm()
         try:
             if not self.done:
                 await finished
         finally:
+            if timer[0] is not None:
+                timer[0].cancel()
             for fd in reading:
                 loop.remove_reader(fd)
             for fd in writing:
@@ -837,10 +899,11 @@ class Sandbox:
             self._users += 1
         try:
             compiled = self._compiled
+            limit = self.policy.limits.timeout if timeout is None else timeout
             if kind == "exec" and self._native and nativeexec.enabled() and mediation is None:
-                return _NativeCall(compiled, cmd, stdio, self.policy.limits.timeout
-                                   if timeout is None else timeout,
-                                   bool(fields.get("report_start")))
+                native = _NativeCall(compiled, cmd, stdio, limit, bool(fields.get("report_start")))
+                native.deadline = None if limit is None else _now() + limit + _GRACE
+                return native
             # The layout the supervisor expects (forkserver._serve_one): the call's
             # socket, stdio, the ruleset fd, the mediation socket, then extra_fds.
             fds = [*stdio] + ([compiled.ruleset_fd] if compiled.ruleset_fd >= 0 else [])
@@ -864,6 +927,7 @@ class Sandbox:
             if mediation is not None:
                 call.mediation = mediation
                 mediation.start()
+            call.deadline = None if limit is None else _now() + limit + _GRACE
             return call
         finally:
             with self._lock:
@@ -1293,8 +1357,12 @@ class Process:
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._call.ended:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            limit = _earliest(deadline, self._call.deadline)  # the call's own end first
+            left = None if limit is None else max(0.0, limit - time.monotonic())
             if not _wait_readable(self._call.sock, left):
+                if limit != deadline:
+                    self._call.expire()
+                    break
                 raise TimeoutExpired(f"{self.args[0]}: still running after {timeout}s",
                                      timeout=timeout)
             self._call.receive()
