@@ -54,3 +54,11 @@ def daemon_on_stdout(pidfile: str, ready: str) -> None:
     with open(ready, "w"):
         pass
     time.sleep(120)
+
+
+def report_supervisor(pidfile: str) -> None:
+    """Record the pid of this process's supervisor (its parent), then hang."""
+    with open(pidfile + ".tmp", "w") as handle:
+        handle.write(f"{os.getppid()} {os.getpid()}")
+    os.rename(pidfile + ".tmp", pidfile)
+    time.sleep(120)

@@ -166,3 +166,31 @@ def test_run_ends_and_its_daemon_dies_when_its_server_dies(
     if result.error is not None:
         assert "were killed" not in str(result.error)
     assert _gone(daemon), "the command's daemon survived its run"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_caller_keeps_its_own_deadline_when_the_supervisor_stops(
+        tmp_path: Path, mode: str) -> None:
+    """A supervisor that stops answering (SIGSTOP) cannot hold the caller past the call's
+    timeout: the call ends as timed out, on the caller's own clock."""
+    import asyncio
+
+    pidfile = tmp_path / "pids"
+    with sandlock.Sandbox({**PY, "filesystem": {"read": [TESTS], "write": [str(tmp_path)]}},
+                          timeout=3) as box:
+        def call() -> Any:
+            if mode == "async":
+                return asyncio.run(box.call_async(helper_tools.report_supervisor, str(pidfile)))
+            return box.call(helper_tools.report_supervisor, str(pidfile))
+
+        thread, outcome = _in_thread(call)
+        _wait_for(pidfile)
+        supervisor, tool = map(int, pidfile.read_text().split())
+        os.kill(supervisor, signal.SIGSTOP)
+        try:
+            thread.join(60)
+            assert not thread.is_alive(), "the call waited on a stopped supervisor"
+        finally:
+            os.kill(supervisor, signal.SIGCONT)
+    assert isinstance(outcome.get("error"), sandlock.TimeoutExpired), outcome
+    assert _gone(tool), "the tool outlived its call once its supervisor ran again"
