@@ -27,6 +27,18 @@ Examples:
 """
 
 
+class PathArg(click.Path):
+    """click.Path that answers a name it cannot stat (a NUL in it, too long) with a
+    usage error; click's own lets the ValueError or OSError escape."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except (OSError, ValueError) as exc:
+            self.fail(f"{click.format_filename(value)!r}: {getattr(exc, 'strerror', None) or exc}",
+                      param, ctx)
+
+
 def _console(stderr: bool = False) -> Any:
     from rich.console import Console
 
@@ -71,9 +83,9 @@ var_option = click.option("--var", "variables", multiple=True, metavar="NAME=VAL
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
              epilog="\b\nExit codes: the command's own; 128+N killed by signal N; 124 timeout;\n"
                     "125 sandlock failed; 126 not executable (or exec denied); 127 not found.")
-@click.option("--policy", type=click.Path(dir_okay=False), help="Policy file (TOML).")
+@click.option("--policy", type=PathArg(dir_okay=False), help="Policy file (TOML).")
 @click.option("--tool", help="Tool name in the --policies registry.")
-@click.option("--policies", type=click.Path(),
+@click.option("--policies", type=PathArg(),
               help="Directory of policies, or one file with [tools.NAME] tables.")
 @var_option
 @click.option("--timeout", help="Wall-clock limit, e.g. 30s (overrides [limits] timeout).")
@@ -110,9 +122,9 @@ def check(as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--policy", type=click.Path(dir_okay=False), help="Policy file (TOML).")
+@click.option("--policy", type=PathArg(dir_okay=False), help="Policy file (TOML).")
 @click.option("--tool", help="Tool name in the --policies registry.")
-@click.option("--policies", type=click.Path(), help="Directory of policies, or one registry file.")
+@click.option("--policies", type=PathArg(), help="Directory of policies, or one registry file.")
 @var_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def explain(policy: str | None, tool: str | None, policies: str | None,
@@ -170,7 +182,7 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
 
 
 @cli.command()
-@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=PathArg(dir_okay=False))
 @var_option
 def validate(files: Sequence[str], variables: Sequence[str]) -> None:
     """Check policy files (for CI): non-zero exit on any problem.
@@ -242,7 +254,7 @@ def policies(name: str | None) -> None:
 
 
 @cli.command()
-@click.option("--policy", type=click.Path(dir_okay=False), required=True, help="Policy file (TOML).")
+@click.option("--policy", type=PathArg(dir_okay=False), required=True, help="Policy file (TOML).")
 @var_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def probe(policy: str, variables: Sequence[str], as_json: bool) -> None:

@@ -13,6 +13,7 @@ per call (``vars=``): the registry keeps the parsed text and builds one
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -38,13 +39,19 @@ class Registry:
         self.source = str(source)
         self._options = {"best_effort": best_effort, **sandbox_options}
         self._tools: dict[str, Callable[[Mapping[str, str]], Policy]] = {}
-        if path.is_dir():
-            for file in sorted(path.glob("*.toml")):
+        try:
+            mode = os.stat(path).st_mode
+            files = sorted(path.glob("*.toml")) if stat.S_ISDIR(mode) else []
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+            reason = getattr(exc, "strerror", None) or str(exc)
+            missing = isinstance(exc, FileNotFoundError)
+            raise PolicyError("no such policy directory or file" if missing
+                              else f"cannot read the policies: {reason}", source=self.source) from None
+        if stat.S_ISDIR(mode):
+            for file in files:
                 self._tools[file.stem] = self._from_file(file)
-        elif path.is_file():
-            self._from_tools_table(path)
         else:
-            raise PolicyError("no such policy directory or file", source=self.source)
+            self._from_tools_table(path)  # a regular file, or refused by the bounded reader
         if not self._tools:
             raise PolicyError("no tools found (expected NAME.toml files, or [tools.NAME] tables)",
                               source=self.source)

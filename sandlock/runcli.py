@@ -118,26 +118,35 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
             data = _read_once(policy)
             cached = fastpath.lookup(policy, data, variables, timeout, best_effort)
         loaded: Policy  # on a hit, the CachedPolicy view: the parts the launcher reads
-        if cached is not None and cached.entry is not None:
-            from .grants import GrantError
+        try:
+            if cached is not None and cached.entry is not None:
+                from .grants import GrantError
 
-            try:
-                compiled = cached.entry.compile()
-                loaded = cached.entry.policy  # type: ignore[assignment]
-            except GrantError:
-                compiled = None  # the full path reports it with the policy's line
-        if compiled is None:
-            loaded = _load_full(policy, tool, policies, variables, timeout, best_effort, data)
-            compiled = launcher.compile_policy(loaded)
-            if cached is not None:
-                cached.store(loaded, compiled)
-        command = launcher.prepare_command(loaded, argv)
-        if compiled.gaps:
-            say(f"warning: NOT enforced for this caller on this kernel (Landlock ABI "
-                f"{compiled.abi}):")
-            for line in compiled.warnings:
-                say(f"warning:   - {line}")
-        child = launcher.run(compiled, command, report=say)
+                try:
+                    compiled = cached.entry.compile()
+                    loaded = cached.entry.policy  # type: ignore[assignment]
+                except GrantError:
+                    compiled = None  # the full path reports it with the policy's line
+            if compiled is None:
+                loaded = _load_full(policy, tool, policies, variables, timeout, best_effort, data)
+                compiled = launcher.compile_policy(loaded)
+                if cached is not None:
+                    cached.store(loaded, compiled)
+        finally:
+            if cached is not None:  # done with the cache: its directory is not the tool's
+                import os
+
+                os.close(cached.directory)
+        try:
+            command = launcher.prepare_command(loaded, argv)
+            if compiled.gaps:
+                say(f"warning: NOT enforced for this caller on this kernel (Landlock ABI "
+                    f"{compiled.abi}):")
+                for line in compiled.warnings:
+                    say(f"warning:   - {line}")
+            child = launcher.run(compiled, command, report=say)
+        finally:
+            compiled.close()  # the ruleset descriptor: the child is done with it
         if child.timed_out:
             say(f"timeout: {argv[0]} ran longer than {loaded.limits.timeout:g}s; killed its "
                 "process tree")

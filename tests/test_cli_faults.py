@@ -259,3 +259,23 @@ def test_huge_memory_through_the_cli(tmp_path: Path) -> None:
     result = cli("run", "--policy", str(policy), "--", "true")
     assert_clean(result, ExitCode.LAUNCHER)
     assert f"{policy}:3: limits.memory: " in result.stderr and "at most" in result.stderr
+
+
+def test_run_in_process_leaves_no_descriptor_behind(tmp_path: Path) -> None:
+    """`execute` is called in-process too (the click `run`, tests, embedders): the
+    compiled-policy cache's directory must not stay open after each call."""
+    import contextlib
+    import io
+
+    from sandlock import runcli
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    args = ["--policy", str(POLICIES / "shell.toml"), "--var", f"workspace={workspace}", "--",
+            "true"]
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert runcli.main_run(args) == 0  # the first run may fill the cache
+        before = sorted(os.listdir("/proc/self/fd"))
+        for _ in range(5):
+            assert runcli.main_run(args) == 0
+    assert sorted(os.listdir("/proc/self/fd")) == before
