@@ -159,6 +159,10 @@ def strict_failure(policy: Policy, abi: int, gaps: Sequence[ruleset.Gap]) -> Ker
 
 
 def process_failure(policy: Policy, gap: ruleset.Gap) -> KernelSupportError:
+    if gap.protection == "signal scope":
+        return KernelSupportError(
+            f"{policy.source}: {gap}.\nRefusing to run. Keep [scope] signals = true, or accept "
+            "this with --best-effort (or compat = \"best-effort\").")
     return KernelSupportError(
         f"{policy.source}: cannot enforce the {gap}.\n"
         "Refusing to run. Give sandlock a pids cgroup it can create children in (root with a "

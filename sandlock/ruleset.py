@@ -105,15 +105,27 @@ def process_gap(limit: Optional[int], cgroup_why: Optional[str], root: bool) -> 
 
 def caller_gaps(policy: Policy) -> tuple[Gap, ...]:
     """Protections ``policy`` relies on that this caller cannot have enforced (not a
-    matter of the Landlock ABI): today, a per-sandbox ``processes`` limit."""
+    matter of the Landlock ABI): a per-sandbox ``processes`` limit; and the signal scope
+    when the policy itself switches it off."""
+    out = []
+    if not policy.scope.signals:
+        # Not a shortfall of the kernel but the policy's own choice; still nothing may stop
+        # the launcher (its timeout would never fire) or kill the caller unless that is
+        # accepted knowingly: strict mode refuses, best-effort runs and reports it.
+        out.append(Gap("signal scope", 0,
+                       "the policy switches it off ([scope] signals = false): the tool can stop "
+                       "or kill every process of this user, sandlock's launcher (whose timeout "
+                       "then never fires) and the caller included",
+                       "[scope] signals = true, or compat = \"best-effort\" to accept this"))
     limit = policy.limits.processes
-    if limit is None:
-        return ()
-    from . import cgroups
+    if limit is not None:
+        from . import cgroups
 
-    base, why = cgroups.find()
-    gap = process_gap(limit, None if base is not None else why, os.getuid() == 0)
-    return () if gap is None else (gap,)
+        base, why = cgroups.find()
+        gap = process_gap(limit, None if base is not None else why, os.getuid() == 0)
+        if gap is not None:
+            out.append(gap)
+    return tuple(out)
 
 
 def plan(policy: Policy, abi: int) -> Plan:

@@ -123,7 +123,7 @@ def run_confined(policy: Path, argv: Sequence[str], *, variables: Optional[dict[
 
 PROBE_POLICY = """\
 version = 1
-extends = ["python"]
+{head}extends = ["python"]
 [filesystem]
 {filesystem}
 [network]
@@ -133,13 +133,15 @@ extends = ["python"]
 
 def python_probe(tmp_path: Path, code: str, *, filesystem: str = "", network: str = "",
                  extra_toml: str = "", variables: Optional[dict[str, str]] = None,
-                 env: Optional[dict[str, str]] = None, timeout: float = 60
+                 env: Optional[dict[str, str]] = None, timeout: float = 60, head: str = ""
                  ) -> subprocess.CompletedProcess[str]:
     """Run ``code`` with the system python3 inside a python-profile sandbox.
 
     A probe reports what happened by printing it or by exiting with the errno it got.
+    ``head``: top-level keys (``compat = ...``), placed before the tables.
     """
-    policy = write_policy(tmp_path, PROBE_POLICY.format(filesystem=filesystem, network=network)
+    policy = write_policy(tmp_path, PROBE_POLICY.format(filesystem=filesystem, network=network,
+                                                        head=head)
                           + extra_toml, name="probe.toml")
     return run_confined(policy, [PYTHON, "-c", textwrap.dedent(code)], variables=variables,
                         env=env, timeout=timeout)

@@ -390,8 +390,21 @@ def test_signal_scope_off_lets_the_signal_through(tmp_path: Path,
                                                   bystander: subprocess.Popen[bytes]) -> None:
     # The control for the test above: the same probe, with the scope turned off.
     body = f"os.kill({bystander.pid}, {int(signal.SIGTERM)})"
-    assert attempt(tmp_path, body, extra_toml="\n[scope]\nsignals = false\n") == "OK"
+    assert attempt(tmp_path, body, extra_toml="\n[scope]\nsignals = false\n",
+                   head='compat = "best-effort"\n') == "OK"
     assert bystander.wait(timeout=30) == -signal.SIGTERM
+
+
+def test_signal_scope_off_is_refused_in_strict_mode(tmp_path: Path) -> None:
+    """With the scope off the tool could SIGSTOP its launcher (the timeout never fires)
+    or kill the caller: strict mode refuses, naming it; best-effort runs and says so."""
+    strict = python_probe(tmp_path, "print('ran')", extra_toml="\n[scope]\nsignals = false\n")
+    assert strict.returncode == 125 and "ran" not in strict.stdout
+    assert "signal scope" in strict.stderr and "launcher" in strict.stderr, strict.stderr
+    lenient = python_probe(tmp_path, "print('ran')", extra_toml="\n[scope]\nsignals = false\n",
+                           head='compat = "best-effort"\n')
+    assert lenient.returncode == 0 and lenient.stdout.strip() == "ran", lenient.stderr
+    assert "NOT enforced" in lenient.stderr and "[scope] signals = false" in lenient.stderr
 
 
 def test_signals_inside_the_sandbox_still_work(tmp_path: Path) -> None:

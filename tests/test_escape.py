@@ -214,6 +214,7 @@ def test_empty_policy_reports_the_probes_own_grants(tmp_path: Path, workspace: P
 def broad_policy(tmp_path: Path, port: int) -> Path:
     return write_policy(tmp_path, f"""\
         version = 1
+        compat = "best-effort"  # [scope] signals = false is refused in strict mode
         extends = ["python"]
         [filesystem]
         write = ["${{workspace}}"]
