@@ -157,6 +157,11 @@ class Recorder(http.server.BaseHTTPRequestHandler):
     def _record(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        if self.headers.get("Transfer-Encoding") == "chunked":  # read it all: no RST on close
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                body += self.rfile.read(size + 2)[:-2]
+            while self.rfile.readline() not in (b"\r\n", b""):
+                pass
         self.server.seen.append({  # type: ignore[attr-defined]
             "method": self.command, "path": self.path, "headers": dict(self.headers.items()),
             "raw": str(self.headers), "body": body.decode("latin-1")})
