@@ -551,3 +551,21 @@ def test_the_tool_has_no_capabilities_and_no_new_privs(tmp_path: Path) -> None:
     lines = done.stdout.split("\n")
     assert lines[:5] == ["CapInh 0", "CapPrm 0", "CapEff 0", "CapAmb 0", "NoNewPrivs 1"]
     assert lines[5] == "setuid 1"  # EPERM, as root and as a user
+
+
+def test_signal_scope_off_through_the_api(tmp_path: Path) -> None:
+    """The API refuses the same policy in strict mode and reports it in best-effort."""
+    import sandlock
+    from sandlock.errors import SandlockError
+
+    text = 'version = 1\n{head}extends = ["base"]\n[filesystem]\nexec = ["/usr/bin/true"]\n' \
+           '[scope]\nsignals = false\n'
+    with pytest.raises(SandlockError, match="signal scope"):
+        sandlock.Sandbox(write_policy(tmp_path, text.format(head="")))
+    box = sandlock.Sandbox(write_policy(tmp_path, text.format(head='compat = "best-effort"\n'),
+                                        name="lenient.toml"))
+    try:
+        assert any("signal scope" in w for w in box.warnings)
+        assert box.run(["/usr/bin/true"]).returncode == 0
+    finally:
+        box.close()
