@@ -879,12 +879,13 @@ class Sandbox:
 
     def _mediation(self) -> Optional[Mediation]:
         """A new proxy and connect supervisor for one call, if the policy has host
-        allowlists (``[network] allow``); they run in this process until the call ends."""
+        allowlists (``[network] allow``): in a mediator process of their own
+        (:mod:`sandlock.mediator`), never in this one, until the call ends."""
         if not self.policy.network.allow:
             return None
-        from .supervisor import Mediation
+        from .mediator import RemoteMediation
 
-        return Mediation(self.policy)
+        return RemoteMediation(self.policy)  # type: ignore[return-value]
 
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),
@@ -945,7 +946,11 @@ class Sandbox:
             raise TypeError(f"env must be a mapping of str to str, not {env!r:.80}")
         if not args:
             raise ExecError("no command given", ExitCode.NOT_FOUND)
-        exe = launcher.resolve_command(args[0], os.environ.get("PATH"))
+        name = args[0]
+        if cwd is not None and "/" in name and not os.path.isabs(name):
+            # As subprocess: the child changes directory first, so ./tool means cwd's.
+            name = os.path.join(os.fspath(cwd), name)
+        exe = launcher.resolve_command(name, os.environ.get("PATH"))
         environment = self._environment()
         environment.update(env or {})
         return launcher.Command(os.path.abspath(exe), args, tuple(environment.items()),

@@ -485,3 +485,20 @@ def test_an_end_report_behind_a_reset_is_still_read() -> None:
     call.receive()
     assert call.status == (0, 0, False) and call.pid == 4242
     call.close()
+
+
+def test_a_relative_command_is_found_in_cwd_as_subprocess_does(tmp_path: Path) -> None:
+    """run(["./tool"], cwd=d) runs d/tool, not ./tool of the caller's directory."""
+    import sandlock
+
+    work = tmp_path / "work"
+    work.mkdir()
+    tool = work / "tool"
+    tool.write_text("#!/bin/sh\necho from-cwd\n")
+    tool.chmod(0o755)
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'version = 1\nextends = ["base"]\n[filesystem]\n'
+                      f'exec = ["{work}", "/usr/bin/sh", "/usr/bin/dash"]\n')
+    with sandlock.Sandbox(policy) as box:
+        done = box.run(["./tool"], cwd=str(work), capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "from-cwd\n", done.stderr
