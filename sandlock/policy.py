@@ -542,15 +542,10 @@ def builtin_profiles() -> list[str]:
 
 
 def _parse_text(text: str, source: str) -> dict[str, Any]:
-    line = find_deep_nesting(text, MAX_NESTING)
-    if line is not None:
-        raise PolicyError(f"arrays and inline tables nested more than {MAX_NESTING} deep",
-                          source=source, line=line)
     try:
-        data: dict[str, Any] = _toml.loads(text)
-        return data
-    except RecursionError:  # whatever nesting the scan above could not see
-        raise PolicyError("TOML nested too deeply to parse", source=source) from None
+        data: dict[str, Any] | None = _toml.loads(text)
+    except RecursionError:  # the parser recurses once per level: a thousand exhaust it
+        data = None
     except ValueError as exc:
         if isinstance(exc, _toml.TOMLDecodeError):
             raise _syntax_error(exc, source) from None
@@ -558,6 +553,23 @@ def _parse_text(text: str, source: str) -> dict[str, Any]:
         digits = re.search(r"\d{1000}", text)
         raise PolicyError("TOML value out of range: a number with too many digits", source=source,
                           line=text.count("\n", 0, digits.start()) + 1 if digits else None) from None
+    if data is None or _nested_deeper(data, MAX_NESTING):
+        raise PolicyError(f"arrays and tables nested more than {MAX_NESTING} deep", source=source,
+                          line=find_deep_nesting(text, MAX_NESTING))
+    return data
+
+
+def _nested_deeper(data: object, limit: int) -> bool:
+    """Whether tables and arrays in ``data`` nest deeper than ``limit`` (no recursion:
+    the depth is what is being checked)."""
+    stack = [(data, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        values = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack += [(value, depth + 1) for value in values if isinstance(value, (dict, list))]
+    return False
 
 
 def _syntax_error(exc: Exception, source: str) -> PolicyError:

@@ -261,12 +261,15 @@ def open_standard_streams() -> None:
             os.dup2(null, fd)
             os.close(null)
         os.set_inheritable(fd, True)
-    if sys.stdin is None:
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the process
-    if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-    if sys.stderr is None:
-        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+    try:  # streams that live as long as the process
+        if sys.stdin is None:
+            sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        if sys.stdout is None:
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        if sys.stderr is None:
+            sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+    except OSError:
+        pass  # still closed: say() and exit_now() cope with a None stream
 
 
 def _silence_stdout() -> None:

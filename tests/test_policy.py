@@ -850,8 +850,12 @@ def test_error_line_inside_multiline_array_with_comments(tmp_path: Path) -> None
                                    "[" * 33 + "]" * 33])
 def test_deep_nesting_is_refused_with_its_line(tmp_path: Path, value: str) -> None:
     error = failure(tmp_path, f"version = 1\n\nx = {value}\n")
-    assert str(error) == (f"{tmp_path / 'policy.toml'}:3: arrays and inline tables nested "
-                          "more than 32 deep")
+    assert str(error) == f"{tmp_path / 'policy.toml'}:3: arrays and tables nested more than 32 deep"
+
+
+def test_deep_dotted_tables_are_refused(tmp_path: Path) -> None:
+    error = failure(tmp_path, "version = 1\n[" + ".".join(["a"] * 40) + "]\n")
+    assert str(error) == f"{tmp_path / 'policy.toml'}: arrays and tables nested more than 32 deep"
 
 
 def test_nesting_within_the_bound_reaches_the_schema(tmp_path: Path) -> None:
