@@ -645,6 +645,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
             raise SandlockError("a Python call reached a command supervisor")
         child = taken
         failure = ""
+        recorder = None
         if child is None:
             spare = None
             compiled = _compiled(request, fds[4] if request["ruleset"] else -1)
@@ -653,8 +654,15 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
                     spare = _Spare(compiled, request.get("policy") or b"", ahead=False)
                     child = spare.take(request, fds)
                 else:
-                    child = launcher.spawn(compiled, cmd, stdin=stdin, stdout=stdout,
-                                           stderr=stderr, hook=_listener_hook(request, fds))
+                    recorder = _recorder(request)
+                    hook = _listener_hook(request, fds)
+                    if recorder is not None:  # recorder first: the mediation filter
+                        hook = _hooks(recorder.in_child, hook)  # refuses new listeners
+                    starting = launcher.Starting(compiled, cmd, stdio=(stdin, stdout, stderr),
+                                                 hook=hook)
+                    if recorder is not None:
+                        recorder.start()  # before confirm(): the child's execve is notified
+                    child = starting.confirm()
             except SandlockError as exc:
                 failure = f"F {int(exc.exit_code)} {type(exc).__name__}\n{exc}"
             except OSError as exc:  # fork failed (EAGAIN: RLIMIT_NPROC, memory)
@@ -667,12 +675,16 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
             os.close(fd)  # the child has them; keeping them would delay the caller's EOF
         fds = fds[:1]
         if failure:
+            _send_denials(call, request, recorder)
             _send(call, failure)
             return
         assert child is not None
         if request.get("report_start"):
             _send(call, f"S {child.pid}")
         report = _watch(child, call, request["timeout"], spare)
+        if child.pidfd >= 0 and recorder is not None:
+            child._reap()  # the tree is gone before what it did is judged
+        _send_denials(call, request, recorder)
         if report not in (b"", b".") and child.returncode == ExitCode.LAUNCHER:
             error = launcher._setup_failure(cmd, report)
             _send(call, f"F {int(error.exit_code)} {type(error).__name__}\n{error}")
@@ -682,6 +694,8 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
         if child.pidfd >= 0:
             child._reap()  # ended early (see _watch): reap it, and anything it left
     finally:
+        if recorder is not None:
+            recorder.__exit__()  # stops it unless _send_denials did
         if spare is not None:
             spare.close()
         if not noted:
@@ -712,6 +726,53 @@ def _listener_hook(request: dict[str, Any], fds: Sequence[int]) -> Any:
         kernel.install_listener(prog, fd)
 
     return hook
+
+
+def _recorder(request: dict[str, Any]) -> Any:
+    """The :class:`sandlock.trace.Recorder` of a command call with ``trace`` (the API's
+    ``run(..., trace=True)``), else None: no notifying filter, no thread."""
+    if not request.get("trace"):
+        return None
+    from .trace import Recorder
+
+    return Recorder(network_mediated=bool(request.get("mediate")))
+
+
+def _hooks(*hooks: Any) -> Any:
+    def hook() -> None:
+        for each in hooks:
+            if each is not None:
+                each()
+
+    return hook
+
+
+#: The largest ``D`` message (the caller reads at most 64 KiB at once).
+_DENIALS_LIMIT = 60000
+
+
+def _send_denials(call: socket.socket, request: dict[str, Any], recorder: Any) -> None:
+    """``D`` and the refused accesses as JSON, judged here (the recorded paths come
+    from the tool's memory: they are never parsed in the caller's process), before
+    the call's ``E``/``F``. Those that do not fit in one message are counted."""
+    if recorder is None:
+        return
+    import json
+
+    from .trace import Judge
+
+    recorder.stop()
+    abi, rules, ports = request["trace"]
+    denials = [d.as_dict() for d in Judge(abi, [tuple(r) for r in rules],
+                                          dict(ports)).denials(recorder.events)]
+    kept, size = [], 0
+    for item in denials:
+        size += len(json.dumps(item)) + 2
+        if size > _DENIALS_LIMIT:
+            break
+        kept.append(item)
+    _send(call, "D " + json.dumps({"denials": kept, "omitted": len(denials) - len(kept),
+                                    "recorded": len(recorder.events), "lost": recorder.lost}))
 
 
 def _send(call: socket.socket, text: str) -> None:
