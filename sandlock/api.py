@@ -47,6 +47,7 @@ from .policy import Compat, Policy, load_policy, loads_policy, policy_from_dict
 
 if TYPE_CHECKING:
     from .supervisor import Mediation
+    from .trace import Denial
 
 #: Same values as :mod:`subprocess`'s, so either module's constants work.
 PIPE = -1
@@ -82,6 +83,10 @@ class Result:
     pid: Optional[int] = None
     #: Under ``[network] allow``: one line per connection the policy refused.
     network_events: tuple[str, ...] = ()
+    #: With ``trace=True``: each access the policy refused (:class:`sandlock.trace.Denial`:
+    #: right, path or port, interpreter detail, the policy line that grants it), as
+    #: `sandlock trace --json` lists them. Always ``()`` without ``trace``.
+    denials: tuple["Denial", ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -120,6 +125,7 @@ class _Call:
     #: what they refused (known once the call is closed).
     mediation: Optional[Mediation] = None
     network_events: tuple[str, ...] = ()
+    denials: tuple["Denial", ...] = ()  #: from a ``D`` report (``trace=True`` only)
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -159,6 +165,8 @@ class _Call:
             else:
                 self.failure = _FAILURES.get(name, SandlockError)(text)
                 self.failure.exit_code = int(exit_code)
+        elif kind == b"D":  # trace=True: what the policy refused, before E or F
+            self.denials = _denials(rest)
         elif kind == b"X" and self.cmd is not None:  # the child's own pre-exec report
             self.failure = launcher._setup_failure(self.cmd, rest)
         elif self.status is None and self.failure is None:
@@ -857,17 +865,18 @@ class Sandbox:
     # -- calls
 
     def _start(self, cmd: launcher.Command, stdio: tuple[File, File, File],
-               timeout: Optional[float], *, report_start: bool = False
+               timeout: Optional[float], *, report_start: bool = False, trace: bool = False
                ) -> tuple[_Call, tuple[int, int, int]]:
         """Open the caller's ends of the pipes ``stdio`` asks for and submit ``cmd``;
         on failure nothing stays open. Returns the call and the caller's ends."""
+        fields = {"trace": self._trace_rules()} if trace else {}
         mine, theirs = _open_stdio(stdio)
         try:
             mediation = self._mediation()
             if mediation is not None:
                 cmd = mediation.command(cmd)
             call = self._submit("exec", cmd, theirs, timeout, mediation=mediation,
-                                report_start=report_start)
+                                report_start=report_start, **fields)
         except BaseException:
             for fd in mine:
                 if fd >= 0:
@@ -876,6 +885,21 @@ class Sandbox:
         finally:
             _close_theirs(theirs, stdio)
         return call, mine
+
+    def _trace_rules(self) -> tuple[int, list[tuple[str, int, bool]], dict[int, int]]:
+        """What the supervisor of a ``trace=True`` call judges recorded accesses by
+        (:class:`sandlock.trace.Judge`: the ruleset's rights), computed once."""
+        if self._judge is None:
+            from .trace import Judge, supported
+
+            why = supported()
+            if why:
+                raise KernelSupportError(f"trace=True: {why}")
+            judge = Judge.for_policy(self.policy, self._compiled.abi)
+            self._judge = (judge.abi, judge.rules, judge.ports)
+        return self._judge
+
+    _judge: Optional[tuple[int, list[tuple[str, int, bool]], dict[int, int]]] = None
 
     def _mediation(self) -> Optional[Mediation]:
         """A new proxy and connect supervisor for one call, if the policy has host
@@ -901,7 +925,8 @@ class Sandbox:
         try:
             compiled = self._compiled
             limit = self.policy.limits.timeout if timeout is None else timeout
-            if kind == "exec" and self._native and nativeexec.enabled() and mediation is None:
+            if kind == "exec" and self._native and nativeexec.enabled() and mediation is None \
+                    and "trace" not in fields:  # a traced call's recorder is Python's
                 native = _NativeCall(compiled, cmd, stdio, limit, bool(fields.get("report_start")))
                 native.deadline = None if limit is None else _now() + limit + _GRACE
                 return native
@@ -981,16 +1006,19 @@ class Sandbox:
               stderr: File = None, cwd: Optional[str] = None,
               env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
               text: bool = False, encoding: Optional[str] = None,
-              errors: Optional[str] = None) -> "Process":
+              errors: Optional[str] = None, trace: bool = False) -> "Process":
         """Start ``argv`` confined and return a :class:`Process` (like subprocess.Popen).
 
         Raises :class:`ExecError` (126/127) or :class:`SetupError` (125) if it could
         not start. ``timeout`` (or the policy's) is a hard limit enforced by the
-        supervisor; ``env`` adds variables to those the policy passes.
+        supervisor; ``env`` adds variables to those the policy passes. ``trace``: as
+        for :meth:`run` (``Process.result.denials`` once it has ended).
         """
         timeout = _check_timeout(timeout)
+        _check_trace(trace)
         cmd = self._command(argv, cwd, env)
-        call, mine = self._start(cmd, (stdin, stdout, stderr), timeout, report_start=True)
+        call, mine = self._start(cmd, (stdin, stdout, stderr), timeout, report_start=True,
+                                 trace=trace)
         return Process(call, cmd.argv, mine, text or bool(encoding or errors), encoding, errors)
 
     def run(self, argv: Sequence[str], *, input: Optional[Union[bytes, str]] = None,
@@ -998,14 +1026,18 @@ class Sandbox:
             capture_output: bool = False, stdin: File = None, stdout: File = None,
             stderr: File = None, env: Optional[Mapping[str, str]] = None, text: bool = False,
             encoding: Optional[str] = None, errors: Optional[str] = None,
-            check: bool = False) -> Result:
+            check: bool = False, trace: bool = False) -> Result:
         """Run ``argv`` confined and wait (like subprocess.run).
 
         Returns a :class:`Result` however it ended, including timeouts (124) and
         refusals before exec (125-127); ``check=True`` raises the typed error instead.
+        ``trace=True`` also records what the command did, confined exactly as without
+        it (recording never decides, see :mod:`sandlock.trace`), and lists what the
+        policy refused in ``Result.denials``, as `sandlock trace` does. Without it no
+        recording filter is loaded and no recorder runs.
         """
         job = self._start_run(argv, input, timeout, cwd, capture_output, stdin, stdout,
-                              stderr, env, text, encoding, errors)
+                              stderr, env, text, encoding, errors, trace)
         if isinstance(job, Result):
             return job.check() if check else job
         try:
@@ -1021,10 +1053,11 @@ class Sandbox:
                         capture_output: bool = False, stdin: File = None, stdout: File = None,
                         stderr: File = None, env: Optional[Mapping[str, str]] = None,
                         text: bool = False, encoding: Optional[str] = None,
-                        errors: Optional[str] = None, check: bool = False) -> Result:
+                        errors: Optional[str] = None, check: bool = False,
+                        trace: bool = False) -> Result:
         """:meth:`run` for asyncio: awaits without a thread. Cancelling kills the tree."""
         job = self._start_run(argv, input, timeout, cwd, capture_output, stdin, stdout,
-                              stderr, env, text, encoding, errors)
+                              stderr, env, text, encoding, errors, trace)
         if isinstance(job, Result):
             return job.check() if check else job
         try:
@@ -1038,10 +1071,11 @@ class Sandbox:
     def _start_run(self, argv: Sequence[str], input: Optional[Union[bytes, str]],
                    timeout: Optional[float], cwd: Optional[str], capture_output: bool,
                    stdin: File, stdout: File, stderr: File, env: Optional[Mapping[str, str]],
-                   text: bool, encoding: Optional[str], errors: Optional[str]
-                   ) -> Union[Result, "_RunJob"]:
+                   text: bool, encoding: Optional[str], errors: Optional[str],
+                   trace: bool = False) -> Union[Result, "_RunJob"]:
         # Everything is checked before anything is opened or started.
         timeout = _check_timeout(timeout)
+        _check_trace(trace)
         for what, value in (("encoding", encoding), ("errors", errors)):
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{what} must be a str, not {type(value).__name__}")
@@ -1063,7 +1097,7 @@ class Sandbox:
             cmd = self._command(args, cwd, env)
         except ExecError as exc:
             return Result(args, int(exc.exit_code), outcome=Outcome.NOT_STARTED, error=exc)
-        call, mine = self._start(cmd, (stdin, stdout, stderr), timeout)
+        call, mine = self._start(cmd, (stdin, stdout, stderr), timeout, trace=trace)
         writes = {mine[0]: input or b""} if mine[0] >= 0 else {}
         pump = _Pump(call, writes, [fd for fd in mine[1:] if fd >= 0])
         return _RunJob(call, pump, args, mine, decode, encoding, errors)
@@ -1169,13 +1203,25 @@ def _result(call: _Call, args: tuple[str, ...], stdout: Any, stderr: Any) -> Res
     if call.failure is not None:
         return Result(args, int(call.failure.exit_code), stdout, stderr,
                       Outcome.NOT_STARTED, error=call.failure, pid=call.pid,
-                      network_events=call.network_events)
+                      network_events=call.network_events, denials=call.denials)
     assert call.status is not None
     code, sig, timed_out = call.status
     outcome = (Outcome.TIMED_OUT if timed_out else Outcome.SIGNALLED if sig
                else Outcome.EXITED)
     return Result(args, code, stdout, stderr, outcome, sig or None, None, call.pid,
-                  call.network_events)
+                  call.network_events, call.denials)
+
+
+def _denials(data: bytes) -> tuple["Denial", ...]:
+    """The ``D`` report of a traced call (forkserver._send_denials): JSON made by the
+    call's supervisor, which judged the recorded accesses."""
+    import json
+
+    from .trace import Denial
+
+    report = json.loads(data)
+    return tuple(Denial(d["right"], d.get("path", ""), d.get("port", -1), d.get("detail", ""),
+                        d["section"], d["grant"]) for d in report["denials"])
 
 
 @dataclass
@@ -1238,6 +1284,11 @@ class _CallJob:
         # error is the caller's word about the sandbox (SetupError: "could not start"),
         # never the tool's: what the function says it raised is a CallError.
         raise CallError(f"{name} raised {what}: {message}", remote_traceback=text)
+
+
+def _check_trace(trace: Any) -> None:
+    if not isinstance(trace, bool):
+        raise TypeError(f"trace must be True or False, not {type(trace).__name__}")
 
 
 def _argv(argv: Any) -> tuple[str, ...]:
