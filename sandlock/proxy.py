@@ -33,6 +33,9 @@ from typing import Callable, Optional
 from .netrules import IPAddress, NetRules, Verdict, as_address, format_target, normalize_host
 
 HEAD_LIMIT = 64 * 1024
+#: Client connections open at once per run (each holds one or two descriptors and a
+#: thread); beyond, a new one is closed at once and reported (``network:``).
+MAX_CLIENTS = 256
 HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
 CONNECT_TIMEOUT = 15.0
 USER = "sandlock"
@@ -122,10 +125,17 @@ class Proxy:
                 if self._closing:
                     client.close()
                     return
-                self._open.add(client)
-                thread = threading.Thread(target=self._serve, args=(client,), daemon=True,
-                                          name="sandlock-proxy-conn")
-                self._threads.add(thread)
+                full = len(self._threads) >= MAX_CLIENTS
+                if not full:
+                    self._open.add(client)
+                    thread = threading.Thread(target=self._serve, args=(client,), daemon=True,
+                                              name="sandlock-proxy-conn")
+                    self._threads.add(thread)
+            if full:
+                client.close()
+                self._report_once(f"network: refused a connection to the proxy: {MAX_CLIENTS} "
+                                  "are open in this run (the limit per run)")
+                continue
             thread.start()
 
     def _track(self, sock: socket.socket) -> bool:
@@ -157,7 +167,9 @@ class Proxy:
                 self._threads.discard(threading.current_thread())
 
     def _deny(self, host: str, port: int, reason: str, via: str) -> None:
-        message = f"network: refused {format_target(host, port)} ({via}): {reason}"
+        self._report_once(f"network: refused {format_target(host, port)} ({via}): {reason}")
+
+    def _report_once(self, message: str) -> None:
         with self._lock:
             if message in self._reported or len(self._reported) > 100:
                 return

@@ -99,12 +99,17 @@ def check_support() -> None:
         raise KernelSupportError("[network] allow needs seccomp user notification (Linux 5.9+)")
 
 
+#: Connects to remote hosts under way at once per run (each holds a descriptor and a
+#: thread); beyond, the tool's connect fails with EAGAIN and a ``network:`` report.
+MAX_CONNECTING = 256
+
+
 class Supervisor:
     """Answers the tool's connect(2) calls; see the module docstring."""
 
-    def __init__(self, network: "Network", rules: NetRules, proxy: tuple[str, int],
-                 report: Callable[[str], None]) -> None:
-        self.ports = tuple((r.low, r.high) for r in network.connect)
+    def __init__(self, ports: tuple[tuple[int, int], ...], rules: NetRules,
+                 proxy: tuple[str, int], report: Callable[[str], None]) -> None:
+        self.ports = ports
         self.rules = rules
         self.proxy = proxy
         self.report = report
@@ -250,7 +255,14 @@ class Supervisor:
             worker = threading.Thread(target=self._slow_connect, args=(ident, sock, raw, length),
                                       daemon=True, name="sandlock-connect-worker")
             with self._lock:
-                self._workers[worker] = sock
+                busy = len(self._workers) >= MAX_CONNECTING
+                if not busy:
+                    self._workers[worker] = sock
+            if busy:
+                self._deny("more hosts", f"{MAX_CONNECTING} connects are under way in this run "
+                           "(the limit per run)", hint=False)
+                self._respond(ident, -errno.EAGAIN)
+                return
             keep = True
             worker.start()
         finally:
@@ -361,9 +373,10 @@ class Mediation:
         self._stopped = False
         network = policy.network
         rules = NetRules(network.allow, network.deny, network.hosts)
+        ports = tuple((r.low, r.high) for r in network.connect)
         self.proxy = Proxy(rules, self._event)
         try:
-            self.supervisor = Supervisor(network, rules, self.proxy.address, self._event)
+            self.supervisor = Supervisor(ports, rules, self.proxy.address, self._event)
         except BaseException:
             self.proxy.stop()
             raise

@@ -62,3 +62,26 @@ def report_supervisor(pidfile: str) -> None:
         handle.write(f"{os.getppid()} {os.getpid()}")
     os.rename(pidfile + ".tmp", pidfile)
     time.sleep(120)
+
+
+def flood_proxy(count: int, ready: str, release: str) -> int:
+    """Open ``count`` connections to the run's proxy and hold them until ``release``
+    exists; return how many were opened."""
+    import resource
+    import socket
+    import urllib.parse
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    url = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+    held = []
+    for _ in range(count):
+        try:
+            held.append(socket.create_connection((url.hostname, url.port), timeout=5))
+        except OSError:
+            break
+    with open(ready, "w"):
+        pass
+    while not os.path.exists(release):
+        time.sleep(0.05)
+    return len(held)

@@ -1,0 +1,184 @@
+"""The API's host-allowlist mediation, in a process of its own (issue 12).
+
+What a run with ``[network] allow`` needs, the proxy (HTTP and SOCKS5 parsing) and
+the connect supervisor (which reads the tool's memory through ``/proc/TID/mem``),
+is attacker-facing: a tool controls every byte it parses and can open connections
+until a descriptor limit is reached. ``sandlock run`` runs it in the launcher,
+which holds nothing but the run. The API's caller is an agent holding API keys and
+conversations, so for each call this module starts a mediator: a clean exec of
+``sys.executable -I -S`` with an empty environment (never a fork of the caller),
+which runs :class:`sandlock.supervisor.Mediation` for that one call and exits when
+the caller stops it or goes away (EOF on its socket). A tool that opens thousands
+of connections exhausts the mediator's descriptors, not the agent's; and there are
+at most :data:`sandlock.proxy.MAX_CLIENTS` of them per run anyway.
+
+Wire (one SOCK_SEQPACKET socketpair, fd 3 in the mediator): the caller sends the
+rules (pickled ``(ports, allow, deny, hosts)``: the mediator trusts its caller);
+the mediator answers ``marshal((proxy environment, notify BPF))`` with the socket
+on which the confined child sends its listener (SCM_RIGHTS); the caller's ``stop``
+(or EOF) ends it; it answers ``stop`` with ``marshal(events)``.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import socket
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Optional
+
+    from .launcher import Command
+    from .policy import Policy
+
+#: Seconds the caller waits for the mediator's answer (start-up is ~30 ms).
+START_TIMEOUT = 30.0
+_STOP = b"stop"
+
+
+class _Environment:
+    """What api.py reads of a Mediation's proxy."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self._env = env
+
+    def environment(self) -> dict[str, str]:
+        return dict(self._env)
+
+
+class _Listener:
+    """What api.py reads of a Mediation's supervisor."""
+
+    def __init__(self, child_end: int, notify_bpf: bytes) -> None:
+        self.child_end = child_end
+        self.notify_bpf = notify_bpf
+
+
+class RemoteMediation:
+    """The caller's handle on one call's mediator process; used as api.py uses a
+    :class:`sandlock.supervisor.Mediation` (``proxy.environment()``,
+    ``supervisor.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
+
+    def __init__(self, policy: Policy) -> None:
+        import pickle
+        import subprocess
+
+        from .errors import SetupError
+
+        network = policy.network
+        config = pickle.dumps((tuple((r.low, r.high) for r in network.connect),
+                               network.allow, network.deny, network.hosts))
+        self.events: list[str] = []
+        self._stopped = False
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        boot = ("import sys; sys.path.insert(0, sys.argv[1]); from sandlock.mediator "
+                "import serve; serve(int(sys.argv[2]))")
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", boot, root, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], env={}, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+        except BaseException:
+            self._sock.close()
+            raise
+        finally:
+            theirs.close()
+        try:
+            self._sock.send(config)
+            self._sock.settimeout(START_TIMEOUT)
+            data, fds, _, _ = socket.recv_fds(self._sock, 1 << 16, 1)
+            self._sock.settimeout(None)
+            if not data or len(fds) != 1:
+                raise OSError("no answer")
+            env, bpf = marshal.loads(data)
+        except (OSError, ValueError, EOFError, TypeError) as exc:
+            self._sock.close()
+            self._proc.kill()
+            self._proc.wait()
+            raise SetupError(f"the network mediator for [network] allow did not start ({exc}; "
+                             f"exit status {self._proc.returncode})") from None
+        self.proxy = _Environment(env)
+        self.supervisor = _Listener(fds[0], bpf)
+
+    def command(self, cmd: Command) -> Command:
+        """``cmd`` with the proxy variables set (they override the caller's)."""
+        from .launcher import Command
+
+        env = dict(cmd.env)
+        env.update(self.proxy.environment())
+        return Command(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
+
+    def start(self) -> None:
+        """The listener socket has gone to the supervisor with the request: drop ours."""
+        self._close_child_end()
+
+    def _close_child_end(self) -> None:
+        if self.supervisor.child_end >= 0:
+            os.close(self.supervisor.child_end)
+            self.supervisor.child_end = -1
+
+    def stop(self) -> None:
+        """End the mediator (once); keep what it refused."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._close_child_end()
+        try:
+            self._sock.send(_STOP)
+            self._sock.settimeout(START_TIMEOUT)
+            events = marshal.loads(self._sock.recv(1 << 20))
+            self.events = [str(e) for e in events][:1000]
+        except (OSError, ValueError, EOFError, TypeError):
+            pass  # it died: nothing to report, and nothing of it is left to stop
+        finally:
+            self._sock.close()
+            try:
+                self._proc.wait(START_TIMEOUT)
+            except Exception:  # noqa: BLE001 - hung: it is ours to kill
+                self._proc.kill()
+                self._proc.wait()
+
+
+# ----------------------------------------------------------------------------
+# The mediator process
+
+
+def serve(fd: int) -> None:
+    """Main of the mediator process (never returns)."""
+    import pickle
+    import resource
+    from types import SimpleNamespace
+
+    from .supervisor import Mediation
+
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:  # room for MAX_CLIENTS clients and their upstreams
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    code = 1
+    mediation: Optional[Mediation] = None
+    try:
+        ports, allow, deny, hosts = pickle.loads(sock.recv(1 << 20))
+        policy: Any = SimpleNamespace(network=SimpleNamespace(
+            connect=tuple(SimpleNamespace(low=low, high=high) for low, high in ports),
+            allow=allow, deny=deny, hosts=hosts))
+        mediation = Mediation(policy)
+        sock.sendmsg([marshal.dumps((mediation.proxy.environment(),
+                                     mediation.supervisor.notify_bpf))],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                       mediation.supervisor.child_end.to_bytes(4, sys.byteorder))])
+        mediation.start()
+        said = sock.recv(16)  # "stop", or b"" when the caller is gone
+        mediation.stop()
+        if said == _STOP:
+            sock.send(marshal.dumps(list(mediation.events)))
+        code = 0
+    except BaseException:  # noqa: BLE001 - the caller sees EOF and reports it
+        if mediation is not None:
+            mediation.stop()
+    finally:
+        os._exit(code)
