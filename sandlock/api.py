@@ -166,7 +166,7 @@ class _Call:
                 self.failure = _FAILURES.get(name, SandlockError)(text)
                 self.failure.exit_code = int(exit_code)
         elif kind == b"D":  # trace=True: what the policy refused, before E or F
-            self.denials = _denials(rest)
+            self.denials += _denials(rest)
         elif kind == b"X" and self.cmd is not None:  # the child's own pre-exec report
             self.failure = launcher._setup_failure(self.cmd, rest)
         elif self.status is None and self.failure is None:
@@ -1213,15 +1213,14 @@ def _result(call: _Call, args: tuple[str, ...], stdout: Any, stderr: Any) -> Res
 
 
 def _denials(data: bytes) -> tuple["Denial", ...]:
-    """The ``D`` report of a traced call (forkserver._send_denials): JSON made by the
+    """One ``D`` report of a traced call (forkserver._send_denials): JSON made by the
     call's supervisor, which judged the recorded accesses."""
     import json
 
     from .trace import Denial
 
-    report = json.loads(data)
     return tuple(Denial(d["right"], d.get("path", ""), d.get("port", -1), d.get("detail", ""),
-                        d["section"], d["grant"]) for d in report["denials"])
+                        d["section"], d["grant"]) for d in json.loads(data))
 
 
 @dataclass

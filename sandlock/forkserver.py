@@ -752,9 +752,9 @@ _DENIALS_LIMIT = 60000
 
 
 def _send_denials(call: socket.socket, request: dict[str, Any], recorder: Any) -> None:
-    """``D`` and the refused accesses as JSON, judged here (the recorded paths come
-    from the tool's memory: they are never parsed in the caller's process), before
-    the call's ``E``/``F``. Those that do not fit in one message are counted."""
+    """``D`` messages, each a JSON list of refused accesses, judged here (the recorded
+    paths come from the tool's memory: they are never parsed in the caller's process),
+    before the call's ``E``/``F``; as many as the list needs (a path is at most 4 KiB)."""
     if recorder is None:
         return
     import json
@@ -763,16 +763,18 @@ def _send_denials(call: socket.socket, request: dict[str, Any], recorder: Any) -
 
     recorder.stop()
     abi, rules, ports = request["trace"]
-    denials = [d.as_dict() for d in Judge(abi, [tuple(r) for r in rules],
-                                          dict(ports)).denials(recorder.events)]
-    kept, size = [], 0
-    for item in denials:
-        size += len(json.dumps(item)) + 2
-        if size > _DENIALS_LIMIT:
-            break
-        kept.append(item)
-    _send(call, "D " + json.dumps({"denials": kept, "omitted": len(denials) - len(kept),
-                                    "recorded": len(recorder.events), "lost": recorder.lost}))
+    judge = Judge(abi, [tuple(r) for r in rules], dict(ports))
+    batch: list[str] = []
+    size = 0
+    for denial in judge.denials(recorder.events):
+        item = json.dumps(denial.as_dict())
+        if batch and size + len(item) > _DENIALS_LIMIT:
+            _send(call, "D [" + ",".join(batch) + "]")
+            batch, size = [], 0
+        batch.append(item)
+        size += len(item) + 1
+    if batch:
+        _send(call, "D [" + ",".join(batch) + "]")
 
 
 def _send(call: socket.socket, text: str) -> None:

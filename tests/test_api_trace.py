@@ -169,3 +169,17 @@ def test_git_log_names_its_missing_grant(tmp_path: Path, secret: Path) -> None:
     assert (fixed.returncode, fixed.stdout) == (0, "first\n"), (fixed.stderr, fixed.denials)
     assert stolen.returncode != 0 and SECRET not in stolen.stdout + stolen.stderr
     assert any(d.path == str(secret) for d in stolen.denials)
+
+
+def test_every_denial_of_a_long_list_arrives(tmp_path: Path) -> None:
+    """More refusals than one supervisor message holds: none is dropped."""
+    many = tmp_path / ("d" * 200)
+    many.mkdir()
+    names = [f"{'f' * 150}{index:04d}" for index in range(1500)]
+    for name in names:
+        (many / name).write_text("x")
+    with box(exec=["/usr/bin/cat"]) as sandbox:
+        result = sandbox.run(["cat", *(str(many / n) for n in names)], stderr=subprocess.DEVNULL,
+                             trace=True)
+    assert result.returncode == 1
+    assert sorted(d.path for d in result.denials) == [str(many / n) for n in names]
