@@ -893,6 +893,10 @@ class Sandbox:
             from .trace import Judge, supported
 
             why = supported()
+            if self.policy.network.allow:  # has_duplicate_listener() in kernel/seccomp.c
+                why = ("not available with [network] allow: the kernel lets a process's "
+                       "filters have one notification listener, and the host allowlist's "
+                       "connect supervisor holds it")
             if why:
                 raise KernelSupportError(f"trace=True: {why}")
             judge = Judge.for_policy(self.policy, self._compiled.abi)

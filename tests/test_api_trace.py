@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import pytest
 
 from sandlock import Outcome, Sandbox
+from sandlock.errors import KernelSupportError
 from sandlock import trace as T
 
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted"
@@ -183,3 +184,13 @@ def test_every_denial_of_a_long_list_arrives(tmp_path: Path) -> None:
                              trace=True)
     assert result.returncode == 1
     assert sorted(d.path for d in result.denials) == [str(many / n) for n in names]
+
+
+def test_trace_under_a_host_allowlist_is_refused_clearly() -> None:
+    """The kernel gives a process's filters one notification listener (the host
+    allowlist's): a traced call says so before anything starts."""
+    with Sandbox({"version": 1, "extends": ["base"], "filesystem": {"exec": ["/usr/bin/cat"]},
+                  "network": {"allow": ["example.com:443"]}}) as sandbox:
+        with pytest.raises(KernelSupportError, match=r"trace=True: not available with \[network\] allow"):
+            sandbox.run(["cat", "/dev/null"], trace=True)
+        assert sandbox.run(["cat", "/dev/null"]).returncode == 0
