@@ -32,7 +32,8 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -45,6 +46,8 @@ from .policy import Access, PathRule, Policy, PortRange, load_profile
 PAYLOAD = Path(__file__).with_name("probe_payload.py")
 INTERPRETER = "/usr/bin/python3"
 ENV_CANARY = "SANDLOCK_PROBE_API_KEY"  #: a secret-looking name no sane policy passes
+#: What the credential routes' secret looks like (the payload searches for it).
+CREDENTIAL_SHAPE = "SANDLOCK-CRED-[0-9a-f]{32}"
 RUN_TIMEOUT = 60.0  #: seconds; the payload itself needs one or two
 
 #: Verdicts. Only ESCAPE and error make the run fail.
@@ -418,6 +421,18 @@ SPECS: tuple[Spec, ...] = (
     Spec("secrets.helper_mem", "read another process's /proc/PID/mem", _proc("helper/mem"),
          _fs_gap),
     Spec("secrets.inherited_fds", "use a descriptor the caller had open"),
+    # credential routes (issue 16): nothing in a policy grants the secret to the tool
+    Spec("credentials.env", "find a credential's secret in the tool's environment"),
+    Spec("credentials.parent_environ", "read the route server's /proc/PPID/environ",
+         limit=_fs_gap),
+    Spec("credentials.parent_mem", "read the secret in the route server's /proc/PPID/mem",
+         limit=_fs_gap),
+    Spec("credentials.proc_environ", "find the secret in any readable /proc/N/environ",
+         limit=_fs_gap),
+    Spec("credentials.route_without_placeholder",
+         "use the route without this run's placeholder (none, a guessed key or placeholder)"),
+    Spec("credentials.placeholder_echo",
+         "send the placeholder to another loopback server and read the echo"),
     # network
     Spec("net.tcp_connect_denied_port", "TCP connect to a loopback port not granted",
          _connect("tcp_denied"), _tcp_gap),
@@ -537,6 +552,10 @@ class Harness:
         self.policy = policy
         self.token = secrets.token_hex(8)
         self.canary = f"SANDLOCK-CANARY-{self.token}"
+        #: the secret the credential routes serve (never a real one); the payload gets
+        #: only its shape, CREDENTIAL_SHAPE
+        self.credential_secret = f"SANDLOCK-CRED-{secrets.token_hex(16)}"
+        self.threads: list[threading.Thread] = []
         self.dir = Path(tempfile.mkdtemp(prefix="sandlock-probe-"))
         self.home = home or os.path.expanduser("~")
         self.sockets: list[socket.socket] = []
@@ -606,6 +625,8 @@ class Harness:
             "limits": _limits(self.policy),
         }
         self._listen()
+        if self.policy.credentials:
+            self._echo()
         self._start_helper()
         self._ipc()
         self.cfg["present"] = {f"limits.{k}": True for k in self.cfg["limits"]}
@@ -655,6 +676,17 @@ class Harness:
         abstract = f"sandlock-probe-{self.token}"
         self._socket(socket.AF_UNIX, socket.SOCK_STREAM, "\0" + abstract)
         self.cfg["abstract"] = abstract
+
+    def _echo(self) -> None:
+        """A loopback HTTP server that answers each request with the bytes it received:
+        the tool sends it the placeholder where the secret goes and reads the echo."""
+        server = self._socket(socket.AF_INET, socket.SOCK_STREAM, ("127.0.0.1", 0))
+        thread = threading.Thread(target=_echo_loop, args=(server,), daemon=True,
+                                  name="sandlock-probe-echo")
+        thread.start()
+        self.threads.append(thread)
+        self.cfg["credential"] = {"shape": CREDENTIAL_SHAPE, "echo": server.getsockname()[1],
+                                  "routes": []}
 
     def _socket(self, family: int, kind: int, address: Any,
                 avoid: tuple[PortRange, ...] = ()) -> socket.socket:
@@ -808,8 +840,16 @@ class Harness:
 
     def close(self) -> None:
         for sock in self.sockets:
+            if sock.type == socket.SOCK_STREAM and sock.family != socket.AF_UNIX:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # ends the echo server's accept()
+                except OSError:
+                    pass
             sock.close()
         self.sockets.clear()
+        for thread in self.threads:
+            thread.join()
+        self.threads.clear()
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
@@ -837,6 +877,26 @@ class Harness:
         shutil.rmtree(self.dir, ignore_errors=True)
         if self.short is not None:
             shutil.rmtree(self.short, ignore_errors=True)
+
+
+def _echo_loop(server: socket.socket) -> None:
+    while True:
+        try:
+            client, _ = server.accept()
+        except OSError:
+            return
+        with client:
+            try:
+                client.settimeout(10)
+                data = b""
+                while b"\r\n\r\n" not in data and len(data) < 65536:
+                    chunk = client.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                client.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n" + data)
+            except OSError:
+                continue
 
 
 def _interpreter() -> str:
@@ -890,11 +950,60 @@ def runtime_rules(policy: Policy) -> tuple[PathRule, ...]:
 def _launch(policy: Policy, harness: Harness) -> tuple[list[dict[str, str]], str]:
     """Run the payload through the same launcher path as `sandlock run`."""
     source = PAYLOAD.read_text()
-    argv = [_interpreter(), "-I", "-S", "-B", "-c", source, json.dumps(harness.cfg)]
+    argv = [_interpreter(), "-I", "-S", "-B", "-c", source]
     caller = dict(os.environ)
     caller[ENV_CANARY] = harness.canary
     command = launcher.prepare_command(policy, argv, caller_env=caller)
-    compiled = launcher.compile_policy(policy)
+    compiled = launcher.compile_policy(_with_echo(policy, harness.cfg))
+    try:
+        with _routes(compiled, command, harness) as (compiled, command):
+            command = launcher.Command(command.executable, (*argv, json.dumps(harness.cfg)),
+                                       command.env, command.cwd)
+            return _spawn(compiled, command)
+    finally:
+        compiled.close()
+
+
+def _with_echo(policy: Policy, cfg: Mapping[str, Any]) -> Policy:
+    """``policy`` with TCP connect to the harness's echo server, if it has one."""
+    if "credential" not in cfg:
+        return policy
+    port = cfg["credential"]["echo"]
+    network = replace(policy.network, connect=(*policy.network.connect, PortRange(port, port)))
+    if network.allow:
+        from .netrules import parse_rules
+
+        extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
+        network = replace(network, allow=(*network.allow, replace(
+            extra, where=f"allow[{len(network.allow)}]", text=f"probe echo server {extra.text}")))
+    return replace(policy, network=network)
+
+
+@contextmanager
+def _routes(compiled: launcher.Compiled, command: launcher.Command, harness: Harness
+            ) -> Iterator[tuple[launcher.Compiled, launcher.Command]]:
+    """The policy's credential routes, as `sandlock run` serves them, with the harness's
+    canary as every secret (never a real one: from_env and from_file are not read) and
+    every upstream host pinned to 127.0.0.1 (the probe sends nothing off the machine)."""
+    credentials = compiled.policy.credentials
+    if not credentials:
+        yield compiled, command
+        return
+    from .routes import serving
+
+    given = {item.name: harness.credential_secret for item in credentials}
+    pins = [(item.host, "127.0.0.1") for item in credentials]
+    with serving(compiled, command, None, given, pins) as (routes, routed, routed_cmd):
+        harness.cfg["credential"]["routes"] = [{
+            "name": item.name, "url": routes.server.base_url(item.name), "header": item.header,
+            "query": item.query, "placeholder": routes.session.placeholders[item.name],
+        } for item in credentials]
+        yield routed, routed_cmd
+
+
+def _spawn(compiled: launcher.Compiled, command: launcher.Command
+           ) -> tuple[list[dict[str, str]], str]:
+    policy = compiled.policy
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     master, slave = os.openpty()
@@ -925,7 +1034,6 @@ def _launch(policy: Policy, harness: Harness) -> tuple[list[dict[str, str]], str
         for reader in readers:
             reader.join(RUN_TIMEOUT)
     finally:
-        compiled.close()
         os.close(master)
     lines = []
     for line in b"".join(chunks[out_r]).decode(errors="replace").splitlines():
@@ -961,7 +1069,13 @@ def probe_policy(policy: Policy, *, home: str | None = None,
         raw, stderr = _launch(confined, harness)
         effects = harness.effects()
         cfg = harness.cfg
+        secret = harness.credential_secret
     got = {line.get("id"): line for line in raw if isinstance(line, dict)}
+    effects.update(_secret_seen(got, stderr, secret))
+    stderr = stderr.replace(secret, "<the credential secret>")
+    added = tuple(f"{r.access.value} {r.path}" for r in extra)
+    if "credential" in cfg:
+        added += (f"connect 127.0.0.1:{cfg['credential']['echo']} (the probe's echo server)",)
     daemon = _daemon_pid(got.get("proc.timeout_escape"))
     ctx = Context(policy, extra, gaps, os.geteuid() == 0, cfg, os.getpid())
     results = []
@@ -979,9 +1093,24 @@ def probe_policy(policy: Policy, *, home: str | None = None,
         if spec.id == "proc.timeout_escape" and outcome == "allowed":
             outcome, detail = _survivor(daemon, detail)
         results.append(_judge(spec, outcome, detail, ctx))
-    return Report(policy.source, abi, os.geteuid(),
-                  tuple(f"{r.access.value} {r.path}" for r in extra), gaps,
+    return Report(policy.source, abi, os.geteuid(), added, gaps,
                   tuple(results), stderr.strip(), later_run_findings(policy, variables))
+
+
+def _secret_seen(got: dict[Any, Any], stderr: str, secret: str) -> dict[str, str]:
+    """Credential rows whose report holds the routes' secret (each is then allowed,
+    whatever it said, and its detail no longer shows the secret); every credential
+    row when the secret is anywhere else in what the payload wrote."""
+    seen = {}
+    for probe_id, line in got.items():
+        text = json.dumps(line)
+        if secret in text:
+            seen[str(probe_id)] = "the credential secret is in what the sandbox reported"
+            line["detail"] = str(line.get("detail", "")).replace(secret, "<the secret>")
+    if secret in stderr:
+        seen.update({spec.id: "the credential secret is in the payload's stderr"
+                     for spec in SPECS if spec.id.startswith("credentials.")})
+    return seen
 
 
 def _siblings(policy: Policy, variables: Mapping[str, str] | None) -> list[Policy]:

@@ -746,6 +746,149 @@ def _() -> Outcome:
 
 
 # ---------------------------------------------------------------------------
+# Credential routes: the secret the route attaches. The harness serves the policy's
+# routes with a canary secret of its own; this payload never gets it, only its shape
+# (CFG["credential"]["shape"]), and reports what it finds of that shape.
+
+
+def secret_in(data: bytes) -> str | None:
+    """The first value shaped like the route's secret in ``data``."""
+    import re
+
+    found = re.search(CFG["credential"]["shape"].encode(), data)
+    return found.group(0).decode() if found else None
+
+
+def route_request(url: str, headers: list[tuple[str, str]]) -> tuple[int, bytes]:
+    """One HTTP/1.0 GET to ``url`` (http://127.0.0.1:PORT/path); (status, whole answer)."""
+    host_port, _, path = url.split("://", 1)[1].partition("/")
+    host, _, port = host_port.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=20) as sock:
+        head = f"GET /{path} HTTP/1.0\r\nHost: {host_port}\r\n" + "".join(
+            f"{n}: {v}\r\n" for n, v in headers) + "\r\n"
+        sock.sendall(head.encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    words = data.split(b"\r\n", 1)[0].split()
+    return (int(words[1]) if len(words) > 1 and words[1].isdigit() else 0), data
+
+
+@probe("credentials.env", needs="credential")
+def _() -> Outcome:
+    for name, value in os.environ.items():
+        if secret_in(f"{name}={value}".encode()):
+            return "allowed", f"the secret is in the environment ({name})"
+    held = sorted(n for n, v in os.environ.items() if v.startswith("sandlock-placeholder-"))
+    return "blocked", (f"not among {len(os.environ)} variables (placeholders only: "
+                       f"{', '.join(held) or 'none'})")
+
+
+@probe("credentials.parent_environ", needs="credential")
+def _() -> Outcome:
+    data = read_file(f"/proc/{os.getppid()}/environ", 1 << 20)
+    found = secret_in(data)
+    return "allowed", (f"the secret is in the launcher's environment: {found}" if found else
+                       f"read {len(data)} bytes of the launcher's environment (a from_env "
+                       "secret would be there)")
+
+
+@probe("credentials.parent_mem", needs="credential")
+def _() -> Outcome:
+    """Open the launcher's memory, then scan what it maps read-write for the secret."""
+    ppid = os.getppid()
+    fd = os.open(f"/proc/{ppid}/mem", os.O_RDONLY)
+    try:
+        scanned = 0
+        with open(f"/proc/{ppid}/maps") as maps:
+            regions = [line.split() for line in maps]
+        for fields in regions:
+            if not fields[1].startswith("rw"):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            for offset in range(start, end, 1 << 20):
+                try:
+                    data = os.pread(fd, min(1 << 20, end - offset) + 64, offset)
+                except OSError:
+                    break
+                scanned += len(data)
+                found = secret_in(data)
+                if found:
+                    return "allowed", f"the secret is in the launcher's memory: {found}"
+        return "allowed", f"opened the launcher's memory and read {scanned} bytes of it"
+    finally:
+        os.close(fd)
+
+
+@probe("credentials.proc_environ", needs="credential")
+def _() -> Outcome:
+    """Every /proc/N/environ this process can read."""
+    read, refused = 0, 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            data = read_file(f"/proc/{entry}/environ", 1 << 20)
+        except OSError:
+            refused += 1
+            continue
+        read += 1
+        found = secret_in(data)
+        if found:
+            return "allowed", f"the secret is in /proc/{entry}/environ: {found}"
+    return "blocked", f"not in the {read} environments readable (its own); {refused} refused"
+
+
+@probe("credentials.route_without_placeholder", needs="credential")
+def _() -> Outcome:
+    """Ask the route for its upstream without this run's placeholder: none, a guessed
+    key, a guessed placeholder, the placeholder of another credential's shape."""
+    answers = []
+    for route in CFG["credential"]["routes"]:
+        guessed = "sandlock-placeholder-" + route["name"] + "-" + "A" * 32
+        for label, value in (("none", None), ("guessed key", "sk-guess"),
+                             ("guessed placeholder", guessed)):
+            url, headers = route["url"] + "/", []
+            if value is not None and route["query"]:
+                url += f"?{route['query']}={value}"
+            elif value is not None:
+                headers.append((route["header"], f"Bearer {value}"))
+            status, data = route_request(url, headers)
+            found = secret_in(data)
+            if found:
+                return "allowed", f"the route answered with the secret ({label}): {found}"
+            answers.append((route["name"], label, status, b"placeholder" in data))
+    through = [a for a in answers if a[2] != 403 or not a[3]]
+    if through:
+        return "allowed", "the route did not refuse: " + ", ".join(
+            f"{n} {label} -> {status}" for n, label, status, _ in through)
+    return "blocked", f"{len(answers)} requests refused with 403 (no placeholder of this run)"
+
+
+@probe("credentials.placeholder_echo", needs="credential")
+def _() -> Outcome:
+    """Send the placeholder, where the secret goes, to another loopback server that
+    echoes what it receives: only the route ever swaps it for the secret."""
+    echoed = []
+    for route in CFG["credential"]["routes"]:
+        place = route["placeholder"]
+        url = f"http://127.0.0.1:{CFG['credential']['echo']}/{route['name']}/"
+        headers = [("Authorization", f"Bearer {place}")]
+        if route["header"] and route["header"].lower() != "authorization":
+            headers.append((route["header"], place))
+        if route["query"]:
+            url += f"?{route['query']}={place}"
+        _, data = route_request(url, headers)
+        found = secret_in(data)
+        if found:
+            return "allowed", f"the echo holds the secret: {found}"
+        if place.encode() not in data:
+            return "error", f"the echo server did not echo the request ({len(data)} bytes)"
+        echoed.append(route["name"])
+    return "blocked", f"the echo holds the placeholder only ({', '.join(echoed)})"
+
+
+# ---------------------------------------------------------------------------
 # Network
 
 

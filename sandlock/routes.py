@@ -595,6 +595,17 @@ def launched(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[st
     The acceptor thread starts before the tool is forked; it only waits in accept(2),
     holding no lock the forked child could need, and nothing connects before the tool
     exists."""
+    with serving(compiled, cmd, report) as (_routes, routed, routed_cmd):
+        yield routed, routed_cmd
+
+
+@contextmanager
+def serving(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str], None]],
+            given: Optional[Mapping[str, str]] = None,
+            pins: Optional[Sequence[tuple[str, str]]] = None
+            ) -> Iterator[tuple[Routes, "Compiled", "Command"]]:
+    """:func:`launched`, also yielding the :class:`Routes` (`sandlock probe` serves its
+    canary as ``given`` secrets, with ``pins`` instead of the policy's ``hosts``)."""
     from dataclasses import replace
 
     from .credentials import CredentialError
@@ -603,8 +614,9 @@ def launched(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[st
 
     policy = compiled.policy
     try:
-        routes = Routes(policy.credentials, policy.paths, policy.network.hosts, os.environ,
-                        report or (lambda _message: None))
+        routes = Routes(policy.credentials, policy.paths,
+                        policy.network.hosts if pins is None else pins, os.environ,
+                        report or (lambda _message: None), given)
     except CredentialError as exc:
         raise policy_error(policy, exc) from None
     with routes:
@@ -621,7 +633,7 @@ def launched(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[st
         compiled.policy = replace(policy, credentials=(), network=network)
         env = routes.session.environment(dict(cmd.env))
         routes.start()
-        yield compiled, Command(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
+        yield routes, compiled, Command(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
 
 
 def for_sandbox(policy: "Policy", given: Optional[Mapping[str, str]]

@@ -592,3 +592,86 @@ def test_explain_names_the_route_and_its_port_grant(tmp_path: Path) -> None:
     assert "TCP connect to the route's 127.0.0.1 port" in cred["grant"]
     text = sandlock("explain", "--policy", str(policy))
     assert "credential openai: route to https://api.openai.com/v1" in text.stdout
+
+
+# ----------------------------------------------------------------------------
+# sandlock probe: the credential rows
+
+
+PROBED = """\
+version = 1
+[filesystem]
+read = ["/proc", "{work}"]
+write = ["{work}"]
+[credentials.api]
+upstream = "https://api.example.test/v1"
+from_env = "SANDLOCK_TEST_NEVER_SET"
+env = "API_KEY"
+base_url_env = "API_BASE"
+[credentials.q]
+upstream = "https://q.example.test"
+query = "key"
+"""
+CREDENTIAL_ROWS = {"credentials.env", "credentials.parent_environ", "credentials.parent_mem",
+                   "credentials.proc_environ", "credentials.route_without_placeholder",
+                   "credentials.placeholder_echo"}
+
+
+def probed(tmp_path: Path) -> Any:
+    from sandlock.probe import probe_policy
+
+    (tmp_path / "work").mkdir()
+    policy = loads_policy(PROBED.format(work=tmp_path / "work"))
+    return probe_policy(policy, home=str(tmp_path))
+
+
+def test_probe_rows_the_secret_is_out_of_reach(tmp_path: Path) -> None:
+    """`sandlock probe` serves the routes with a canary of its own (from_env is never
+    read: the variable is not even set) and every way to the secret is blocked."""
+    needs_kernel()
+    report = probed(tmp_path)
+    rows = {r.id: r for r in report.results if r.id.startswith("credentials.")}
+    assert set(rows) == CREDENTIAL_ROWS
+    assert {r.verdict for r in rows.values()} == {"blocked"}, rows
+    assert "placeholders only: API_KEY" in rows["credentials.env"].detail
+    assert rows["credentials.route_without_placeholder"].detail.startswith("6 requests refused")
+    assert "placeholder only (api, q)" in rows["credentials.placeholder_echo"].detail
+    assert any("the probe's echo server" in grant for grant in report.runtime_grants)
+    assert report.ok
+
+
+def test_probe_rows_catch_a_route_that_leaks(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows are not blind: a route that put the secret in the tool's environment,
+    or that served a request without the placeholder, is an ESCAPE, and the report
+    never shows the secret."""
+    needs_kernel()
+    from sandlock import routes
+
+    shown: list[str] = []
+    real_env = routes.tool_environment
+    real_secret = routes.RouteServer._secret
+
+    def leaky_env(credentials: Any, env: Any, secrets_: Any, *rest: Any) -> dict[str, str]:
+        shown.extend(secrets_.values())
+        return {**real_env(credentials, env, secrets_, *rest), "LEAKED": secrets_["api"]}
+
+    def no_check(self: Any, item: Any, headers: Any, query: str, where: str) -> Any:
+        try:
+            return real_secret(self, item, headers, query, where)
+        except routes.BadRequest:
+            with self._lock:
+                return next((s, p) for p, (i, s) in self._sessions.items() if i is item)
+
+    monkeypatch.setattr(routes, "tool_environment", leaky_env)
+    monkeypatch.setattr(routes.RouteServer, "_secret", no_check)
+    report = probed(tmp_path)
+    rows = {r.id: r for r in report.results}
+    assert rows["credentials.env"].verdict == "ESCAPE"
+    assert "LEAKED" in rows["credentials.env"].detail
+    assert rows["credentials.route_without_placeholder"].verdict == "ESCAPE"
+    assert "the route did not refuse" in rows["credentials.route_without_placeholder"].detail
+    assert not report.ok
+    assert shown and shown[0].startswith("SANDLOCK-CRED-")
+    assert shown[0] not in json.dumps(report.as_dict())
+

@@ -112,6 +112,10 @@ def expected(policy: Any, granted: dict[str, str], writable: bool,
         for probe_id in ALL_IDS:
             if probe_id.startswith("net.proxy_"):
                 out[probe_id] = {"skipped"}
+    if not policy.credentials:  # the credential routes' rows (issue 16) need a route
+        for probe_id in ALL_IDS:
+            if probe_id.startswith("credentials."):
+                out[probe_id] = {"skipped"}
     out["secrets.ssh_key"] = {"blocked"}
     for probe_id in granted:
         out[probe_id] = {"granted", "blocked"}
