@@ -283,19 +283,47 @@ def _within(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def check_file(credential: Credential, grants: Sequence[Any]) -> Optional[str]:
+def check_file(credential: Credential, grants: Sequence[Any],
+               opened: Optional[str] = None) -> Optional[str]:
     """Why ``from_file`` may not be used with these path grants (or None): a file any
-    grant reaches (read, write or exec; the names resolved both ways) is one the tool
-    could read itself."""
+    grant reaches (read, write or exec) is one the tool could read itself. Decided by
+    name (``from_file``, its real path and ``opened``, the name of the descriptor it is
+    read from, each against every grant and its real path) and by object: a grant that
+    is the same directory as one holding the file ((st_dev, st_ino), as a bind mount
+    of it would be). Other names of the file itself, hard links, are refused by
+    :func:`_read_file`."""
     assert credential.from_file is not None
     names = {credential.from_file, os.path.realpath(credential.from_file)}
+    if opened is not None:
+        names.add(opened)
+    holders = {_identity(directory) for name in names for directory in _parents(name)}
+    holders.discard(None)
     for rule in grants:
+        same = _identity(rule.path) in holders
         for grant in {rule.path, os.path.realpath(rule.path)}:
-            if any(_within(name, grant) for name in names):
+            if same or any(_within(name, grant) for name in names):
                 return (f"{credential.from_file!r} is within the tool's grant "
-                        f"filesystem.{rule.access.value} {rule.path!r} ({rule.origin}): the tool "
-                        "could read the secret itself; keep it outside every grant")
+                        f"filesystem.{rule.access.value} {rule.path!r} ({rule.origin})"
+                        f"{' (the same directory under another name)' if same else ''}: the "
+                        "tool could read the secret itself; keep it outside every grant")
     return None
+
+
+def _parents(path: str) -> list[str]:
+    """``path`` and every directory above it, up to ``/``."""
+    out = [path]
+    while path not in ("/", ""):
+        path = os.path.dirname(path)
+        out.append(path)
+    return out
+
+
+def _identity(path: str) -> Optional[tuple[int, int]]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _valid_secret(secret: str, what: str, key: Sequence[Union[str, int]]) -> str:
@@ -309,7 +337,13 @@ def _valid_secret(secret: str, what: str, key: Sequence[Union[str, int]]) -> str
     return secret
 
 
-def _read_file(path: str, key: Sequence[Union[str, int]]) -> str:
+def _read_file(credential: Credential, grants: Sequence[Any],
+               key: Sequence[Union[str, int]]) -> str:
+    """The key file, decided on the descriptor it is read from: a regular file with one
+    link (another link could lie inside a grant, where no check by name sees it),
+    whose names are outside every grant (:func:`check_file`)."""
+    path = credential.from_file
+    assert path is not None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
     except OSError as exc:
@@ -317,8 +351,21 @@ def _read_file(path: str, key: Sequence[Union[str, int]]) -> str:
     try:
         import stat
 
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise CredentialError(f"{path!r} is not a regular file", key)
+        if info.st_nlink > 1:
+            raise CredentialError(f"{path!r} has {info.st_nlink} hard links: another name of "
+                                  "the file may lie inside a grant of the tool, where the "
+                                  "check by name cannot see it; keep the secret in a file "
+                                  "with one link", key)
+        try:
+            opened: Optional[str] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            opened = None
+        why = check_file(credential, grants, opened)
+        if why:
+            raise CredentialError(why, key)
         data = os.read(fd, MAX_SECRET + 2)
     finally:
         os.close(fd)
@@ -354,10 +401,10 @@ def secrets_for(credentials: Sequence[Credential], grants: Sequence[Any],
             out[item.name] = _valid_secret(environ[item.from_env], item.from_env,
                                            (item.name, "from_env"))
         elif item.from_file is not None:
-            why = check_file(item, grants)
+            why = check_file(item, grants)  # by name first: no open(2) of a granted file
             if why:
                 raise CredentialError(why, (item.name, "from_file"))
-            out[item.name] = _valid_secret(_read_file(item.from_file, (item.name, "from_file")),
+            out[item.name] = _valid_secret(_read_file(item, grants, (item.name, "from_file")),
                                            item.from_file, (item.name, "from_file"))
         else:
             raise CredentialError("no secret: give from_env or from_file (or pass it with "

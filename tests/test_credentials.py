@@ -144,6 +144,48 @@ def test_a_secret_file_within_a_grant_is_refused(tmp_path: Path) -> None:
             C.secrets_for(policy.credentials, policy.paths, {})
 
 
+def test_a_secret_file_with_another_name_within_a_grant_is_refused(tmp_path: Path) -> None:
+    """A hard link inside a grant is the same file under a name the check by name never
+    sees; a bind mount of a granted directory is the same directory. Both are caught on
+    the object: a key file with more than one link is refused, and the grants are
+    compared by (st_dev, st_ino) with the key file's directories."""
+    (tmp_path / "granted").mkdir()
+    (tmp_path / "keys").mkdir()
+    key = tmp_path / "keys" / "key"
+    key.write_text("s")
+    policy = loads_policy(f'version = 1\n[filesystem]\nread = ["{tmp_path}/granted"]\n'
+                          f'[credentials.a]\nupstream = "https://x.test"\n'
+                          f'from_file = "{key}"\n')
+    assert C.secrets_for(policy.credentials, policy.paths, {}) == {"a": "s"}
+    os.link(key, tmp_path / "granted" / "copy")  # the tool reads it as granted/copy
+    with pytest.raises(C.CredentialError, match="has 2 hard links"):
+        C.secrets_for(policy.credentials, policy.paths, {})
+    os.unlink(tmp_path / "granted" / "copy")
+    assert C.secrets_for(policy.credentials, policy.paths, {}) == {"a": "s"}
+
+
+def test_a_secret_file_in_a_directory_granted_through_a_bind_mount_is_refused(
+        tmp_path: Path) -> None:
+    """The grant names a bind mount of the key's directory: no name of one is under the
+    other, the (st_dev, st_ino) of the directory is the same."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a bind mount needs root and mount(8)")
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "view").mkdir()
+    (tmp_path / "keys" / "key").write_text("s")
+    policy = loads_policy(f'version = 1\n[filesystem]\nread = ["{tmp_path}/view"]\n'
+                          f'[credentials.a]\nupstream = "https://x.test"\n'
+                          f'from_file = "{tmp_path}/keys/key"\n')
+    assert C.secrets_for(policy.credentials, policy.paths, {}) == {"a": "s"}
+    subprocess.run(["mount", "--bind", str(tmp_path / "keys"), str(tmp_path / "view")],
+                   check=True)
+    try:
+        with pytest.raises(C.CredentialError, match="the same directory under another name"):
+            C.secrets_for(policy.credentials, policy.paths, {})
+    finally:
+        subprocess.run(["umount", str(tmp_path / "view")], check=True)
+
+
 # ----------------------------------------------------------------------------
 # Servers
 
