@@ -659,3 +659,21 @@ def for_sandbox(policy: "Policy", given: Optional[Mapping[str, str]]
     routes.start()
     return routes, replace(policy, network=replace(
         policy.network, connect=(*policy.network.connect, PortRange(port, port))))
+
+
+def call_session(routes: Routes, policy: "Policy", given: Mapping[str, str]) -> Session:
+    """For one call of a :class:`sandlock.Sandbox` with ``credentials=``: fresh
+    placeholders bound to the Sandbox's secrets overridden by ``given``, valid until
+    the session is closed (when the call ends). The call's tool gets these placeholders
+    only, so the route attaches the call's secrets to the call's requests only."""
+    from .credentials import CredentialError, secrets_for
+
+    if not (isinstance(given, Mapping) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in given.items())):
+        raise TypeError(f"credentials must be a mapping of str to str, not {type(given).__name__}")
+    try:
+        secrets = secrets_for(policy.credentials, policy.paths, {},
+                              {**routes.session.secrets, **given})
+    except CredentialError as exc:
+        raise policy_error(policy, exc) from None
+    return routes.server.session(secrets)
