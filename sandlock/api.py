@@ -126,6 +126,8 @@ class _Call:
     mediation: Optional[Mediation] = None
     network_events: tuple[str, ...] = ()
     denials: tuple["Denial", ...] = ()  #: from a ``D`` report (``trace=True`` only)
+    #: The call's own credential placeholders (``credentials=``), forgotten when it ends.
+    session: Any = None
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -212,6 +214,9 @@ class _Call:
         if mediation is not None:
             mediation.stop()
             self.network_events = tuple(mediation.events)
+        session, self.session = self.session, None
+        if session is not None:  # the route no longer knows the call's placeholders
+            session.close()
 
 
 #: Native calls still running, for :func:`shutdown` (weak: a dropped call is closed).
@@ -865,12 +870,18 @@ class Sandbox:
     # -- calls
 
     def _start(self, cmd: launcher.Command, stdio: tuple[File, File, File],
-               timeout: Optional[float], *, report_start: bool = False, trace: bool = False
-               ) -> tuple[_Call, tuple[int, int, int]]:
+               timeout: Optional[float], *, report_start: bool = False, trace: bool = False,
+               session: Any = None) -> tuple[_Call, tuple[int, int, int]]:
         """Open the caller's ends of the pipes ``stdio`` asks for and submit ``cmd``;
-        on failure nothing stays open. Returns the call and the caller's ends."""
-        fields = {"trace": self._trace_rules()} if trace else {}
-        mine, theirs = _open_stdio(stdio)
+        on failure nothing stays open. Returns the call and the caller's ends.
+        ``session`` (the call's credential placeholders) is closed when the call ends."""
+        try:
+            fields = {"trace": self._trace_rules()} if trace else {}
+            mine, theirs = _open_stdio(stdio)
+        except BaseException:
+            if session is not None:
+                session.close()
+            raise
         try:
             mediation = self._mediation()
             if mediation is not None:
@@ -878,12 +889,18 @@ class Sandbox:
             call = self._submit("exec", cmd, theirs, timeout, mediation=mediation,
                                 report_start=report_start, **fields)
         except BaseException:
+            if session is not None:
+                session.close()
             for fd in mine:
                 if fd >= 0:
                     os.close(fd)
             raise
         finally:
             _close_theirs(theirs, stdio)
+        if session is not None:
+            call.session = session
+            if call.ended:
+                call._end_mediation()
         return call, mine
 
     def _trace_rules(self) -> tuple[int, list[tuple[str, int, bool]], dict[int, int]]:
@@ -966,7 +983,7 @@ class Sandbox:
                     self._compiled.close()
 
     def _command(self, argv: Sequence[str], cwd: Optional[str],
-                 env: Optional[Mapping[str, str]]) -> launcher.Command:
+                 env: Optional[Mapping[str, str]], session: Any = None) -> launcher.Command:
         args = _argv(argv)
         if cwd is not None and not isinstance(os.fspath(cwd), str):
             raise TypeError(f"cwd must be a str path, not {type(cwd).__name__}")
@@ -981,9 +998,23 @@ class Sandbox:
             name = os.path.join(os.fspath(cwd), name)
         exe = launcher.resolve_command(name, os.environ.get("PATH"))
         environment = self._environment()
+        if session is not None:  # the call's placeholders instead of the Sandbox's
+            environment = session.environment(environment)
         environment.update(env or {})
         return launcher.Command(os.path.abspath(exe), args, tuple(environment.items()),
                                 os.path.abspath(cwd or os.getcwd()))
+
+    def _call_session(self, credentials: Optional[Mapping[str, str]]) -> Any:
+        """The call's own credential placeholders (:func:`sandlock.routes.call_session`),
+        or None without ``credentials=``."""
+        if credentials is None:
+            return None
+        if self._routes is None:
+            raise ValueError("credentials= needs a policy with [credentials] (the Sandbox "
+                             "serves no credential route)")
+        from .routes import call_session
+
+        return call_session(self._routes, self.policy, credentials)
 
     #: os.environ's raw contents and the environment _environment() made of them.
     _env_cache: Optional[tuple[dict[bytes, bytes], dict[str, str]]] = None
@@ -1010,19 +1041,27 @@ class Sandbox:
               stderr: File = None, cwd: Optional[str] = None,
               env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
               text: bool = False, encoding: Optional[str] = None,
-              errors: Optional[str] = None, trace: bool = False) -> "Process":
+              errors: Optional[str] = None, trace: bool = False,
+              credentials: Optional[Mapping[str, str]] = None) -> "Process":
         """Start ``argv`` confined and return a :class:`Process` (like subprocess.Popen).
 
         Raises :class:`ExecError` (126/127) or :class:`SetupError` (125) if it could
         not start. ``timeout`` (or the policy's) is a hard limit enforced by the
         supervisor; ``env`` adds variables to those the policy passes. ``trace``: as
         for :meth:`run` (``Process.result.denials`` once it has ended).
+        ``credentials``: as for :meth:`run`.
         """
         timeout = _check_timeout(timeout)
         _check_trace(trace)
-        cmd = self._command(argv, cwd, env)
+        session = self._call_session(credentials)
+        try:
+            cmd = self._command(argv, cwd, env, session)
+        except BaseException:
+            if session is not None:
+                session.close()
+            raise
         call, mine = self._start(cmd, (stdin, stdout, stderr), timeout, report_start=True,
-                                 trace=trace)
+                                 trace=trace, session=session)
         return Process(call, cmd.argv, mine, text or bool(encoding or errors), encoding, errors)
 
     def run(self, argv: Sequence[str], *, input: Optional[Union[bytes, str]] = None,
@@ -1030,7 +1069,8 @@ class Sandbox:
             capture_output: bool = False, stdin: File = None, stdout: File = None,
             stderr: File = None, env: Optional[Mapping[str, str]] = None, text: bool = False,
             encoding: Optional[str] = None, errors: Optional[str] = None,
-            check: bool = False, trace: bool = False) -> Result:
+            check: bool = False, trace: bool = False,
+            credentials: Optional[Mapping[str, str]] = None) -> Result:
         """Run ``argv`` confined and wait (like subprocess.run).
 
         Returns a :class:`Result` however it ended, including timeouts (124) and
@@ -1039,9 +1079,12 @@ class Sandbox:
         it (recording never decides, see :mod:`sandlock.trace`), and lists what the
         policy refused in ``Result.denials``, as `sandlock trace` does. Without it no
         recording filter is loaded and no recorder runs.
+        ``credentials={name: secret}`` overrides the Sandbox's secrets for this call
+        only: the call's tool gets placeholders of its own, which the route serves
+        with these secrets until the call ends (no other call holds them).
         """
         job = self._start_run(argv, input, timeout, cwd, capture_output, stdin, stdout,
-                              stderr, env, text, encoding, errors, trace)
+                              stderr, env, text, encoding, errors, trace, credentials)
         if isinstance(job, Result):
             return job.check() if check else job
         try:
@@ -1058,10 +1101,11 @@ class Sandbox:
                         stderr: File = None, env: Optional[Mapping[str, str]] = None,
                         text: bool = False, encoding: Optional[str] = None,
                         errors: Optional[str] = None, check: bool = False,
-                        trace: bool = False) -> Result:
+                        trace: bool = False,
+                        credentials: Optional[Mapping[str, str]] = None) -> Result:
         """:meth:`run` for asyncio: awaits without a thread. Cancelling kills the tree."""
         job = self._start_run(argv, input, timeout, cwd, capture_output, stdin, stdout,
-                              stderr, env, text, encoding, errors, trace)
+                              stderr, env, text, encoding, errors, trace, credentials)
         if isinstance(job, Result):
             return job.check() if check else job
         try:
@@ -1076,7 +1120,8 @@ class Sandbox:
                    timeout: Optional[float], cwd: Optional[str], capture_output: bool,
                    stdin: File, stdout: File, stderr: File, env: Optional[Mapping[str, str]],
                    text: bool, encoding: Optional[str], errors: Optional[str],
-                   trace: bool = False) -> Union[Result, "_RunJob"]:
+                   trace: bool = False, credentials: Optional[Mapping[str, str]] = None
+                   ) -> Union[Result, "_RunJob"]:
         # Everything is checked before anything is opened or started.
         timeout = _check_timeout(timeout)
         _check_trace(trace)
@@ -1097,11 +1142,17 @@ class Sandbox:
             if isinstance(input, str):
                 input = input.encode(encoding or "utf-8", errors or "strict")
         args = _argv(argv)
+        session = self._call_session(credentials)
         try:
-            cmd = self._command(args, cwd, env)
-        except ExecError as exc:
-            return Result(args, int(exc.exit_code), outcome=Outcome.NOT_STARTED, error=exc)
-        call, mine = self._start(cmd, (stdin, stdout, stderr), timeout, trace=trace)
+            cmd = self._command(args, cwd, env, session)
+        except BaseException as exc:
+            if session is not None:
+                session.close()
+            if isinstance(exc, ExecError):
+                return Result(args, int(exc.exit_code), outcome=Outcome.NOT_STARTED, error=exc)
+            raise
+        call, mine = self._start(cmd, (stdin, stdout, stderr), timeout, trace=trace,
+                                 session=session)
         writes = {mine[0]: input or b""} if mine[0] >= 0 else {}
         pump = _Pump(call, writes, [fd for fd in mine[1:] if fd >= 0])
         return _RunJob(call, pump, args, mine, decode, encoding, errors)
