@@ -523,6 +523,59 @@ def test_the_python_api_takes_the_secret_as_an_argument(
         Sandbox(str(policy), credentials={"api": 1})  # type: ignore[dict-item]
 
 
+def test_per_call_secrets_reach_that_call_only(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    """run(..., credentials=) and popen(..., credentials=): the call's tool gets its own
+    placeholder, the route attaches the call's secret to it, the Sandbox's other calls
+    keep the Sandbox's secret, and the call's placeholder dies with the call."""
+    needs_kernel()
+    from sandlock import Sandbox
+
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    default, alice, bob = (f"sk-{who}-{secrets.token_hex(8)}" for who in ("box", "alice", "bob"))
+    show = CLIENT + "print(json.dumps([KEY, call('GET', BASE + '/models')[0]]))"
+    stale = CLIENT + "print(call('GET', BASE + '/models', auth=sys.argv[1])[:2])"
+    with Sandbox(str(policy), credentials={"api": default}) as box:
+        first = box.run([PYTHON, "-c", show], capture_output=True, text=True, timeout=120,
+                        credentials={"api": alice})
+        plain = box.run([PYTHON, "-c", show], capture_output=True, text=True, timeout=120)
+        waiting = box.popen([PYTHON, "-c", CLIENT + "sys.stdin.read(1); " + show[len(CLIENT):]],
+                            stdin=-1, stdout=-1, stderr=-1, text=True, credentials={"api": bob})
+        during = box.run([PYTHON, "-c", show], capture_output=True, text=True, timeout=120)
+        out, err = waiting.communicate("x", timeout=120)
+        placeholder = json.loads(first.stdout)[0]
+        after = box.run([PYTHON, "-c", stale, placeholder], capture_output=True, text=True,
+                        timeout=120)
+        with pytest.raises(PolicyError, match=r"no \[credentials.zz\]"):
+            box.run(["/bin/true"], credentials={"zz": "s"})
+        with pytest.raises(TypeError, match="credentials must be a mapping"):
+            box.run(["/bin/true"], credentials={"api": 1})  # type: ignore[dict-item]
+    for done in (first, plain, during, after):
+        assert done.returncode == 0, done.stderr
+    assert waiting.returncode == 0, err
+    keys = [json.loads(done)[0] for done in (first.stdout, plain.stdout, during.stdout, out)]
+    assert all(k.startswith("sandlock-placeholder-api-") for k in keys)
+    assert keys[1] == keys[2] and len({keys[0], keys[1], keys[3]}) == 3  # the Sandbox's, twice
+    assert [json.loads(done)[1] for done in (first.stdout, plain.stdout, during.stdout, out)] \
+        == [200] * 4
+    assert [seen["headers"]["Authorization"] for seen in upstream.seen] == [
+        f"Bearer {alice}", f"Bearer {default}", f"Bearer {default}", f"Bearer {bob}"]
+    # the first call's placeholder, used by a later call: the route no longer knows it
+    assert after.stdout.startswith('[403, "sandlock route:') and "placeholder" in after.stdout
+    assert len(upstream.seen) == 4
+    for secret in (default, alice, bob):
+        assert all(secret not in text for text in (first.stdout, plain.stdout, out, err))
+
+
+def test_per_call_secrets_need_a_credential_route(tmp_path: Path) -> None:
+    from sandlock import Sandbox
+
+    with Sandbox(str(write_policy(tmp_path, "version = 1\n"))) as box:
+        with pytest.raises(ValueError, match=r"needs a policy with \[credentials\]"):
+            box.run(["/bin/true"], credentials={"api": "s"})
+
+
 def test_a_second_request_smuggled_on_the_connection_never_reaches_the_upstream(
         tmp_path: Path, upstream: Server, other: Server,
         certificate: tuple[Path, Path]) -> None:
