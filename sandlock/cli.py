@@ -250,7 +250,12 @@ def policies(name: str | None) -> None:
     if name not in builtin_profiles():  # a name, never a path
         print(f"sandlock: unknown built-in profile {name!r}", file=sys.stderr)
         raise click.exceptions.Exit(ExitCode.LAUNCHER)
-    sys.stdout.write(path.read_text())
+    from .policy import _read
+
+    try:
+        sys.stdout.write(_read(path, str(path)))  # bounded and never blocking, as every policy
+    except SandlockError as exc:
+        raise _fail(exc) from None
 
 
 @cli.command()
