@@ -745,6 +745,16 @@ def _compile(policy: Policy) -> launcher.Compiled:
                      "raise RLIMIT_NOFILE (ulimit -n) or close descriptors") from None
 
 
+
+def _working_directory() -> str:
+    """The caller's working directory; a SetupError (not FileNotFoundError) once it was
+    deleted, as `sandlock run` reports it."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise SetupError("the working directory no longer exists (it was deleted); pass cwd= "
+                         "or change to an existing directory") from None
+
 class Sandbox:
     """A compiled policy: every :meth:`run`, :meth:`popen` or :meth:`call` is a new,
     separately confined process. Thread-safe; close it (or use ``with``) to release
@@ -1002,7 +1012,7 @@ class Sandbox:
             environment = session.environment(environment)
         environment.update(env or {})
         return launcher.Command(os.path.abspath(exe), args, tuple(environment.items()),
-                                os.path.abspath(cwd or os.getcwd()))
+                                os.path.abspath(cwd or _working_directory()))
 
     def _call_session(self, credentials: Optional[Mapping[str, str]]) -> Any:
         """The call's own credential placeholders (:func:`sandlock.routes.call_session`),
@@ -1212,7 +1222,7 @@ class Sandbox:
         data = marshal.dumps({"env": list(environment.items()), "main": main,
                               "sys_path": [p for p in sys.path if isinstance(p, str)],
                               "payload": payload})
-        cmd = launcher.Command(sys.executable, (sys.executable,), (), os.getcwd())
+        cmd = launcher.Command(sys.executable, (sys.executable,), (), _working_directory())
         devnull = memfd = result_r = result_w = -1
         try:  # each may fail (EMFILE): whatever was opened is closed
             devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)

@@ -399,7 +399,11 @@ class Child:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _, _ = select.select([self.pidfd], [], [], remaining)
+            # poll, not select: a launcher started with many descriptors open gets a
+            # pidfd above FD_SETSIZE (1024), which select cannot watch.
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            ready = poller.poll(None if remaining is None else int(remaining * 1000) + 1)
             if ready:
                 self._reap()
             elif deadline is not None and time.monotonic() >= deadline:

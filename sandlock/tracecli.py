@@ -7,12 +7,14 @@ Kept apart from :mod:`sandlock.cli` (which only registers them) and far from the
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
 import click
 
+from .cli import PathArg
 from .errors import ExitCode, SandlockError
 from .runcli import parse_vars, say
 
@@ -28,8 +30,28 @@ def _emit(report: Optional[str], text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        with open(report, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        try:
+            _write_file(report, text)
+        except OSError as exc:
+            say(f"cannot write the report to {report!r}: {exc.strerror or exc}")
+            raise click.exceptions.Exit(ExitCode.LAUNCHER) from None
+
+
+def _write_file(path: str, text: str) -> None:
+    """Write a report or draft to a regular file; a FIFO or device is refused, never
+    waited on (opened non-blocking, then checked)."""
+    import stat
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "not a regular file", path)
+        os.ftruncate(fd, 0)
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 def _check_support() -> None:
@@ -42,9 +64,9 @@ def _check_support() -> None:
 
 @click.command(context_settings=_CONTEXT,
                epilog="\b\nExit codes: the command's own, as `sandlock run`; 125 sandlock failed.")
-@click.option("--policy", type=click.Path(dir_okay=False), help="Policy file (TOML).")
+@click.option("--policy", type=PathArg(dir_okay=False), help="Policy file (TOML).")
 @click.option("--tool", help="Tool name in the --policies registry.")
-@click.option("--policies", type=click.Path(), help="Directory of policies, or one registry file.")
+@click.option("--policies", type=PathArg(), help="Directory of policies, or one registry file.")
 @click.option("--var", "variables", multiple=True, metavar="NAME=VALUE",
               help="Define ${NAME} for the policy (repeatable).")
 @click.option("--timeout", help="Wall-clock limit, e.g. 30s (overrides [limits] timeout).")
@@ -138,10 +160,9 @@ def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
         sys.stdout.write(draft)
     else:
         try:
-            with open(output, "w", encoding="utf-8") as handle:
-                handle.write(draft)
+            _write_file(output, draft)
         except OSError as exc:
-            say(f"cannot write {output!r}: {exc.strerror}")
+            say(f"cannot write {output!r}: {exc.strerror or exc}")
             raise click.exceptions.Exit(ExitCode.LAUNCHER) from None
         say(f"learn: draft policy written to {output}; review it, then "
             f"`sandlock run --policy {output} -- {' '.join(command)}`")
