@@ -263,19 +263,30 @@ def _cpu_seconds(value: object) -> int:
     return max(1, int(-(-parse_duration(value) // 1)))
 
 
-def parse_ports(value: object) -> tuple[PortRange, ...]:
-    """An array of ports: integers 1-65535 or ``"low-high"`` strings."""
+def parse_ports(value: object, *, ephemeral: bool = False) -> tuple[PortRange, ...]:
+    """An array of ports: integers 1-65535 or ``"low-high"`` strings.
+
+    ``ephemeral`` (``bind`` only) also accepts port 0: a Landlock bind rule on port 0
+    lets the tool bind port 0, so that the kernel picks a free port from
+    ``net.ipv4.ip_local_port_range`` (a test server's usual ``bind(("127.0.0.1", 0))``);
+    explicit ports stay refused unless granted. See ``struct landlock_net_port_attr``
+    in https://docs.kernel.org/userspace-api/landlock.html. Connecting to port 0
+    means nothing, so ``connect`` keeps 1-65535."""
     items = _expect(value, list, "an array of ports (integers or \"low-high\" strings)")
     out = []
     for index, item in enumerate(items):
         try:
-            out.append(_port_range(item))
+            out.append(_port_range(item, 0 if ephemeral else 1))
         except _Bad as bad:
             raise _Bad(str(bad), (index,)) from None
     return tuple(out)
 
 
-def _port_range(item: object) -> PortRange:
+def _bind_ports(value: object) -> tuple[PortRange, ...]:
+    return parse_ports(value, ephemeral=True)
+
+
+def _port_range(item: object, lowest: int = 1) -> PortRange:
     if isinstance(item, int) and not isinstance(item, bool):
         low = high = item
     elif isinstance(item, str) and re.fullmatch(r"\s*\d{1,5}\s*(-\s*\d{1,5}\s*)?", item):
@@ -283,8 +294,10 @@ def _port_range(item: object) -> PortRange:
         low, high = parts[0], parts[-1]
     else:
         raise _Bad(f"expected a port number or \"low-high\" range, got {_shown(item)}")
-    if not 1 <= low <= high <= 65535:
-        raise _Bad(f"invalid port range {_shown(item)}: ports are 1-65535, low <= high")
+    if not lowest <= low <= high <= 65535:
+        what = ("ports are 0-65535 (0: an ephemeral port the kernel picks), low <= high"
+                if lowest == 0 else "ports are 1-65535, low <= high")
+        raise _Bad(f"invalid port range {_shown(item)}: {what}")
     return PortRange(low, high)
 
 
@@ -420,7 +433,7 @@ SCHEMA: dict[str, Validator | dict[str, Validator]] = {
     "extends": _string_list,
     "compat": _compat,
     "filesystem": {"read": _path_entries, "write": _path_entries, "exec": _path_entries},
-    "network": {"connect": parse_ports, "bind": parse_ports, "udp": _boolean, "unix": _boolean,
+    "network": {"connect": parse_ports, "bind": _bind_ports, "udp": _boolean, "unix": _boolean,
                 "allow": _host_rules("allow"), "deny": _host_rules("deny"), "hosts": _host_pins},
     "scope": {"signals": _boolean, "abstract_unix": _boolean},
     "env": {"pass": _env_pass, "set": _env_set},

@@ -592,6 +592,40 @@ def test_tool_ignoring_proxy_variables_fails_closed_with_a_hint(
     assert "refused direct connection" in out.stderr and "ignore proxy variables" in out.stderr
 
 
+BIND_PROBE = """
+import errno, socket
+def bind(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        s.listen(1)
+        return s.getsockname()[1]
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+free = socket.socket()
+free.bind(("127.0.0.1", 0))
+port = free.getsockname()[1]
+free.close()
+ephemeral = bind(0)
+print(type(ephemeral).__name__, ephemeral != 0, bind(port))
+"""
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["landlock", "mediated"])
+def test_bind_zero_grants_an_ephemeral_port_and_nothing_else(tmp_path: Path, allow: bool) -> None:
+    """``bind = [0]``: a test server's ``bind(("127.0.0.1", 0))`` and ``listen`` work; an
+    explicit port that is not granted stays refused (EACCES from Landlock)."""
+    needs_kernel()
+    if allow:
+        policy = net_policy(tmp_path, ["api.internal.test:80"], extra="bind = [0]")
+    else:
+        policy = write_policy(tmp_path, 'version = 1\nextends = ["python"]\n[network]\nbind = [0]\n',
+                              name="bind0.toml")
+    out = py(policy, BIND_PROBE)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["int", "True", "EACCES"], out.stdout + out.stderr
+
+
 def test_connect_ports_of_the_core_policy_still_apply(tmp_path: Path, http_server: Server) -> None:
     needs_kernel()
     port = http_server.port

@@ -213,7 +213,11 @@ def test_wrong_types(tmp_path: Path, text: str, line: int, key: str, reason: str
     ("[network]\nconnect = [0]", 2, "network.connect[0]",
      "invalid port range 0: ports are 1-65535, low <= high"),
     ("[network]\nbind = [80, 65536]", 2, "network.bind[1]",
-     "invalid port range 65536: ports are 1-65535, low <= high"),
+     "invalid port range 65536: ports are 0-65535 (0: an ephemeral port the kernel picks), "
+     "low <= high"),
+    ("[network]\nbind = [-1]", 2, "network.bind[0]",
+     "invalid port range -1: ports are 0-65535 (0: an ephemeral port the kernel picks), "
+     "low <= high"),
     ('[network]\nconnect = ["90-80"]', 2, "network.connect[0]",
      "invalid port range '90-80': ports are 1-65535, low <= high"),
     ('[network]\nconnect = ["0-10"]', 2, "network.connect[0]",
@@ -482,6 +486,17 @@ def test_ports_envs_and_syscalls_accepted(tmp_path: Path) -> None:
     assert policy.network.tcp and policy.network.udp and policy.network.unix
     assert policy.env.passed == ("PATH", "LC_*", "X?", "[AB]_KEY", "lower_case")
     assert policy.syscalls.deny == ("chmod", "_sysctl", "fchmodat2")
+
+
+def test_bind_accepts_port_zero_as_the_ephemeral_port() -> None:
+    """A Landlock bind rule on port 0 lets the kernel pick a free port; connect has no port 0."""
+    policy = loads_policy('[network]\nbind = [0, "0-0", 8080]')
+    assert policy.network.bind == (PortRange(0, 0), PortRange(8080, 8080))
+    from sandlock import ruleset
+    ports = dict(ruleset.plan(policy, 4).ports)
+    assert set(ports) == {0, 8080}
+    with pytest.raises(PolicyError, match=r"network\.connect\[0\]: invalid port range 0"):
+        loads_policy("[network]\nconnect = [0]")
 
 
 def test_extends_absolute_path_and_dict_base_dir(tmp_path: Path) -> None:
