@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import click
@@ -182,46 +182,135 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
 
 
 @cli.command()
-@click.argument("files", nargs=-1, required=True, type=PathArg(dir_okay=False))
+@click.argument("files", nargs=-1, required=True, type=PathArg())
 @var_option
 def validate(files: Sequence[str], variables: Sequence[str]) -> None:
-    """Check policy files (for CI): non-zero exit on any problem.
+    """Check policy files and tool registries (for CI): non-zero exit on any problem.
 
-    Variables a policy uses but --var does not define are given placeholder
-    values, and paths are not required to exist on this machine, so that syntax,
-    schema and values can be checked anywhere.
+    Each argument is a policy file, or a registry as `run --policies` reads it: a
+    directory of NAME.toml policies, or one file of [tools.NAME] tables. Every
+    policy is checked and every schema error of each is reported. Variables a
+    policy uses but --var does not define are given placeholder values, and paths
+    are not required to exist on this machine, so that syntax, schema and values
+    can be checked anywhere.
     """
-    from .policy import load_policy
-    from .seccomp import check_names
-
+    try:
+        given = parse_vars(variables)
+    except SandlockError as exc:
+        raise _fail(exc) from None
     failed = 0
-    for file in files:
-        try:
-            given = parse_vars(variables)
-            check_names(_load_for_validation(load_policy, file, given))
-            print(f"{file}: ok")
-        except SandlockError as exc:
-            print(f"sandlock: {exc}", file=sys.stderr)
-            failed += 1
+    for argument in files:
+        for label, errors in _validate_argument(argument, given):
+            for error in errors:
+                print(f"sandlock: {error}", file=sys.stderr)
+            if errors:
+                failed += 1
+            else:
+                print(f"{label}: ok")
     if failed:
         raise click.exceptions.Exit(ExitCode.LAUNCHER)
 
 
-def _load_for_validation(load_policy: Any, file: str, given: dict[str, str]) -> Any:
-    """Load ``file``; undefined variables become a placeholder directory."""
+def _validate_argument(argument: str, given: dict[str, str]) -> Iterator[tuple[str, list[Any]]]:
+    """(label, errors) per policy in ``argument``: a file, a tools file, or a directory."""
+    from pathlib import Path
+
+    from .errors import PolicyError
+
+    path = Path(argument)
+    try:
+        is_dir = path.is_dir()
+    except (OSError, ValueError):
+        is_dir = False  # the file reader names the problem
+    if not is_dir:
+        yield from _validate_file(path, given)
+        return
+    try:
+        found = sorted(path.glob("*.toml"))
+    except OSError as exc:
+        yield argument, [PolicyError(f"cannot read the policies: {exc.strerror or exc}",
+                                     source=argument)]
+        return
+    if not found:
+        yield argument, [PolicyError("no tools found (expected NAME.toml files, or [tools.NAME] "
+                                     "tables)", source=argument)]
+    for file in found:
+        yield from _validate_file(file, given)
+
+
+def _validate_file(path: Any, given: dict[str, str]) -> Iterator[tuple[str, list[Any]]]:
+    """A policy file, or a file of ``[tools.NAME]`` tables (one label per tool)."""
+    from .errors import PolicyError
+    from .policy import _parse_text, _read, load_policy, policy_from_dict, schema_errors
+    from .seccomp import check_names
+
+    source = str(path)
+    try:
+        text = _read(path, source)
+        data = _parse_text(text, source)
+    except SandlockError as exc:
+        yield source, [exc]
+        return
+    if "tools" not in data:
+        errors: list[Any] = schema_errors(data, source, text)
+        if not errors:
+            try:
+                check_names(_with_placeholders(
+                    lambda v: load_policy(path, v, check_paths=False, data=text.encode()),
+                    source, given))
+            except SandlockError as exc:
+                errors.append(exc)
+        yield source, errors
+        return
+    unknown = sorted(set(data) - {"tools"})
+    if unknown or not isinstance(data["tools"], dict):
+        yield source, [PolicyError("a tools file holds only [tools.NAME] tables"
+                                   + (f" (unknown key {unknown[0]!r})" if unknown else ""),
+                                   source=source)]
+        if not isinstance(data["tools"], dict):
+            return
+    if not data["tools"]:
+        yield source, [PolicyError("no tools found (expected [tools.NAME] tables)", source=source)]
+    base = path.resolve().parent
+    for name, table in data["tools"].items():
+        label = f"{source} [tools.{name}]"
+        if not isinstance(table, dict):
+            yield label, [PolicyError("expected a table", source=source, key=f"tools.{name}")]
+            continue
+        errors = schema_errors(table, label, text, ("tools", name))
+        if not errors:
+            try:
+                check_names(_with_placeholders(
+                    lambda v, t=table, s=label: policy_from_dict(t, v, source=s, base_dir=base,
+                                                                 check_paths=False),
+                    label, given))
+            except SandlockError as exc:
+                errors.append(exc)
+        yield label, errors
+
+
+def _with_placeholders(load: Callable[[dict[str, str]], Any], source: str,
+                       given: dict[str, str]) -> Any:
+    """``load(variables)``; undefined variables become a placeholder directory."""
     import re
 
     from .errors import PolicyError
 
+    given = dict(given)
     for _ in range(50):
         try:
-            return load_policy(file, given, check_paths=False)
+            return load(given)
         except PolicyError as exc:
             match = re.search(r"undefined variable \$\{([A-Za-z_][A-Za-z0-9_]*)\}", str(exc))
             if not match:
                 raise
             given[match.group(1)] = os.getcwd()
-    raise PolicyError("too many undefined variables", source=file)
+    raise PolicyError("too many undefined variables", source=source)
+
+
+def _load_for_validation(load_policy: Any, file: str, given: dict[str, str]) -> Any:
+    """Load ``file``; undefined variables become a placeholder directory."""
+    return _with_placeholders(lambda v: load_policy(file, v, check_paths=False), file, given)
 
 
 @cli.command()

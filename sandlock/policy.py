@@ -456,9 +456,10 @@ class _Layer:
     text: str | None
     base_dir: Path | None
     values: dict[str, Any]  # "section.key" or "key" -> validated value
+    prefix: tuple[str, ...] = ()  #: where this table sits in ``text`` (lines only)
 
     def error(self, message: str, key: Sequence[str | int]) -> PolicyError:
-        line = find_line(self.text, key) if self.text is not None else None
+        line = find_line(self.text, [*self.prefix, *key]) if self.text is not None else None
         return PolicyError(message, source=self.source, key=_keypath(key), line=line)
 
 
@@ -469,23 +470,49 @@ def _keypath(key: Sequence[str | int]) -> str:
     return out
 
 
-def _check_layer(data: Mapping[str, Any], layer: _Layer) -> None:
+def _check_layer(data: Mapping[str, Any], layer: _Layer,
+                 errors: list[PolicyError] | None = None) -> None:
+    """Validate one layer's keys into ``layer.values``. The first error is raised, or,
+    given ``errors``, every key is checked and each error appended (``validate``)."""
     for name, value in data.items():
         rule = SCHEMA.get(name)
-        if rule is None:
-            raise layer.error(f"unknown key (expected one of: {', '.join(SCHEMA)})", [name])
-        if callable(rule):
-            layer.values[name] = _run(rule, value, [name], layer)
+        try:
+            if rule is None:
+                raise layer.error(f"unknown key (expected one of: {', '.join(SCHEMA)})", [name])
+            if callable(rule):
+                layer.values[name] = _run(rule, value, [name], layer)
+                continue
+            if not isinstance(value, dict):
+                raise layer.error(f"expected a table, got {_typename(value)}", [name])
+        except PolicyError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
             continue
-        if not isinstance(value, dict):
-            raise layer.error(f"expected a table, got {_typename(value)}", [name])
         for key, item in value.items():
-            check = rule.get(key)
-            if check is None:
-                raise layer.error(f"unknown key (expected one of: {', '.join(rule)})", [name, key])
-            layer.values[f"{name}.{key}"] = _run(check, item, [name, key], layer)
+            try:
+                check = rule.get(key)
+                if check is None:
+                    raise layer.error(f"unknown key (expected one of: {', '.join(rule)})",
+                                      [name, key])
+                layer.values[f"{name}.{key}"] = _run(check, item, [name, key], layer)
+            except PolicyError as exc:
+                if errors is None:
+                    raise
+                errors.append(exc)
         if name == "env":
             layer.values["env"] = True
+
+
+def schema_errors(data: Mapping[str, Any], source: str, text: str | None = None,
+                  prefix: Sequence[str] = ()) -> list[PolicyError]:
+    """Every schema error of one policy (each key checked on its own), for
+    ``sandlock validate``: loading stops at the first. ``prefix``: where the policy's
+    table sits in ``text`` (``("tools", NAME)`` in a registry file), to find lines."""
+    errors: list[PolicyError] = []
+    layer = _Layer(source, text, None, {}, tuple(prefix))
+    _check_layer(data, layer, errors)
+    return errors
 
 
 def _run(check: Validator, value: object, key: list[str | int], layer: _Layer) -> Any:
@@ -796,13 +823,13 @@ def loads_policy(
 
 def policy_from_dict(
     data: Mapping[str, Any], variables: Mapping[str, str] | None = None, *,
-    source: str = "<dict>", base_dir: Path | None = None,
+    source: str = "<dict>", base_dir: Path | None = None, check_paths: bool = True,
 ) -> Policy:
     """Load a policy from an already-parsed mapping (same schema as the TOML file)."""
     if not isinstance(data, Mapping):
         raise PolicyError(f"expected a mapping, got {_typename(data)}", source=source)
     return _merge(_load_layers(data, source, None, base_dir, (source,)),
-                  _variables(variables, source))
+                  _variables(variables, source), check_paths)
 
 
 def load_profile(name: str, variables: Mapping[str, str] | None = None) -> Policy:

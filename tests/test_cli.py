@@ -285,6 +285,84 @@ def test_validate_needs_a_file() -> None:
     assert invoke("validate").exit_code == 2  # click usage error
 
 
+THREE_ERRORS = """\
+version = 1
+colour = "red"
+[network]
+connect = [0]
+[env]
+pass = ["BAD-NAME"]
+"""
+
+
+def test_validate_reports_every_schema_error_of_a_file(tmp_path: Path) -> None:
+    bad = write_policy(tmp_path, THREE_ERRORS, "bad.toml")
+    result = invoke("validate", str(bad))
+    assert (result.exit_code, result.stdout) == (125, "")
+    assert result.stderr.splitlines() == [
+        f"sandlock: {bad}:2: colour: unknown key (expected one of: version, description, extends, "
+        "compat, filesystem, network, scope, env, limits, syscalls, credentials)",
+        f"sandlock: {bad}:4: network.connect[0]: invalid port range 0: ports are 1-65535, "
+        "low <= high",
+        f"sandlock: {bad}:6: env.pass[0]: invalid variable name or glob 'BAD-NAME'"]
+
+
+def test_validate_reads_a_registry_directory_and_goes_on(tmp_path: Path) -> None:
+    """A directory is a registry as ``run --policies`` reads it; an empty one is one error
+    line, and the other arguments are still checked."""
+    registry = tmp_path / "tools"
+    registry.mkdir()
+    good = write_policy(registry, 'extends = ["base"]\n[filesystem]\nread = ["${workspace}"]\n',
+                        "read_file.toml")
+    bad = write_policy(registry, THREE_ERRORS, "shell.toml")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    single = write_policy(tmp_path, "version = 1\n", "single.toml")
+    result = invoke("validate", str(registry), str(empty), str(single))
+    assert result.exit_code == 125
+    assert result.stdout.splitlines() == [f"{good}: ok", f"{single}: ok"]
+    errors = result.stderr.splitlines()
+    assert len(errors) == 4, result.stderr
+    assert all(line.startswith(f"sandlock: {bad}:") for line in errors[:3]), errors
+    assert errors[3] == (f"sandlock: {empty}: no tools found (expected NAME.toml files, "
+                         "or [tools.NAME] tables)")
+
+
+def test_validate_reads_a_tools_file_as_run_does(tmp_path: Path) -> None:
+    tools = write_policy(tmp_path, """\
+        [tools.read_file]
+        extends = ["base"]
+        filesystem.read = ["${workspace}"]
+
+        [tools.shell]
+        colour = "red"
+        network.connect = [0]
+
+        [tools.grep]
+        extends = ["no-such-profile"]
+
+        [tools.ls]
+        extends = ["base"]
+        """, "tools.toml")
+    result = invoke("validate", str(tools))
+    assert result.exit_code == 125
+    assert result.stdout.splitlines() == [f"{tools} [tools.read_file]: ok",
+                                          f"{tools} [tools.ls]: ok"]
+    errors = result.stderr.splitlines()
+    assert len(errors) == 3, result.stderr
+    assert errors[0].startswith(f"sandlock: {tools} [tools.shell]:6: colour: unknown key")
+    assert errors[1].startswith(f"sandlock: {tools} [tools.shell]:7: network.connect[0]: "
+                                "invalid port range 0")
+    assert errors[2].startswith(f"sandlock: {tools} [tools.grep]: extends[0]: unknown built-in "
+                                "profile 'no-such-profile'")
+    # what validate accepts, run --policies runs
+    good = write_policy(tmp_path, '[tools.t]\nextends = ["base"]\nfilesystem.exec = ["/usr/bin/true"]\n',
+                        "good.toml")
+    assert invoke("validate", str(good)).exit_code == 0
+    ran = sandlock("run", "--tool", "t", "--policies", str(good), "--", "/usr/bin/true")
+    assert ran.returncode == 0, ran.stderr
+
+
 # ---------------------------------------------------------------------------
 # policies
 
