@@ -26,6 +26,21 @@ SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted"
 pytestmark = pytest.mark.skipif(T.supported() is not None, reason=str(T.supported()))
 
 
+@pytest.fixture(scope="module")
+def _shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("api_trace")
+
+
+@pytest.fixture
+def tmp_path(_shared: Path, request: pytest.FixtureRequest) -> Path:
+    """One directory per test inside one of this module: the session's base temporary
+    directory, whose every entry `sandlock learn` (tests/test_trace.py) grants with a
+    descriptor of its own, grows by one entry only."""
+    path = _shared / request.node.name[:60]
+    path.mkdir()
+    return path
+
+
 def box(**filesystem: Any) -> Sandbox:
     return Sandbox({"version": 1, "extends": ["base"], "filesystem": filesystem,
                     "env": {"pass": ["PATH", "HOME"]}})
