@@ -32,6 +32,9 @@ DEFAULT_ALLOW_PORTS = ((80, 80), (443, 443))
 ALL_PORTS = ((1, 65535),)
 #: Narrowest prefix a CIDR rule may have: anything broader is "most of the internet".
 MIN_PREFIX = {4: 8, 6: 16}
+#: ``hosts = { "mirror.internal" = "system" }``: resolve that one name with the system
+#: resolver (``/etc/hosts``, the local DNS) and accept its private or loopback answers.
+SYSTEM = "system"
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
@@ -89,12 +92,20 @@ class NetRules:
     deny: tuple[HostRule, ...] = ()
     hosts: tuple[tuple[str, str], ...] = ()  #: (name, address); a later pin of a name wins
 
-    def pin(self, host: str) -> Optional[IPAddress]:
+    def _pinned(self, host: str) -> Optional[str]:
         found = None
         for name, address in self.hosts:
             if name == host:
                 found = address
-        return ipaddress.ip_address(found) if found is not None else None
+        return found
+
+    def pin(self, host: str) -> Optional[IPAddress]:
+        found = self._pinned(host)
+        return ipaddress.ip_address(found) if found not in (None, SYSTEM) else None
+
+    def trusts_resolver(self, host: str) -> bool:
+        """``host = "system"`` in ``hosts``: the system resolver's answer for it is trusted."""
+        return self._pinned(normalize_host(host)) == SYSTEM
 
     def check_name(self, host: str, port: int) -> Verdict:
         """May the tool ask for ``host:port`` (a name or an IP literal)? Deny wins."""
@@ -112,8 +123,10 @@ class NetRules:
         """May the proxy connect to ``address``, which ``host`` resolved to?
 
         Deny rules on addresses win. A private, loopback or link-local result, or any
-        address of this host's own interfaces (a global one too), is refused unless ``host`` is pinned in ``hosts`` or an allow rule names the
-        address (DNS rebinding: a public name must not lead into the local network).
+        address of this host's own interfaces (a global one too), is refused unless ``host``
+        is pinned in ``hosts`` (to that address, or to ``"system"``: whatever the system
+        resolver answers) or an allow rule names the address (DNS rebinding: a public name
+        must not lead into the local network).
         """
         address = unmap(address)
         for rule in self.deny:
@@ -124,6 +137,9 @@ class NetRules:
         host = normalize_host(host)
         if self.pin(host) == address:
             return Verdict(True, f"pinned in hosts: {host} = {address}")
+        if self.trusts_resolver(host):
+            return Verdict(True, f'{host} resolved to {address} by the system resolver, trusted '
+                                 f'in hosts: {host} = "{SYSTEM}"')
         for rule in self.allow:
             if rule.matches_address(address, port):
                 return Verdict(True, f"allowed by {rule}")
@@ -288,15 +304,19 @@ def check_hostname(host: str, *, wildcard_ok: bool) -> str:
 
 
 def parse_pins(table: dict[str, object]) -> tuple[tuple[str, str], ...]:
-    """``hosts = { "api.internal.test" = "127.0.0.1" }``; raise :class:`RuleError`."""
+    """``hosts = { "api.internal.test" = "127.0.0.1", "mirror.internal" = "system" }``
+    (:data:`SYSTEM`: the system resolver's answer is trusted); raise :class:`RuleError`."""
     out = []
     for name, value in table.items():
         try:
             host = check_hostname(name, wildcard_ok=False)
         except ValueError as exc:
             raise RuleError(str(exc), name) from None
+        if value == SYSTEM:
+            out.append((host, SYSTEM))
+            continue
         if not isinstance(value, str) or as_address(normalize_host(value)) is None:
-            raise RuleError(f"expected an IP address string, got {value!r}", name)
+            raise RuleError(f'expected an IP address string or "{SYSTEM}", got {value!r}', name)
         out.append((host, str(as_address(normalize_host(value)))))
     return tuple(out)
 

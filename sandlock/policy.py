@@ -393,7 +393,7 @@ def _host_pins(value: object) -> tuple[tuple[str, str], ...]:
     from . import netrules
 
     try:
-        return netrules.parse_pins(_expect(value, dict, 'a table of "name" = "IP address"'))
+        return netrules.parse_pins(_expect(value, dict, 'a table of "name" = "IP address" or "system"'))
     except netrules.RuleError as bad:
         raise _Bad(str(bad), (bad.index,)) from None
 

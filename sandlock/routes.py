@@ -95,7 +95,8 @@ class RouteServer:
                  report: Callable[[str], None]) -> None:
         self.credentials = tuple(credentials)
         self._by_name = {c.name: c for c in credentials}
-        self._pins = dict(pins)
+        # "system" pins mean the system resolver, as without a pin; only addresses are kept.
+        self._pins = {name: address for name, address in pins if address != "system"}
         self.report = report
         self._tls = {c.name: _tls_context(c) for c in credentials}  # ca_file read here
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

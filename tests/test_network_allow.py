@@ -123,11 +123,31 @@ def test_non_public_results_need_a_pin_or_an_ip_rule() -> None:
     assert not r.check_address("pinned.test", ip_address("192.0.2.1"), 443)
 
 
+def test_a_system_pin_trusts_the_resolvers_answer_for_that_name_only() -> None:
+    """``hosts = { name = "system" }``: private/loopback answers for that one name are accepted;
+    the name still needs an allow rule, deny rules on addresses still win."""
+    from ipaddress import ip_address
+
+    r = rules(["mirror.internal", "api.test"], deny=["10.9.0.0/16"],
+              hosts={"Mirror.Internal": "system"})
+    assert r.hosts == (("mirror.internal", "system"),) and r.pin("mirror.internal") is None
+    for private in ("10.0.0.5", "127.0.0.1", "::1"):
+        verdict = r.check_address("mirror.internal", ip_address(private), 443)
+        assert verdict and 'hosts: mirror.internal = "system"' in verdict.reason, private
+    assert not r.check_address("api.test", ip_address("10.0.0.5"), 443)
+    assert not r.check_address("mirror.internal", ip_address("10.9.1.1"), 443)
+    assert not r.check_name("mirror.internal", 8080)
+    assert not rules(["api.test"], hosts={"mirror.internal": "system"}).check_name(
+        "mirror.internal", 443)
+
+
 def test_pins_are_validated() -> None:
     assert parse_pins({"API.Internal.test": "::ffff:127.0.0.1"}) == (("api.internal.test",
                                                                      "127.0.0.1"),)
-    with pytest.raises(netrules.RuleError, match="IP address"):
+    with pytest.raises(netrules.RuleError, match='IP address string or "system"'):
         parse_pins({"a.test": "example.com"})
+    with pytest.raises(netrules.RuleError, match='IP address string or "system"'):
+        parse_pins({"a.test": "System"})
     with pytest.raises(netrules.RuleError, match="only wildcard|not a valid"):
         parse_pins({"*.a.test": "127.0.0.1"})
 
@@ -361,6 +381,27 @@ def test_public_name_resolving_to_loopback_is_refused(tmp_path: Path, http_serve
         print(urllib.request.urlopen("http://localhost:{port}/").status)
     """)
     assert ok.stdout.strip() == "200", ok.stderr
+
+
+def test_system_pin_reaches_a_name_the_system_resolver_answers_with_loopback(
+        tmp_path: Path, http_server: Server) -> None:
+    """``localhost`` resolves to loopback through the system resolver (no pin to an address):
+    refused as DNS rebinding above, reached once ``hosts`` trusts the resolver for it."""
+    needs_kernel()
+    port = http_server.port
+    policy = write_policy(tmp_path, f"""\
+        version = 1
+        extends = ["python"]
+        [network]
+        allow = ["localhost:{port}"]
+        hosts = {{ "localhost" = "system" }}
+        """, "system.toml")
+    ok = py(policy, f"""
+        import urllib.request
+        print(urllib.request.urlopen("http://localhost:{port}/").status)
+    """)
+    assert ok.stdout.strip() == "200", ok.stdout + ok.stderr
+    assert http_server.accepted >= 1
 
 
 def test_proxy_demands_the_runs_credentials(tmp_path: Path, http_server: Server) -> None:
