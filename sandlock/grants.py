@@ -36,7 +36,7 @@ from .errors import SandlockError
 
 TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
 if TYPE_CHECKING:
-    from typing import Iterable, Optional, Sequence
+    from typing import Iterable, Iterator, Optional, Sequence
 
 #: Directories whose symbolic links are followed (with "/" itself, not recursively):
 #: root-owned system locations no policy may grant write on a directory of.
@@ -105,9 +105,16 @@ def _trusted_link(directory: str, dir_fd: int, link: os.stat_result) -> bool:
 def resolve(path: str) -> Resolved:
     """Open ``path`` (absolute) as :class:`Resolved`, following only trusted links.
 
-    Raises GrantError for an untrusted link or a loop, OSError (from the kernel) for
-    a missing component or one that is not a directory.
+    Raises GrantError for an untrusted link or a loop, OSError (from the kernel, its
+    ``filename`` the whole path) for a missing component or one that is not a directory.
     """
+    try:
+        return _resolve(path)
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, path) from None
+
+
+def _resolve(path: str) -> Resolved:
     parts = [p for p in path.split("/") if p]
     parts.reverse()  # a stack: the next component is last
     fd = os.open("/", _DIR)
@@ -270,16 +277,22 @@ def _ancestry(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]
     return own, ids
 
 
-def check_writes(grants: Sequence[tuple[str, Resolved]], policy_files: Iterable[str]) -> None:
-    """Refuse write grants (path as written, its resolution) that reach anything a later
-    run trusts, or a forbidden place. Raises GrantError naming the first one."""
-    if not grants:
-        return
-    proc = os.stat("/proc").st_dev if os.path.isdir("/proc") else None
-    for path, got in grants:
+class WriteCheck:
+    """Refuses write grants that reach anything a later run trusts, or a forbidden place.
+
+    What is protected is looked up once, on the first write grant checked."""
+
+    def __init__(self, policy_files: Iterable[str]) -> None:
+        self._policy_files = tuple(policy_files)
+        self._protected: Optional[list[tuple[str, str, bool, Optional[tuple[int, int]],
+                                             set[tuple[int, int]]]]] = None
+        self._proc = os.stat("/proc").st_dev if os.path.isdir("/proc") else None
+
+    def check(self, path: str, got: Resolved) -> None:
+        """Raise GrantError if the write grant ``path`` (resolved as ``got``) is refused."""
         real = got.canonical
         if real in FORBIDDEN_WRITE or real.startswith(("/proc/", "/sys/")) or (
-                proc is not None and got.chain[-1][0] == proc):
+                self._proc is not None and got.chain[-1][0] == self._proc):
             via = "" if real == path else f" ({path!r} resolves to it)"
             raise GrantError(path, f"write access to {real!r} is never allowed{via}")
         if got.is_dir and in_system_dir(real):
@@ -287,9 +300,10 @@ def check_writes(grants: Sequence[tuple[str, Resolved]], policy_files: Iterable[
                 f"write access to the directory {real!r} is never allowed: sandlock trusts the "
                 f"symbolic links in system directories ({', '.join(SYSTEM_DIRS)}); grant the "
                 "files the tool must change instead"))
-    for where, what, inside in protected(policy_files):
-        own, ancestors = _ancestry(where)
-        for path, got in grants:
+        if self._protected is None:
+            self._protected = [(where, what, inside, *_ancestry(where))
+                               for where, what, inside in protected(self._policy_files)]
+        for where, what, inside, own, ancestors in self._protected:
             covers = got.is_dir and got.chain[-1] in ancestors
             within = inside and own is not None and own in got.chain
             if covers or within:
@@ -300,21 +314,28 @@ def check_writes(grants: Sequence[tuple[str, Resolved]], policy_files: Iterable[
                     "Grant a narrower directory, or move that one out of the granted tree"))
 
 
-def open_rules(paths: Sequence[tuple[str, int]], write_rights: int,
-               policy_files: Iterable[str]) -> list[tuple[Resolved, int]]:
-    """Resolve every policy path once and check the write grants; the caller makes the
-    Landlock rules from these descriptors and closes them. Raises GrantError or OSError."""
-    opened: list[tuple[Resolved, int]] = []
-    try:
-        for path, rights in paths:
-            opened.append((resolve(path), rights))
-        check_writes([(p, r) for (p, rights), (r, _) in zip(paths, opened) if rights & write_rights],
-                     policy_files)
-    except BaseException:
-        for got, _ in opened:
+def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
+              policy_files: Iterable[str]) -> Iterator[tuple[Resolved, int]]:
+    """Resolve each policy path once, check it if it grants any of ``write_rights``, and
+    yield it for the caller to make its Landlock rule from; its descriptor is closed when
+    the caller asks for the next one (one descriptor at a time, however many paths: a
+    policy may name thousands). Raises GrantError or OSError."""
+    checker = WriteCheck(policy_files)
+    for path, rights in paths:
+        got = resolve(path)
+        try:
+            if rights & write_rights:
+                checker.check(path, got)
+            yield got, rights
+        finally:
             got.close()
-        raise
-    return opened
+
+
+def check_rules(paths: Sequence[tuple[str, int]], write_rights: int,
+                policy_files: Iterable[str]) -> None:
+    """Everything :func:`each_rule` checks, without making rules (explain, tests)."""
+    for _ in each_rule(paths, write_rights, policy_files):
+        pass
 
 
 # ----------------------------------------------------------------------------

@@ -134,7 +134,7 @@ def build_ruleset(abi: int, handled_fs: int, handled_net: int, scoped: int,
                   file_only: int, write_rights: int, policy_files: Sequence[str]) -> int:
     """One Landlock ruleset fd (close-on-exec) with a rule per path and per TCP port.
 
-    Paths are resolved by :func:`sandlock.grants.open_rules`, here in the parent, to
+    Paths are resolved by :func:`sandlock.grants.each_rule`, here in the parent, to
     the descriptors the rules are made from (so the child only calls
     landlock_restrict_self); a grant holding any of ``write_rights`` is refused there
     if it reaches what a later run trusts (GrantError). ``rights`` are those for a
@@ -143,39 +143,41 @@ def build_ruleset(abi: int, handled_fs: int, handled_net: int, scoped: int,
     Returns -1 when there is no Landlock (``abi`` < 1). Raises LandlockError.
     """
     from .errors import LandlockError
-    from .grants import open_rules
+    from .grants import each_rule
 
-    try:
-        opened = open_rules(paths, write_rights, policy_files)
-    except OSError as exc:
-        raise LandlockError(f"cannot open {exc.filename or 'a path'!r} for a rule: "
-                            f"{exc.strerror}") from None
-    try:
-        if abi < 1:
-            return -1
-        try:
-            fd = create_ruleset(handled_fs, handled_net, scoped, abi)
+    if abi < 1:
+        try:  # no rules to make, but the same checks: a refused grant is refused anyway
+            for _ in each_rule(paths, write_rights, policy_files):
+                pass
         except OSError as exc:
-            raise LandlockError(f"cannot create the Landlock ruleset: {exc.strerror}") from None
+            raise LandlockError(f"cannot open {exc.filename or 'a path'!r} for a rule: "
+                                f"{exc.strerror}") from None
+        return -1
+    try:
+        fd = create_ruleset(handled_fs, handled_net, scoped, abi)
+    except OSError as exc:
+        raise LandlockError(f"cannot create the Landlock ruleset: {exc.strerror}") from None
+    try:
+        path = ""
         try:
-            for (path, _), (target, rights) in zip(paths, opened):
-                try:
-                    add_path_rule(fd, target.fd, rights if target.is_dir else rights & file_only)
-                except OSError as exc:
-                    raise LandlockError(f"cannot add a rule for {path!r}: {exc.strerror}") from None
-            for port, rights in ports:
-                try:
-                    add_port_rule(fd, port, rights)
-                except OSError as exc:
-                    raise LandlockError(f"cannot add a rule for TCP port {port}: "
-                                        f"{exc.strerror}") from None
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
-    finally:
-        for target, _ in opened:
-            target.close()
+            for (path, _), (target, rights) in zip(paths, each_rule(paths, write_rights,
+                                                                    policy_files)):
+                add_path_rule(fd, target.fd, rights if target.is_dir else rights & file_only)
+        except OSError as exc:
+            if exc.filename is not None or not path:
+                raise LandlockError(f"cannot open {exc.filename or 'a path'!r} for a rule: "
+                                    f"{exc.strerror}") from None
+            raise LandlockError(f"cannot add a rule for {path!r}: {exc.strerror}") from None
+        for port, rights in ports:
+            try:
+                add_port_rule(fd, port, rights)
+            except OSError as exc:
+                raise LandlockError(f"cannot add a rule for TCP port {port}: "
+                                    f"{exc.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def restrict_self(ruleset: int) -> None:

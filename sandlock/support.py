@@ -124,16 +124,14 @@ def _refused_grants(policy: Policy, abi: int) -> list[str]:
     """Why `sandlock run` would refuse this policy's grants here (sandlock.grants): a
     link outside the system directories, or a write grant reaching what later runs
     trust. Empty when every grant resolves and passes."""
-    from .grants import GrantError, open_rules
+    from .grants import GrantError, check_rules
 
     plan = ruleset.plan(policy, abi)
     try:
-        opened = open_rules(plan.paths, int(A.WRITE_RIGHTS), ruleset.policy_files(policy))
+        check_rules(plan.paths, int(A.WRITE_RIGHTS), ruleset.policy_files(policy))
     except GrantError as exc:
         origin = next((r.origin for r in policy.paths if r.path == exc.path), policy.source)
         return [f"{origin}: {exc.path!r}: {exc.reason}"]
     except OSError as exc:
         return [f"{exc.filename or 'a path'}: {exc.strerror}"]
-    for target, _ in opened:
-        target.close()
     return []

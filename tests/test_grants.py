@@ -71,7 +71,7 @@ def test_a_link_loop_in_system_style_is_bounded(tmp_path: Path) -> None:
 
 def refuse(paths: list[tuple[str, int]], policy_files: tuple[str, ...] = ()) -> str:
     with pytest.raises(GrantError) as error:
-        grants.open_rules(paths, WRITE, policy_files)
+        grants.check_rules(paths, WRITE, policy_files)
     return error.value.reason
 
 
@@ -87,8 +87,7 @@ def test_write_on_the_state_directory_or_above_is_refused(tmp_path: Path,
     assert "lies inside" in refuse([(str(home / ".cache" / "sandlock" / "policies"), WRITE)])
     # A read grant on it is fine, and so is a write grant beside it.
     (home / "work").mkdir()
-    for got, _ in grants.open_rules([(str(home), READ), (str(home / "work"), WRITE)], WRITE, ()):
-        got.close()
+    grants.check_rules([(str(home), READ), (str(home / "work"), WRITE)], WRITE, ())
 
 
 def test_every_place_a_later_run_looks_is_protected(tmp_path: Path,
@@ -122,9 +121,7 @@ def test_write_on_the_installation_or_import_path_is_refused() -> None:
 def test_write_on_a_system_directory_is_refused_but_a_file_there_is_not(tmp_path: Path) -> None:
     assert "system directories" in refuse([("/usr/share", WRITE)])
     assert "never allowed" in refuse([("/proc/sys", WRITE)])
-    got = grants.open_rules([("/dev/null", WRITE)], WRITE, ())
-    for target, _ in got:
-        target.close()
+    grants.check_rules([("/dev/null", WRITE)], WRITE, ())
 
 
 def test_refusal_names_the_policy_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -162,3 +159,21 @@ def test_probe_reports_later_run_findings(tmp_path: Path) -> None:
     write_policy(pol, 'version = 1\n[filesystem]\nexec = ["${ws}/bin"]\n', "b.toml")
     found = later_run_findings(load_policy(a, {"ws": str(ws)}), {"ws": str(ws)})
     assert len(found) == 1 and "b.toml" in found[0] and "another policy's" in found[0]
+
+
+def test_thousands_of_paths_hold_one_descriptor_at_a_time(tmp_path: Path) -> None:
+    """A policy may name more paths than the descriptor limit (sandlock learn does)."""
+    import resource
+
+    from sandlock import kernel
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for index in range(300):
+        (tmp_path / f"d{index}").mkdir()
+    resource.setrlimit(resource.RLIMIT_NOFILE, (fds() + 64, hard))
+    try:
+        paths = [(str(tmp_path / f"d{index}"), READ) for index in range(300)]
+        fd = kernel.build_ruleset(7, int(Fs.READ_FILE | Fs.READ_DIR), 0, 0, paths, (), 0, WRITE, ())
+        os.close(fd)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

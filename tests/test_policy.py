@@ -359,10 +359,10 @@ def test_write_through_symlink_to_forbidden_path(tmp_path: Path, target: str) ->
 
     link = tmp_path / "link"
     link.symlink_to(target)
-    policy = load_policy(write(tmp_path, f'[filesystem]\nwrite = ["/tmp", "{link}"]'))
+    policy = load_policy(write(tmp_path, f'[filesystem]\nwrite = ["{link}"]'))
     with pytest.raises(PolicyError) as error:
         launcher.compile_policy(policy)
-    assert str(error.value) == where(tmp_path, 2, "filesystem.write[1]") + (
+    assert str(error.value) == where(tmp_path, 2, "filesystem.write[0]") + (
         f"{str(link)!r}: it is a symbolic link (to {target!r}) in a directory a tool may be "
         "able to write; sandlock follows links only in system directories owned by root, so "
         "that a planted link cannot redirect a grant: name the link's target instead")
