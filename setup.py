@@ -19,7 +19,10 @@ from setuptools.command.build_py import build_py
 try:
     from setuptools.command.bdist_wheel import bdist_wheel
 except ImportError:  # setuptools < 70.1
-    from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+    try:
+        from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
+    except ImportError:  # neither: no wheel can be built here (build_helper still can);
+        bdist_wheel = None  # pip builds wheels with setuptools>=70.1 (pyproject.toml)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join("sandlock", "native", "sandlock_exec.c")
@@ -78,7 +81,7 @@ class BuildHelper(Command):
             raise SystemExit(1)
 
 
-class BdistWheel(bdist_wheel):
+class BdistWheel(bdist_wheel or Command):  # type: ignore[misc]
     """A wheel carrying the compiled helper says so: any Python 3, this platform only."""
 
     def finalize_options(self) -> None:
@@ -89,4 +92,5 @@ class BdistWheel(bdist_wheel):
         return ("py3", "none", super().get_tag()[2])
 
 
-setup(cmdclass={"build_py": BuildPy, "build_helper": BuildHelper, "bdist_wheel": BdistWheel})
+setup(cmdclass={"build_py": BuildPy, "build_helper": BuildHelper,
+               **({"bdist_wheel": BdistWheel} if bdist_wheel is not None else {})})
