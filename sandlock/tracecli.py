@@ -93,6 +93,13 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     try:
         _check_support()
         loaded = _load_full(policy, tool, policies, parse_vars(variables), timeout, best_effort, None)
+        if loaded.network.allow:
+            # One seccomp notification listener per process: the host allowlist's connect
+            # supervisor already needs it (the kernel would answer EBUSY).
+            raise SandlockError("trace cannot record a policy with [network] allow: its connect "
+                                "supervisor holds the only notification listener a process may "
+                                "have; trace a copy of the policy without `allow` (its refusals "
+                                "are reported by `sandlock run` as they happen)")
         compiled = launcher.compile_policy(loaded)
         cmd = launcher.prepare_command(loaded, list(command))
         for line in compiled.warnings:
