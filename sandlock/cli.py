@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .clipaths import PathArg
 from .errors import ExitCode, SandlockError
 from .runcli import execute, parse_vars
 
@@ -25,18 +26,6 @@ Examples:
   sandlock validate policies/*.toml
   sandlock check
 """
-
-
-class PathArg(click.Path):
-    """click.Path that answers a name it cannot stat (a NUL in it, too long) with a
-    usage error; click's own lets the ValueError or OSError escape."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        try:
-            return super().convert(value, param, ctx)
-        except (OSError, ValueError) as exc:
-            self.fail(f"{click.format_filename(value)!r}: {getattr(exc, 'strerror', None) or exc}",
-                      param, ctx)
 
 
 def _console(stderr: bool = False) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import click
 
-from .cli import PathArg
+from .clipaths import PathArg
 from .errors import ExitCode, SandlockError
 from .runcli import parse_vars, say
 
