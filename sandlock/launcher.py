@@ -591,19 +591,36 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
         from .supervisor import Mediation
 
         with Mediation(compiled.policy, report) as mediation:  # proxy + connect supervisor
-            child = run(compiled, mediation.command(cmd), timeout=timeout,
-                        forward_signals=forward_signals, _mediation=mediation, recorder=recorder)
-    else:
-        child = _run(compiled, cmd, timeout, forward_signals, _mediation, recorder)
-    if report is not None and recorder is None and child.returncode and child.signal is None \
-            and not child.timed_out:
-        report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; "
-               "`sandlock trace` with the same options lists what the policy refused it")
-    return child
+            return _run(compiled, mediation.command(cmd), timeout, forward_signals, mediation,
+                        recorder, report)
+    return _run(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)
+
+
+def _hint(compiled: Compiled, cmd: Command, child: Child, report: Callable[[str], None]) -> None:
+    """One line when the command failed: where to look for what the policy refused."""
+    if compiled.policy.network.allow:
+        # trace cannot record beside the host allowlist's supervisor; and a tool that
+        # resolves names itself gets no DNS here, which it reports as its own error.
+        report(f"hint: the command exited with {child.returncode}; this policy reaches the "
+               "network only through sandlock's proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY): a "
+               "tool that ignores them cannot even resolve names; refusals are reported above")
+        return
+    report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; "
+           "`sandlock trace` with the same options lists what the policy refused it")
 
 
 def _run(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
-         _mediation: Optional[Mediation], recorder: Optional[Recorder]) -> Child:
+         _mediation: Optional[Mediation], recorder: Optional[Recorder],
+         report: Optional[Callable[[str], None]] = None) -> Child:
+    child = _run_child(compiled, cmd, timeout, forward_signals, _mediation, recorder)
+    if report is not None and recorder is None and child.returncode and child.signal is None \
+            and not child.timed_out:
+        _hint(compiled, cmd, child, report)
+    return child
+
+
+def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
+               _mediation: Optional[Mediation], recorder: Optional[Recorder]) -> Child:
     hooks = [h.in_child for h in (recorder, _mediation) if h is not None]  # recorder first:
     # the mediation filter refuses new listeners
 
