@@ -218,6 +218,12 @@ def protected(policy_files: Iterable[str]) -> list[tuple[str, str, bool]]:
     stub = os.environ.get(ENV_STUB, "")
     if os.path.isabs(stub):
         out.append((stub, "the single-file sandlock binary", True))
+    # Where the modules this process runs were loaded from (sitecustomize may live in
+    # /etc/python3.X, reached through a link in the standard library).
+    loaded = {os.path.dirname(os.path.realpath(f)) for f in
+              (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+              if isinstance(f, str) and os.path.isabs(f)}
+    out += [(d, "a directory sandlock's own modules were loaded from", True) for d in sorted(loaded)]
     entries = list(sys.path)
     try:
         import site
@@ -256,8 +262,11 @@ def _ancestry(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]
         if probe == path:
             own = (info.st_dev, info.st_ino)
         if not S_ISDIR(info.st_mode):
+            # The directory that really holds the file: the name may be a symbolic link
+            # into another directory, which is the one a grant must not cover.
+            real = os.readlink(f"/proc/self/fd/{fd}")
             os.close(fd)
-            fd = os.open(os.path.dirname(probe) or "/", _DIR)
+            fd = os.open(os.path.dirname(real) or "/", _DIR)
             info = os.fstat(fd)
         while True:
             ids.add((info.st_dev, info.st_ino))
@@ -356,7 +365,8 @@ def _exec_targets(paths: Iterable[tuple[str, str]]) -> list[tuple[str, str, tupl
 
 
 def later_run_findings(writes: Sequence[tuple[str, str]], own_execs: Sequence[tuple[str, str]],
-                       other_execs: Sequence[tuple[str, str]]) -> list[str]:
+                       other_execs: Sequence[tuple[str, str]],
+                       other_policies: Sequence[tuple[str, str]] = ()) -> list[str]:
     """One line per exec grant (path, origin) that a write grant of this policy covers:
     this tool could replace what that grant lets a later run execute. A program of the
     same policy then runs with this policy's rights only; one of another policy runs
@@ -370,15 +380,21 @@ def later_run_findings(writes: Sequence[tuple[str, str]], own_execs: Sequence[tu
         dirs.append((path, origin, got.chain[-1]))
         got.close()
     lines = []
-    for kind, targets in (("this policy's", own_execs), ("another policy's", other_execs)):
+    effects = {
+        "this policy's exec grant": "later runs of this policy would execute what the tool left "
+                                    "there",
+        "another policy's exec grant": "a tool under this policy could plant code that runs with "
+                                       "the other policy's rights",
+        "another policy's file": "a tool under this policy could rewrite that policy, widening "
+                                 "what its later runs may do",
+    }
+    for kind, targets in (("this policy's exec grant", own_execs),
+                          ("another policy's exec grant", other_execs),
+                          ("another policy's file", other_policies)):
         for path, origin, chain in _exec_targets(targets):
             for wpath, worigin, wid in dirs:
                 if wid in chain:
-                    effect = ("later runs of this policy would execute what the tool left there"
-                              if kind == "this policy's" else
-                              "a tool under this policy could plant code that runs with the other "
-                              "policy's rights")
-                    lines.append(f"write grant {wpath!r} ({worigin}) covers {kind} exec grant "
-                                 f"{path!r} ({origin}): {effect}")
+                    lines.append(f"write grant {wpath!r} ({worigin}) covers {kind} {path!r} "
+                                 f"({origin}): {effects[kind]}")
                     break
     return lines

@@ -1142,8 +1142,11 @@ def later_run_findings(policy: Policy,
     def pairs(p: Policy, access: Access) -> list[tuple[str, str]]:
         return [(r.path, r.origin) for r in p.paths if r.access is access]
 
-    others = [pair for sibling in _siblings(policy, variables) for pair in pairs(sibling, Access.EXEC)]
-    return tuple(findings(pairs(policy, Access.WRITE), pairs(policy, Access.EXEC), others))
+    siblings = _siblings(policy, variables)
+    others = [pair for sibling in siblings for pair in pairs(sibling, Access.EXEC)]
+    files = [(source, "a policy beside this one") for sibling in siblings
+             for source in sibling.layers if not source.startswith("<")]
+    return tuple(findings(pairs(policy, Access.WRITE), pairs(policy, Access.EXEC), others, files))
 
 
 def _daemon_pid(line: Mapping[str, str] | None) -> int | None:

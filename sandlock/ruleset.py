@@ -181,4 +181,5 @@ def build(p: Plan, policy_files: tuple[str, ...] = ()) -> int:
 
 def policy_files(policy: Policy) -> tuple[str, ...]:
     """The files ``policy`` was read from (built-in profiles and texts excluded)."""
-    return tuple(s for s in policy.layers if s and not s.startswith("<"))
+    # A tool of a registry file is "FILE [tools.NAME]": the file is what a tool could change.
+    return tuple(s.split(" [tools.", 1)[0] for s in policy.layers if s and not s.startswith("<"))

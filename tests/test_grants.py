@@ -147,6 +147,7 @@ def test_later_run_findings_name_exec_grants_under_a_write_grant(tmp_path: Path)
         [(str(ws / "bin"), "b.toml:4 filesystem.exec[0]")])
     assert len(lines) == 2
     assert "this policy's exec grant" in lines[0] and "later runs of this policy" in lines[0]
+    assert "covers this policy's exec grant" in lines[0]
     assert "another policy's exec grant" in lines[1] and "other policy's rights" in lines[1]
 
 
@@ -179,3 +180,41 @@ def test_thousands_of_paths_hold_one_descriptor_at_a_time(tmp_path: Path) -> Non
         os.close(fd)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_probe_reports_write_grants_over_a_neighbour_policy_file(tmp_path: Path) -> None:
+    from sandlock.probe import later_run_findings
+
+    pol = tmp_path / "pol"
+    pol.mkdir()
+    a = write_policy(pol, f'version = 1\n[filesystem]\nwrite = ["{pol}/b.toml"]\n', "a.toml")
+    write_policy(pol, 'version = 1\n', "b.toml")
+    found = later_run_findings(load_policy(a))
+    assert any("another policy's file" in line and "b.toml" in line for line in found), found
+
+
+def test_a_policy_named_through_a_link_protects_the_real_file(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    real.mkdir()
+    policy = write_policy(real, "version = 1\n")
+    (tmp_path / "link.toml").symlink_to(policy)
+    assert "a policy file" in refuse([(str(real), WRITE)], (str(tmp_path / "link.toml"),))
+
+
+def test_a_registry_file_is_protected(tmp_path: Path) -> None:
+    from sandlock import ruleset
+    from sandlock.policy import Policy
+
+    tools = tmp_path / "tools.toml"
+    tools.write_text("[tools.t]\nversion = 1\n")
+    files = ruleset.policy_files(Policy(layers=(f"{tools} [tools.t]",)))
+    assert files == (str(tools),)
+    assert "a policy file" in refuse([(str(tools), WRITE)], files)
+
+
+def test_where_sandlock_modules_were_loaded_from_is_protected() -> None:
+    import json
+
+    where = os.path.dirname(os.path.realpath(json.__file__))
+    reason = refuse([(os.path.join(where, "decoder.py"), WRITE)])  # raises unless refused
+    assert "a later sandlock run trusts" in reason
