@@ -223,7 +223,8 @@ def protected(policy_files: Iterable[str]) -> list[tuple[str, str, bool]]:
     loaded = {os.path.dirname(os.path.realpath(f)) for f in
               (getattr(m, "__file__", None) for m in list(sys.modules.values()))
               if isinstance(f, str) and os.path.isabs(f)}
-    out += [(d, "a directory sandlock's own modules were loaded from", True) for d in sorted(loaded)]
+    out += [(d, "a directory sandlock's own modules were loaded from", False)
+            for d in sorted(loaded)]
     entries = list(sys.path)
     try:
         import site
@@ -296,6 +297,7 @@ class WriteCheck:
         self._protected: Optional[list[tuple[str, str, bool, Optional[tuple[int, int]],
                                              set[tuple[int, int]]]]] = None
         self._proc = os.stat("/proc").st_dev if os.path.isdir("/proc") else None
+        self._modules: dict[tuple[int, int], str] = {}
 
     def check(self, path: str, got: Resolved) -> None:
         """Raise GrantError if the write grant ``path`` (resolved as ``got``) is refused."""
@@ -312,6 +314,11 @@ class WriteCheck:
         if self._protected is None:
             self._protected = [(where, what, inside, *_ancestry(where))
                                for where, what, inside in protected(self._policy_files)]
+            self._modules = _module_files()
+        if got.chain[-1] in self._modules:
+            raise GrantError(path, (
+                f"this write grant is {self._modules[got.chain[-1]]!r}, a module sandlock itself "
+                "runs: a tool could change what a later sandlock run executes before any sandbox"))
         for where, what, inside, own, ancestors in self._protected:
             covers = got.is_dir and got.chain[-1] in ancestors
             within = inside and own is not None and own in got.chain
@@ -321,6 +328,21 @@ class WriteCheck:
                     f"this write grant {how} {where!r}, {what}: a tool could change what a "
                     "later sandlock run trusts and so weaken or switch off its sandbox. "
                     "Grant a narrower directory, or move that one out of the granted tree"))
+
+
+def _module_files() -> dict[tuple[int, int], str]:
+    """(device, inode) -> path of every module file this process has loaded
+    (sitecustomize may live in /etc/python3.X, reached through a standard-library link)."""
+    out = {}
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__file__", None)
+        if isinstance(name, str) and os.path.isabs(name):
+            try:
+                info = os.stat(name)
+            except OSError:
+                continue
+            out[(info.st_dev, info.st_ino)] = name
+    return out
 
 
 def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
