@@ -199,10 +199,12 @@ def _state_dirs() -> list[str]:
     return out
 
 
-def protected(policy_files: Iterable[str]) -> list[tuple[str, str, bool]]:
+def protected(policy_files: Iterable[str],
+              modules: Optional[dict[tuple[int, int], str]] = None) -> list[tuple[str, str, bool]]:
     """(path, what it is, whether a grant inside it is refused too) for everything a
-    later run trusts. Paths may be missing: a grant that covers where one would be
-    created is refused as well."""
+    later run trusts, each path once (the strictest reason kept). Paths may be missing:
+    a grant that covers where one would be created is refused as well. ``modules``:
+    :func:`_module_files`, when the caller has it already."""
     out = [(p, "sandlock's state directory", True) for p in _state_dirs()]
     out += [(p, "a policy file this run is built from", True) for p in policy_files]
     here = os.path.dirname(os.path.abspath(__file__))
@@ -218,11 +220,9 @@ def protected(policy_files: Iterable[str]) -> list[tuple[str, str, bool]]:
     stub = os.environ.get(ENV_STUB, "")
     if os.path.isabs(stub):
         out.append((stub, "the single-file sandlock binary", True))
-    # Where the modules this process runs were loaded from (sitecustomize may live in
-    # /etc/python3.X, reached through a link in the standard library).
-    loaded = {os.path.dirname(os.path.realpath(f)) for f in
-              (getattr(m, "__file__", None) for m in list(sys.modules.values()))
-              if isinstance(f, str) and os.path.isabs(f)}
+    # Where the modules this process runs were loaded from (_ancestry opens each through
+    # its links; the module files themselves are checked by WriteCheck, by inode).
+    loaded = {os.path.dirname(f) for f in (modules or _module_files()).values()}
     out += [(d, "a directory sandlock's own modules were loaded from", False)
             for d in sorted(loaded)]
     entries = list(sys.path)
@@ -240,7 +240,11 @@ def protected(policy_files: Iterable[str]) -> list[tuple[str, str, bool]]:
         hint = "" if entry else "; `python -m sandlock` and `python -c` put the working directory there"
         out.append((where, "a directory on sandlock's import path (a module planted there "
                     f"would run in the next launcher{hint})", False))
-    return out
+    unique: dict[str, tuple[str, str, bool]] = {}
+    for entry in out:
+        if entry[0] not in unique or entry[2] and not unique[entry[0]][2]:
+            unique[entry[0]] = entry
+    return list(unique.values())
 
 
 def _ancestry(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]]]:
@@ -312,9 +316,10 @@ class WriteCheck:
                 f"symbolic links in system directories ({', '.join(SYSTEM_DIRS)}); grant the "
                 "files the tool must change instead"))
         if self._protected is None:
-            self._protected = [(where, what, inside, *_ancestry(where))
-                               for where, what, inside in protected(self._policy_files)]
             self._modules = _module_files()
+            self._protected = [(where, what, inside, *_ancestry(where))
+                               for where, what, inside in protected(self._policy_files,
+                                                                    self._modules)]
         if got.chain[-1] in self._modules:
             raise GrantError(path, (
                 f"this write grant is {self._modules[got.chain[-1]]!r}, a module sandlock itself "
