@@ -219,17 +219,6 @@ def _key(policy_file: str, text: bytes, variables: Mapping[str, str], timeout: O
             best_effort)
 
 
-def cache_dir(create: bool, name: str = "policies") -> Optional[str]:
-    """The per-user cache directory ``name``, or None if it cannot be trusted (see
-    :func:`open_private_dir`)."""
-    path = _cache_path(name)
-    fd = open_private_dir(path, create)
-    if fd is None:
-        return None
-    os.close(fd)
-    return path
-
-
 def _cache_path(name: str) -> str:
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
@@ -420,7 +409,7 @@ def _cgroup_key(found: Any, why: str) -> tuple[Any, ...]:
 
 def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
            variables: Mapping[str, str]) -> Optional[dict[str, Any]]:
-    from . import ruleset
+    from . import cgroups, ruleset
     from .abi import FILE_ONLY, WRITE_RIGHTS
     from .launcher import Compiled as CompiledType
     from .policy import load_policy
@@ -444,14 +433,8 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
         "rlimits": tuple((int(r), int(v)) for r, v in compiled.rlimits),
         "env": (tuple(policy.env.passed), tuple(policy.env.set)),
         "timeout": policy.limits.timeout,
-        "cgroup": None if policy.limits.processes is None else _cgroup_key(*_find_cgroup()),
+        "cgroup": None if policy.limits.processes is None else _cgroup_key(*cgroups.find()),
     }
-
-
-def _find_cgroup() -> tuple[Any, str]:
-    from . import cgroups
-
-    return cgroups.find()
 
 
 def _write(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
