@@ -4,6 +4,11 @@ A fenced block preceded by ``<!-- readme-test: sh|toml|python -->`` is extracted
 and run in a fresh temporary directory: a shell block with ``sh -e`` (the
 ``sandlock`` command on PATH), a TOML block is validated and explained as a
 policy, a Python block is run by this interpreter. Each must exit 0.
+
+The README is for users; design notes, benchmarks and history live in docs/. Every
+relative link between them must reach a file and a heading that exist, the test
+command must be the one CI runs, and no page names the package's module files
+(the layout is documented in one place, docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -24,9 +29,24 @@ ENV = {"PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
        "HOME": os.environ.get("HOME", "/")}
 
 
-@pytest.fixture(autouse=True)
+DOCS = [REPO / "README.md", *(REPO / "docs" / name for name in ("design.md", "benchmarks.md", "history.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+TEST_COMMAND = "python -m pytest -q -p no:cacheprovider tests"
+
+
+@pytest.fixture
 def _landlock() -> None:
     require_abi(4, "the README's examples (files and TCP ports)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {slug(m) for m in re.findall(r"^#+ (.+)$", text, re.M)}
 
 
 def test_the_examples_are_marked() -> None:
@@ -35,6 +55,7 @@ def test_the_examples_are_marked() -> None:
     assert all(kind == lang for kind, lang, _ in BLOCKS)
 
 
+@pytest.mark.usefixtures("_landlock")
 @pytest.mark.parametrize("kind,body", [(k, b) for k, _, b in BLOCKS],
                          ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(BLOCKS)])
 def test_readme_block_runs(kind: str, body: str, tmp_path: Path) -> None:
@@ -53,3 +74,44 @@ def test_readme_block_runs(kind: str, body: str, tmp_path: Path) -> None:
         results = [run([sys.executable, "example.py"])]
     for result in results:
         assert result.returncode == 0, f"{result.args}\n{result.stdout}\n{result.stderr}"
+
+
+def test_the_readme_has_the_user_sections() -> None:
+    # Messages of the probe and comments in the code name some of these headings.
+    headings = {m.strip() for m in re.findall(r"^## (.+)$", (REPO / "README.md").read_text(), re.M)}
+    for heading in ("Install and run", "Run the tests", "A policy", "Python API", "Commands",
+                    "Host allowlists", "Troubleshooting: my tool got Permission denied",
+                    "Exit codes", "Kernel requirements",
+                    "Threat model: what one tool can do to later runs",
+                    "What sandlock does not protect against"):
+        assert heading in headings, heading
+
+
+def test_the_moved_parts_are_linked_from_the_readme() -> None:
+    links = set(LINK.findall((REPO / "README.md").read_text()))
+    for page in ("docs/design.md", "docs/benchmarks.md", "docs/history.md"):
+        assert (REPO / page).is_file() and page in links, page
+    assert "python -m benchmarks" in (REPO / "docs" / "benchmarks.md").read_text()
+
+
+def test_the_test_command_is_the_one_ci_runs() -> None:
+    assert f"\n{TEST_COMMAND}\n" in (REPO / "README.md").read_text()
+    assert f"\n{TEST_COMMAND}\n" in (REPO / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize("page", DOCS, ids=[p.name for p in DOCS])
+def test_relative_links_resolve(page: Path) -> None:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        name, _, anchor = target.partition("#")
+        dest = (page.parent / name).resolve() if name else page
+        assert dest.exists(), f"{page.name}: {target}"
+        if anchor:
+            assert anchor in anchors(dest), f"{page.name}: {target}"
+
+
+@pytest.mark.parametrize("page", DOCS, ids=[p.name for p in DOCS])
+def test_no_module_file_is_named(page: Path) -> None:
+    assert not re.findall(r"sandlock/[\w/]*\.(?:py|c)\b", page.read_text())
