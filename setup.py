@@ -1,7 +1,7 @@
 """Build step for the native helper; everything else is in pyproject.toml.
 
-``sandlock/native/sandlock_exec.c`` becomes ``sandlock/native/sandlock-exec`` (the
-Python API's fast path, see sandlock/nativeexec.py) when a C compiler is available.
+``sandlock/exec/helper/sandlock_exec.c`` becomes ``sandlock/exec/helper/sandlock-exec`` (the
+Python API's fast path, see sandlock/exec/native.py) when a C compiler is available.
 If compiling fails the install goes on without it and the API uses its fork server.
 Build it by hand (e.g. for a source checkout): ``python setup.py build_helper``.
 """
@@ -25,12 +25,12 @@ except ImportError:  # setuptools < 70.1
         bdist_wheel = None  # pip builds wheels with setuptools>=70.1 (pyproject.toml)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join("sandlock", "native", "sandlock_exec.c")
-TARGET = os.path.join("sandlock", "native", "sandlock-exec")
+SOURCE = os.path.join("sandlock", "exec", "helper", "sandlock_exec.c")
+TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-exec")
 
 
 def compile_helper(out_dir: str) -> bool:
-    """Compile into ``out_dir``/sandlock/native. Static, with musl if it is installed
+    """Compile into ``out_dir``/sandlock/exec/helper. Static, with musl if it is installed
     (Debian: musl-tools): its start-up costs ~0.2 ms less per call than glibc's, which
     probes the CPU; then static glibc; then a dynamic build."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -67,7 +67,7 @@ class BuildPy(build_py):
 class BuildHelper(Command):
     """``python setup.py build_helper``: compile the helper in place."""
 
-    description = "compile sandlock/native/sandlock-exec in the source tree"
+    description = "compile sandlock/exec/helper/sandlock-exec in the source tree"
     user_options: list[tuple[str, str, str]] = []
 
     def initialize_options(self) -> None:

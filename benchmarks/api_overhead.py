@@ -91,7 +91,7 @@ def cpu_ms_per_call(n: int, fn: Callable[[], Any], servers: list[int]) -> float:
 
 
 def tree(pid: int) -> list[int]:
-    from sandlock.forkserver import children_of  # imported by main() from this checkout
+    from sandlock.exec.forkserver import children_of  # imported by main() from this checkout
 
     children = children_of(pid)
     return children + [p for c in children for p in tree(c)]
@@ -111,12 +111,12 @@ def main() -> None:
 
     sys.path.insert(0, os.path.dirname(HERE))
     import sandlock
-    from sandlock import forkserver
+    from sandlock.exec import forkserver
 
     policy = {"extends": ["python"], "filesystem": {"read": [HERE],
                                                     "exec": ["/bin/true", "/usr/bin/true"]}}
     box = sandlock.Sandbox(policy)
-    from sandlock import nativeexec
+    from sandlock.exec import native as nativeexec
 
     if args.native and not nativeexec.AVAILABLE:
         raise SystemExit(f"--native: {nativeexec.HELPER} is not built")

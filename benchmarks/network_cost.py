@@ -135,16 +135,16 @@ def main() -> None:
             allow, args.runs)
         probe = textwrap.dedent(f"""
             import sys
-            from sandlock import runcli
+            from sandlock.cli import run as runcli
             runcli.execute({str(plain)!r}, {{}}, None, False, ["/usr/bin/true"])
             print(sorted(m for m in sys.modules if m.startswith("sandlock.")))
         """)
         modules = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                  check=True, cwd=REPO).stdout.strip()
-        results["no-allow run imports netrules/proxy/supervisor"] = any(
-            name in modules for name in ("netrules", "sandlock.proxy", "supervisor"))
+        results["no-allow run imports netrules/proxy/connect supervisor"] = any(
+            name in modules for name in ("sandlock.policy.netrules", "sandlock.net.proxy", "sandlock.net.connect"))
         # What launcher.run adds for a policy without allow: one attribute test.
-        from sandlock.policy import load_policy
+        from sandlock.policy.model import load_policy
 
         network = load_policy(plain).network
         loops = 1_000_000

@@ -438,7 +438,9 @@ def machine(ctx: Context) -> dict[str, Any]:
     except OSError:
         pass
     sys.path.insert(0, str(REPO))
-    from sandlock import kernel, launcher, policy
+    from sandlock.linux import kernel
+    from sandlock.exec import launcher
+    from sandlock.policy import model as policy
 
     try:  # the filter every syscall of the workloads runs through
         tool = policy.load_policy(ctx.tmp / "tools" / "python.toml", {"workspace": str(ctx.tmp)})

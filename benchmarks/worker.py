@@ -116,7 +116,8 @@ class Ours:
     """Operations on this checkout's sandlock: the launcher, and the public API if present."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        from sandlock import launcher, policy
+        from sandlock.exec import launcher
+        from sandlock.policy import model as policy
 
         self.launcher, self.policy = launcher, policy
         self.true_policy: str = config["true_policy"]
@@ -165,7 +166,7 @@ class Ours:
     def stamps_why(self) -> Optional[str]:
         if hasattr(self.launcher, "TIMING_FD"):
             return None
-        return "sandlock.launcher has no TIMING_FD hook to time the child from fork to execve"
+        return "sandlock.exec.launcher has no TIMING_FD hook to time the child from fork to execve"
 
     def launcher_stamps(self, _: Any) -> Sample:
         """The child's own path, from the stamps it writes to ``launcher.TIMING_FD``.
@@ -298,7 +299,7 @@ class Ours:
 
 
 class Api:
-    """Adapter over the public API (``sandlock.api``), whose shape is checked at run time.
+    """Adapter over the public API (``sandlock.api.sandbox``), whose shape is checked at run time.
 
     The benchmark must not break while that module changes, so it needs only
     ``Sandbox(policy_path, vars=...)`` whose ``run(argv, stdout=, stderr=)`` returns
@@ -313,7 +314,7 @@ class Api:
             module.start()
         self.true_box = module.Sandbox(true_policy, vars={})
         try:
-            from sandlock import nativeexec
+            from sandlock.exec import native as nativeexec
 
             native = nativeexec.enabled()
         except ImportError:
@@ -331,8 +332,8 @@ class Api:
         return int(result.returncode)
 
     def registry(self, directory: str) -> Any:
-        """``sandlock.registry.Registry`` over a directory of ``TOOL.toml`` policies."""
-        from sandlock.registry import Registry
+        """``sandlock.policy.registry.Registry`` over a directory of ``TOOL.toml`` policies."""
+        from sandlock.policy.registry import Registry
 
         return Registry(directory)
 
@@ -345,15 +346,15 @@ class Api:
 
 def find_api(true_policy: str) -> tuple[Optional[Api], str]:
     try:
-        import sandlock.api as module  # optional: written by another issue
+        import sandlock.api.sandbox as module  # optional: written by another issue
     except ImportError as exc:
-        return None, f"sandlock.api is not importable ({exc})"
+        return None, f"sandlock.api.sandbox is not importable ({exc})"
     if not hasattr(module, "Sandbox"):
-        return None, "sandlock.api has no Sandbox class"
+        return None, "sandlock.api.sandbox has no Sandbox class"
     try:
         return Api(module, true_policy), ""
     except Exception as exc:  # noqa: BLE001 - an unfinished API is a skip, with its reason
-        return None, f"sandlock.api.Sandbox(policy, vars=...) failed: {type(exc).__name__}: {exc}"
+        return None, f"sandlock.api.sandbox.Sandbox(policy, vars=...) failed: {type(exc).__name__}: {exc}"
 
 
 # ----------------------------------------------------------------------------

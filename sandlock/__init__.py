@@ -13,14 +13,16 @@ __version__ = "0.2.0"
 #: with the same import name: the two cannot share an environment, and this attribute
 #: tells which one ``import sandlock`` found.
 __distribution__ = "sandlock-agent"
+#: The directory of this package (its modules live in the subpackages below it).
+PACKAGE_DIR = __path__[0]
 
 _EXPORTS = {
-    "Sandbox": "api", "Process": "api", "Result": "api", "Outcome": "api",
-    "PIPE": "api", "STDOUT": "api", "DEVNULL": "api", "RemoteTraceback": "api",
-    "start": "api", "shutdown": "api",
-    "Registry": "registry",
-    "Policy": "policy", "load_policy": "policy", "loads_policy": "policy",
-    "policy_from_dict": "policy",
+    "Sandbox": "api.sandbox", "Process": "api.sandbox", "Result": "api.sandbox", "Outcome": "api.sandbox",
+    "PIPE": "api.sandbox", "STDOUT": "api.sandbox", "DEVNULL": "api.sandbox", "RemoteTraceback": "api.sandbox",
+    "start": "api.sandbox", "shutdown": "api.sandbox",
+    "Registry": "policy.registry",
+    "Policy": "policy.model", "load_policy": "policy.model", "loads_policy": "policy.model",
+    "policy_from_dict": "policy.model",
     "SandlockError": "errors", "PolicyError": "errors", "KernelSupportError": "errors",
     "LandlockError": "errors", "SeccompError": "errors", "SetupError": "errors",
     "ExecError": "errors", "TimeoutExpired": "errors", "CommandFailed": "errors",

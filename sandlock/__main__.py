@@ -1,6 +1,6 @@
 """``python -m sandlock`` and the ``sandlock`` console script."""
 
-from .runcli import main
+from .cli.run import main
 
 if __name__ == "__main__":
     main()

@@ -97,7 +97,7 @@ class ExecError(SandlockError):
 
 
 # ----------------------------------------------------------------------------
-# Outcomes of the Python API (sandlock.api): same exit codes as the CLI.
+# Outcomes of the Python API (sandlock.api.sandbox): same exit codes as the CLI.
 
 
 class TimeoutExpired(SandlockError):

@@ -73,12 +73,12 @@ echo "== libseccomp: $LIBSECCOMP"
 
 rm -rf "$WORK"
 mkdir -p "$WORK"
-# Identifies this build to the compiled-policy cache (sandlock/fastpath.py): the bundle
+# Identifies this build to the compiled-policy cache (sandlock/compile/cache.py): the bundle
 # may be unpacked somewhere else on every run, so its path cannot.
 "$PYTHON" -c 'import secrets; print(secrets.token_hex(16))' > "$WORK/sandlock-build-id"
 # The frozen program: the same entry point as the `sandlock` console script.
 cat > "$WORK/sandlock_main.py" <<'EOF'
-from sandlock.runcli import main
+from sandlock.cli.run import main
 
 main()
 EOF
@@ -104,13 +104,13 @@ a = Analysis(
     [r"$WORK/sandlock_main.py"],
     pathex=[],
     binaries=[(r"$LIBSECCOMP", ".")],
-    # probe_payload.py is read as text by "sandlock probe" (it runs in the system
+    # probe/payload.py is read as text by "sandlock probe" (it runs in the system
     # interpreter inside the sandbox), so it ships as a file, not only in the PYZ.
     datas=collect_data_files("sandlock")
-        + collect_data_files("sandlock", include_py_files=True, includes=["probe_payload.py"])
+        + collect_data_files("sandlock", include_py_files=True, includes=["probe/payload.py"])
         + [(r"$WORK/sandlock-build-id", ".")],
     # Never imported (importing it would run the escape attempts in the build process).
-    hiddenimports=collect_submodules("sandlock", filter=lambda name: name != "sandlock.probe_payload"),
+    hiddenimports=collect_submodules("sandlock", filter=lambda name: name != "sandlock.probe.payload"),
     excludes=$EXCLUDES,
     noarchive=False,
 )

@@ -2,7 +2,7 @@
 """Time the confined child's path from fork to execve on this machine.
 
 Each launch writes three CLOCK_MONOTONIC stamps to a pipe (see
-``sandlock.launcher.TIMING_FD``): the parent just before fork, the child just
+``sandlock.exec.launcher.TIMING_FD``): the parent just before fork, the child just
 after fork, the child just before execve. Reported, as median and p90 over N
 launches of /usr/bin/true under a minimal policy:
 
@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandlock import launcher
-from sandlock.policy import loads_policy
+from sandlock.exec import launcher
+from sandlock.policy.model import loads_policy
 
 POLICY = """\
 version = 1

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from sandlock import abi as A
-from sandlock import kernel
-from sandlock.abi import Fs, Net, Scope
+from sandlock.compile import abi as A
+from sandlock.linux import kernel
+from sandlock.compile.abi import Fs, Net, Scope
 from sandlock.errors import LandlockError
-from sandlock.policy import Access, Network, PathRule, Policy, PortRange, Scopes
-from sandlock.ruleset import ENV_ABI, detect_abi, gaps, plan
+from sandlock.policy.model import Access, Network, PathRule, Policy, PortRange, Scopes
+from sandlock.compile.ruleset import ENV_ABI, detect_abi, gaps, plan
 
 ABIS = range(A.NEWEST_ABI + 1)
 

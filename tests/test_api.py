@@ -19,8 +19,8 @@ import pytest
 from conftest import PYTHON, REPO, alive, descendants, eventually, require_abi
 
 import sandlock
-from sandlock import forkserver
-from sandlock.api import Outcome
+from sandlock.exec import forkserver
+from sandlock.api.sandbox import Outcome
 
 TESTS = str(REPO / "tests")
 
@@ -80,7 +80,7 @@ def test_run_environment_is_the_policys_plus_additions(box: sandlock.Sandbox,
 
 def test_environment_matches_the_launchers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The API's compiled matcher and launcher.build_env (the CLI's) agree."""
-    from sandlock import launcher
+    from sandlock.exec import launcher
 
     for name in ("LC_ALL", "LC_", "LCX", "PATHX", "XPATH", "TERM", "TZ", "MY_1", "MY_22"):
         monkeypatch.setenv(name, "v")
@@ -477,7 +477,7 @@ def test_an_end_report_behind_a_reset_is_still_read() -> None:
     kernel reports ECONNRESET once, ahead of the queued E, which must still count."""
     import socket
 
-    from sandlock.api import _Call
+    from sandlock.api.sandbox import _Call
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     call = _Call(ours)

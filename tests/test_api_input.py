@@ -17,7 +17,7 @@ import pytest
 from conftest import PYTHON, REPO, eventually, proc_state, require_abi
 
 import sandlock
-from sandlock import nativeexec
+from sandlock.exec import native as nativeexec
 
 TESTS = str(REPO / "tests")
 

@@ -19,7 +19,7 @@ import pytest
 
 from sandlock import Outcome, Sandbox
 from sandlock.errors import KernelSupportError
-from sandlock import trace as T
+from sandlock.trace import record as T
 
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted"
 

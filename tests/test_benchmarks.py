@@ -73,7 +73,7 @@ def test_worker_measures_plain_and_confined_true(tmp_path: Path) -> None:
         if worker.ops["api"] is None:
             assert len(worker.request("api", 2)) == 2
         else:
-            assert "sandlock.api" in worker.ops["api"]
+            assert "sandlock.api.sandbox" in worker.ops["api"]
 
 
 def test_worker_reports_a_confined_command_that_fails(tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ def test_binary_refuses_a_cache_others_can_write(workspace: Path, tmp_path: Path
 
 
 def test_binary_probe_runs(workspace: Path, tmp_path: Path, cache: dict[str, str]) -> None:
-    """`sandlock probe` reads probe_payload.py as a file: the binary ships it."""
+    """`sandlock probe` reads probe/payload.py as a file: the binary ships it."""
     require_abi(1, "filesystem confinement")
     pol = write_policy(tmp_path, POLICY)
     done = binary("probe", "--policy", str(pol), "--var", f"ws={workspace}", cwd=tmp_path,

@@ -15,11 +15,12 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import ABI, POLICIES, require_abi, run_confined, sandlock, write_policy
 
-from sandlock import __version__, runcli
-from sandlock.cli import cli
+from sandlock import __version__
+from sandlock.cli import run as runcli
+from sandlock.cli.main import cli
 from sandlock.errors import PolicyError
-from sandlock.policy import load_policy
-from sandlock.ruleset import ENV_ABI
+from sandlock.policy.model import load_policy
+from sandlock.compile.ruleset import ENV_ABI
 
 READ_FILE = POLICIES / "read_file.toml"
 WORKSPACE_LINE = 1 + READ_FILE.read_text().splitlines().index('read = ["${workspace}"]')

@@ -18,7 +18,7 @@ import pytest
 from conftest import IS_ROOT, POLICIES, write_policy
 
 from sandlock.errors import ExitCode
-from sandlock.readfile import MAX_BYTES
+from sandlock.policy.readfile import MAX_BYTES
 
 PYTHON = [sys.executable, "-m", "sandlock"]
 
@@ -268,7 +268,7 @@ def test_run_in_process_leaves_no_descriptor_behind(tmp_path: Path) -> None:
     import contextlib
     import io
 
-    from sandlock import runcli
+    from sandlock.cli import run as runcli
 
     workspace = tmp_path / "ws"
     workspace.mkdir()

@@ -5,7 +5,7 @@ Argument lists are built from the real option names of each command and from
 values an operator or a script might pass by mistake: paths that exist or do not,
 a FIFO, /dev/zero, a directory, a file too large, a symbolic link loop, broken and
 hostile policies, huge and negative numbers, empty strings, unicode, NUL bytes.
-`run` goes through its own parser (:func:`sandlock.runcli.main_run`, what the
+`run` goes through its own parser (:func:`sandlock.cli.run.main_run`, what the
 console script calls); the other commands through click, in-process.
 """
 
@@ -25,9 +25,9 @@ from conftest import POLICIES
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sandlock import runcli
-from sandlock.cli import cli
-from sandlock.readfile import MAX_BYTES
+from sandlock.cli import run as runcli
+from sandlock.cli.main import cli
+from sandlock.policy.readfile import MAX_BYTES
 
 #: Codes a command may end with: sandlock's own, or those of the commands run below.
 ALLOWED = {0, 1, 2, 3, 124, 125, 126, 127}

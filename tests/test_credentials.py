@@ -23,9 +23,9 @@ from typing import Any, Iterator
 import pytest
 from conftest import PYTHON, require_abi, run_confined, write_policy
 
-from sandlock import credentials as C
+from sandlock.policy import credentials as C
 from sandlock.errors import PolicyError
-from sandlock.policy import loads_policy
+from sandlock.policy.model import loads_policy
 
 OPENSSL = shutil.which("openssl")
 SECRET = "sk-test-" + secrets.token_hex(16)
@@ -713,7 +713,7 @@ CREDENTIAL_ROWS = {"credentials.env", "credentials.parent_environ", "credentials
 
 
 def probed(tmp_path: Path) -> Any:
-    from sandlock.probe import probe_policy
+    from sandlock.probe.harness import probe_policy
 
     (tmp_path / "work").mkdir()
     policy = loads_policy(PROBED.format(work=tmp_path / "work"))
@@ -741,7 +741,7 @@ def test_probe_rows_catch_a_route_that_leaks(tmp_path: Path,
     or that served a request without the placeholder, is an ESCAPE, and the report
     never shows the secret."""
     needs_kernel()
-    from sandlock import routes
+    from sandlock.net import routes
 
     shown: list[str] = []
     real_env = routes.tool_environment

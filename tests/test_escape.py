@@ -1,6 +1,6 @@
 """The escape suite: `sandlock probe` against every shipped policy and two extremes.
 
-Each run makes real escape attempts inside the real sandbox (see sandlock/probe.py)
+Each run makes real escape attempts inside the real sandbox (see sandlock/probe/harness.py)
 and the table is asserted row by row: what must be blocked is blocked, what the
 policy grants is explained by the entry that grants it, and what this kernel
 cannot enforce is reported as exactly the documented limit -- never skipped.
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from conftest import IS_ROOT, POLICIES, require_abi, sandlock, write_policy
 
-from sandlock import cgroups
-from sandlock.probe import SPECS
+from sandlock.linux import cgroups
+from sandlock.probe.harness import SPECS
 
 SHIPPED = sorted(POLICIES.glob("*.toml"))
 ALL_IDS = {spec.id for spec in SPECS}
@@ -161,7 +161,7 @@ def tcp_listener_possible(port: int) -> bool:
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_shipped_policy_holds(path: Path, workspace: Path, home: Path) -> None:
-    from sandlock.policy import load_policy
+    from sandlock.policy.model import load_policy
 
     policy = load_policy(path, {"workspace": str(workspace)})
     report = probe(path, workspace, home)
@@ -185,7 +185,7 @@ def test_shipped_policy_holds(path: Path, workspace: Path, home: Path) -> None:
 def test_minimal_policy_holds(tmp_path: Path, workspace: Path, home: Path) -> None:
     """Just the base profile: the probe adds only what its interpreter needs, says so,
     and that addition explains nothing."""
-    from sandlock.policy import load_policy
+    from sandlock.policy.model import load_policy
 
     path = write_policy(tmp_path, 'version = 1\nextends = ["base"]\n')
     report = probe(path, workspace, home)
@@ -200,7 +200,7 @@ def test_empty_policy_reports_the_probes_own_grants(tmp_path: Path, workspace: P
                                                     home: Path) -> None:
     """A policy that grants nothing at all: ld.so running a library is possible only
     because the probe granted the loader and libraries, and is labelled so."""
-    from sandlock.policy import load_policy
+    from sandlock.policy.model import load_policy
 
     path = write_policy(tmp_path, "version = 1\n")
     report = probe(path, workspace, home)
@@ -251,7 +251,7 @@ def free_port() -> int:
 
 def test_broad_policy_every_allowed_row_is_explained(tmp_path: Path, workspace: Path,
                                                      home: Path) -> None:
-    from sandlock.policy import load_policy
+    from sandlock.policy.model import load_policy
 
     port = free_port()
     path = broad_policy(tmp_path, port)

@@ -1,8 +1,8 @@
-"""The cache of compiled policies (sandlock/fastpath.py): a hit behaves like a miss.
+"""The cache of compiled policies (sandlock/compile/cache.py): a hit behaves like a miss.
 
 Every test runs the real CLI twice or more against a private cache directory
 (XDG_CACHE_HOME) and checks on the real kernel what the confined command could
-do. A hit is recognised by what it did not import: sandlock.policy.
+do. A hit is recognised by what it did not import: sandlock.policy.model.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import require_abi, write_policy
 
-from sandlock import fastpath, policy
+from sandlock.compile import cache as fastpath
+from sandlock.policy import model as policy
 
 CAT_POLICY = """\
 version = 1
@@ -30,9 +31,9 @@ exec = ["/usr/bin/cat", "/usr/bin/sh", "/usr/bin/dash", "/usr/bin/sleep"]
 # (the last line of stderr), the exit code and whether the policy model was imported.
 RUNNER = """\
 import json, sys
-from sandlock import runcli
+from sandlock.cli import run as runcli
 code = runcli.main_run(sys.argv[1:])
-sys.stderr.write("\\n" + json.dumps({"code": code, "parsed": "sandlock.policy" in sys.modules}))
+sys.stderr.write("\\n" + json.dumps({"code": code, "parsed": "sandlock.policy.model" in sys.modules}))
 """
 
 
@@ -244,7 +245,7 @@ def test_run_exit_code_and_atexit_handlers_survive_the_quick_exit(workspace: Pat
     pol = write_policy(workspace.parent, CAT_POLICY)
     code = ("import atexit, sys\n"
             + ("atexit.register(lambda: print('atexit ran', flush=True))\n" if handler else "")
-            + "from sandlock import runcli\n"
+            + "from sandlock.cli import run as runcli\n"
             + f"runcli.main(['run', '--policy', {str(pol)!r}, '--var', 'ws={workspace}', '--',"
             + " 'sh', '-c', 'echo out; exit 4'])\n")
     done = subprocess.run([sys.executable, "-c", code], env=cache_env, capture_output=True,
@@ -259,7 +260,7 @@ def test_a_process_limit_is_cached_and_still_applied(workspace: Path, cache_env:
     pids cgroup when the caller can make one, else RLIMIT_NPROC for an ordinary user). As
     root without a cgroup the strict refusal must come back on every run, never a hit."""
     require_abi(1, "filesystem confinement")
-    from sandlock import cgroups
+    from sandlock.linux import cgroups
 
     pol = write_policy(workspace.parent, CAT_POLICY + "[limits]\nprocesses = 3\n")
     forks = "sleep 1 & sleep 1 & sleep 1 & sleep 1 & sleep 1 & sleep 1 & wait"

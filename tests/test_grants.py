@@ -1,4 +1,4 @@
-"""sandlock.grants: policy paths resolved by descriptor, and what no write grant may reach.
+"""sandlock.compile.grants: policy paths resolved by descriptor, and what no write grant may reach.
 
 The attacks themselves (a confined tool planting links, forging caches, racing the
 check) are in tests/test_integrity.py; these tests pin the rules one by one, on the
@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from conftest import write_policy
 
-from sandlock import grants, launcher
-from sandlock.abi import WRITE_RIGHTS, Fs
+from sandlock.compile import grants
+from sandlock.exec import launcher
+from sandlock.compile.abi import WRITE_RIGHTS, Fs
 from sandlock.errors import PolicyError
-from sandlock.grants import GrantError
-from sandlock.policy import load_policy
+from sandlock.compile.grants import GrantError
+from sandlock.policy.model import load_policy
 
 READ = int(Fs.READ_FILE | Fs.READ_DIR)
 WRITE = int(WRITE_RIGHTS)
@@ -153,7 +154,7 @@ def test_later_run_findings_name_exec_grants_under_a_write_grant(tmp_path: Path)
 
 def test_probe_reports_later_run_findings(tmp_path: Path) -> None:
     """`sandlock probe` of a policy whose write grant covers a neighbour's exec grant."""
-    from sandlock.probe import later_run_findings
+    from sandlock.probe.harness import later_run_findings
 
     pol, ws = tmp_path / "pol", tmp_path / "ws"
     pol.mkdir()
@@ -168,7 +169,7 @@ def test_thousands_of_paths_hold_one_descriptor_at_a_time(tmp_path: Path) -> Non
     """A policy may name more paths than the descriptor limit (sandlock learn does)."""
     import resource
 
-    from sandlock import kernel
+    from sandlock.linux import kernel
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     for index in range(300):
@@ -183,7 +184,7 @@ def test_thousands_of_paths_hold_one_descriptor_at_a_time(tmp_path: Path) -> Non
 
 
 def test_probe_reports_write_grants_over_a_neighbour_policy_file(tmp_path: Path) -> None:
-    from sandlock.probe import later_run_findings
+    from sandlock.probe.harness import later_run_findings
 
     pol = tmp_path / "pol"
     pol.mkdir()
@@ -202,8 +203,8 @@ def test_a_policy_named_through_a_link_protects_the_real_file(tmp_path: Path) ->
 
 
 def test_a_registry_file_is_protected(tmp_path: Path) -> None:
-    from sandlock import ruleset
-    from sandlock.policy import Policy
+    from sandlock.compile import ruleset
+    from sandlock.policy.model import Policy
 
     tools = tmp_path / "tools.toml"
     tools.write_text("[tools.t]\nversion = 1\n")

@@ -23,7 +23,7 @@ import pytest
 from conftest import REPO, require_abi
 
 import sandlock
-from sandlock import forkserver, nativeexec
+from sandlock.exec import forkserver, native as nativeexec
 from sandlock.errors import CallError, SetupError
 
 TESTS = str(REPO / "tests")

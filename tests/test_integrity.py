@@ -262,7 +262,7 @@ timeout = "20s"
 """
 
 #: Run inside the tool: rewrite every cache entry it finds under argv[1]/sandlock.
-#: Entry format at 523520c (sandlock/fastpath.py): a magic line, the CRC-32 of the
+#: Entry format at 523520c (sandlock/compile/cache.py): a magic line, the CRC-32 of the
 #: payload, then marshal((key, value)). The forger does not rely on the layout: it
 #: looks for a marshalled (key, dict) after the first line (only where a 2-tuple
 #: starts: garbage parsed as marshal data can ask for huge lists), forges the dict,
@@ -319,8 +319,8 @@ PRECOMPUTE = textwrap.dedent("""\
     import json, marshal, sys, zlib
     try:
         import inspect
-        from sandlock import fastpath
-        from sandlock.abi import FILE_ONLY
+        from sandlock.compile import cache as fastpath
+        from sandlock.compile.abi import FILE_ONLY
         variables = dict(pair.split("=", 1) for pair in sys.argv[3:])
         with open(sys.argv[1], "rb") as handle:
             text = handle.read()

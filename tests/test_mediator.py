@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, require_abi
 
 import sandlock
-from sandlock import proxy
+from sandlock.net import proxy
 
 TESTS = str(REPO / "tests")
 

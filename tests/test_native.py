@@ -1,4 +1,4 @@
-"""The Python API's native path (sandlock-exec, sandlock/nativeexec.py) on the real kernel.
+"""The Python API's native path (sandlock-exec, sandlock/exec/native.py) on the real kernel.
 
 Each confinement check runs through both paths: ``native`` (posix_spawn of the C
 helper) and ``forkserver`` (SANDLOCK_NATIVE=0), so the two cannot drift apart.
@@ -28,9 +28,9 @@ import pytest
 from conftest import PYTHON, REPO, alive, eventually, parent, proc_state, require_abi
 
 import sandlock
-from sandlock import launcher, nativeexec
-from sandlock.api import Outcome
-from sandlock.forkserver import children_of
+from sandlock.exec import launcher, native as nativeexec
+from sandlock.api.sandbox import Outcome
+from sandlock.exec.forkserver import children_of
 
 TESTS = str(REPO / "tests")
 

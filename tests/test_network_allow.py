@@ -23,10 +23,10 @@ from typing import Iterator, Optional, Sequence
 import pytest
 from conftest import PYTHON, require_abi, run_confined, write_policy
 
-from sandlock import netrules
+from sandlock.policy import netrules
 from sandlock.errors import PolicyError
-from sandlock.netrules import NetRules, parse_pins, parse_rules
-from sandlock.policy import loads_policy
+from sandlock.policy.netrules import NetRules, parse_pins, parse_rules
+from sandlock.policy.model import loads_policy
 
 CURL = shutil.which("curl")
 OPENSSL = shutil.which("openssl")
@@ -171,10 +171,10 @@ def test_no_allow_rules_import_nothing_of_the_network_layer(tmp_path: Path) -> N
                           '[filesystem]\nexec = ["/usr/bin/true"]\n[network]\nconnect = [443]\n')
     code = textwrap.dedent(f"""
         import sys, threading
-        from sandlock import runcli
+        from sandlock.cli import run as runcli
         code = runcli.execute({str(policy)!r}, {{}}, None, False, ["true"])
         loaded = sorted(m for m in sys.modules if m.split(".")[-1] in
-                        ("netrules", "proxy", "supervisor"))
+                        ("netrules", "proxy", "connect"))
         print(code, loaded, threading.active_count())
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -406,7 +406,7 @@ def test_system_pin_reaches_a_name_the_system_resolver_answers_with_loopback(
 
 def test_proxy_demands_the_runs_credentials(tmp_path: Path, http_server: Server) -> None:
     """Other local processes cannot borrow the tool's allowlist."""
-    from sandlock.proxy import Proxy
+    from sandlock.net.proxy import Proxy
 
     proxy = Proxy(rules([f"api.internal.test:{http_server.port}"],
                         hosts={"api.internal.test": "127.0.0.1"}), lambda m: None)
@@ -694,8 +694,8 @@ def test_thousand_connections_leak_no_descriptor_or_thread(
         tmp_path: Path, http_server: Server) -> None:
     """The launcher (this process) runs the proxy and the supervisor; count its fds."""
     needs_kernel()
-    from sandlock import launcher
-    from sandlock.policy import load_policy
+    from sandlock.exec import launcher
+    from sandlock.policy.model import load_policy
 
     port = http_server.port
     policy = load_policy(net_policy(tmp_path, [f"api.internal.test:{port}"]))
@@ -902,7 +902,7 @@ def test_a_global_address_of_this_host_is_local() -> None:
     resolving to it must be refused (it leads to this host's services)."""
     code = textwrap.dedent("""
         import ipaddress, subprocess
-        from sandlock.netrules import NetRules, parse_rules
+        from sandlock.policy.netrules import NetRules, parse_rules
         subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
         subprocess.run(["ip", "addr", "add", "1.2.3.4/32", "dev", "lo"], check=True)
         rules = NetRules(parse_rules(["api.example.test"], "allow"), (), ())

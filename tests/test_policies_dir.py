@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 from conftest import POLICIES, PYTHON, require_abi, run_confined, sandlock
 
-from sandlock.policy import load_policy
+from sandlock.policy.model import load_policy
 
 SHIPPED = sorted(POLICIES.glob("*.toml"))
 EXERCISED = {"read_file", "write_file", "shell", "https_client", "python_runner"}

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sandlock.errors import ExitCode, PolicyError
-from sandlock.locate import find_line
-from sandlock.policy import (
+from sandlock.policy.positions import find_line
+from sandlock.policy.model import (
     DEFAULT_ENV_PASS,
     Access,
     Compat,
@@ -354,8 +354,8 @@ def test_write_on_proc_self_symlink_names_the_path(tmp_path: Path) -> None:
 @pytest.mark.parametrize("target", ["/", "/proc", "/sys", "/proc/sys"])
 def test_write_through_symlink_to_forbidden_path(tmp_path: Path, target: str) -> None:
     """Where a write grant leads is decided on its descriptor when the ruleset is built
-    (sandlock.grants), never on the name at load time, which a tool could swap."""
-    from sandlock import launcher
+    (sandlock.compile.grants), never on the name at load time, which a tool could swap."""
+    from sandlock.exec import launcher
 
     link = tmp_path / "link"
     link.symlink_to(target)
@@ -492,7 +492,7 @@ def test_bind_accepts_port_zero_as_the_ephemeral_port() -> None:
     """A Landlock bind rule on port 0 lets the kernel pick a free port; connect has no port 0."""
     policy = loads_policy('[network]\nbind = [0, "0-0", 8080]')
     assert policy.network.bind == (PortRange(0, 0), PortRange(8080, 8080))
-    from sandlock import ruleset
+    from sandlock.compile import ruleset
     ports = dict(ruleset.plan(policy, 4).ports)
     assert set(ports) == {0, 8080}
     with pytest.raises(PolicyError, match=r"network\.connect\[0\]: invalid port range 0"):

@@ -22,9 +22,9 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandlock.cli import cli
+from sandlock.cli.main import cli
 from sandlock.errors import SandlockError
-from sandlock.policy import (
+from sandlock.policy.model import (
     DEFAULT_ENV_PASS,
     Access,
     Compat,

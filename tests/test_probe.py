@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from conftest import POLICIES, require_abi, sandlock, write_policy
 from test_escape import CORE_GAPS
 
-from sandlock import probe as P
-from sandlock.cli import cli
-from sandlock.policy import Access, PathRule, loads_policy
+from sandlock.probe import harness as P
+from sandlock.cli.main import cli
+from sandlock.policy.model import Access, PathRule, loads_policy
 
 READ_FILE = POLICIES / "read_file.toml"
 
@@ -103,7 +103,7 @@ def test_unset_limit_is_granted_but_not_attempted() -> None:
     assert (skipped.outcome, skipped.verdict) == ("allowed", P.GRANTED)
     assert "not set" in skipped.reason
     limited = context('version = 1\n[limits]\nprocesses = 10\n', root=True)
-    from sandlock import cgroups  # root with a pids cgroup per run: the limit binds
+    from sandlock.linux import cgroups  # root with a pids cgroup per run: the limit binds
 
     assert judge("limits.fork_bomb", "allowed", limited).verdict == (
         P.NOT_ENFORCEABLE if cgroups.find()[0] is None else P.ESCAPE)

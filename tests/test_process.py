@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 from conftest import POLICIES, PYTHON, alive, python_probe, require_abi, run_confined, write_policy
 
-from sandlock.seccomp import NEVER_ALLOW
+from sandlock.compile.seccomp import NEVER_ALLOW
 
 SIGSYS_EXIT = 128 + signal.SIGSYS
 
@@ -455,8 +455,8 @@ def test_limit_above_the_callers_hard_limit_is_clamped(tmp_path: Path) -> None:
 
 def test_waiting_in_process_spares_the_hosts_other_children(workspace: Path) -> None:
     """Used as a library, the launcher reaps what the tool left, not the host's own children."""
-    from sandlock import launcher
-    from sandlock.policy import loads_policy
+    from sandlock.exec import launcher
+    from sandlock.policy.model import loads_policy
 
     host_child = subprocess.Popen(["sleep", "600"])
     try:

@@ -1,7 +1,7 @@
 """[limits] processes is a limit of the sandbox, root included, or a reported gap.
 
 RLIMIT_NPROC does not bind root and counts every process of the user. When the
-caller can create a pids cgroup, each run gets its own (sandlock.cgroups); else an
+caller can create a pids cgroup, each run gets its own (sandlock.linux.cgroups); else an
 ordinary user keeps RLIMIT_NPROC (reported: per user) and root cannot be limited
 (strict: refused, exit 125; best-effort: reported). Every report path is checked:
 `sandlock run` stderr, `explain`, `check`, ``Sandbox.warnings``.
@@ -28,7 +28,8 @@ import pytest
 from conftest import IS_ROOT, PYTHON, require_abi, write_policy
 
 import sandlock
-from sandlock import cgroups, ruleset
+from sandlock.linux import cgroups
+from sandlock.compile import ruleset
 from sandlock.errors import KernelSupportError
 
 TESTS = str(Path(__file__).resolve().parent)

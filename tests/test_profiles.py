@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, require_abi, sandlock, write_policy
 
-from sandlock.policy import PROFILE_DIR, builtin_profiles, load_policy
+from sandlock.policy.model import PROFILE_DIR, builtin_profiles, load_policy
 
 PROFILES = {"base", "python", "read_file", "write_file", "shell", "python_runner", "https_client",
             "git", "cc", "node", "venv", "tls", "tmpdir"}
@@ -303,4 +303,4 @@ def test_wheel_installed_in_a_fresh_venv_ships_the_policies(tmp_path: Path, work
     again = installed("run", "--policy", str(extended), "--var", f"workspace={workspace}",
                       "--", "cat", str(workspace / "notes.md"))
     assert again.stdout == "hello from the workspace\n", again.stderr
-    assert (site / "sandlock" / "profiles" / "https_client.toml").is_file()
+    assert (site / "sandlock" / "policy" / "profiles" / "https_client.toml").is_file()

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sandlock import seccomp as S
+from sandlock.compile import seccomp as S
 from sandlock.errors import PolicyError
-from sandlock.policy import Network, Policy, PortRange, Syscalls, loads_policy
+from sandlock.policy.model import Network, Policy, PortRange, Syscalls, loads_policy
 
 AF_PACKET, AF_NETLINK, AF_BLUETOOTH, AF_VSOCK, AF_ALG = 17, 16, 31, 40, 38
 SOCK_RAW, SOCK_SEQPACKET = 3, 5
@@ -467,7 +467,7 @@ def run_filtered(program: bytes, number: int, *args: int | bytes) -> int:
     """Load ``program`` in a forked child, make one syscall there; the errno it got (0: none)."""
     import ctypes
 
-    from sandlock import kernel
+    from sandlock.linux import kernel
 
     pid = os.fork()
     if pid == 0:

@@ -19,8 +19,8 @@ from typing import Iterator, Sequence
 
 import pytest
 
-from sandlock import trace as T
-from sandlock.learn import cover
+from sandlock.trace import record as T
+from sandlock.trace.learn import cover
 
 SANDLOCK = str(Path(sys.executable).with_name("sandlock"))
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted"

@@ -6,11 +6,11 @@
 A :class:`Sandbox` compiles its policy once (Landlock ruleset fd, seccomp BPF,
 rlimits) and is then used by any number of threads and asyncio tasks at once.
 Each call is a new process confined by that policy, forked from the fork server
-(:mod:`sandlock.forkserver`), never from the caller. Calls share no mutable state:
+(:mod:`sandlock.exec.forkserver`), never from the caller. Calls share no mutable state:
 a call is a request on the fork server's socket plus the pipes of that call.
 Commands take a faster path when the native helper is built: a supervisor forked per
 call by a ``sandlock-exec`` server (one per caller process, started once with
-``posix_spawn``), with the same per-call socket (:mod:`sandlock.nativeexec`).
+``posix_spawn``), with the same per-call socket (:mod:`sandlock.exec.native`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import weakref
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
-from . import forkserver, launcher, nativeexec
-from .errors import (
+from ..exec import forkserver, launcher, native as nativeexec
+from ..errors import (
     CallError,
     CommandFailed,
     ExecError,
@@ -43,11 +43,11 @@ from .errors import (
     SetupError,
     TimeoutExpired,
 )
-from .policy import Compat, Policy, load_policy, loads_policy, policy_from_dict
+from ..policy.model import Compat, Policy, load_policy, loads_policy, policy_from_dict
 
 if TYPE_CHECKING:
-    from .supervisor import Mediation
-    from .trace import Denial
+    from ..net.connect import Mediation
+    from ..trace.record import Denial
 
 #: Same values as :mod:`subprocess`'s, so either module's constants work.
 PIPE = -1
@@ -83,7 +83,7 @@ class Result:
     pid: Optional[int] = None
     #: Under ``[network] allow``: one line per connection the policy refused.
     network_events: tuple[str, ...] = ()
-    #: With ``trace=True``: each access the policy refused (:class:`sandlock.trace.Denial`:
+    #: With ``trace=True``: each access the policy refused (:class:`sandlock.trace.record.Denial`:
     #: right, path or port, interpreter detail, the policy line that grants it), as
     #: `sandlock trace --json` lists them. Always ``()`` without ``trace``.
     denials: tuple["Denial", ...] = ()
@@ -118,7 +118,7 @@ _FAILURES: dict[str, type[SandlockError]] = {cls.__name__: cls for cls in (
 
 
 class _Call:
-    """The caller's end of one call's supervisor socket (see :mod:`sandlock.forkserver`)."""
+    """The caller's end of one call's supervisor socket (see :mod:`sandlock.exec.forkserver`)."""
 
     cmd: Optional[launcher.Command] = None  #: decodes ``X`` reports (the native helper)
     #: The proxy and connect supervisor of a call under ``[network] allow``, and
@@ -249,7 +249,7 @@ os.register_at_fork(after_in_child=_forget_native_calls)
 
 class _NativeCall(_Call):
     """A command call supervised by a ``sandlock-exec`` supervisor, forked for it by the
-    process's native server (:mod:`sandlock.nativeexec`): the same messages on the same
+    process's native server (:mod:`sandlock.exec.native`): the same messages on the same
     kind of socket. Kept in ``_native_calls`` while open: stopping the server does not
     end its calls, so :func:`shutdown` sends each a ``K``."""
 
@@ -660,7 +660,7 @@ def _load(policy: PolicyLike, variables: Optional[Mapping[str, str]]) -> Policy:
     if isinstance(policy, Mapping):
         return policy_from_dict(policy, variables)
     if isinstance(policy, (str, os.PathLike)):
-        from .profiles import policy_file
+        from ..policy.profiles import policy_file
 
         return load_policy(policy_file(policy) if isinstance(policy, str) else policy, variables)
     raise TypeError(f"policy must be a Policy, a path or a dict, not {type(policy).__name__}")
@@ -710,7 +710,7 @@ def _check_limits(policy: Policy) -> None:
     """A size the kernel cannot take is an error, not a silently saturated limit; a
     memory limit under which nothing can start is an error, not a tool "killed by
     signal 11"."""
-    from .errors import PolicyError
+    from ..errors import PolicyError
 
     for key in ("memory", "file_size", "open_files", "processes"):
         value = getattr(policy.limits, key)
@@ -760,7 +760,7 @@ class Sandbox:
     separately confined process. Thread-safe; close it (or use ``with``) to release
     the Landlock ruleset fd.
 
-    ``policy`` is a :class:`~sandlock.policy.Policy`, a path to a TOML file, or a dict
+    ``policy`` is a :class:`~sandlock.policy.model.Policy`, a path to a TOML file, or a dict
     with the same schema (``vars`` fill ``${name}``). TOML text: :meth:`from_toml`.
     ``trusted_types`` are the classes (besides plain data and exceptions) that
     :meth:`call` may rebuild from a confined function's result.
@@ -787,12 +787,12 @@ class Sandbox:
             loaded = loaded.with_timeout(timeout)
         _check_limits(loaded)
         if loaded.network.allow:
-            from .supervisor import check_support
+            from ..net.connect import check_support
 
             check_support()  # KernelSupportError: no seccomp user notification
         self._routes: Any = None  #: routes.Routes of ``[credentials]``
         if loaded.credentials or credentials is not None:  # credential routes (issue 16)
-            from .routes import for_sandbox
+            from ..net.routes import for_sandbox
 
             self._routes, loaded = for_sandbox(loaded, credentials)
         self.policy = loaded
@@ -813,7 +813,7 @@ class Sandbox:
         #: Names this compiled policy to the fork server, which prepares a confined
         #: process for the next call() of this Sandbox (forkserver._Spare).
         self._token = os.urandom(16)
-        #: Commands run by sandlock-exec when it is built; see sandlock.nativeexec.
+        #: Commands run by sandlock-exec when it is built; see sandlock.exec.native.
         self._native = True
         self._users = 0
         self._closed = False
@@ -915,9 +915,9 @@ class Sandbox:
 
     def _trace_rules(self) -> tuple[int, list[tuple[str, int, bool]], dict[int, int]]:
         """What the supervisor of a ``trace=True`` call judges recorded accesses by
-        (:class:`sandlock.trace.Judge`: the ruleset's rights), computed once."""
+        (:class:`sandlock.trace.record.Judge`: the ruleset's rights), computed once."""
         if self._judge is None:
-            from .trace import Judge, supported
+            from ..trace.record import Judge, supported
 
             why = supported()
             if self.policy.network.allow:  # has_duplicate_listener() in kernel/seccomp.c
@@ -935,10 +935,10 @@ class Sandbox:
     def _mediation(self) -> Optional[Mediation]:
         """A new proxy and connect supervisor for one call, if the policy has host
         allowlists (``[network] allow``): in a mediator process of their own
-        (:mod:`sandlock.mediator`), never in this one, until the call ends."""
+        (:mod:`sandlock.net.mediator`), never in this one, until the call ends."""
         if not self.policy.network.allow:
             return None
-        from .mediator import RemoteMediation
+        from ..net.mediator import RemoteMediation
 
         return RemoteMediation(self.policy)  # type: ignore[return-value]
 
@@ -1015,14 +1015,14 @@ class Sandbox:
                                 os.path.abspath(cwd or _working_directory()))
 
     def _call_session(self, credentials: Optional[Mapping[str, str]]) -> Any:
-        """The call's own credential placeholders (:func:`sandlock.routes.call_session`),
+        """The call's own credential placeholders (:func:`sandlock.net.routes.call_session`),
         or None without ``credentials=``."""
         if credentials is None:
             return None
         if self._routes is None:
             raise ValueError("credentials= needs a policy with [credentials] (the Sandbox "
                              "serves no credential route)")
-        from .routes import call_session
+        from ..net.routes import call_session
 
         return call_session(self._routes, self.policy, credentials)
 
@@ -1086,7 +1086,7 @@ class Sandbox:
         Returns a :class:`Result` however it ended, including timeouts (124) and
         refusals before exec (125-127); ``check=True`` raises the typed error instead.
         ``trace=True`` also records what the command did, confined exactly as without
-        it (recording never decides, see :mod:`sandlock.trace`), and lists what the
+        it (recording never decides, see :mod:`sandlock.trace.record`), and lists what the
         policy refused in ``Result.denials``, as `sandlock trace` does. Without it no
         recording filter is loaded and no recorder runs.
         ``credentials={name: secret}`` overrides the Sandbox's secrets for this call
@@ -1282,7 +1282,7 @@ def _denials(data: bytes) -> tuple["Denial", ...]:
     call's supervisor, which judged the recorded accesses."""
     import json
 
-    from .trace import Denial
+    from ..trace.record import Denial
 
     return tuple(Denial(d["right"], d.get("path", ""), d.get("port", -1), d.get("detail", ""),
                         d["section"], d["grant"]) for d in json.loads(data))

@@ -1,6 +1,6 @@
 """The full command-line interface (click; rich for people, plain text otherwise).
 
-`sandlock run` normally goes through the lighter parser in :mod:`sandlock.runcli`;
+`sandlock run` normally goes through the lighter parser in :mod:`sandlock.cli.run`;
 it is defined here too so that ``sandlock run --help`` documents it.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .clipaths import PathArg
-from .errors import ExitCode, SandlockError
-from .runcli import execute, parse_vars
+from .. import __version__
+from .paths import PathArg
+from ..errors import ExitCode, SandlockError
+from .run import execute, parse_vars
 
 EPILOG = """\b
 Examples:
@@ -95,7 +95,7 @@ def run(policy: str | None, tool: str | None, policies: str | None, variables: S
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def check(as_json: bool) -> None:
     """What this kernel supports: Landlock ABI and rights, seccomp, user namespaces."""
-    from .support import kernel_report
+    from ..compile.report import kernel_report
 
     try:
         report = kernel_report()
@@ -119,8 +119,8 @@ def check(as_json: bool) -> None:
 def explain(policy: str | None, tool: str | None, policies: str | None,
             variables: Sequence[str], as_json: bool) -> None:
     """The effective policy after extends and variables, and what this kernel enforces."""
-    from .runcli import load
-    from .support import explain_policy
+    from .run import load
+    from ..compile.report import explain_policy
 
     try:
         loaded = load(policy, tool, policies, parse_vars(variables))
@@ -204,7 +204,7 @@ def _validate_argument(argument: str, given: dict[str, str]) -> Iterator[tuple[s
     """(label, errors) per policy in ``argument``: a file, a tools file, or a directory."""
     from pathlib import Path
 
-    from .errors import PolicyError
+    from ..errors import PolicyError
 
     path = Path(argument)
     try:
@@ -229,9 +229,9 @@ def _validate_argument(argument: str, given: dict[str, str]) -> Iterator[tuple[s
 
 def _validate_file(path: Any, given: dict[str, str]) -> Iterator[tuple[str, list[Any]]]:
     """A policy file, or a file of ``[tools.NAME]`` tables (one label per tool)."""
-    from .errors import PolicyError
-    from .policy import _parse_text, _read, load_policy, policy_from_dict, schema_errors
-    from .seccomp import check_names
+    from ..errors import PolicyError
+    from ..policy.model import _parse_text, _read, load_policy, policy_from_dict, schema_errors
+    from ..compile.seccomp import check_names
 
     source = str(path)
     try:
@@ -283,7 +283,7 @@ def _with_placeholders(load: Callable[[dict[str, str]], Any], source: str,
     """``load(variables)``; undefined variables become a placeholder directory."""
     import re
 
-    from .errors import PolicyError
+    from ..errors import PolicyError
 
     given = dict(given)
     for _ in range(50):
@@ -306,7 +306,7 @@ def _load_for_validation(load_policy: Any, file: str, given: dict[str, str]) -> 
 @click.argument("name", required=False)
 def policies(name: str | None) -> None:
     """List the built-in profiles, or show one."""
-    from .policy import PROFILE_DIR, builtin_profiles, load_policy
+    from ..policy.model import PROFILE_DIR, builtin_profiles, load_policy
 
     try:
         os.getcwd()  # each profile is loaded with ${cwd}: say once why none can be
@@ -328,7 +328,7 @@ def policies(name: str | None) -> None:
     if name not in builtin_profiles():  # a name, never a path
         print(f"sandlock: unknown built-in profile {name!r}", file=sys.stderr)
         raise click.exceptions.Exit(ExitCode.LAUNCHER)
-    from .policy import _read
+    from ..policy.model import _read
 
     try:
         sys.stdout.write(_read(path, str(path)))  # bounded and never blocking, as every policy
@@ -347,8 +347,8 @@ def probe(policy: str, variables: Sequence[str], as_json: bool) -> None:
     got through (ESCAPE) or a probe could not run, 125 when the sandbox could
     not be set up.
     """
-    from .probe import probe_file
-    from .profiles import policy_file
+    from ..probe.harness import probe_file
+    from ..policy.profiles import policy_file
 
     try:
         report = probe_file(policy_file(policy), parse_vars(variables))
@@ -376,7 +376,7 @@ def probe(policy: str, variables: Sequence[str], as_json: bool) -> None:
         raise click.exceptions.Exit(1)
 
 
-from .tracecli import register as _register_recording  # noqa: E402 - after the group exists
+from .trace import register as _register_recording  # noqa: E402 - after the group exists
 
 _register_recording(cli)  # `trace` and `learn`
 

@@ -1,4 +1,4 @@
-"""A click path type for every command (sandlock.cli and sandlock.tracecli)."""
+"""A click path type for every command (sandlock.cli.main and sandlock.cli.trace)."""
 
 from __future__ import annotations
 

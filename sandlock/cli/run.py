@@ -2,7 +2,7 @@
 
 Start-up is paid on every tool call, and importing click alone costs ~30 ms, so
 `run` parses its few options by hand. Anything it does not understand (``--help``
-included) is handed to the full click CLI in :mod:`sandlock.cli`, which defines
+included) is handed to the full click CLI in :mod:`sandlock.cli.main`, which defines
 the same options for documentation and calls :func:`execute`.
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import sys
 
-from .errors import ExitCode, SandlockError
+from ..errors import ExitCode, SandlockError
 
 TYPE_CHECKING = False  # importing typing alone costs several ms per call
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
 
-    from .policy import Policy
+    from ..policy.model import Policy
 
 USAGE = ("sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] "
          "[--best-effort] -- CMD [ARGS]...")
@@ -46,15 +46,15 @@ def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     """The policy named on the command line: a file (``data``: its bytes, when the
     caller already read them), or a tool of a registry."""
     if tool is not None:
-        from .registry import Registry
+        from ..policy.registry import Registry
 
         if policies is None:
             raise SandlockError("--tool needs --policies DIR (or a policies file)")
         return Registry(policies).policy(tool, variables)
     if policy is None:
         raise SandlockError("missing --policy FILE")
-    from .policy import load_policy
-    from .profiles import policy_file
+    from ..policy.model import load_policy
+    from ..policy.profiles import policy_file
 
     policy = policy_file(policy)  # a bare name: the shipped policy of that name
 
@@ -65,7 +65,7 @@ def _load_full(policy: Optional[str], tool: Optional[str], policies: Optional[st
                variables: Mapping[str, str], timeout: Optional[str], best_effort: bool,
                data: Optional[bytes]) -> Policy:
     """Parse the policy and apply the command-line overrides (the uncached path)."""
-    from .policy import Compat, parse_duration
+    from ..policy.model import Compat, parse_duration
 
     loaded = load(policy, tool, policies, variables, data)
     if best_effort:
@@ -81,13 +81,13 @@ def _load_full(policy: Optional[str], tool: Optional[str], policies: Optional[st
 def _read_once(policy: str) -> bytes:
     """The policy file's bytes, read once: the cache key and the compiled policy both
     come from them, so a file replaced while the run starts cannot mix two versions."""
-    from .errors import PolicyError
-    from .readfile import read_policy_bytes
+    from ..errors import PolicyError
+    from ..policy.readfile import read_policy_bytes
 
     try:
         return read_policy_bytes(policy)
     except FileNotFoundError:
-        from .profiles import is_name
+        from ..policy.profiles import is_name
 
         hint = " nor a built-in policy (`sandlock policies` lists them)" if is_name(policy) else ""
         raise PolicyError(f"policy file does not exist{hint}", source=policy) from None
@@ -102,17 +102,17 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
     """Load, compile, launch and wait; every failure becomes a message and an exit code.
 
     A policy file compiled before, unchanged, is read back from the cache of compiled
-    policies (:mod:`sandlock.fastpath`) instead of being parsed: that skips importing
+    policies (:mod:`sandlock.compile.cache`) instead of being parsed: that skips importing
     the policy model, tomllib and the seccomp compiler. Any doubt means a miss.
     """
     try:
-        from . import launcher
+        from ..exec import launcher
 
         cached = compiled = None
         data = None
         if policy is not None and tool is None:
-            from . import fastpath
-            from .profiles import policy_file
+            from ..compile import cache as fastpath
+            from ..policy.profiles import policy_file
 
             policy = policy_file(policy)  # a bare name: the shipped policy of that name
             data = _read_once(policy)
@@ -120,7 +120,7 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         loaded: Policy  # on a hit, the CachedPolicy view: the parts the launcher reads
         try:
             if cached is not None and cached.entry is not None:
-                from .grants import GrantError
+                from ..compile.grants import GrantError
 
                 try:
                     compiled = cached.entry.compile()
@@ -290,7 +290,7 @@ def _click_main(args: list[str]) -> int:
     a command, ends as one ``sandlock:`` line and exit 125, never a traceback."""
     import errno
 
-    from .cli import cli
+    from .main import cli
 
     try:
         try:

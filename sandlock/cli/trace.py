@@ -1,6 +1,6 @@
 """`sandlock trace` and `sandlock learn`: the commands that record a run.
 
-Kept apart from :mod:`sandlock.cli` (which only registers them) and far from the
+Kept apart from :mod:`sandlock.cli.main` (which only registers them) and far from the
 `sandlock run` fast path: nothing here is imported by a plain run.
 """
 
@@ -14,9 +14,9 @@ from typing import Any, Optional
 
 import click
 
-from .clipaths import PathArg
-from .errors import ExitCode, SandlockError
-from .runcli import parse_vars, say
+from .paths import PathArg
+from ..errors import ExitCode, SandlockError
+from .run import parse_vars, say
 
 _CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
@@ -55,7 +55,7 @@ def _write_file(path: str, text: str) -> None:
 
 
 def _check_support() -> None:
-    from .trace import supported
+    from ..trace.record import supported
 
     why = supported()
     if why:
@@ -85,9 +85,9 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     with the smallest policy line that grants it. Recording never decides: Landlock
     and seccomp refuse exactly what they refuse under `run`.
     """
-    from . import launcher
-    from .runcli import _load_full
-    from .trace import Judge, Recorder
+    from ..exec import launcher
+    from .run import _load_full
+    from ..trace.record import Judge, Recorder
 
     code: int = ExitCode.LAUNCHER
     try:
@@ -154,7 +154,7 @@ def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
     warning for each grant broader than what was used. Review it, then use it with
     `sandlock run --policy FILE -- COMMAND`.
     """
-    from .learn import learn_policy
+    from ..trace.learn import learn_policy
 
     try:
         _check_support()
@@ -180,7 +180,7 @@ def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
 
 
 def register(group: Any) -> None:
-    """Add `trace` and `learn` to the click group of :mod:`sandlock.cli`."""
+    """Add `trace` and `learn` to the click group of :mod:`sandlock.cli.main`."""
     group.add_command(trace)
     group.add_command(learn)
 

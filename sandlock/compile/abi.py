@@ -59,7 +59,7 @@ SCOPE_SINCE = 6
 FILE_ONLY = Fs.EXECUTE | Fs.WRITE_FILE | Fs.READ_FILE | Fs.TRUNCATE | Fs.IOCTL_DEV
 
 #: Every right but reading and executing: a grant holding any of these lets a tool
-#: change what is there (sandlock.grants refuses such grants on what later runs trust).
+#: change what is there (sandlock.compile.grants refuses such grants on what later runs trust).
 WRITE_RIGHTS = Fs(((1 << 16) - 1) & ~(Fs.EXECUTE | Fs.READ_FILE | Fs.READ_DIR))
 
 

@@ -22,15 +22,15 @@ vanished in between is an error (exit 125), as it is without the cache.
 Trust: a tool may be able to write the cache directory (its policy may grant write
 on the home), so nothing read back is trusted unless it is authenticated. Each
 entry carries a keyed BLAKE2b tag over its payload, with a 256-bit key kept in the
-caller's kernel user keyring (:func:`sandlock.kernel.user_keyring_secret`), which no
+caller's kernel user keyring (:func:`sandlock.linux.kernel.user_keyring_secret`), which no
 tool can read: the seccomp filter refuses keyctl, add_key and request_key to every
 tool, and Landlock keeps tools from tracing the launcher that holds the key. An
 entry whose tag does not verify is ignored (then overwritten); without a keyring
 (some container profiles refuse keyctl) there is no cache at all, only the full
 path. Entries are unmarshalled only after their tag verified. The Landlock ABI of an
 entry must be the one the kernel reports now. On a hit the policy paths are still
-resolved, checked and opened now (:mod:`sandlock.grants`), exactly as on a miss.
-The policy file is read once (:mod:`sandlock.readfile`): the key and, on a miss,
+resolved, checked and opened now (:mod:`sandlock.compile.grants`), exactly as on a miss.
+The policy file is read once (:mod:`sandlock.policy.readfile`): the key and, on a miss,
 the compiled policy both come from those bytes, and an entry records the exact text
 of every file it extends, as compiled. Entries live in
 ``$XDG_CACHE_HOME/sandlock/policies`` (default ``~/.cache``), which must be a real
@@ -43,14 +43,15 @@ import marshal
 import os
 import sys
 
-from . import __version__, kernel
+from .. import PACKAGE_DIR, __version__
+from ..linux import kernel
 
 TYPE_CHECKING = False  # typing costs milliseconds; this module exists to save them
 if TYPE_CHECKING:
     from typing import Any, Mapping, Optional
 
-    from .launcher import Compiled
-    from .policy import Policy
+    from ..exec.launcher import Compiled
+    from ..policy.model import Policy
 
 FORMAT = 3
 MAGIC = b"sandlock-compiled-policy\x00%d\n" % FORMAT
@@ -60,7 +61,9 @@ KEY_NAME = b"sandlock:policy-cache:v1"
 ENV_NO_CACHE = "SANDLOCK_NO_CACHE"
 BUILD_ID_FILE = "sandlock-build-id"  #: bundled by scripts/build_binary.sh
 MAX_ENTRIES = 256
-PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
+#: The subpackages whose modules make up a build (see build_id).
+PACKAGES = ("api", "cli", "compile", "exec", "linux", "net", "policy", "probe", "trace")
+PROFILE_DIR = os.path.join(PACKAGE_DIR, "policy", "profiles")
 
 #: Fields of the policy model this cache knows how to reproduce. A field added
 #: later (by a feature the cached path does not implement) makes the policy
@@ -135,7 +138,7 @@ class Entry:
         #: the warnings and the strict-mode verdict depend on it.
         self.cgroup = None
         if value["cgroup"] is not None:
-            from . import cgroups
+            from ..linux import cgroups
 
             found, why = cgroups.find()
             if _cgroup_key(found, why) != value["cgroup"]:
@@ -148,7 +151,7 @@ class Entry:
         """Resolve and open the paths and build the ruleset fd now, as the full path does
         (a refused grant raises GrantError: the caller then takes the full path, which
         reports it with the policy line)."""
-        from .launcher import Compiled
+        from ..exec.launcher import Compiled
 
         abi, handled_fs, handled_net, scoped, paths, ports, file_only, write_rights = self.plan
         fd = kernel.build_ruleset(abi, handled_fs, handled_net, scoped, paths, ports, file_only,
@@ -199,12 +202,13 @@ def _code_id() -> tuple[Any, ...]:
         except OSError:
             st = os.stat(sys.executable)
             return (sys.executable, st.st_size, st.st_mtime_ns)
-    here = os.path.dirname(os.path.abspath(__file__))
     out = []
-    for name in sorted(os.listdir(here)):
-        if name.endswith(".py"):
-            st = os.stat(os.path.join(here, name))
-            out.append((name, st.st_size, st.st_mtime_ns))
+    for sub in ("", *PACKAGES):
+        here = os.path.join(PACKAGE_DIR, sub)
+        for name in sorted(os.listdir(here)):
+            if name.endswith(".py"):
+                st = os.stat(os.path.join(here, name))
+                out.append((sub, name, st.st_size, st.st_mtime_ns))
     return tuple(out)
 
 
@@ -323,7 +327,7 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
 
 def _read(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
           policy_file: str) -> Optional[Entry]:
-    from .readfile import read_policy_bytes
+    from ..policy.readfile import read_policy_bytes
 
     try:
         data = read_policy_bytes(name, directory, os.O_NOFOLLOW)  # regular, bounded, never blocks
@@ -347,7 +351,7 @@ def _read(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
 
 def _fresh(value: dict[str, Any]) -> bool:
     """Whether what the entry was compiled from is still what is on disk."""
-    from .readfile import read_policy_bytes
+    from ..policy.readfile import read_policy_bytes
 
     for kind, where, content in value["layers"]:
         path = os.path.join(PROFILE_DIR, where + ".toml") if kind == "builtin" else where
@@ -409,10 +413,11 @@ def _cgroup_key(found: Any, why: str) -> tuple[Any, ...]:
 
 def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
            variables: Mapping[str, str]) -> Optional[dict[str, Any]]:
-    from . import cgroups, ruleset
+    from ..linux import cgroups
+    from . import ruleset
     from .abi import FILE_ONLY, WRITE_RIGHTS
-    from .launcher import Compiled as CompiledType
-    from .policy import load_policy
+    from ..exec.launcher import Compiled as CompiledType
+    from ..policy.model import load_policy
 
     if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
             or not _cacheable(policy) or policy.source != policy_file):
@@ -453,7 +458,7 @@ def _write(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
-        from .readfile import read_policy_bytes
+        from ..policy.readfile import read_policy_bytes
 
         if read_policy_bytes(tmp, directory, os.O_NOFOLLOW) != data:
             raise OSError("the entry did not read back as written")

@@ -32,7 +32,8 @@ import os
 import sys
 from stat import S_ISDIR, S_ISLNK
 
-from .errors import SandlockError
+from .. import PACKAGE_DIR
+from ..errors import SandlockError
 
 TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
 if TYPE_CHECKING:
@@ -207,8 +208,7 @@ def protected(policy_files: Iterable[str],
     :func:`_module_files`, when the caller has it already."""
     out = [(p, "sandlock's state directory", True) for p in _state_dirs()]
     out += [(p, "a policy file this run is built from", True) for p in policy_files]
-    here = os.path.dirname(os.path.abspath(__file__))
-    out.append((here, "sandlock's installation", True))
+    out.append((PACKAGE_DIR, "sandlock's installation", True))
     for prefix in dict.fromkeys((sys.prefix, sys.exec_prefix, sys.base_prefix)):
         out.append((prefix, "the Python installation sandlock runs on", True))
     if sys.executable:

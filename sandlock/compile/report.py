@@ -6,8 +6,9 @@ import os
 from typing import Any
 
 from . import abi as A
-from . import kernel, ruleset, seccomp
-from .policy import Policy
+from ..linux import kernel
+from . import ruleset, seccomp
+from ..policy.model import Policy
 
 _RIGHT_DOCS = {
     A.Fs.REFER: "rename/link across directories",
@@ -58,7 +59,7 @@ def kernel_report() -> dict[str, Any]:
     notif = why is None and kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF)
     features.append({"feature": "seccomp user notification", "available": notif,
                      "detail": "SECCOMP_RET_USER_NOTIF"})
-    from . import cgroups
+    from ..linux import cgroups
 
     base, why = cgroups.find()
     features.append({"feature": "per-sandbox process limit (pids cgroup, [limits] processes)",
@@ -67,7 +68,7 @@ def kernel_report() -> dict[str, Any]:
                      else f"{why}; RLIMIT_NPROC instead: per user, and not binding root"
                      if os.getuid() != 0 else f"{why}; RLIMIT_NPROC does not bind root: "
                      "`processes` cannot be enforced for this caller"})
-    from .fastpath import KEY_NAME
+    from .cache import KEY_NAME
 
     keyed = kernel.user_keyring_secret(KEY_NAME) is not None
     features.append({"feature": "compiled-policy cache (key in the kernel user keyring)",
@@ -115,13 +116,13 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
 
 
 def _credentials(policy: Policy) -> list[dict[str, Any]]:
-    from .credentials import explain
+    from ..policy.credentials import explain
 
     return explain(policy.credentials)
 
 
 def _refused_grants(policy: Policy, abi: int) -> list[str]:
-    """Why `sandlock run` would refuse this policy's grants here (sandlock.grants): a
+    """Why `sandlock run` would refuse this policy's grants here (sandlock.compile.grants): a
     link outside the system directories, or a write grant reaching what later runs
     trust. Empty when every grant resolves and passes."""
     from .grants import GrantError, check_rules

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import abi as A
-from . import kernel
-from .errors import LandlockError
-from .policy import Access, Policy
+from ..linux import kernel
+from ..errors import LandlockError
+from ..policy.model import Access, Policy
 
 #: Devices whose ioctls are harmless; granting them does not rely on IOCTL_DEV.
 HARMLESS_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -119,7 +119,7 @@ def caller_gaps(policy: Policy) -> tuple[Gap, ...]:
                        "[scope] signals = true, or compat = \"best-effort\" to accept this"))
     limit = policy.limits.processes
     if limit is not None:
-        from . import cgroups
+        from ..linux import cgroups
 
         base, why = cgroups.find()
         gap = process_gap(limit, None if base is not None else why, os.getuid() == 0)
@@ -170,10 +170,10 @@ def build(p: Plan, policy_files: tuple[str, ...] = ()) -> int:
     """Create the ruleset fd for ``p`` (close-on-exec). Paths are resolved here, in the
     parent, to the descriptors the rules are made from, so the child only has to call
     landlock_restrict_self; ``policy_files`` are the files the policy was read from,
-    which no write grant may reach (:mod:`sandlock.grants`).
+    which no write grant may reach (:mod:`sandlock.compile.grants`).
 
-    The work is :func:`sandlock.kernel.build_ruleset`, which takes plain values so
-    that the cached run path (:mod:`sandlock.fastpath`) shares it without importing
+    The work is :func:`sandlock.linux.kernel.build_ruleset`, which takes plain values so
+    that the cached run path (:mod:`sandlock.compile.cache`) shares it without importing
     this module and the policy model."""
     return kernel.build_ruleset(p.abi, p.handled_fs, p.handled_net, p.scoped, p.paths, p.ports,
                                 int(A.FILE_ONLY), int(A.WRITE_RIGHTS), policy_files)

@@ -24,8 +24,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import PolicyError, SeccompError
-from .policy import Network, Policy
+from ..errors import PolicyError, SeccompError
+from ..policy.model import Network, Policy
 
 # Comparison operators, as in libseccomp's enum scmp_compare.
 NE, LT, LE, EQ, GE, GT, MASKED_EQ = 1, 2, 3, 4, 5, 6, 7
@@ -412,7 +412,7 @@ def _check_program(program: bytes) -> None:
 
 #: Filters compiled in this process, by plan. Never stored on disk: a file a tool could
 #: write would be trusted by the next launcher (the compiled-policy cache, which does
-#: keep a filter, authenticates its entries; see sandlock.fastpath).
+#: keep a filter, authenticates its entries; see sandlock.compile.cache).
 _COMPILED: dict[tuple[Rule, ...], bytes] = {}
 
 

@@ -53,6 +53,8 @@ kills the tree.
 
 from __future__ import annotations
 
+from .. import PACKAGE_DIR
+
 import _thread
 import atexit
 import marshal
@@ -101,8 +103,8 @@ class ForkServer:
         # docstring: a Python call's child must not be forked from a command's supervisor).
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in KINDS]
         theirs = [pair[1].fileno() for pair in pairs]
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        boot = ("import sys; sys.path.insert(0, sys.argv[1]); from sandlock.forkserver "
+        root = os.path.dirname(PACKAGE_DIR)
+        boot = ("import sys; sys.path.insert(0, sys.argv[1]); from sandlock.exec.forkserver "
                 "import serve; serve(*map(int, sys.argv[2:]))")
         try:
             # Popen execs (vfork + exec on Linux): the server never holds the caller's memory.
@@ -120,7 +122,7 @@ class ForkServer:
         hello = self._socks["exec"].recv(64)
         if not hello.startswith(b"R "):
             self._proc.wait()
-            from .errors import SetupError
+            from ..errors import SetupError
 
             raise SetupError(f"the sandlock fork server did not start ({sys.executable}, "
                              f"exit status {self._proc.returncode})")
@@ -199,13 +201,13 @@ def submit(request: dict[str, Any], fds: Sequence[int]) -> socket.socket:
     try:
         return get().submit(request, fds)
     except _Gone as exc:
-        from .errors import SetupError
+        from ..errors import SetupError
 
         raise SetupError(f"the sandlock fork server is gone: {exc}") from None
 
 
 class ProcessWide:
-    """The one helper process of a kind (this fork server, :mod:`sandlock.nativeexec`'s
+    """The one helper process of a kind (this fork server, :mod:`sandlock.exec.native`'s
     server) per caller process: started on first use, under a lock; replaced when
     :func:`usable` says no; forgotten in a forked copy of the caller.
 
@@ -296,7 +298,8 @@ def serve(exec_fd: int, call_fd: int) -> None:
     import pickle  # noqa: F401
     import traceback  # noqa: F401
 
-    from . import kernel, launcher  # noqa: F401 - loaded once, shared by every child
+    from ..linux import kernel
+    from . import launcher  # noqa: F401 - loaded once, shared by every child
 
     kernel.set_child_subreaper()
     os.chdir("/")  # every request names its working directory; do not pin the caller's
@@ -405,7 +408,7 @@ def _shutdown(supervisors: dict[int, str]) -> None:
 
     del supervisors  # every child goes, supervisors included
     launcher.reap_descendants()
-    from . import cgroups
+    from ..linux import cgroups
 
     base = cgroups.find()[0]
     if base is not None:
@@ -470,7 +473,8 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str, server: int) -> Non
     Killed with the fork server instead, it would leave the call's daemons to init
     and the caller without a report.
     """
-    from . import kernel, launcher
+    from ..linux import kernel
+    from . import launcher
 
     spare: Optional[_Spare] = None
     prepared: Optional[tuple[launcher.Compiled, bytes]] = None  # the policy spares get
@@ -517,7 +521,8 @@ def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
     """The caller's compiled policy, as its request carries it: the ruleset fd, BPF,
     rlimits, and where each run's pids cgroup is made (the caller's decision, the one
     its warnings describe: never looked up again here)."""
-    from . import cgroups, launcher
+    from ..linux import cgroups
+    from . import launcher
 
     wire = request["cgroup"]
     base = None if wire is None else cgroups.Base(*wire)
@@ -605,7 +610,7 @@ class _Spare:
     def take_if_ready(self, request: dict[str, Any], fds: Sequence[int]) -> Any:
         """:meth:`take`, or None if this spare is not usable (a new one is made; if its
         policy cannot be applied, that one reports why)."""
-        from .errors import SandlockError
+        from ..errors import SandlockError
 
         try:
             return self.take(request, fds)
@@ -633,7 +638,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
     ``taken`` is the child of ``spare`` that already has this (Python) call.
     """
     from . import launcher
-    from .errors import ExitCode, SandlockError
+    from ..errors import ExitCode, SandlockError
 
     call = socket.socket(fileno=fds[0])
     noted = False
@@ -713,11 +718,11 @@ def _mediate_fd(request: dict[str, Any], fds: Sequence[int]) -> int:
 
 def _listener_hook(request: dict[str, Any], fds: Sequence[int]) -> Any:
     """For launcher._child: install the notifying filter of ``[network] allow`` and
-    send its listener to the caller's connect supervisor (sandlock.supervisor)."""
+    send its listener to the caller's connect supervisor (sandlock.net.connect)."""
     fd = _mediate_fd(request, fds)
     if fd < 0:
         return None
-    from . import kernel
+    from ..linux import kernel
 
     prog, keep = kernel.make_fprog(request["mediate"])
 
@@ -729,11 +734,11 @@ def _listener_hook(request: dict[str, Any], fds: Sequence[int]) -> Any:
 
 
 def _recorder(request: dict[str, Any]) -> Any:
-    """The :class:`sandlock.trace.Recorder` of a command call with ``trace`` (the API's
+    """The :class:`sandlock.trace.record.Recorder` of a command call with ``trace`` (the API's
     ``run(..., trace=True)``), else None: no notifying filter, no thread."""
     if not request.get("trace"):
         return None
-    from .trace import Recorder
+    from ..trace.record import Recorder
 
     return Recorder(network_mediated=bool(request.get("mediate")))
 
@@ -759,7 +764,7 @@ def _send_denials(call: socket.socket, request: dict[str, Any], recorder: Any) -
         return
     import json
 
-    from .trace import Judge
+    from ..trace.record import Judge
 
     recorder.stop()
     abi, rules, ports = request["trace"]
@@ -902,7 +907,7 @@ def _spare_body(handoff: int, rehearse: bool) -> None:
     import operator
     import pickle
 
-    from . import kernel
+    from ..linux import kernel
 
     os.dup2(handoff, 3)
     os.closerange(4, 2**31 - 1)  # the ruleset fd and the supervisor's own descriptors
@@ -913,7 +918,7 @@ def _spare_body(handoff: int, rehearse: bool) -> None:
         _outcome(marshal.loads(marshal.dumps({
             "env": [], "main": None, "sys_path": list(sys.path),
             "payload": pickle.dumps((operator.add, (1, 2), {}))})))
-    from .errors import ExitCode
+    from ..errors import ExitCode
 
     fds = array.array("i")
     sock = socket.socket(fileno=3)

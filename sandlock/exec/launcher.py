@@ -8,7 +8,7 @@ after fork makes a handful of syscalls, in this order:
     -> default signals -> stdio -> chdir -> rlimits -> close-on-exec for fds >= 3
     -> no_new_privs -> landlock_restrict_self -> seccomp -> execve
 
-``[limits] processes`` is a pids cgroup of the run (:mod:`sandlock.cgroups`) when
+``[limits] processes`` is a pids cgroup of the run (:mod:`sandlock.linux.cgroups`) when
 this caller can create one, else RLIMIT_NPROC (per user, and not binding root: a
 reported gap, refused in strict mode for root).
 
@@ -26,8 +26,9 @@ import select
 import signal
 import time
 
-from . import cgroups, kernel
-from .errors import ExecError, ExitCode, KernelSupportError, SandlockError, SetupError
+from ..linux import cgroups, kernel
+from . import engine, spec
+from ..errors import ExecError, ExitCode, KernelSupportError, SandlockError, SetupError
 
 # Start-up is paid on every `sandlock run`: nothing the cached run path skips
 # (policy parsing, dataclasses, typing, fnmatch/re, threading) is imported here at
@@ -36,16 +37,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Mapping, Optional, Sequence
 
-    from . import ruleset
-    from .policy import EnvSpec, Limits, Policy
-    from .supervisor import Mediation
-    from .trace import Recorder
+    from ..compile import ruleset
+    from ..policy.model import EnvSpec, Limits, Policy
+    from ..net.connect import Mediation
+    from ..trace.record import Recorder
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-#: Reset to SIG_DFL in the child, as plain ints: after fork, each enum the child
-#: touches costs copy-on-write faults (measured: ~15 us less CPU in a call's child).
-_DEFAULTED = tuple(int(s) for s in (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED_SIGNALS))
-_SIGKILL = int(signal.SIGKILL)
+FORWARDED_SIGNALS = engine.FORWARDED_SIGNALS
 
 #: Off unless scripts/measure_fork_exec.py sets it: a pipe to which each child writes
 #: three CLOCK_MONOTONIC nanosecond stamps (parent before fork, child after fork,
@@ -174,8 +171,8 @@ def process_failure(policy: Policy, gap: ruleset.Gap) -> KernelSupportError:
 
 def compile_policy(policy: Policy) -> Compiled:
     """Check kernel support, build the Landlock ruleset and the seccomp BPF."""
-    from . import ruleset, seccomp
-    from .policy import Compat
+    from ..compile import ruleset, seccomp
+    from ..policy.model import Compat
 
     why = kernel.seccomp_supported()
     if why:
@@ -197,11 +194,11 @@ def compile_policy(policy: Policy) -> Compiled:
 
 
 def build_rules(policy: Policy, plan: ruleset.Plan) -> int:
-    """The ruleset fd for ``plan``; a grant refused by :mod:`sandlock.grants` becomes a
+    """The ruleset fd for ``plan``; a grant refused by :mod:`sandlock.compile.grants` becomes a
     PolicyError naming the policy line it came from."""
-    from . import ruleset
-    from .errors import PolicyError
-    from .grants import GrantError
+    from ..compile import ruleset
+    from ..errors import PolicyError
+    from ..compile.grants import GrantError
 
     try:
         return ruleset.build(plan, ruleset.policy_files(policy))
@@ -293,65 +290,28 @@ def prepare_command(policy: Policy, argv: Sequence[str], *, caller_env: Optional
 # Fork and the child
 
 
-#: A launcher holding capabilities (root, or a real or saved uid 0) gives its tool
-#: none (checked once, in the parent: kernel.has_capabilities).
-_PRIVILEGED = kernel.has_capabilities()
-
-
-def _child(compiled: Compiled, cmd: Command, errw: int, parent: int,
-           stdio: tuple[int, int, int], env: dict[bytes, bytes], argv: list[bytes],
-           hook: Optional[Callable[[], None]] = None,
-           body: Optional[Callable[[], None]] = None, group_fd: int = -1) -> None:
+def _child(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
+           body: Optional[Callable[[], None]] = None) -> None:
+    """The forked child: take ``steps`` (:mod:`sandlock.exec.spec`), then exec, or run
+    ``body`` (a Python call) when the list has no exec step. Never returns."""
     started = time.monotonic_ns() if TIMING_FD >= 0 else 0
-    stage = "cgroup"
     try:
-        if group_fd >= 0:  # first: everything the child and its descendants do is counted
-            os.write(group_fd, b"0")  # "0": the writing process (cgroup-v2.rst, cgroup.procs)
-        stage = "setup"
-        os.setsid()
-        kernel.set_pdeathsig(_SIGKILL)
-        if os.getppid() != parent:
-            os._exit(ExitCode.LAUNCHER)
-        # _signal, not signal: the wrapper converts to and from enums, which after
-        # fork costs ~200 us of copy-on-write faults; the C functions cost ~10.
-        for signum in _DEFAULTED:
-            _signal.signal(signum, _signal.SIG_DFL)
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
-        for target, source in enumerate(stdio):
-            if source >= 0 and source != target:
-                os.dup2(source, target)
-        if cmd.cwd is not None:
-            stage = "chdir"
-            os.chdir(cmd.cwd)
-        stage = "rlimit"
-        for res, value in compiled.child_rlimits(group_fd >= 0):
-            resource.setrlimit(res, (value, value))
-        stage = "setup"
-        if _PRIVILEGED:
-            kernel.drop_capabilities()
-        kernel.cloexec_from(3)
-        kernel.no_new_privs()
-        if compiled.ruleset_fd >= 0:
-            stage = "landlock"
-            kernel.restrict_self(compiled.ruleset_fd)
-        stage = "seccomp"
-        kernel.load_seccomp(compiled._fprog)
-        if hook is not None:  # [network] allow: the connect supervisor's filter (issue 7)
-            stage = "network"
-            hook()
-        stage = "exec"
+        if TIMING_FD >= 0 and steps[-1][0] == spec.EXEC:
+            engine.apply(steps[:-1], ctx)
+            stamps = (_fork_stamp, started, time.monotonic_ns())
+            os.write(TIMING_FD, b"".join(t.to_bytes(8, "little") for t in stamps))
+            steps = steps[-1:]
+        engine.apply(steps, ctx)
         if body is not None:  # a Python function instead of a program (sandlock.api call())
             os.close(errw)  # confined: the parent stops waiting for a setup failure
             errw = -1
             body()  # ends with os._exit; its own errors never come back here
-        if TIMING_FD >= 0:
-            stamps = (_fork_stamp, started, time.monotonic_ns())
-            os.write(TIMING_FD, b"".join(t.to_bytes(8, "little") for t in stamps))
-        os.execve(cmd.executable, argv, env)
-    except OSError as exc:
-        message = f"{stage}\0{exc.errno or 0}\0{exc.strerror or exc}"
+        message = "setup\0" + "0\0" + "no exec step and no body"
+    except engine.StepFailed as failed:
+        exc = failed.error
+        message = f"{failed.stage}\0{exc.errno or 0}\0{exc.strerror or exc}"
     except BaseException as exc:  # noqa: BLE001 - must never return into the caller's code
-        message = f"setup\0{0}\0{stage}: {type(exc).__name__}: {exc}"
+        message = f"setup\0{0}\0{type(exc).__name__}: {exc}"
     try:
         os.write(errw, message.encode(errors="replace"))
     finally:
@@ -366,7 +326,7 @@ def _setup_failure(cmd: Command, report: bytes, ruleset_fd: int = -1) -> Sandloc
             return ExecError(f"{cmd.executable}: command not found", ExitCode.NOT_FOUND)
         refused = ""
         if err == errno.EACCES:  # which file of the exec chain: asked of Landlock (failure path only)
-            from .trace import exec_refusals_under
+            from ..trace.record import exec_refusals_under
 
             refused = exec_refusals_under(ruleset_fd, cmd.executable, cmd.cwd)
         if err in (errno.EACCES, errno.EPERM):
@@ -523,7 +483,12 @@ class Starting:
         except BaseException:
             self.discard_group()
             raise
-        parent = os.getpid()
+        in_group = self.group is not None
+        steps = spec.child_steps(compiled, cmd, in_group=in_group, notify=hook is not None,
+                                 exec_=body is None)
+        ctx = engine.Context(parent=os.getpid(), group_fd=self.group.procs_fd if in_group else -1,
+                             stdio=stdio, ruleset_fd=compiled.ruleset_fd, fprog=compiled._fprog,
+                             notify=hook, executable=cmd.executable, argv=argv, env=env)
         # Before fork: an orphan of the tool can never be among them.
         self.spared = frozenset(children())
         if TIMING_FD >= 0:
@@ -538,8 +503,7 @@ class Starting:
             raise
         if self.pid == 0:  # pragma: no cover - runs in the child, which never returns
             os.close(self.errr)
-            _child(compiled, cmd, errw, parent, stdio, env, argv, hook, body,
-                   -1 if self.group is None else self.group.procs_fd)
+            _child(steps, ctx, errw, body)
         os.close(errw)
         if self.group is not None:  # the child holds its copy until exec (close-on-exec)
             os.close(self.group.procs_fd)
@@ -577,18 +541,18 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
     Returns the finished :class:`Child`; its ``returncode`` follows :class:`ExitCode`.
     ``report`` receives one line per network refusal (policies with ``[network] allow``),
     and one hint when the command exits non-zero. ``recorder`` (`sandlock trace`/`learn`
-    only, :mod:`sandlock.trace`) loads its notifying filter in the child and is started
+    only, :mod:`sandlock.trace.record`) loads its notifying filter in the child and is started
     before the child's execve, which it is notified of; the caller stops it.
     """
     kernel.set_child_subreaper()
     if getattr(compiled.policy, "credentials", ()):  # credential routes (issue 16)
-        from .routes import launched
+        from ..net.routes import launched
 
         with launched(compiled, cmd, report) as (routed, routed_cmd):  # no credentials left
             return run(routed, routed_cmd, timeout=timeout, forward_signals=forward_signals,
                        report=report, _mediation=_mediation, recorder=recorder)
     if compiled.policy.network.allow and _mediation is None:  # host allowlist (issue 7)
-        from .supervisor import Mediation
+        from ..net.connect import Mediation
 
         with Mediation(compiled.policy, report) as mediation:  # proxy + connect supervisor
             return _run(compiled, mediation.command(cmd), timeout, forward_signals, mediation,

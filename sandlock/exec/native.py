@@ -1,8 +1,8 @@
 """The native fast path of the Python API: a ``sandlock-exec`` server per caller process.
 
-The fork server (:mod:`sandlock.forkserver`) pays a Python ``fork()`` (~1 ms of
+The fork server (:mod:`sandlock.exec.forkserver`) pays a Python ``fork()`` (~1 ms of
 copy-on-write faults) and runs the confinement steps in Python. ``sandlock-exec``
-(``sandlock/native/sandlock_exec.c``, compiled at install time by ``setup.py``) does
+(``sandlock/exec/helper/sandlock_exec.c``, compiled at install time by ``setup.py``) does
 the same job in C. The caller starts it once, on first use, with ``os.posix_spawn``
 (vfork + exec, so none of the caller's memory is copied, whatever its size: no
 secrets, no 2 GiB page-table copy), and sends it one request per call on a
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .launcher import Command, Compiled
 
 #: Built by setup.py next to its source; absent when no C compiler was available.
-HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "sandlock-exec")
+HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helper", "sandlock-exec")
 AVAILABLE = os.access(HELPER, os.X_OK)
 #: Reset to SIG_DFL for the server, so for its supervisors and their commands:
 #: launcher._child's set (an ignored disposition survives execve; caught ones do not).
@@ -190,7 +190,7 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     group = compiled.cgroup is not None and limit is not None
     for res, value in compiled.child_rlimits(group):
         args += ["-r", f"{res}:{value}"]
-    if group:  # the supervisor makes the call's pids cgroup (sandlock/cgroups.py)
+    if group:  # the supervisor makes the call's pids cgroup (sandlock/linux/cgroups.py)
         version, base, relative = compiled.cgroup.wire()  # type: ignore[union-attr]
         args += ["-p", str(limit), "-g", f"{version}:{base}", "-G", relative]
     args += ["--", cmd.executable, *cmd.argv]  # the path to exec, then argv (argv[0] too)

@@ -3,7 +3,7 @@
 Landlock (https://docs.kernel.org/userspace-api/landlock.html) has no libc
 wrapper, and the PyPI ``landlock`` binding knows only filesystem rights up to
 ABI 5 (no TCP rules, no scopes), so sandlock calls the three syscalls itself.
-The seccomp filter is compiled by libseccomp (:mod:`sandlock.seccomp`) but
+The seccomp filter is compiled by libseccomp (:mod:`sandlock.compile.seccomp`) but
 loaded here with ``seccomp(2)`` so that the child after fork does not need
 libseccomp at all.
 """
@@ -134,16 +134,16 @@ def build_ruleset(abi: int, handled_fs: int, handled_net: int, scoped: int,
                   file_only: int, write_rights: int, policy_files: Sequence[str]) -> int:
     """One Landlock ruleset fd (close-on-exec) with a rule per path and per TCP port.
 
-    Paths are resolved by :func:`sandlock.grants.each_rule`, here in the parent, to
+    Paths are resolved by :func:`sandlock.compile.grants.each_rule`, here in the parent, to
     the descriptors the rules are made from (so the child only calls
     landlock_restrict_self); a grant holding any of ``write_rights`` is refused there
     if it reaches what a later run trusts (GrantError). ``rights`` are those for a
     directory; a rule on a non-directory keeps only ``file_only``
-    (sandlock.abi.FILE_ONLY; the kernel refuses other rights on a file with EINVAL).
+    (sandlock.compile.abi.FILE_ONLY; the kernel refuses other rights on a file with EINVAL).
     Returns -1 when there is no Landlock (``abi`` < 1). Raises LandlockError.
     """
-    from .errors import LandlockError
-    from .grants import each_rule
+    from ..errors import LandlockError
+    from ..compile.grants import each_rule
 
     if abi < 1:
         try:  # no rules to make, but the same checks: a refused grant is refused anyway
@@ -316,7 +316,7 @@ def drop_capabilities() -> None:
 
 # keyrings(7): the key that authenticates sandlock's cache lives in the caller's user
 # keyring, which no tool can reach: keyctl, add_key and request_key are refused to
-# every tool by the seccomp filter, unconditionally (sandlock.seccomp).
+# every tool by the seccomp filter, unconditionally (sandlock.compile.seccomp).
 KEY_SPEC_USER_KEYRING = -4
 KEYCTL_SEARCH = 10
 KEYCTL_READ = 11

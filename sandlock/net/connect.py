@@ -1,6 +1,6 @@
 """Mediated network for one run: the proxy plus a seccomp supervisor for connect(2).
 
-Only policies with ``[network] allow`` import this module (:func:`sandlock.launcher.run`).
+Only policies with ``[network] allow`` import this module (:func:`sandlock.exec.launcher.run`).
 
 Why a supervisor as well as the proxy: Landlock's TCP rules name ports, not
 addresses, so a Landlock grant of the proxy's port would also reach *any* host
@@ -41,14 +41,14 @@ import struct
 import threading
 from typing import TYPE_CHECKING, Callable, Optional
 
-from . import kernel
-from .errors import KernelSupportError
-from .netrules import NetRules, format_target
+from ..linux import kernel
+from ..errors import KernelSupportError
+from ..policy.netrules import NetRules, format_target
 from .proxy import Proxy
 
 if TYPE_CHECKING:
-    from .launcher import Command
-    from .policy import Network, Policy
+    from ..exec.launcher import Command
+    from ..policy.model import Network, Policy
 
 # linux/seccomp.h
 SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
@@ -388,7 +388,7 @@ class Mediation:
 
     def command(self, cmd: "Command") -> "Command":
         """``cmd`` with the proxy variables set (they override the caller's)."""
-        from .launcher import Command
+        from ..exec.launcher import Command
 
         env = dict(cmd.env)
         env.update(self.proxy.environment())

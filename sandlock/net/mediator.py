@@ -7,10 +7,10 @@ until a descriptor limit is reached. ``sandlock run`` runs it in the launcher,
 which holds nothing but the run. The API's caller is an agent holding API keys and
 conversations, so for each call this module starts a mediator: a clean exec of
 ``sys.executable -I -S`` with an empty environment (never a fork of the caller),
-which runs :class:`sandlock.supervisor.Mediation` for that one call and exits when
+which runs :class:`sandlock.net.connect.Mediation` for that one call and exits when
 the caller stops it or goes away (EOF on its socket). A tool that opens thousands
 of connections exhausts the mediator's descriptors, not the agent's; and there are
-at most :data:`sandlock.proxy.MAX_CLIENTS` of them per run anyway.
+at most :data:`sandlock.net.proxy.MAX_CLIENTS` of them per run anyway.
 
 Wire (one SOCK_SEQPACKET socketpair, fd 3 in the mediator): the caller sends the
 rules (pickled ``(ports, allow, deny, hosts)``: the mediator trusts its caller);
@@ -21,6 +21,8 @@ on which the confined child sends its listener (SCM_RIGHTS); the caller's ``stop
 
 from __future__ import annotations
 
+from .. import PACKAGE_DIR
+
 import marshal
 import os
 import socket
@@ -30,8 +32,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-    from .launcher import Command
-    from .policy import Policy
+    from ..exec.launcher import Command
+    from ..policy.model import Policy
 
 #: Seconds the caller waits for the mediator's answer (start-up is ~30 ms).
 START_TIMEOUT = 30.0
@@ -58,14 +60,14 @@ class _Listener:
 
 class RemoteMediation:
     """The caller's handle on one call's mediator process; used as api.py uses a
-    :class:`sandlock.supervisor.Mediation` (``proxy.environment()``,
+    :class:`sandlock.net.connect.Mediation` (``proxy.environment()``,
     ``supervisor.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
 
     def __init__(self, policy: Policy) -> None:
         import pickle
         import subprocess
 
-        from .errors import SetupError
+        from ..errors import SetupError
 
         network = policy.network
         config = pickle.dumps((tuple((r.low, r.high) for r in network.connect),
@@ -73,8 +75,8 @@ class RemoteMediation:
         self.events: list[str] = []
         self._stopped = False
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        boot = ("import sys; sys.path.insert(0, sys.argv[1]); from sandlock.mediator "
+        root = os.path.dirname(PACKAGE_DIR)
+        boot = ("import sys; sys.path.insert(0, sys.argv[1]); from sandlock.net.mediator "
                 "import serve; serve(int(sys.argv[2]))")
         try:
             self._proc = subprocess.Popen(
@@ -105,7 +107,7 @@ class RemoteMediation:
 
     def command(self, cmd: Command) -> Command:
         """``cmd`` with the proxy variables set (they override the caller's)."""
-        from .launcher import Command
+        from ..exec.launcher import Command
 
         env = dict(cmd.env)
         env.update(self.proxy.environment())
@@ -152,7 +154,7 @@ def serve(fd: int) -> None:
     import resource
     from types import SimpleNamespace
 
-    from .supervisor import Mediation
+    from .connect import Mediation
 
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)

@@ -3,7 +3,7 @@
 Host names are checked where the name is known: in an HTTP ``CONNECT host:port``
 (TLS), in the absolute URL of a plain HTTP request, and in a SOCKS5 request
 with remote resolution (``socks5h://``). The proxy decides with
-:class:`sandlock.netrules.NetRules`, resolves the name itself (``hosts`` pins
+:class:`sandlock.policy.netrules.NetRules`, resolves the name itself (``hosts`` pins
 first, then the caller's resolver), checks every address it got (deny rules;
 non-public addresses only when pinned or allowed: DNS rebinding), and connects
 to an address it checked. The tool never supplies an address that the proxy
@@ -30,7 +30,7 @@ import threading
 import urllib.parse
 from typing import Callable, Optional
 
-from .netrules import IPAddress, NetRules, Verdict, as_address, format_target, normalize_host
+from ..policy.netrules import IPAddress, NetRules, Verdict, as_address, format_target, normalize_host
 
 HEAD_LIMIT = 64 * 1024
 #: Client connections open at once per run (each holds one or two descriptors and a

@@ -13,7 +13,7 @@ anything outside its domain):
    the request carries where the secret belongs (header or query parameter): the
    placeholder, random per run, is also what keeps other local processes out;
 3. decides on the percent-decoded path (dot segments and encoded slashes refused)
-   with :meth:`sandlock.credentials.Credential.check`: deny wins, then methods,
+   with :meth:`sandlock.policy.credentials.Credential.check`: deny wins, then methods,
    then paths. A refusal is HTTP 403 naming the rule, and one ``network: refused``
    line to ``report``;
 4. replaces the placeholder with the secret, connects to the upstream over TLS,
@@ -39,13 +39,13 @@ import urllib.parse
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
 
-from .credentials import PLACEHOLDER_PREFIX, Credential, tool_environment
+from ..policy.credentials import PLACEHOLDER_PREFIX, Credential, tool_environment
 
 if TYPE_CHECKING:
-    from .credentials import CredentialError
-    from .errors import PolicyError
-    from .launcher import Command, Compiled
-    from .policy import Policy
+    from ..policy.credentials import CredentialError
+    from ..errors import PolicyError
+    from ..exec.launcher import Command, Compiled
+    from ..policy.model import Policy
 
 HEAD_LIMIT = 64 * 1024
 HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
@@ -79,7 +79,7 @@ class Session:
         self.secrets = secrets
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
-        """``env`` for the tool: see :func:`sandlock.credentials.tool_environment`."""
+        """``env`` for the tool: see :func:`sandlock.policy.credentials.tool_environment`."""
         return tool_environment(self.server.credentials, env, self.secrets, self.placeholders,
                                 {c.name: self.server.base_url(c.name)
                                  for c in self.server.credentials})
@@ -308,7 +308,7 @@ class RouteServer:
 
 def _tls_context(item: Credential) -> ssl.SSLContext:
     """Verifying client context: the system store, or only ``ca_file`` when given."""
-    from .credentials import CredentialError
+    from ..policy.credentials import CredentialError
 
     try:
         context = ssl.create_default_context(cafile=item.ca_file)
@@ -537,7 +537,7 @@ class Routes:
                  pins: Sequence[tuple[str, str]], environ: Mapping[str, str],
                  report: Callable[[str], None],
                  given: Optional[Mapping[str, str]] = None) -> None:
-        from .credentials import secrets_for
+        from ..policy.credentials import secrets_for
 
         secrets = secrets_for(credentials, grants, environ, given)
         self.events: list[str] = []
@@ -570,8 +570,8 @@ class Routes:
 def grant_port(ruleset_fd: int, abi: int, port: int) -> None:
     """Add a Landlock TCP connect rule for ``port`` to a ruleset not yet enforced (before
     ABI 4 Landlock restricts no TCP at all, so there is nothing to grant)."""
-    from . import abi as A
-    from . import kernel
+    from ..compile import abi as A
+    from ..linux import kernel
 
     if abi >= A.NET_SINCE and ruleset_fd >= 0:
         kernel.add_port_rule(ruleset_fd, port, int(A.Net.CONNECT_TCP))
@@ -579,7 +579,7 @@ def grant_port(ruleset_fd: int, abi: int, port: int) -> None:
 
 def policy_error(policy: "Policy", exc: "CredentialError") -> "PolicyError":
     """A CredentialError found when a run starts, named like a policy error."""
-    from .errors import PolicyError
+    from ..errors import PolicyError
 
     key = "credentials" + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in exc.key)
     return PolicyError(str(exc), source=policy.source, key=key)
@@ -588,7 +588,7 @@ def policy_error(policy: "Policy", exc: "CredentialError") -> "PolicyError":
 @contextmanager
 def launched(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str], None]]
              ) -> Iterator[tuple["Compiled", "Command"]]:
-    """For ``sandlock run`` (:func:`sandlock.launcher.run`): the route server of this run,
+    """For ``sandlock run`` (:func:`sandlock.exec.launcher.run`): the route server of this run,
     serving until the ``with`` ends; yields the compiled policy with the route's port
     granted (Landlock, and ``network.connect`` for a connect supervisor) and the
     credentials consumed, and the command with the tool's environment rewritten.
@@ -609,9 +609,9 @@ def serving(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str
     canary as ``given`` secrets, with ``pins`` instead of the policy's ``hosts``)."""
     from dataclasses import replace
 
-    from .credentials import CredentialError
-    from .launcher import Command
-    from .policy import PortRange
+    from ..policy.credentials import CredentialError
+    from ..exec.launcher import Command
+    from ..policy.model import PortRange
 
     policy = compiled.policy
     try:
@@ -626,7 +626,7 @@ def serving(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str
         network = replace(policy.network, connect=(*policy.network.connect,
                                                    PortRange(port, port)))
         if network.allow:  # the tool's HTTP clients send the route's requests to the proxy
-            from .netrules import parse_rules
+            from ..policy.netrules import parse_rules
 
             extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
             network = replace(network, allow=(*network.allow, replace(
@@ -645,8 +645,8 @@ def for_sandbox(policy: "Policy", given: Optional[Mapping[str, str]]
     secrets passed from Python; they take precedence over from_env and from_file."""
     from dataclasses import replace
 
-    from .credentials import CredentialError
-    from .policy import PortRange
+    from ..policy.credentials import CredentialError
+    from ..policy.model import PortRange
 
     if given is not None and not (isinstance(given, Mapping) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in given.items())):
@@ -667,7 +667,7 @@ def call_session(routes: Routes, policy: "Policy", given: Mapping[str, str]) -> 
     placeholders bound to the Sandbox's secrets overridden by ``given``, valid until
     the session is closed (when the call ends). The call's tool gets these placeholders
     only, so the route attaches the call's secrets to the call's requests only."""
-    from .credentials import CredentialError, secrets_for
+    from ..policy.credentials import CredentialError, secrets_for
 
     if not (isinstance(given, Mapping) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in given.items())):

@@ -3,7 +3,7 @@
 A credential is a secret (an API key) that the confined tool never holds. The tool
 gets a *placeholder* (random per run) in an environment variable and a base URL
 ``http://127.0.0.1:PORT/<name>`` of a local route; the route server
-(:mod:`sandlock.routes`, in the launcher) checks each request against the rules
+(:mod:`sandlock.net.routes`, in the launcher) checks each request against the rules
 here, replaces the placeholder with the secret and forwards the request over TLS
 to the credential's ``upstream``, verifying its certificate. Nothing else ever
 carries the secret.

@@ -2,8 +2,8 @@
 
 Parse, then apply: this module reads policy files and checks that named paths
 exist, but it never opens a path for the sandbox or calls a restricting syscall.
-Everything not granted here is denied by :mod:`sandlock.ruleset` and
-:mod:`sandlock.seccomp`.
+Everything not granted here is denied by :mod:`sandlock.compile.ruleset` and
+:mod:`sandlock.compile.seccomp`.
 
 Pipeline: TOML text -> schema check of one layer (keys, types, values, with the
 file and line of every error) -> variable expansion -> ``extends`` merge (lists
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import PolicyError
-from .locate import find_deep_nesting, find_element_lines, find_line
+from ..errors import PolicyError
+from .positions import find_deep_nesting, find_element_lines, find_line
 from .profiles import DIR as _SHIPPED
 
 if sys.version_info >= (3, 11):
@@ -83,7 +83,7 @@ class Network:
     bind: tuple[PortRange, ...] = ()
     udp: bool = False
     unix: bool = False
-    #: Host allowlist (issue 7), :class:`sandlock.netrules.HostRule` tuples and (name, address) pins.
+    #: Host allowlist (issue 7), :class:`sandlock.policy.netrules.HostRule` tuples and (name, address) pins.
     allow: tuple[Any, ...] = ()
     deny: tuple[Any, ...] = ()
     hosts: tuple[tuple[str, str], ...] = ()
@@ -135,7 +135,7 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     syscalls: Syscalls = field(default_factory=Syscalls)
     layers: tuple[str, ...] = ()  #: every file merged, base first
-    #: ``[credentials]`` (issue 16): :class:`sandlock.credentials.Credential` tuples.
+    #: ``[credentials]`` (issue 16): :class:`sandlock.policy.credentials.Credential` tuples.
     credentials: tuple[Any, ...] = ()
     #: (source, text) of every layer read from a file or profile, exactly as compiled
     inputs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
@@ -399,7 +399,7 @@ def _host_pins(value: object) -> tuple[tuple[str, str], ...]:
 
 
 def _credentials(value: object) -> Any:
-    """``[credentials.NAME]`` tables; sandlock.credentials is imported only when used."""
+    """``[credentials.NAME]`` tables; sandlock.policy.credentials is imported only when used."""
     from . import credentials
 
     try:
@@ -758,7 +758,7 @@ def _resolve_paths(
         if path.startswith("//"):
             path = "/" + path.lstrip("/")
         # What the path resolves to is checked on its descriptor when the ruleset is
-        # built (sandlock.grants): a second, name-based look here could only race.
+        # built (sandlock.compile.grants): a second, name-based look here could only race.
         if access is Access.WRITE and (path in FORBIDDEN_WRITE
                                        or path.startswith(("/proc/", "/sys/"))):
             raise layer.error(f"write access to {path!r} is never allowed", key)

@@ -1,7 +1,7 @@
 """Host allowlist rules of ``[network] allow / deny / hosts``: parsing and matching.
 
 Pure data and pure functions: nothing here resolves a name or opens a socket.
-The proxy (:mod:`sandlock.proxy`) asks :meth:`NetRules.check_name` before it
+The proxy (:mod:`sandlock.net.proxy`) asks :meth:`NetRules.check_name` before it
 resolves anything and :meth:`NetRules.check_address` for every address it would
 connect to, so a name that resolves to a private address (DNS rebinding) is
 refused unless the policy pinned that name or allowed that address.

@@ -7,7 +7,7 @@ Two layouts, chosen by what the path is:
 
 ``extends`` paths are relative to the file that names them. Variables are given
 per call (``vars=``): the registry keeps the parsed text and builds one
-:class:`~sandlock.api.Sandbox` per (tool, variables), reused by later calls.
+:class:`~sandlock.api.sandbox.Sandbox` per (tool, variables), reused by later calls.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
-from .errors import PolicyError
-from .policy import _parse_text, _read, loads_policy, policy_from_dict
+from ..errors import PolicyError
+from .model import _parse_text, _read, loads_policy, policy_from_dict
 
 if TYPE_CHECKING:
-    from .api import Result, Sandbox
-    from .policy import Policy
+    from ..api.sandbox import Result, Sandbox
+    from .model import Policy
 
 #: Sandboxes kept per registry (each holds one ruleset fd).
 CACHE_SIZE = 32
@@ -98,7 +98,7 @@ class Registry:
 
     def sandbox(self, tool: str, vars: Optional[Mapping[str, str]] = None) -> Sandbox:
         """The compiled sandbox of ``tool`` for these variables, built once and cached."""
-        from .api import Sandbox
+        from ..api.sandbox import Sandbox
 
         key = (tool, tuple(sorted((vars or {}).items())))
         with self._lock:

@@ -4,7 +4,7 @@ The harness (this module, outside the sandbox) prepares targets the policy does
 not grant -- a directory with a secret and victim files, loopback TCP/UDP
 listeners, an ssh-agent-like Unix socket, an abstract socket, a helper process
 holding a secret in its memory and environment, an inheritable descriptor on
-the secret, a pty as stdin -- then starts :mod:`sandlock.probe_payload` through
+the secret, a pty as stdin -- then starts :mod:`sandlock.probe.payload` through
 exactly the launcher path of `sandlock run` (:func:`launcher.compile_policy`,
 :func:`launcher.prepare_command`, :func:`launcher.spawn`). Nothing is simulated:
 every row is the kernel's answer to a real syscall, cross-checked afterwards
@@ -39,11 +39,12 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import kernel, launcher
-from .errors import SandlockError
-from .policy import Access, PathRule, Policy, PortRange, load_profile
+from ..linux import kernel
+from ..exec import launcher
+from ..errors import SandlockError
+from ..policy.model import Access, PathRule, Policy, PortRange, load_profile
 
-PAYLOAD = Path(__file__).with_name("probe_payload.py")
+PAYLOAD = Path(__file__).with_name("payload.py")
 INTERPRETER = "/usr/bin/python3"
 ENV_CANARY = "SANDLOCK_PROBE_API_KEY"  #: a secret-looking name no sane policy passes
 #: What the credential routes' secret looks like (the payload searches for it).
@@ -272,9 +273,9 @@ def _limit_unset(name: str) -> Explain:
 
 
 def _nproc_root(ctx: Context) -> str | None:
-    from .cgroups import find
+    from ..linux.cgroups import find
 
-    if ctx.root and find()[0] is None:  # else a pids cgroup per run (sandlock.cgroups)
+    if ctx.root and find()[0] is None:  # else a pids cgroup per run (sandlock.linux.cgroups)
         return (f"not enforceable: RLIMIT_NPROC does not apply to root ({README_LIMITS}: "
                 "process counting)")
     return None
@@ -971,7 +972,7 @@ def _with_echo(policy: Policy, cfg: Mapping[str, Any]) -> Policy:
     port = cfg["credential"]["echo"]
     network = replace(policy.network, connect=(*policy.network.connect, PortRange(port, port)))
     if network.allow:
-        from .netrules import parse_rules
+        from ..policy.netrules import parse_rules
 
         extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
         network = replace(network, allow=(*network.allow, replace(
@@ -989,7 +990,7 @@ def _routes(compiled: launcher.Compiled, command: launcher.Command, harness: Har
     if not credentials:
         yield compiled, command
         return
-    from .routes import serving
+    from ..net.routes import serving
 
     given = {item.name: harness.credential_secret for item in credentials}
     pins = [(item.host, "127.0.0.1") for item in credentials]
@@ -1016,7 +1017,7 @@ def _spawn(compiled: launcher.Compiled, command: launcher.Command
         kernel.set_child_subreaper()
         mediation = None
         if policy.network.allow:  # issue 7: the same proxy + connect supervisor as `sandlock run`
-            from .supervisor import Mediation
+            from ..net.connect import Mediation
 
             mediation = Mediation(policy)
             command = mediation.command(command)
@@ -1059,7 +1060,7 @@ def probe_policy(policy: Policy, *, home: str | None = None,
     Note: like `sandlock run`, this makes the calling process a child subreaper
     and kills every child of the calling thread once the payload exits.
     """
-    from . import ruleset
+    from ..compile import ruleset
 
     extra = runtime_rules(policy)
     confined = replace(policy, paths=policy.paths + extra)
@@ -1115,8 +1116,8 @@ def _secret_seen(got: dict[Any, Any], stderr: str, secret: str) -> dict[str, str
 
 def _siblings(policy: Policy, variables: Mapping[str, str] | None) -> list[Policy]:
     """The other policies in the directory of ``policy``'s file (a tool's neighbours)."""
-    from .errors import PolicyError
-    from .policy import load_policy
+    from ..errors import PolicyError
+    from ..policy.model import load_policy
 
     if policy.source.startswith("<") or not os.path.isfile(policy.source):
         return []
@@ -1136,8 +1137,8 @@ def _siblings(policy: Policy, variables: Mapping[str, str] | None) -> list[Polic
 def later_run_findings(policy: Policy,
                        variables: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """Write grants of ``policy`` that cover what it, or a policy beside its file,
-    lets a later run execute (:func:`sandlock.grants.later_run_findings`)."""
-    from .grants import later_run_findings as findings
+    lets a later run execute (:func:`sandlock.compile.grants.later_run_findings`)."""
+    from ..compile.grants import later_run_findings as findings
 
     def pairs(p: Policy, access: Access) -> list[tuple[str, str]]:
         return [(r.path, r.origin) for r in p.paths if r.access is access]
@@ -1196,7 +1197,7 @@ def _judge(spec: Spec, outcome: str, detail: str, ctx: Context) -> Result:
 def probe_file(path: str, variables: Mapping[str, str] | None = None, *,
                home: str | None = None) -> Report:
     """Load the policy at ``path`` (with ``--var`` style variables) and probe it."""
-    from .policy import load_policy
+    from ..policy.model import load_policy
 
     return probe_policy(load_policy(path, variables), home=home, variables=variables)
 

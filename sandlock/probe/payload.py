@@ -1,6 +1,6 @@
 """The escape attempts `sandlock probe` runs *inside* the sandbox.
 
-This file is not imported by sandlock: :mod:`sandlock.probe` passes its source to
+This file is not imported by sandlock: :mod:`sandlock.probe.harness` passes its source to
 ``/usr/bin/python3 -I -S -B -c`` (so the sandbox needs no read grant for it) with
 one JSON argument describing the targets the harness prepared outside the
 sandbox. Each probe makes the real syscall an attacker would make and prints one

@@ -4,7 +4,7 @@ The recorded run is still confined (Landlock + seccomp, never more than the call
 has): it may read and execute everything the caller can see except well-known
 secrets (:data:`SECRETS`), write only the working directory and a private TMPDIR,
 and use TCP, UDP and Unix sockets. Everything it touched is recorded by
-:class:`sandlock.trace.Recorder` (which only records), and :func:`draft` turns the
+:class:`sandlock.trace.record.Recorder` (which only records), and :func:`draft` turns the
 record into TOML: what the built-in profiles already grant is folded into them,
 files are grouped by directory only where the directory is not a place of secrets
 or a whole system tree, and every grant says what it is for.
@@ -17,9 +17,9 @@ import shutil
 import tempfile
 from typing import Callable, Optional, Sequence
 
-from . import trace as T
-from .errors import LandlockError, SandlockError
-from .policy import DEFAULT_ENV_PASS
+from . import record as T
+from ..errors import LandlockError, SandlockError
+from ..policy.model import DEFAULT_ENV_PASS
 
 #: Relative to the home directory: never granted by learn, never readable in its run.
 HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".config/gcloud", ".azure", ".kube", ".docker",
@@ -33,7 +33,7 @@ ENV_PASS = (*DEFAULT_ENV_PASS, "HOME", "USER", "LOGNAME")
 
 def secrets(home: str) -> list[str]:
     """Every path the recorded run may not read, links resolved."""
-    from .grants import _state_dirs
+    from ..compile.grants import _state_dirs
 
     out = [os.path.join(home, s) for s in HOME_SECRETS] + list(SYSTEM_SECRETS)
     out += _state_dirs()
@@ -94,8 +94,9 @@ def _quote(text: str) -> str:
 def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: Optional[str] = None,
                  report: Optional[Callable[[str], None]] = None) -> tuple[str, int]:
     """Run ``argv`` recorded; return (draft TOML, the command's exit code)."""
-    from . import launcher, ruleset
-    from .policy import loads_policy, parse_duration
+    from ..exec import launcher
+    from ..compile import ruleset
+    from ..policy.model import loads_policy, parse_duration
 
     cwd = os.path.realpath(os.getcwd())
     home = os.path.realpath(os.path.expanduser("~"))
@@ -175,7 +176,7 @@ def draft(events: Sequence[T.Event], abi: int, *, argv: Sequence[str], cwd: str,
           home: str, allowed: T.Judge, extends: Sequence[str] = ()) -> str:
     """The draft policy for what ``events`` used (``allowed``: the recorded run's own
     rights; an access it refused is reported, never granted)."""
-    from .policy import load_profile
+    from ..policy.model import load_profile
 
     excluded = secrets(home)
     reads: dict[str, set[str]] = {}
@@ -227,7 +228,7 @@ def draft(events: Sequence[T.Event], abi: int, *, argv: Sequence[str], cwd: str,
     for name in chosen:
         try:
             if "/" in name or name.endswith(".toml"):
-                from .policy import load_policy
+                from ..policy.model import load_policy
 
                 profile = load_policy(name)
             else:

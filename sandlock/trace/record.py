@@ -1,6 +1,6 @@
 """Recording what a confined tool touched, and saying which of it the policy refuses.
 
-Used by `sandlock trace` and `sandlock learn` (:mod:`sandlock.tracecli`), never by a
+Used by `sandlock trace` and `sandlock learn` (:mod:`sandlock.cli.trace`), never by a
 plain `sandlock run`: that path loads no notifying filter and starts no supervisor.
 
 How a run is recorded without weakening it. The child loads, after the policy's
@@ -20,7 +20,7 @@ notifying filter (the errno action takes precedence), so seccomp refusals of a
 socket family are not seen here.
 
 Which recorded accesses were refused is then computed by :class:`Judge` from the
-same Landlock rights the ruleset was built from (:func:`sandlock.ruleset.plan`),
+same Landlock rights the ruleset was built from (:func:`sandlock.compile.ruleset.plan`),
 on each path as it resolved when the call was made (whether it existed, what it
 was): a prediction of Landlock's verdict, not an observation of the errno.
 """
@@ -39,13 +39,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
-from . import abi as A
-from . import kernel
+from ..compile import abi as A
+from ..linux import kernel
 
 if TYPE_CHECKING:
-    from .policy import Policy
+    from ..policy.model import Policy
 
-# linux/seccomp.h (see sandlock.supervisor for the same ioctls)
+# linux/seccomp.h (see sandlock.net.connect for the same ioctls)
 SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
 SECCOMP_RET_ALLOW = 0x7FFF0000
 NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
@@ -97,7 +97,7 @@ def notify_filter(network_mediated: bool) -> bytes:
     """Classic BPF: every syscall of :data:`SYSCALLS` -> USER_NOTIF, the rest ALLOW.
 
     ``network_mediated``: the policy has ``[network] allow``, whose own supervisor
-    answers connect(2) (:mod:`sandlock.supervisor`); connect is then left to it, so
+    answers connect(2) (:mod:`sandlock.net.connect`); connect is then left to it, so
     that this filter's CONTINUE can never stand in for that supervisor's decision.
     Foreign architectures fall through to ALLOW: the policy's filter kills them.
     """
@@ -374,7 +374,7 @@ def _read_string(mem: Any, pointer: int) -> str:
 
 def _socket_type(tid: int, fdnum: int) -> int:
     """SOCK_STREAM or SOCK_DGRAM of the tool's socket (our own reference; -1 if unknown)."""
-    from .supervisor import _grab, _sockopt
+    from ..net.connect import _grab, _sockopt
 
     try:
         fd = _grab(tid, fdnum)
@@ -608,7 +608,7 @@ class Judge:
 
     @classmethod
     def for_policy(cls, policy: "Policy", abi: int) -> "Judge":
-        from . import ruleset
+        from ..compile import ruleset
 
         plan = ruleset.plan(policy, abi)
         rules = [(os.path.realpath(path), rights, os.path.isdir(path)) for path, rights in plan.paths]

@@ -1,0 +1,1 @@
+"""Thin Linux interfaces: raw syscalls through ctypes, pids cgroups, process helpers."""
