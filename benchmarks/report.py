@@ -272,10 +272,12 @@ def concurrency_table(data: dict[str, Any]) -> list[str]:
 def plots(results: dict[str, Any], out: Path) -> tuple[list[str], str]:
     """Write the PNGs; return their file names, or a reason when matplotlib is missing."""
     try:
-        import matplotlib
+        # matplotlib is optional (the plots are skipped without it); unused-ignore keeps
+        # mypy quiet both where it is installed and where it is not
+        import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
     except ImportError as exc:
         return [], f"plots skipped: matplotlib unavailable ({exc})"
     written = []

@@ -134,7 +134,7 @@ def contenders(args: argparse.Namespace, policy: str) -> tuple[list[Contender], 
     nocache = {**os.environ, "SANDLOCK_NO_CACHE": "1"}
     pip = find_pip_command(args.pip)
     python = interpreter_of(pip) if pip else sys.executable
-    wanted = [
+    wanted: list[tuple[str, list[str], Optional[dict[str, str]]]] = [
         ("python -c pass", [python, "-c", "pass"], None),
         ("/bin/true", [true], None),
     ]

@@ -438,8 +438,8 @@ def machine(ctx: Context) -> dict[str, Any]:
     except OSError:
         pass
     sys.path.insert(0, str(REPO))
-    from sandlock.linux import kernel
     from sandlock.exec import launcher
+    from sandlock.linux import kernel
     from sandlock.policy import model as policy
 
     try:  # the filter every syscall of the workloads runs through
