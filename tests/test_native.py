@@ -28,8 +28,10 @@ import pytest
 from conftest import PYTHON, REPO, alive, eventually, parent, proc_state, require_abi
 
 import sandlock
-from sandlock.exec import launcher, native as nativeexec
 from sandlock.api.sandbox import Outcome
+from sandlock.exec import launcher
+from sandlock.exec import native as nativeexec
+from sandlock.exec import spec
 from sandlock.exec.forkserver import children_of
 
 TESTS = str(REPO / "tests")
@@ -354,22 +356,41 @@ def request(data: bytes, nfds: int = 4) -> bytes:
         return ours.recv(4096)
 
 
-def counts(args: list[str], env: list[str] = []) -> bytes:  # noqa: B006 - read only
-    strings = b"".join(s.encode() + b"\0" for s in [*args, *env])
-    return struct.pack("=II", len(args), len(env)) + strings
+#: The least a request's step list must hold (sandlock/exec/spec.py).
+STEPS = ["session", "parent", "signals", "stdio", "caps", "cloexec", "nnp", "seccomp", "exec"]
+
+
+def counts(args: list[str], env: list[str] = [], steps: list[str] = STEPS,  # noqa: B006
+           version: int = spec.VERSION) -> bytes:
+    strings = b"".join(s.encode() + b"\0" for s in [*steps, *args, *env])
+    return struct.pack("=IIII", version, len(steps), len(args), len(env)) + strings
+
+
+TRUE = ["--", "/bin/true", "true"]
 
 
 @pytest.mark.parametrize("data, nfds, why", [
     (b"garbage", 4, "malformed request"),
-    (struct.pack("=II", 1000, 0) + b"x\0", 4, "malformed request"),
-    (struct.pack("=II", 1, 0) + b"no terminating NUL", 4, "malformed request"),
-    (counts(["--", "/bin/true", "true"]) + b"trailing", 4, "malformed request"),
-    (struct.pack("=II", 0, 0), 4, "reading the request's memfd"),
-    (counts(["--", "/bin/true", "true"]), 2, "file descriptors"),
-    (counts(["-l", "--", "/bin/true", "true"]), 4, "file descriptors"),
-    (counts(["-x", "--", "/bin/true", "true"]), 4, "bad arguments"),
+    (struct.pack("=IIII", spec.VERSION, 1000, 0, 0) + b"x\0", 4, "malformed request"),
+    (struct.pack("=IIII", spec.VERSION, 1, 0, 0) + b"no terminating NUL", 4, "malformed request"),
+    (counts(TRUE) + b"trailing", 4, "malformed request"),
+    (struct.pack("=IIII", 0, 0, 0, 0), 4, "reading the request's memfd"),
+    (counts(TRUE), 2, "file descriptors"),
+    (counts(TRUE, steps=[*STEPS[:7], "landlock", *STEPS[7:]]), 4, "file descriptors"),
+    (counts(["-x", *TRUE]), 4, "bad arguments"),
     (counts(["--"]), 4, "no command"),
-    (counts(["--", "/bin/true", "true"]), 1, "file descriptors"),
+    (counts(TRUE), 1, "file descriptors"),
+    # The step list: an old or future version, an unknown step, a missing or misplaced one.
+    (counts(TRUE, version=1), 4, "another wire version"),
+    (counts(TRUE, version=spec.VERSION + 1), 4, "another wire version"),
+    (counts(TRUE, steps=[*STEPS[:-1], "notify", "exec"]), 4, "does not implement the confinement step"),
+    (counts(TRUE, steps=[s for s in STEPS if s != "seccomp"]), 4, "without caps, cloexec, nnp, seccomp"),
+    (counts(TRUE, steps=[s for s in STEPS if s != "exec"]), 4, "without caps, cloexec, nnp, seccomp"),
+    (counts(TRUE, steps=["exec", *STEPS[:-1]]), 4, "out of order"),
+    (counts(TRUE, steps=["cgroup", *STEPS]), 4, "cgroup step and -p go together"),
+    (counts(TRUE, steps=[*STEPS[:4], "chdir", *STEPS[4:]]), 4, "chdir without a directory"),
+    (counts(TRUE, steps=[*STEPS[:4], "rlimit=7", *STEPS[4:]]), 4, "bad rlimit step"),
+    (counts(TRUE, steps=[*STEPS[:-1], "exec=/bin/sh"]), 4, "takes no argument has one"),
 ])
 def test_a_malformed_request_is_refused_and_the_server_survives(
         native: None, box: sandlock.Sandbox, data: bytes, nfds: int, why: str) -> None:

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from ..exec import forkserver, launcher, native as nativeexec
+from ..exec import spec
+from ..exec.wire import setup_failure
 from ..errors import (
     CallError,
     CommandFailed,
@@ -170,7 +172,7 @@ class _Call:
         elif kind == b"D":  # trace=True: what the policy refused, before E or F
             self.denials += _denials(rest)
         elif kind == b"X" and self.cmd is not None:  # the child's own pre-exec report
-            self.failure = launcher._setup_failure(self.cmd, rest)
+            self.failure = setup_failure(self.cmd, rest)
         elif self.status is None and self.failure is None:
             self.failure = SetupError("the sandbox supervisor died before reporting how the "
                                       "call ended (a sandlock helper process was killed)")
@@ -746,6 +748,11 @@ def _compile(policy: Policy) -> launcher.Compiled:
 
 
 
+def _in_group(compiled: launcher.Compiled) -> bool:
+    """Each run of ``compiled`` gets a pids cgroup (so its child joins it first)."""
+    return compiled.cgroup is not None and launcher.process_limit(compiled.rlimits) is not None
+
+
 def _working_directory() -> str:
     """The caller's working directory; a SetupError (not FileNotFoundError) once it was
     deleted, as `sandlock run` reports it."""
@@ -967,8 +974,12 @@ class Sandbox:
             if mediation is not None:
                 fds.append(mediation.supervisor.child_end)
                 fields["mediate"] = mediation.supervisor.notify_bpf
+            if kind == "exec":  # a call's spare takes spec.child_steps in its supervisor
+                fields["steps"] = spec.encode(spec.child_steps(
+                    compiled, cmd, in_group=_in_group(compiled),
+                    notify=mediation is not None or bool(fields.get("trace"))))
             request = {
-                "kind": kind, "exe": cmd.executable, "argv": list(cmd.argv),
+                "version": spec.VERSION, "kind": kind, "exe": cmd.executable, "argv": list(cmd.argv),
                 "env": list(cmd.env), "cwd": cmd.cwd, "bpf": compiled.bpf,
                 "rlimits": list(compiled.rlimits), "ruleset": compiled.ruleset_fd >= 0,
                 "cgroup": None if compiled.cgroup is None else compiled.cgroup.wire(),

@@ -126,7 +126,15 @@ class ForkServer:
 
             raise SetupError(f"the sandlock fork server did not start ({sys.executable}, "
                              f"exit status {self._proc.returncode})")
-        self.pid = int(hello[2:])
+        pid, _, version = hello[2:].partition(b" ")
+        self.pid = int(pid)
+        try:  # the same files, unless the installation changed under this process
+            from .wire import check_hello
+
+            check_hello("the sandlock fork server", b"V " + version)
+        except BaseException:
+            self.close()
+            raise
 
     def submit(self, request: dict[str, Any], fds: Sequence[int]) -> socket.socket:
         """Hand one call to an idle supervisor; return the caller's end of its socket."""
@@ -347,7 +355,9 @@ def serve(exec_fd: int, call_fd: int) -> None:
     gc.collect()
     gc.freeze()  # keep the collector from touching (and copying) the shared heap
     fill()
-    ctrls["exec"].send(b"R %d" % me)
+    from .spec import VERSION
+
+    ctrls["exec"].send(b"R %d %d" % (me, VERSION))
     poller = select.poll()
     for sock in ctrls.values():
         poller.register(sock.fileno(), 0)  # only POLLHUP: requests are for the supervisors
@@ -530,6 +540,24 @@ def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
                              request["bpf"], tuple(request["rlimits"]), base)
 
 
+def _steps(request: dict[str, Any], notify: bool) -> Any:
+    """The command's confinement steps, as its request carries them (spec.encode),
+    checked: this interpreter implements each, and the list agrees with the request."""
+    from . import engine, spec
+    from ..errors import SetupError
+
+    try:
+        if request.get("version") != spec.VERSION:
+            raise ValueError(f"a request of another wire version ({request.get('version')!r})")
+        steps = spec.decode(request["steps"])
+        spec.check(steps, engine.IMPLEMENTS, "the fork server")
+        if any(s[0] == spec.NOTIFY for s in steps) != notify:
+            raise ValueError("the notify step and the request's supervisors disagree")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SetupError(f"malformed request: {exc}") from None
+    return steps
+
+
 def _note(notes_w: int, event: bytes) -> None:
     try:
         os.write(notes_w, NOTE.pack(event, os.getpid()))
@@ -637,8 +665,9 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
 
     ``taken`` is the child of ``spare`` that already has this (Python) call.
     """
-    from . import launcher
     from ..errors import ExitCode, SandlockError
+    from . import launcher
+    from .wire import setup_failure
 
     call = socket.socket(fileno=fds[0])
     noted = False
@@ -663,8 +692,9 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
                     hook = _listener_hook(request, fds)
                     if recorder is not None:  # recorder first: the mediation filter
                         hook = _hooks(recorder.in_child, hook)  # refuses new listeners
+                    steps = _steps(request, hook is not None)
                     starting = launcher.Starting(compiled, cmd, stdio=(stdin, stdout, stderr),
-                                                 hook=hook)
+                                                 hook=hook, steps=steps)
                     if recorder is not None:
                         recorder.start()  # before confirm(): the child's execve is notified
                     child = starting.confirm()
@@ -691,7 +721,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
             child._reap()  # the tree is gone before what it did is judged
         _send_denials(call, request, recorder)
         if report not in (b"", b".") and child.returncode == ExitCode.LAUNCHER:
-            error = launcher._setup_failure(cmd, report)
+            error = setup_failure(cmd, report)
             _send(call, f"F {int(error.exit_code)} {type(error).__name__}\n{error}")
         else:
             _send(call, f"E {child.returncode} {child.signal or 0} {int(child.timed_out)} "
@@ -935,16 +965,18 @@ def _spare_body(handoff: int, rehearse: bool) -> None:
     kernel.set_name(CALL_NAME)
     for target in range(3):
         os.dup2(fds[target], target)
-    stage = "chdir"
-    try:
-        os.chdir(cwd)
-        if notify_bpf is not None:  # [network] allow: connect(2) goes to the caller
-            stage = "network"
-            prog, _keep = kernel.make_fprog(notify_bpf)
-            kernel.install_listener(prog, fds[6])
-            os.close(fds[6])
-    except OSError as exc:  # the supervisor reports it as launcher._child would have
-        sock.send(f"{stage}\0{exc.errno or 0}\0{exc.strerror}".encode(errors="replace"))
+    from . import engine, spec
+
+    def notify() -> None:  # [network] allow: connect(2) goes to the caller's mediator
+        prog, _keep = kernel.make_fprog(notify_bpf)
+        kernel.install_listener(prog, fds[6])
+        os.close(fds[6])
+
+    try:  # the spare's last steps, now that the call is known (spec.call_steps)
+        engine.apply(spec.call_steps(cwd, notify_bpf is not None), engine.Context(notify=notify))
+    except engine.StepFailed as failed:  # reported as the launcher's child reports it
+        exc = failed.error
+        sock.send(f"{failed.stage}\0{exc.errno or 0}\0{exc.strerror}".encode(errors="replace"))
         os._exit(ExitCode.LAUNCHER)
     # The setup channel closes before any of the caller's code runs: what the function
     # writes can never read as a setup report. The done pipe tells the supervisor that

@@ -19,7 +19,6 @@ parent can tell "could not start" (125/126/127) from "ran and failed".
 from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # the C half of signal; typeshed has no stub
-import errno
 import os
 import resource
 import select
@@ -318,29 +317,6 @@ def _child(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
         os._exit(ExitCode.LAUNCHER)
 
 
-def _setup_failure(cmd: Command, report: bytes, ruleset_fd: int = -1) -> SandlockError:
-    stage, code, text = (report.decode(errors="replace").split("\0", 2) + ["", ""])[:3]
-    err = int(code or 0)
-    if stage == "exec":
-        if err in (errno.ENOENT, errno.ENOTDIR):
-            return ExecError(f"{cmd.executable}: command not found", ExitCode.NOT_FOUND)
-        refused = ""
-        if err == errno.EACCES:  # which file of the exec chain: asked of Landlock (failure path only)
-            from ..trace.record import exec_refusals_under
-
-            refused = exec_refusals_under(ruleset_fd, cmd.executable, cmd.cwd)
-        if err in (errno.EACCES, errno.EPERM):
-            return ExecError(f"{cmd.executable}: permission denied (the policy does not grant exec "
-                             "on it, or on its interpreter or loader)"
-                             + (f": {refused}" if refused else ""), ExitCode.NOT_EXECUTABLE)
-        return ExecError(f"{cmd.executable}: cannot execute: {text}", ExitCode.NOT_EXECUTABLE)
-    if stage == "chdir":
-        return SetupError(f"cannot change directory to {cmd.cwd!r}: {text}")
-    if stage == "cgroup":
-        return SetupError(f"cannot join the run's pids cgroup ([limits] processes): {text}")
-    return SetupError(f"sandbox setup failed at {stage}: {text}")
-
-
 class Child:
     """A confined process started by :func:`spawn`."""
 
@@ -464,7 +440,10 @@ class Starting:
 
     def __init__(self, compiled: Compiled, cmd: Command, *, stdio: tuple[int, int, int],
                  hook: Optional[Callable[[], None]] = None,
-                 body: Optional[Callable[[], None]] = None) -> None:
+                 body: Optional[Callable[[], None]] = None,
+                 steps: Optional[tuple[spec.Step, ...]] = None) -> None:
+        """``steps``: the child's steps as a request carried them (checked by the
+        caller); by default :func:`spec.child_steps` for ``compiled`` and ``cmd``."""
         # fsencode, not encode: argv and environment are bytes on Linux, and Python keeps
         # bytes that are not UTF-8 as surrogate escapes.
         env = {os.fsencode(k): os.fsencode(v) for k, v in cmd.env}
@@ -484,8 +463,12 @@ class Starting:
             self.discard_group()
             raise
         in_group = self.group is not None
-        steps = spec.child_steps(compiled, cmd, in_group=in_group, notify=hook is not None,
-                                 exec_=body is None)
+        if steps is None:
+            steps = spec.child_steps(compiled, cmd, in_group=in_group, notify=hook is not None,
+                                     exec_=body is None)
+        elif any(s[0] == spec.CGROUP for s in steps) != in_group:
+            self.discard_group()
+            raise SetupError("malformed request: the cgroup step and the run's pids cgroup disagree")
         ctx = engine.Context(parent=os.getpid(), group_fd=self.group.procs_fd if in_group else -1,
                              stdio=stdio, ruleset_fd=compiled.ruleset_fd, fprog=compiled._fprog,
                              notify=hook, executable=cmd.executable, argv=argv, env=env)
@@ -527,7 +510,9 @@ class Starting:
         if report:
             os.waitpid(self.pid, 0)
             self.discard_group()
-            raise _setup_failure(self.cmd, report, self.ruleset_fd)
+            from .wire import setup_failure
+
+            raise setup_failure(self.cmd, report, self.ruleset_fd)
         child = Child(self.pid, self.spared, self.group)
         self.group = None  # the Child's now
         return child

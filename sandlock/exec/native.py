@@ -30,8 +30,8 @@ import fcntl
 import os
 import signal
 import socket
-import struct
 
+from . import spec, wire
 from .forkserver import ProcessWide, children_of, credentials
 from .launcher import process_limit
 
@@ -52,8 +52,8 @@ _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTER
 #: most 64 KiB: REQUEST_MAX in sandlock_exec.c; a SEQPACKET message must also fit the
 #: socket's send buffer in one piece).
 INLINE_LIMIT = 32 * 1024
-#: The request header: the number of argument strings, then of environment strings.
-_COUNTS = struct.Struct("=II")
+#: How long a new server may take to say its version (it starts in about a millisecond).
+HELLO_TIMEOUT = 10.0
 #: sendmsg errors that mean the server is gone (the request was not delivered).
 _GONE = (errno.EPIPE, errno.ECONNREFUSED, errno.ECONNRESET, errno.ENOTCONN)
 
@@ -96,6 +96,12 @@ class Server:
         self.owner = os.getpid()
         self.credentials = credentials()
         self.broken = False  #: set when a submit finds the server gone: get() restarts it
+        try:
+            #: The confinement steps this build of the helper implements (its first message).
+            self.implements = wire.check_hello(HELPER, _hello(ours, HELLO_TIMEOUT))
+        except BaseException:
+            self.close()
+            raise
 
     def submit(self, data: bytes, fds: Sequence[int]) -> None:
         """Send one request (see sandlock_exec.c's header); large data goes in a memfd.
@@ -110,7 +116,7 @@ class Server:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(memfd, view):]
-                data, fds = _COUNTS.pack(0, 0), [*fds, memfd]
+                data, fds = wire.IN_MEMFD, [*fds, memfd]
             try:
                 self._sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                              array.array("i", fds))], socket.MSG_NOSIGNAL)
@@ -177,35 +183,23 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     Raises OSError if the server cannot be started or reached, ValueError for an
     argument or environment string that cannot be passed to execve (as posix_spawn).
     """
-    args = ["-c", cmd.cwd or os.getcwd()]
+    limit = process_limit(compiled.rlimits)
+    group = compiled.cgroup is not None and limit is not None
+    if cmd.cwd is None:  # the helper runs in /: the caller's directory, named now
+        cmd = type(cmd)(cmd.executable, cmd.argv, cmd.env, os.getcwd())
+    steps = spec.child_steps(compiled, cmd, in_group=group)
+    spec.check(steps, get().implements, HELPER)
     fds = [*stdio]
     if compiled.ruleset_fd >= 0:
         fds.append(compiled.ruleset_fd)
-        args.append("-l")
-    if report_start:
-        args.append("-s")
+    args = ["-s"] if report_start else []
     if timeout is not None:
         args += ["-t", repr(float(timeout))]
-    limit = process_limit(compiled.rlimits)
-    group = compiled.cgroup is not None and limit is not None
-    for res, value in compiled.child_rlimits(group):
-        args += ["-r", f"{res}:{value}"]
     if group:  # the supervisor makes the call's pids cgroup (sandlock/linux/cgroups.py)
         version, base, relative = compiled.cgroup.wire()  # type: ignore[union-attr]
         args += ["-p", str(limit), "-g", f"{version}:{base}", "-G", relative]
     args += ["--", cmd.executable, *cmd.argv]  # the path to exec, then argv (argv[0] too)
-    env = []
-    for name, text in cmd.env:
-        if not name or "=" in name:
-            raise ValueError(f"illegal environment variable name: {name!r}")
-        env.append(f"{name}={text}")
-    # As posix_spawn encodes them (os.fsencode); a NUL inside a string would shift
-    # every string after it, so it is refused as posix_spawn refuses it.
-    strings = [*args, *env]
-    data = b"\0".join(map(os.fsencode, strings)) + b"\0"
-    if data.count(0) != len(strings):
-        raise ValueError("embedded null byte")
-    data = _COUNTS.pack(len(args), len(env)) + data
+    data = wire.native_request(steps, args, cmd.env)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         # The filter travels as the socket's first message: no per-Sandbox state to keep.
@@ -223,3 +217,23 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     finally:
         theirs.close()
     return ours
+
+
+def implements() -> frozenset[str]:
+    """The confinement steps the running helper implements (starting it if need be)."""
+    return get().implements
+
+
+def _hello(sock: socket.socket, timeout: float) -> bytes:
+    """The server's first message; b"" if it says nothing in time (an old build says
+    nothing at all) or exits first."""
+    import select
+
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(int(timeout * 1000)):
+        return b""
+    try:
+        return sock.recv(256, socket.MSG_DONTWAIT)
+    except OSError:
+        return b""

@@ -1,5 +1,5 @@
 /*
- * sandlock-exec: the native command supervisor of the Python API (sandlock/nativeexec.py).
+ * sandlock-exec: the native command supervisor of the Python API (sandlock/exec/native.py).
  *
  * A caller process starts one sandlock-exec, once, with posix_spawn (vfork + exec: none
  * of the caller's memory is copied, whatever its size) and sends it one request per
@@ -16,19 +16,25 @@
  * (PR_SET_PDEATHSIG); supervisors of running calls go on, each until its call ends
  * (their call sockets reach EOF too if the caller died).
  *
- * Request: one message of at most REQUEST_MAX bytes on fd 3.
- *   fds   (SCM_RIGHTS) call socket, stdin, stdout, stderr, [ruleset, with -l], [memfd]
- *   data  u32 nargs, u32 nenv (native byte order), then nargs then nenv NUL-terminated
- *         strings and nothing after: the supervisor's arguments, then the command's
- *         environment (already filtered by the policy). nargs == 0: the data, in the
- *         same layout (nargs > 0), is in the memfd, the last fd (large requests).
- *   args  [-s] [-l] [-t SECONDS] [-c CWD] [-r RESOURCE:VALUE]...
- *         [-p LIMIT -g VERSION:BASE -G RELATIVE] -- EXE ARGV0 ARGS...
+ * Hello: the server's first message on fd 3 is "V <version> <step> <step> ...": the
+ * version of the request wire and of the step language (sandlock/exec/spec.py VERSION)
+ * and the confinement steps this program implements. The caller refuses a helper of
+ * another version (sandlock/exec/native.py); it never falls back silently.
+ *
+ * Request: one message of at most REQUEST_MAX bytes on fd 3 (sandlock/exec/wire.py).
+ *   fds   (SCM_RIGHTS) call socket, stdin, stdout, stderr, [ruleset, with a landlock
+ *         step], [memfd]
+ *   data  u32 version, u32 nsteps, u32 nargs, u32 nenv (native byte order), then nsteps,
+ *         nargs and nenv NUL-terminated strings and nothing after: the child's steps
+ *         (sandlock/exec/spec.py: "name" or "name=arg[:arg]"), the supervisor's
+ *         arguments, then the command's environment (already filtered by the policy).
+ *         version == 0: the data, in the same layout, is in the memfd, the last fd.
+ *         Another version, an unknown step, or a list without caps, cloexec, nnp and
+ *         seccomp is refused ("F 125 SetupError ...") before anything is forked.
+ *   args  [-s] [-t SECONDS] [-p LIMIT -g VERSION:BASE -G RELATIVE] -- EXE ARGV0 ARGS...
  *         -s  report "S pid" once the command has exec'd (popen)
- *         -l  the request carries the Landlock ruleset fd
  *         -t  wall-clock limit: kill the whole tree, report timed out
- *         -c  the command's working directory; -r a setrlimit (soft = hard = VALUE)
- *         -p  [limits] processes as a pids cgroup of the call (sandlock/cgroups.py): made
+ *         -p  [limits] processes as a pids cgroup of the call (sandlock/linux/cgroups.py): made
  *             below BASE (cgroup VERSION 1 or 2; RELATIVE is BASE as /proc/PID/cgroup
  *             names it), pids.max = LIMIT; the child joins it first; at the end it is
  *             killed and removed
@@ -38,15 +44,16 @@
  * cannot fork a spare); one without fds, having no call socket, is dropped.
  *
  * Supervisor, per call: fd 0-2 the command's stdio, 3 the call socket, 4 the ruleset.
- * First message in is the seccomp BPF. Messages out (sandlock/forkserver.py's wire
+ * First message in is the seccomp BPF. Messages out (sandlock/exec/wire.py
  * format): "S pid", "E returncode signal timed_out pid", "F 125 SetupError\nmessage"
  * (the supervisor failed), "X stage\0errno\0msg" (the child failed before exec;
  * launcher._setup_failure decodes it). Messages in: "K" kill the tree, "s N" send
  * signal N to the command's process group; EOF (the caller closed its end or died)
  * kills the tree.
  *
- * The child makes the same syscalls, in the same order, as sandlock/launcher.py _child
- * (stdio is already in place: the supervisor put it there).
+ * The child takes the request's steps in order (child() below); the Python executors
+ * take the same list with sandlock/exec/engine.py. Stdio is already in place (the
+ * supervisor put it there), so the "stdio" step has nothing left to do here.
  * Build: setup.py (pip install), or `python setup.py build_helper` in a checkout.
  */
 #define _GNU_SOURCE
@@ -102,15 +109,22 @@ struct cap_data { unsigned int effective, permitted, inheritable; };
 #define SOCK 3 /* the server's control socket; in a supervisor, its call socket */
 #define RULESET 4
 #define LAUNCHER_FAILED 125 /* sandlock.errors.ExitCode.LAUNCHER */
-#define MAX_RLIMITS 16
+#define MAX_STEPS 64
+#define WIRE_VERSION 2 /* sandlock/exec/spec.py VERSION */
 #define REQUEST_MAX (64 * 1024) /* nativeexec.INLINE_LIMIT stays below: more goes in a memfd */
 #define MAX_FDS 6               /* call socket, stdin, stdout, stderr, ruleset, memfd */
 
-/* Options (static: nothing the vfork child may touch lives in a frame it returns to). */
-static struct rlimit_pair { int resource; rlim_t value; } rlimits[MAX_RLIMITS];
-static int n_rlimits, report_start, has_ruleset;
+/* The confinement steps this program implements (sandlock/exec/spec.py), in order. */
+enum step_kind { S_CGROUP, S_SESSION, S_PARENT, S_SIGNALS, S_STDIO, S_CHDIR, S_RLIMIT, S_CAPS,
+                 S_CLOEXEC, S_NNP, S_LANDLOCK, S_SECCOMP, S_EXEC, N_STEP_KINDS };
+static const char *const step_names[N_STEP_KINDS] = {
+    "cgroup", "session", "parent", "signals", "stdio", "chdir", "rlimit", "caps",
+    "cloexec", "nnp", "landlock", "seccomp", "exec"};
+/* Parsed steps and options (static: nothing the vfork child may touch lives in a frame
+ * it returns to). */
+static struct step { enum step_kind kind; const char *path; int resource; rlim_t value; } steps[MAX_STEPS];
+static int n_steps, report_start, has_ruleset;
 static double timeout = -1;
-static const char *cwd;
 /* -p/-g/-G: the call's pids cgroup (see group_make) */
 static long long pids_limit = -1;
 static int cgroup_version;
@@ -168,47 +182,125 @@ static int drop_capabilities(void) {
     return (int)syscall(SYS_capset, &header, data);
 }
 
-/* Runs after fork; never returns. Any failure goes to errw as "stage\0errno\0message". */
+/* Runs after fork; never returns. Takes the steps in order; any failure goes to errw as
+ * "stage\0errno\0message" (the stages of sandlock/exec/engine.py STAGES). */
 static void child(pid_t parent, int errw, struct sock_fprog *prog, char **argv) {
-    const char *stage = "cgroup";
-    /* First: everything the child and its descendants do is counted. "0" is the writer. */
-    if (group_procs >= 0 && write(group_procs, "0", 1) != 1) goto failed;
-    stage = "setup";
-    if (setsid() < 0) goto failed;
-    /* PR_SET_PDEATHSIG: killed with the supervisor; then make sure it was not already gone. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) goto failed;
-    if (getppid() != parent) _exit(LAUNCHER_FAILED);
-    /* Dispositions are already SIG_DFL for launcher._child's set (SIGPIPE, SIGXFSZ and the
-     * forwarded ones: posix_spawn's setsigdef for the server, inherited by every fork);
-     * this program sets no handler. */
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    stage = "chdir";
-    if (cwd && chdir(cwd) < 0) goto failed;
-    stage = "rlimit";
-    for (int i = 0; i < n_rlimits; i++) {
-        struct rlimit limit = {rlimits[i].value, rlimits[i].value};
-        if (setrlimit(rlimits[i].resource, &limit) < 0) goto failed;
+    const char *stage = "setup";
+    for (int i = 0; i < n_steps; i++) {
+        const struct step *step = &steps[i];
+        stage = "setup";
+        switch (step->kind) {
+        case S_CGROUP: /* first: everything the child and its descendants do is counted */
+            stage = "cgroup";
+            if (group_procs < 0) { errno = EBADF; goto failed; }
+            if (write(group_procs, "0", 1) != 1) goto failed; /* "0" is the writer */
+            break;
+        case S_SESSION:
+            if (setsid() < 0) goto failed;
+            break;
+        case S_PARENT: /* killed with the supervisor; then make sure it was not already gone */
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) goto failed;
+            if (getppid() != parent) _exit(LAUNCHER_FAILED);
+            break;
+        case S_SIGNALS: {
+            /* Dispositions are already SIG_DFL for engine.DEFAULTED (posix_spawn's setsigdef
+             * for the server, inherited by every fork); this program sets no handler. */
+            sigset_t none;
+            sigemptyset(&none);
+            sigprocmask(SIG_SETMASK, &none, NULL);
+            break;
+        }
+        case S_STDIO: /* in place already: the supervisor put the call's stdio on 0-2 */
+            break;
+        case S_CHDIR:
+            stage = "chdir";
+            if (chdir(step->path) < 0) goto failed;
+            break;
+        case S_RLIMIT: {
+            stage = "rlimit";
+            struct rlimit limit = {step->value, step->value};
+            if (setrlimit(step->resource, &limit) < 0) goto failed;
+            break;
+        }
+        case S_CAPS:
+            if (privileged && drop_capabilities() < 0) goto failed;
+            break;
+        case S_CLOEXEC: /* Landlock needs Linux >= 5.13, so close_range (5.11) is always there */
+            if (syscall(__NR_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC_) < 0) goto failed;
+            break;
+        case S_NNP: /* https://docs.kernel.org/userspace-api/no_new_privs.html */
+            if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) goto failed;
+            break;
+        case S_LANDLOCK: /* https://docs.kernel.org/userspace-api/landlock.html */
+            stage = "landlock";
+            if (syscall(__NR_landlock_restrict_self, RULESET, 0U) < 0) goto failed;
+            break;
+        case S_SECCOMP: /* https://docs.kernel.org/userspace-api/seccomp_filter.html */
+            stage = "seccomp";
+            if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0U, prog) < 0) goto failed;
+            break;
+        case S_EXEC:
+            stage = "exec";
+            execv(argv[0], argv + 1); /* EXE, then ARGV0 ARGS...; environ is the command's */
+            goto failed;
+        default: /* parse_steps admits no other kind */
+            errno = EINVAL;
+            goto failed;
+        }
     }
     stage = "setup";
-    if (privileged && drop_capabilities() < 0) goto failed;
-    /* Landlock needs Linux >= 5.13, so close_range (5.11) is always there. */
-    if (syscall(__NR_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC_) < 0) goto failed;
-    /* https://docs.kernel.org/userspace-api/no_new_privs.html */
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) goto failed;
-    stage = "landlock"; /* https://docs.kernel.org/userspace-api/landlock.html */
-    if (has_ruleset && syscall(__NR_landlock_restrict_self, RULESET, 0U) < 0) goto failed;
-    stage = "seccomp"; /* https://docs.kernel.org/userspace-api/seccomp_filter.html */
-    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0U, prog) < 0) goto failed;
-    stage = "exec";
-    execv(argv[0], argv + 1); /* EXE, then ARGV0 ARGS...; environ is the command's */
+    errno = EINVAL; /* a list without an exec step: parse_steps refuses it */
 failed:;
     int err = errno;
     char report[512];
     int len = snprintf(report, sizeof report, "%s%c%d%c%s", stage, 0, err, 0, strerror(err));
     if (write(errw, report, (size_t)len) < 0) { /* nothing more to do */ }
     _exit(LAUNCHER_FAILED);
+}
+
+/* The request's steps: known names only, in the order of step_kind, with caps, cloexec,
+ * nnp, seccomp and a final exec; anything else is refused before any fork. */
+static void parse_steps(char **text, uint32_t count) {
+    if (count > MAX_STEPS) { errno = E2BIG; fail("too many confinement steps"); }
+    int seen[N_STEP_KINDS] = {0}, last = -1;
+    for (uint32_t i = 0; i < count; i++) {
+        char *name = text[i], *arg = strchr(name, '=');
+        size_t len = arg ? (size_t)(arg - name) : strlen(name);
+        int kind = 0;
+        while (kind < N_STEP_KINDS && !(strlen(step_names[kind]) == len &&
+                                         !strncmp(step_names[kind], name, len)))
+            kind++;
+        errno = EPROTO;
+        if (kind == N_STEP_KINDS) {
+            char why[160];
+            snprintf(why, sizeof why, "sandlock-exec does not implement the confinement step \"%.*s\"",
+                     (int)(len > 64 ? 64 : len), name);
+            fail(why);
+        }
+        if (kind < last || (kind == last && kind != S_RLIMIT)) fail("confinement steps out of order");
+        struct step *step = &steps[i];
+        step->kind = (enum step_kind)kind;
+        if (kind == S_CHDIR) {
+            if (!arg || !arg[1]) fail("chdir without a directory");
+            step->path = arg + 1;
+        } else if (kind == S_RLIMIT) {
+            char *value, *end;
+            if (!arg) fail("rlimit without a value");
+            step->resource = (int)strtol(arg + 1, &value, 10);
+            if (*value != ':') fail("bad rlimit step");
+            step->value = (rlim_t)strtoull(value + 1, &end, 10);
+            if (*end) fail("bad rlimit step");
+        } else if (arg) {
+            fail("a confinement step that takes no argument has one");
+        }
+        seen[kind] = 1, last = kind;
+    }
+    n_steps = (int)count;
+    errno = EPROTO;
+    if (!seen[S_CAPS] || !seen[S_CLOEXEC] || !seen[S_NNP] || !seen[S_SECCOMP] || last != S_EXEC)
+        fail("a confinement without caps, cloexec, nnp, seccomp or exec");
+    has_ruleset = seen[S_LANDLOCK];
+    if (seen[S_CGROUP] != (pids_limit > 0)) fail("the cgroup step and -p go together");
 }
 
 /* Children of this (single-threaded) process: /proc/PID/task/TID/children. */
@@ -243,7 +335,7 @@ static void kill_descendants(void) {
 }
 
 /* ----------------------------------------------------------------------------
- * The call's pids cgroup, as sandlock/cgroups.py's Group */
+ * The call's pids cgroup, as sandlock/linux/cgroups.py Group */
 
 static int write_file(const char *dir, const char *name, const char *text) {
     char path[4200];
@@ -337,16 +429,10 @@ static double now(void) {
 /* The request's args (argv[0] is a placeholder); getopt starts afresh in each fork. */
 static void options(int argc, char **argv) {
     int opt;
-    while ((opt = getopt(argc, argv, "+slt:c:r:p:g:G:")) != -1) {
+    while ((opt = getopt(argc, argv, "+st:p:g:G:")) != -1) {
         if (opt == 's') report_start = 1;
-        else if (opt == 'l') has_ruleset = 1;
         else if (opt == 't') timeout = strtod(optarg, NULL);
-        else if (opt == 'c') cwd = optarg;
-        else if (opt == 'r' && n_rlimits < MAX_RLIMITS) {
-            char *value;
-            rlimits[n_rlimits].resource = (int)strtol(optarg, &value, 10);
-            rlimits[n_rlimits++].value = (rlim_t)strtoull(value + 1, NULL, 10);
-        } else if (opt == 'p') {
+        else if (opt == 'p') {
             char *end;
             errno = 0;
             pids_limit = strtoll(optarg, &end, 10);
@@ -502,25 +588,29 @@ static void serve_call(const int *fds, int nfds, size_t len, int flags) {
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (flags & (MSG_TRUNC | MSG_CTRUNC)) { errno = EMSGSIZE; fail("request too large"); }
     char *data = request, *end = request + len;
-    uint32_t counts[2];
+    uint32_t head[4]; /* version, nsteps, nargs, nenv */
     errno = EPROTO;
-    if (len < sizeof counts) fail("malformed request");
-    memcpy(counts, data, sizeof counts);
-    if (counts[0] == 0) { /* all of it is in the memfd, the last fd */
+    if (len < sizeof head) fail("malformed request");
+    memcpy(head, data, sizeof head);
+    if (head[0] == 0) { /* all of it is in the memfd, the last fd */
         struct stat st;
-        if (nfds < 2 || fstat(fds[nfds - 1], &st) < 0 || st.st_size < (off_t)sizeof counts)
+        if (nfds < 2 || fstat(fds[nfds - 1], &st) < 0 || st.st_size < (off_t)sizeof head)
             fail("reading the request's memfd");
         data = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fds[--nfds], 0);
         if (data == MAP_FAILED) fail("reading the request's memfd");
         end = data + st.st_size;
-        memcpy(counts, data, sizeof counts);
+        memcpy(head, data, sizeof head);
     }
-    char *at = data + sizeof counts;
-    char **args = counts[0] ? split(&at, end, counts[0], 1) : NULL;
-    char **env = args ? split(&at, end, counts[1], 0) : NULL;
+    errno = EPROTO;
+    if (head[0] != WIRE_VERSION) fail("a request of another wire version");
+    char *at = data + sizeof head;
+    char **step_text = head[1] ? split(&at, end, head[1], 0) : NULL;
+    char **args = step_text && head[2] ? split(&at, end, head[2], 1) : NULL;
+    char **env = args ? split(&at, end, head[3], 0) : NULL;
     if (!env || at != end) { errno = EPROTO; fail("malformed request"); }
     args[0] = "sandlock-exec";
-    options((int)counts[0] + 1, args);
+    options((int)head[2] + 1, args);
+    parse_steps(step_text, head[1]);
     if (nfds != 4 + has_ruleset) { errno = EBADF; fail("malformed request: file descriptors"); }
     for (int fd = 0; fd < 3; fd++)
         if (dup2(fds[1 + fd], fd) < 0) fail("setup");
@@ -669,7 +759,12 @@ int main(void) {
     syscall(__NR_close_range, SOCK + 1U, ~0U, 0U);
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) return LAUNCHER_FAILED;
     privileged = has_capabilities();
-    if (chdir("/") < 0) return LAUNCHER_FAILED; /* requests name their directory (-c) */
+    if (chdir("/") < 0) return LAUNCHER_FAILED; /* requests name their directory (chdir) */
+    char hello[256];
+    int len = snprintf(hello, sizeof hello, "V %d", WIRE_VERSION);
+    for (int kind = 0; kind < N_STEP_KINDS; kind++)
+        len += snprintf(hello + len, sizeof hello - (size_t)len, " %s", step_names[kind]);
+    if (send(SOCK, hello, (size_t)len, MSG_NOSIGNAL) != len) return LAUNCHER_FAILED;
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
