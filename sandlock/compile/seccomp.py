@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import PolicyError, SeccompError
+from ..linux.syscalls import MACHINE, TABLES
 from ..policy.model import Network, Policy
 
 # Comparison operators, as in libseccomp's enum scmp_compare.
@@ -131,10 +132,11 @@ O_TMPFILE_BIT = os.O_TMPFILE & ~os.O_DIRECTORY  # __O_TMPFILE, the bit open(2) t
 MODE_ARG: dict[str, int] = {"chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2,
                             "mknod": 1, "mknodat": 2, "creat": 1}
 OPEN_FLAGS_MODE: dict[str, tuple[int, int]] = {"open": (1, 2), "openat": (2, 3)}
-#: Syscalls newer than some libseccomp releases, by number on this architecture (one
-#: table for every architecture since Linux 5.1). Without the number, a rule for them
-#: would be skipped as "not a syscall here" while the kernel runs them.
-NEWER_SYSCALLS: dict[str, dict[str, int]] = {"fchmodat2": {"x86_64": 452, "aarch64": 452}}
+#: Syscalls newer than some libseccomp releases, by architecture, numbers from
+#: :mod:`sandlock.linux.syscalls`. Without the number, a rule for them would be skipped
+#: as "not a syscall here" while the kernel runs them.
+NEWER_SYSCALLS: dict[str, dict[str, int]] = {
+    name: {arch: table[name] for arch, table in TABLES.items()} for name in ("fchmodat2",)}
 
 #: memfd_create(2): a memfd lives outside every directory, so Landlock never checks
 #: an execve of one. With MFD_NOEXEC_SEAL (Linux 6.3) it is created non-executable and
@@ -323,7 +325,7 @@ def compile_bpf(rules: tuple[Rule, ...]) -> bytes:
             args = [sc.Arg(c.arg, c.op, c.mask if c.op == MASKED_EQ else c.value,
                            c.value if c.op == MASKED_EQ else 0) for c in rule.args]
             if number < 0:
-                number = NEWER_SYSCALLS.get(rule.syscall, {}).get(os.uname().machine, -1)
+                number = NEWER_SYSCALLS.get(rule.syscall, {}).get(MACHINE, -1)
                 if number < 0:
                     continue  # not a syscall on this architecture: nothing to deny
                 # unknown to this libseccomp: refuse it whole (libc falls back to its elder)

@@ -14,21 +14,11 @@ import ctypes
 import errno
 import os
 
+from .syscalls import MACHINE, NR
+
 TYPE_CHECKING = False  # typing and platform cost milliseconds on every `sandlock run`
 if TYPE_CHECKING:
     from typing import Optional, Sequence
-
-_MACHINE = os.uname().machine
-#: Syscall numbers per architecture (from the kernel's syscall tables).
-_NR = {
-    "x86_64": {"seccomp": 317, "close_range": 436, "landlock_create_ruleset": 444,
-               "landlock_add_rule": 445, "landlock_restrict_self": 446, "add_key": 248,
-               "keyctl": 250},
-    "aarch64": {"seccomp": 277, "close_range": 436, "landlock_create_ruleset": 444,
-                "landlock_add_rule": 445, "landlock_restrict_self": 446, "add_key": 217,
-                "keyctl": 219},
-}
-NR = _NR.get(_MACHINE, {})
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -47,6 +37,16 @@ PR_SET_NAME = 15  # https://man7.org/linux/man-pages/man2/pr_set_name.2const.htm
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_GET_ACTION_AVAIL = 2
 SECCOMP_RET_USER_NOTIF = 0x7FC00000
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000
+# Seccomp user notification, for the supervisors that answer notified syscalls
+# (sandlock.net.connect, sandlock.trace.record):
+# https://docs.kernel.org/userspace-api/seccomp_filter.html#userspace-notification
+SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
+#: SECCOMP_IOCTL_NOTIF_RECV, _SEND and _ID_VALID (_IOWR/_IOWR/_IOW on '!' 0, 1, 2).
+NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
+#: sizeof(struct seccomp_notif); struct seccomp_notif_resp as packed by struct.
+NOTIF_SIZE, RESP_FORMAT = 80, "=QqiI"
 # landlock(7), from linux/landlock.h
 LANDLOCK_CREATE_RULESET_VERSION = 1 << 0
 LANDLOCK_RULE_PATH_BENEATH = 1
@@ -244,6 +244,14 @@ def seccomp_action_available(action: int) -> bool:
     return bool(_syscall(NR["seccomp"], SECCOMP_GET_ACTION_AVAIL, 0, ctypes.byref(value)) == 0)
 
 
+def pidfd_getfd(pidfd: int, target: int) -> int:
+    """A descriptor of ours for the process's descriptor ``target`` (close-on-exec;
+    https://man7.org/linux/man-pages/man2/pidfd_getfd.2.html, Linux 5.6)."""
+    if "pidfd_getfd" not in NR:
+        raise OSError(errno.ENOSYS, f"pidfd_getfd: unknown on {MACHINE}")
+    return _check(_syscall(NR["pidfd_getfd"], pidfd, target, 0), "pidfd_getfd")
+
+
 def cloexec_from(low: int) -> None:
     """Mark every descriptor >= ``low`` close-on-exec (one syscall, Linux 5.11+).
 
@@ -258,7 +266,7 @@ def cloexec_from(low: int) -> None:
 def seccomp_supported() -> Optional[str]:
     """None if seccomp filters can be installed, else why not."""
     if "seccomp" not in NR:
-        return f"architecture {_MACHINE} is not supported"
+        return f"architecture {MACHINE} is not supported"
     if _prctl(PR_GET_SECCOMP, 0, 0, 0, 0) < 0:
         return f"prctl(PR_GET_SECCOMP): {os.strerror(ctypes.get_errno())}"
     return None

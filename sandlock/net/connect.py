@@ -34,7 +34,6 @@ import errno
 import fcntl
 import ipaddress
 import os
-import platform
 import select
 import socket
 import struct
@@ -42,6 +41,9 @@ import threading
 from typing import TYPE_CHECKING, Callable, Optional
 
 from ..linux import kernel
+from ..linux.kernel import (NOTIF_ID_VALID, NOTIF_RECV, NOTIF_SEND, NOTIF_SIZE, RESP_FORMAT,
+                            SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
+from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 from ..errors import KernelSupportError
 from ..policy.netrules import NetRules, format_target
 from .proxy import Proxy
@@ -50,14 +52,7 @@ if TYPE_CHECKING:
     from ..exec.launcher import Command
     from ..policy.model import Network, Policy
 
-# linux/seccomp.h
-SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
-SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
-NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
-NOTIF_SIZE, RESP_FORMAT = 80, "=QqiI"
 PIDFD_THREAD = os.O_EXCL  # linux/pidfd.h, Linux 6.9
-#: (AUDIT_ARCH_*, connect, pidfd_getfd) per architecture (linux/audit.h, syscall tables).
-ARCH = {"x86_64": (0xC000003E, 42, 438), "aarch64": (0xC00000B7, 203, 438)}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
@@ -70,18 +65,16 @@ def notify_filter() -> bytes:
     loaded first, already kills them. Arguments are read at their low 32 bits
     (little-endian offsets), as the kernel does for ``int`` arguments.
     """
-    audit_arch, connect_nr, _ = ARCH[platform.machine()]
-
     def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
 
     ld_abs, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
     return b"".join([
         op(ld_abs, 4),                                  # 0: A = arch
-        op(jeq, audit_arch, 0, 6),                      # 1: foreign -> 8 (allow)
+        op(jeq, AUDIT_ARCH[MACHINE], 0, 6),             # 1: foreign -> 8 (allow)
         op(ld_abs, 0),                                  # 2: A = nr
-        op(jeq, connect_nr, 6, 0),                      # 3: connect -> 10 (notify)
-        op(jeq, kernel.NR["seccomp"], 0, 4),            # 4: not seccomp -> 9 (allow)
+        op(jeq, NR["connect"], 6, 0),                   # 3: connect -> 10 (notify)
+        op(jeq, NR["seccomp"], 0, 4),                   # 4: not seccomp -> 9 (allow)
         op(ld_abs, 24),                                 # 5: A = low half of args[1] (flags)
         op(jset, kernel.SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, 2),  # 6: listener -> 7 (EPERM)
         op(ret, SECCOMP_RET_ERRNO | errno.EPERM),       # 7
@@ -93,8 +86,8 @@ def notify_filter() -> bytes:
 
 def check_support() -> None:
     """Raise KernelSupportError when the kernel cannot mediate connect(2)."""
-    if platform.machine() not in ARCH:
-        raise KernelSupportError(f"[network] allow is not supported on {platform.machine()}")
+    if MACHINE not in AUDIT_ARCH:
+        raise KernelSupportError(f"[network] allow is not supported on {MACHINE}")
     if not kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF):
         raise KernelSupportError("[network] allow needs seccomp user notification (Linux 5.9+)")
 
@@ -328,8 +321,7 @@ def _grab(tid: int, fdnum: int) -> int:
             raise
         pidfd = os.pidfd_open(tid)  # before Linux 6.9: only thread-group leaders
     try:
-        fd = kernel._syscall(ARCH[platform.machine()][2], pidfd, fdnum, 0)
-        return kernel._check(fd, "pidfd_getfd")
+        return kernel.pidfd_getfd(pidfd, fdnum)
     finally:
         os.close(pidfd)
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import platform
 import select
 import socket
 import stat
@@ -41,16 +40,13 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from ..compile import abi as A
 from ..linux import kernel
+from ..linux.kernel import (NOTIF_ID_VALID, NOTIF_RECV, NOTIF_SEND, NOTIF_SIZE, RESP_FORMAT,
+                            SECCOMP_RET_ALLOW, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
+from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 
 if TYPE_CHECKING:
     from ..policy.model import Policy
 
-# linux/seccomp.h (see sandlock.net.connect for the same ioctls)
-SECCOMP_USER_NOTIF_FLAG_CONTINUE = 1
-SECCOMP_RET_ALLOW = 0x7FFF0000
-NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
-NOTIF_SIZE, RESP_FORMAT = 80, "=QqiI"
-AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 AT_FDCWD = -100
 AT_REMOVEDIR = 0x200
 AT_EMPTY_PATH = 0x1000
@@ -58,39 +54,20 @@ RENAME_EXCHANGE = 2
 O_ACCMODE, O_CREAT, O_TRUNC, O_DIRECTORY, O_NOFOLLOW, O_PATH = 3, 0o100, 0o1000, 0o200000, 0o400000, 0o10000000
 PATH_MAX = 4096
 
-#: syscall -> (x86_64 number, aarch64 number or None, argument layout). Layout letters:
+#: syscall -> argument layout, for every syscall recorded (its number on this machine
+#: comes from :mod:`sandlock.linux.syscalls`; aarch64 has only the ``*at`` forms). Layout letters:
 #: ``d`` a directory fd, ``p`` a path (relative to the ``d`` before it, else the cwd),
 #: ``f`` open flags, ``h`` a pointer to ``struct open_how`` (flags first), ``m`` a mode,
 #: ``x`` other flags, ``s`` a socket fd, ``a`` a sockaddr pointer, ``l`` its length,
 #: ``F`` socket family, ``T`` socket type, ``_`` ignored.
-SYSCALLS: dict[str, tuple[int, Optional[int], str]] = {
-    "open": (2, None, "pf"),
-    "creat": (85, None, "p"),
-    "openat": (257, 56, "dpf"),
-    "openat2": (437, 437, "dph"),
-    "execve": (59, 221, "p"),
-    "execveat": (322, 281, "dp__x"),
-    "mkdir": (83, None, "p"),
-    "mkdirat": (258, 34, "dp"),
-    "mknod": (133, None, "pm"),
-    "mknodat": (259, 33, "dpm"),
-    "unlink": (87, None, "p"),
-    "unlinkat": (263, 35, "dpx"),
-    "rmdir": (84, None, "p"),
-    "rename": (82, None, "pp"),
-    "renameat": (264, 38, "dpdp"),
-    "renameat2": (316, 276, "dpdpx"),
-    "link": (86, None, "pp"),
-    "linkat": (265, 37, "dpdp"),
-    "symlink": (88, None, "_p"),
-    "symlinkat": (266, 36, "_dp"),
-    "truncate": (76, 45, "p"),
-    "connect": (42, 203, "sal"),
-    "bind": (49, 200, "sal"),
-    "socket": (41, 198, "FT"),
+SYSCALLS: dict[str, str] = {
+    "open": "pf", "creat": "p", "openat": "dpf", "openat2": "dph", "execve": "p",
+    "execveat": "dp__x", "mkdir": "p", "mkdirat": "dp", "mknod": "pm", "mknodat": "dpm",
+    "unlink": "p", "unlinkat": "dpx", "rmdir": "p", "rename": "pp", "renameat": "dpdp",
+    "renameat2": "dpdpx", "link": "pp", "linkat": "dpdp", "symlink": "_p", "symlinkat": "_dp",
+    "truncate": "p", "connect": "sal", "bind": "sal", "socket": "FT",
 }
-_INDEX = 0 if platform.machine() == "x86_64" else 1
-_BY_NR = {nrs[_INDEX]: name for name, nrs in SYSCALLS.items() if nrs[_INDEX] is not None}
+_BY_NR = {NR[name]: name for name in SYSCALLS if name in NR}
 
 
 def notify_filter(network_mediated: bool) -> bytes:
@@ -109,7 +86,7 @@ def notify_filter(network_mediated: bool) -> bytes:
 
     ld_abs, jeq, ret = 0x20, 0x15, 0x06
     count = len(numbers)
-    prog = [op(ld_abs, 4), op(jeq, AUDIT_ARCH[platform.machine()], 0, count + 1), op(ld_abs, 0)]
+    prog = [op(ld_abs, 4), op(jeq, AUDIT_ARCH[MACHINE], 0, count + 1), op(ld_abs, 0)]
     for index, nr in enumerate(numbers):  # match -> the notify return after the allow
         prog.append(op(jeq, nr, count - index, 0))
     prog += [op(ret, SECCOMP_RET_ALLOW), op(ret, kernel.SECCOMP_RET_USER_NOTIF)]
@@ -118,8 +95,8 @@ def notify_filter(network_mediated: bool) -> bytes:
 
 def supported() -> Optional[str]:
     """None when this kernel and architecture can record a run, else why not."""
-    if platform.machine() not in AUDIT_ARCH:
-        return f"recording is not supported on {platform.machine()}"
+    if MACHINE not in AUDIT_ARCH:
+        return f"recording is not supported on {MACHINE}"
     if not kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF):
         return "recording needs seccomp user notification (Linux 5.9+)"
     return None
@@ -267,7 +244,7 @@ class Recorder:
     def _describe(self, tid: int, name: str, args: Sequence[int]) -> Optional[Event]:
         if not name:
             return None
-        layout = SYSCALLS[name][2]
+        layout = SYSCALLS[name]
         program = _readlink(f"/proc/{tid}/exe") if self._programs else ""
         if name == "socket":
             return Event(name, family=args[0] & 0xFFFFFFFF, sock_type=args[1] & 0xF,

@@ -1,0 +1,117 @@
+"""One source for every table: copies that cannot import it are checked against it.
+
+The syscall numbers live in :mod:`sandlock.linux.syscalls`. The probe payload runs as
+source text inside the sandbox and keeps its own table; the C helper keeps ``#define``
+fallbacks for headers older than a syscall. Both are read here as text and compared.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from sandlock.linux import syscalls
+
+PACKAGE = Path(syscalls.__file__).resolve().parent.parent
+PAYLOAD = PACKAGE / "probe" / "payload.py"
+HELPER = PACKAGE / "exec" / "helper" / "sandlock_exec.c"
+#: The installed uapi headers: the x86_64 table, and the generic one aarch64 uses.
+HEADERS = {"x86_64": ("/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "/usr/include/asm/unistd_64.h"),
+           "aarch64": ("/usr/include/asm-generic/unistd.h",)}
+
+
+def payload_table() -> dict[str, dict[str, int]]:
+    """The payload's ``NR = {arch: {name: number}}.get(MACHINE, {})``, as data."""
+    tree = ast.parse(PAYLOAD.read_text(), str(PAYLOAD))
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["NR"]
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)):
+            table = ast.literal_eval(node.value.func.value)
+            assert isinstance(table, dict)
+            return table
+    raise AssertionError(f"no NR = {{...}}.get(MACHINE, {{}}) in {PAYLOAD}")
+
+
+def helper_fallbacks() -> dict[str, int]:
+    """The C helper's ``#ifndef __NR_x / #define __NR_x N`` fallbacks."""
+    text = HELPER.read_text()
+    found = re.findall(r"#ifndef\s+__NR_(\w+)\s*\n\s*#define\s+__NR_(\w+)\s+(\d+)", text)
+    assert all(a == b for a, b, _ in found), found
+    return {name: int(number) for name, _, number in found}
+
+
+def header_numbers(path: str) -> dict[str, int]:
+    """``__NR_name`` -> number from a uapi header, following ``__NR3264_`` aliases."""
+    text = Path(path).read_text()
+    raw = dict(re.findall(r"#define\s+(__NR(?:3264)?_\w+)\s+(\w+)", text))
+    out = {}
+    for macro, value in raw.items():
+        if not macro.startswith("__NR_"):
+            continue
+        while value in raw:
+            value = raw[value]
+        if value.isdigit():
+            out[macro[len("__NR_"):]] = int(value)
+    return out
+
+
+def test_the_table_knows_this_machine() -> None:
+    assert syscalls.MACHINE in syscalls.TABLES, f"no syscall table for {syscalls.MACHINE}"
+    assert syscalls.NR is syscalls.TABLES[syscalls.MACHINE]
+    assert set(syscalls.AUDIT_ARCH) == set(syscalls.TABLES)
+
+
+@pytest.mark.parametrize("arch", sorted(syscalls.TABLES))
+def test_the_table_matches_the_kernel_headers(arch: str) -> None:
+    """Every number as the installed uapi header has it. A name the header lacks must be
+    newer than the header (403 and up, shared by every architecture): aarch64 has no
+    ``open`` or ``rename``, and the table must not claim one."""
+    path = next((p for p in HEADERS[arch] if os.path.exists(p)), None)
+    if path is None:
+        pytest.skip(f"no uapi header for {arch} here ({', '.join(HEADERS[arch])})")
+    known = header_numbers(path)
+    table = syscalls.TABLES[arch]
+    assert {name: table[name] for name in table if name in known} == {
+        name: known[name] for name in table if name in known}
+    newer = {name: nr for name, nr in table.items() if name not in known}
+    assert all(nr >= 403 for nr in newer.values()), f"{path} has no {sorted(newer)}"
+
+
+def test_numbers_from_403_are_shared() -> None:
+    """Since Linux 5.1 every architecture numbers new syscalls alike."""
+    new = {name for table in syscalls.TABLES.values() for name, nr in table.items() if nr >= 403}
+    for name in new:
+        assert len({table.get(name) for table in syscalls.TABLES.values()}) == 1, name
+
+
+@pytest.mark.parametrize("arch", sorted(syscalls.TABLES))
+def test_the_probe_payload_table_is_the_same(arch: str) -> None:
+    copy = payload_table()
+    assert set(copy) == set(syscalls.TABLES), "the payload knows other architectures"
+    table = syscalls.TABLES[arch]
+    missing = sorted(set(copy[arch]) - set(table))
+    assert not missing, f"add {missing} to sandlock/linux/syscalls.py"
+    assert copy[arch] == {name: table[name] for name in copy[arch]}
+
+
+def test_the_c_helper_fallbacks_are_the_same() -> None:
+    fallbacks = helper_fallbacks()
+    assert fallbacks, f"no __NR_ fallback found in {HELPER}: has the pattern changed?"
+    for arch, table in syscalls.TABLES.items():
+        missing = sorted(set(fallbacks) - set(table))
+        assert not missing, f"add {missing} to sandlock/linux/syscalls.py"
+        assert fallbacks == {name: table[name] for name in fallbacks}, arch
+
+
+def test_the_readers_are_not_vacuous(tmp_path: Path) -> None:
+    """A wrong number in a copy is found."""
+    header = tmp_path / "unistd.h"
+    header.write_text("#define __NR3264_truncate 45\n#define __NR_truncate __NR3264_truncate\n"
+                      "#define __NR_openat 56\n")
+    assert header_numbers(str(header)) == {"truncate": 45, "openat": 56}
+    assert payload_table()["x86_64"]["ptrace"] == 101
+    assert "close_range" in helper_fallbacks()
