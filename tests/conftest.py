@@ -17,8 +17,8 @@ from typing import Callable, Optional, Sequence
 import pytest
 from hypothesis import settings
 
-from sandlock.linux import kernel
 from sandlock.exec.forkserver import children_of
+from sandlock.linux import kernel
 
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = REPO / "policies"

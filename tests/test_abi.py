@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from sandlock.compile import abi as A
-from sandlock.linux import kernel
 from sandlock.compile.abi import Fs, Net, Scope
-from sandlock.errors import LandlockError
-from sandlock.policy.model import Access, Network, PathRule, Policy, PortRange, Scopes
 from sandlock.compile.ruleset import ENV_ABI, detect_abi, gaps, plan
+from sandlock.errors import LandlockError
+from sandlock.linux import kernel
+from sandlock.policy.model import Access, Network, PathRule, Policy, PortRange, Scopes
 
 ABIS = range(A.NEWEST_ABI + 1)
 

@@ -19,8 +19,8 @@ import pytest
 from conftest import PYTHON, REPO, alive, descendants, eventually, require_abi
 
 import sandlock
-from sandlock.exec import forkserver
 from sandlock.api.sandbox import Outcome
+from sandlock.exec import forkserver
 
 TESTS = str(REPO / "tests")
 

@@ -36,7 +36,8 @@ def tmp_path(_shared: Path, request: pytest.FixtureRequest) -> Path:
     """One directory per test inside one of this module: the session's base temporary
     directory, whose every entry `sandlock learn` (tests/test_trace.py) grants with a
     descriptor of its own, grows by one entry only."""
-    path = _shared / request.node.name[:60]
+    name: str = request.node.name
+    path = _shared / name[:60]
     path.mkdir()
     return path
 

@@ -18,9 +18,9 @@ from conftest import ABI, POLICIES, require_abi, run_confined, sandlock, write_p
 from sandlock import __version__
 from sandlock.cli import run as runcli
 from sandlock.cli.main import cli
+from sandlock.compile.ruleset import ENV_ABI
 from sandlock.errors import PolicyError
 from sandlock.policy.model import load_policy
-from sandlock.compile.ruleset import ENV_ABI
 
 READ_FILE = POLICIES / "read_file.toml"
 WORKSPACE_LINE = 1 + READ_FILE.read_text().splitlines().index('read = ["${workspace}"]')

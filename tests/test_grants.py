@@ -15,10 +15,10 @@ import pytest
 from conftest import write_policy
 
 from sandlock.compile import grants
-from sandlock.exec import launcher
 from sandlock.compile.abi import WRITE_RIGHTS, Fs
-from sandlock.errors import PolicyError
 from sandlock.compile.grants import GrantError
+from sandlock.errors import PolicyError
+from sandlock.exec import launcher
 from sandlock.policy.model import load_policy
 
 READ = int(Fs.READ_FILE | Fs.READ_DIR)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,8 +22,9 @@ import pytest
 from conftest import REPO, require_abi
 
 import sandlock
-from sandlock.exec import forkserver, native as nativeexec
 from sandlock.errors import CallError, SetupError
+from sandlock.exec import forkserver
+from sandlock.exec import native as nativeexec
 
 TESTS = str(REPO / "tests")
 PY = {"extends": ["python"], "filesystem": {"read": [TESTS]}}

@@ -113,13 +113,13 @@ def policy_file(scene: Scene, name: str, text: str) -> Path:
 
 
 def cli(scene: Scene, policy: Path, argv: Sequence[str], *, env: Optional[dict[str, str]] = None,
-        timeout: float = 30, **variables: str) -> subprocess.CompletedProcess[str]:
+        **variables: str) -> subprocess.CompletedProcess[str]:
     """`sandlock run` as the agent would call it: a new process with the scene's env.
 
     Every launcher runs in the scene's root, which no policy grants: ``python -m`` puts
     its working directory on sandlock's import path."""
     return subprocess.run(cli_args(scene, policy, argv, **variables), capture_output=True,
-                          text=True, cwd=scene.root, env=env or scene.env, timeout=timeout,
+                          text=True, cwd=scene.root, env=env or scene.env, timeout=30,
                           check=False)
 
 
@@ -468,7 +468,8 @@ def test_race_on_the_write_grant_check(scene: Scene) -> None:
          str(policy_file(scene, "racer.toml", WS_WRITER)), "--var", f"ws={scene.ws}", "--",
          PYTHON, "-c", RACER, str(out), str(link), str(stop)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=scene.root, env=scene.env)
-    escaped, crashed, outcomes = 0, [], {}
+    escaped, crashed = 0, []
+    outcomes: dict[int, int] = {}
     try:
         assert racer.stdout is not None and racer.stdout.readline() == "ready\n"
         end = time.monotonic() + RACE_BUDGET
@@ -635,7 +636,7 @@ def test_policy_replaced_while_runs_start(scene: Scene) -> None:
         env = {**scene.env, "XDG_CACHE_HOME": str(scene.root / f"cache-{round_}")}
         stop = threading.Event()
 
-        def edit() -> None:
+        def edit(stop: threading.Event) -> None:
             texts = (PERMISSIVE_TEXT, STRICT_TEXT)
             n = 0
             while not stop.is_set():
@@ -643,7 +644,7 @@ def test_policy_replaced_while_runs_start(scene: Scene) -> None:
                 n += 1
                 time.sleep(0.0005)
 
-        editor = threading.Thread(target=edit)
+        editor = threading.Thread(target=edit, args=(stop,))
         editor.start()
         try:
             cli(scene, policy, ["cat", str(scene.ws / "notes.md")], env=env, home=str(scene.home))

@@ -23,10 +23,10 @@ from typing import Iterator, Optional, Sequence
 import pytest
 from conftest import PYTHON, require_abi, run_confined, write_policy
 
-from sandlock.policy import netrules
 from sandlock.errors import PolicyError
-from sandlock.policy.netrules import NetRules, parse_pins, parse_rules
+from sandlock.policy import netrules
 from sandlock.policy.model import loads_policy
+from sandlock.policy.netrules import NetRules, parse_pins, parse_rules
 
 CURL = shutil.which("curl")
 OPENSSL = shutil.which("openssl")
@@ -37,7 +37,7 @@ OPENSSL = shutil.which("openssl")
 
 
 def rules(allow: list[str], deny: Sequence[str] = (),
-          hosts: Optional[dict[str, str]] = None) -> NetRules:
+          hosts: Optional[dict[str, object]] = None) -> NetRules:
     return NetRules(parse_rules(allow, "allow"), parse_rules(list(deny), "deny"),
                     parse_pins(hosts or {}))
 
@@ -280,9 +280,10 @@ def needs_kernel() -> None:
     require_abi(4, "TCP rules under the connect supervisor")
 
 
-def needs_curl() -> None:
+def needs_curl() -> str:
     if CURL is None:
         pytest.skip("curl is not installed")
+    return CURL
 
 
 def py(policy: Path, *parts: str) -> subprocess.CompletedProcess[str]:
@@ -297,14 +298,14 @@ def py(policy: Path, *parts: str) -> subprocess.CompletedProcess[str]:
 def test_allowed_host_works_with_curl_and_urllib_over_http_and_tls(
         tmp_path: Path, http_server: Server, tls: tuple[Server, Path]) -> None:
     needs_kernel()
-    needs_curl()
+    curl = needs_curl()
     server, cert = tls
     policy = net_policy(tmp_path, [f"api.internal.test:{http_server.port}",
                                    f"api.internal.test:{server.port}"], read=[str(cert.parent)])
-    plain = run_confined(policy, [CURL, "-sS", f"http://api.internal.test:{http_server.port}/c"])
+    plain = run_confined(policy, [curl, "-sS", f"http://api.internal.test:{http_server.port}/c"])
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout == f"hello api.internal.test:{http_server.port} /c\n"
-    secure = run_confined(policy, [CURL, "-sS", "--cacert", str(cert),
+    secure = run_confined(policy, [curl, "-sS", "--cacert", str(cert),
                                    f"https://api.internal.test:{server.port}/t"])
     assert secure.returncode == 0, secure.stderr
     assert secure.stdout == f"hello api.internal.test:{server.port} /t\n"
@@ -625,9 +626,9 @@ def test_fast_open_and_non_blocking_connect(tmp_path: Path, http_server: Server)
 def test_tool_ignoring_proxy_variables_fails_closed_with_a_hint(
         tmp_path: Path, http_server: Server) -> None:
     needs_kernel()
-    needs_curl()
+    curl = needs_curl()
     policy = net_policy(tmp_path, [f"api.internal.test:{http_server.port}"])
-    out = run_confined(policy, [CURL, "-sS", "--noproxy", "*",
+    out = run_confined(policy, [curl, "-sS", "--noproxy", "*",
                                 f"http://127.0.0.1:{http_server.port}/"])
     assert out.returncode == 7  # curl: failed to connect
     assert "refused direct connection" in out.stderr and "ignore proxy variables" in out.stderr

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from sandlock.errors import ExitCode, PolicyError
-from sandlock.policy.positions import find_line
 from sandlock.policy.model import (
     DEFAULT_ENV_PASS,
     Access,
@@ -27,6 +26,7 @@ from sandlock.policy.model import (
     parse_size,
     policy_from_dict,
 )
+from sandlock.policy.positions import find_line
 
 
 def write(directory: Path, text: str, name: str = "policy.toml") -> Path:
@@ -231,7 +231,8 @@ def test_wrong_types(tmp_path: Path, text: str, line: int, key: str, reason: str
     ("[network]\nconnect = [443.0]", 2, "network.connect[0]",
      'expected a port number or "low-high" range, got 443.0'),
     ('[network]\nconnect = ["' + "9" * 5000 + '"]', 2, "network.connect[0]",
-     "expected a port number or \"low-high\" range, got '999999999999999999999999999999999999999...999999999'"),
+     "expected a port number or \"low-high\" range, "
+     "got '999999999999999999999999999999999999999...999999999'"),
     ("[network]\nconnect = [" + "9" * 30 + "]", 2, "network.connect[0]",
      "invalid port range 999999999999999999999999999999: ports are 1-65535, low <= high"),
     # environment names

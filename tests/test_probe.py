@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from conftest import POLICIES, require_abi, sandlock, write_policy
 from test_escape import CORE_GAPS
 
-from sandlock.probe import harness as P
 from sandlock.cli.main import cli
 from sandlock.policy.model import Access, PathRule, loads_policy
+from sandlock.probe import harness as P
 
 READ_FILE = POLICIES / "read_file.toml"
 

@@ -28,9 +28,9 @@ import pytest
 from conftest import IS_ROOT, PYTHON, require_abi, write_policy
 
 import sandlock
-from sandlock.linux import cgroups
 from sandlock.compile import ruleset
 from sandlock.errors import KernelSupportError
+from sandlock.linux import cgroups
 
 TESTS = str(Path(__file__).resolve().parent)
 BASE, WHY_NOT = cgroups.find()

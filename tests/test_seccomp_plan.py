@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sandlock.compile import seccomp as S
-from sandlock.errors import PolicyError
+from sandlock.errors import PolicyError, SeccompError
 from sandlock.policy.model import Network, Policy, PortRange, Syscalls, loads_policy
 
 AF_PACKET, AF_NETLINK, AF_BLUETOOTH, AF_VSOCK, AF_ALG = 17, 16, 31, 40, 38
@@ -414,9 +414,9 @@ def test_a_program_cut_short_is_refused() -> None:
     # every cut but the one before the last instruction (libseccomp ends with two returns;
     # that cut is why the export avoids files, which RLIMIT_FSIZE can shorten)
     for size in [*range(0, len(program) - 8), *range(len(program) - 7, len(program))]:
-        with pytest.raises(S.SeccompError, match="libseccomp exported a broken filter"):
+        with pytest.raises(SeccompError, match="libseccomp exported a broken filter"):
             S._check_program(program[:size])
-    with pytest.raises(S.SeccompError, match="more than the kernel's 4096"):
+    with pytest.raises(SeccompError, match="more than the kernel's 4096"):
         S._check_program(program * (4097 * 8 // len(program) + 1))
 
 

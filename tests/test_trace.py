@@ -19,6 +19,8 @@ from typing import Iterator, Sequence
 
 import pytest
 
+from sandlock.compile import abi as A
+from sandlock.linux import kernel
 from sandlock.trace import record as T
 from sandlock.trace.learn import cover
 
@@ -87,7 +89,7 @@ def test_notify_filter_ends_with_allow_then_notify() -> None:
     prog = T.notify_filter(False)
     assert len(prog) % 8 == 0
     assert prog[-16:-8][4:] == (T.SECCOMP_RET_ALLOW).to_bytes(4, "little")
-    assert prog[-8:][4:] == (T.kernel.SECCOMP_RET_USER_NOTIF).to_bytes(4, "little")
+    assert prog[-8:][4:] == (kernel.SECCOMP_RET_USER_NOTIF).to_bytes(4, "little")
     # with [network] allow, connect is left to the host-allowlist supervisor
     assert len(T.notify_filter(True)) == len(prog) - 8
 
@@ -103,7 +105,7 @@ def test_interpreters_of_an_elf_and_a_script(tmp_path: Path) -> None:
 
 
 def test_judge_names_the_smallest_grant() -> None:
-    judge = T.Judge(7, [("/usr/lib", int(T.A.fs_read(7)), True)], {443: int(T.A.Net.CONNECT_TCP)})
+    judge = T.Judge(7, [("/usr/lib", int(A.fs_read(7)), True)], {443: int(A.Net.CONNECT_TCP)})
     read = T.Event("openat", (T.Target("/etc/gitconfig", "/etc/gitconfig", "file"),), 0)
     fine = T.Event("openat", (T.Target("/usr/lib/x", "/usr/lib/x", "file"),), 0)
     missing = T.Event("openat", (T.Target("/etc/nope", "/etc/nope", ""),), 0)
