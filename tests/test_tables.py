@@ -115,3 +115,102 @@ def test_the_readers_are_not_vacuous(tmp_path: Path) -> None:
     assert header_numbers(str(header)) == {"truncate": 45, "openat": 56}
     assert payload_table()["x86_64"]["ptrace"] == 101
     assert "close_range" in helper_fallbacks()
+
+
+# ----------------------------------------------------------------------------
+# Process helpers: one reader of /proc/.../children, one reaper (sandlock.linux.process)
+
+ORPHANS = r"""
+import os, time
+from sandlock.linux import kernel, process
+
+kernel.set_child_subreaper()
+read_end, write_end = os.pipe()
+pid = os.fork()
+if pid == 0:                      # a daemon: forks a grandchild, which sleeps, and exits
+    if os.fork() == 0:
+        os.close(read_end)
+        os.write(write_end, b"%d\n" % os.getpid())
+        time.sleep(600)
+        os._exit(0)
+    os._exit(0)
+os.close(write_end)
+os.waitpid(pid, 0)
+grandchild = int(os.read(read_end, 64))
+kept = os.fork()                  # a child the host had before: spared
+if kept == 0:
+    time.sleep(600)
+    os._exit(0)
+before = process.children()
+process.reap_descendants(frozenset({kept}))
+after = process.children()
+os.kill(kept, 9)
+os.waitpid(kept, 0)
+print(grandchild in before, kept in before, after == {kept}, os.path.exists(f"/proc/{grandchild}"))
+"""
+
+
+def test_the_reaper_kills_what_was_reparented_and_spares_the_rest() -> None:
+    """A double-forked grandchild is re-parented to a subreaper, found in its children
+    and killed; a child the caller had before survives the reaping."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", ORPHANS], capture_output=True, text=True,
+                            timeout=60)
+    assert result.stdout.split() == ["True", "True", "True", "False"], result.stderr
+
+
+def test_children_are_read_from_every_thread() -> None:
+    """A child forked by a second thread is listed under that thread's task, not the
+    main thread's (while the thread lives: then it moves to a sibling)."""
+    import subprocess
+    import threading
+
+    from sandlock.linux import process
+
+    started: list[subprocess.Popen[bytes]] = []
+    forked, done = threading.Event(), threading.Event()
+
+    def fork_and_stay() -> None:
+        started.append(subprocess.Popen(["sleep", "600"]))
+        forked.set()
+        done.wait()
+
+    thread = threading.Thread(target=fork_and_stay)
+    thread.start()
+    try:
+        forked.wait()
+        child = started[0]
+        main_only = _read_children(f"/proc/self/task/{os.getpid()}/children")
+        assert child.pid not in main_only
+        assert child.pid in process.children()
+        assert child.pid in process.children(os.getpid())
+        assert process.children(child.pid) == set()
+        gone = 2**22 + 12345  # above pid_max's default: no such process
+        with pytest.raises(OSError):
+            process.children(gone, strict=True)
+        assert process.children(gone) == set()
+    finally:
+        done.set()
+        thread.join()
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def _read_children(path: str) -> set[int]:
+    with open(path) as handle:
+        return {int(p) for p in handle.read().split()}
+
+
+def test_one_signal_list() -> None:
+    import signal
+
+    from sandlock.linux import process
+
+    assert set(process.FORWARDED_SIGNALS) == {signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                                              signal.SIGQUIT}
+    assert set(process.DEFAULTED_SIGNALS) == {signal.SIGPIPE, signal.SIGXFSZ,
+                                              *process.FORWARDED_SIGNALS}
+    assert all(type(s) is int for s in process.DEFAULTED_SIGNALS)

@@ -1,0 +1,87 @@
+"""Processes as /proc shows them: whose children are whose, killing and reaping what
+is left, and the signal sets every launcher path shares.
+
+One reader of ``/proc/PID/task/TID/children`` and one "kill and reap the rest" loop:
+a launcher is a child subreaper (PR_SET_CHILD_SUBREAPER), so every process its command
+leaves behind (a daemon that double-forked, a grandchild of a killed child) is
+re-parented to one of its threads and shows up in that thread's ``children`` file
+(https://docs.kernel.org/filesystems/proc.html, "/proc/<pid>/task/<tid>/children";
+the kernel needs CONFIG_PROC_CHILDREN, which every distribution kernel has).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+#: Signals a launcher passes on to its command (the terminal's Ctrl-C, a caller's
+#: ``kill``): the command decides what they mean, and the launcher waits for it.
+FORWARDED_SIGNALS: tuple[int, ...] = tuple(int(s) for s in (
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
+#: Signals a command starts with at their default disposition. Python ignores SIGPIPE
+#: and SIGXFSZ, and an ignored disposition survives execve (caught ones do not): a tool
+#: would otherwise never die of a closed pipe or of its file-size limit. Plain ints, so
+#: that a forked child touching them causes no copy-on-write of enum objects.
+DEFAULTED_SIGNALS: tuple[int, ...] = (int(signal.SIGPIPE), int(signal.SIGXFSZ), *FORWARDED_SIGNALS)
+
+
+def _read(path: str) -> bytes:
+    """The whole file (``children`` has no size limit: one number per child)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def children(pid: int | None = None, *, strict: bool = False) -> set[int]:
+    """The children of ``pid`` (None: this process), whichever of its threads forked or
+    adopted them.
+
+    A process or thread that is gone has no children: its file is skipped, unless
+    ``strict``, where any read failure raises OSError (a caller deciding that nothing is
+    left must not take "could not read" for "none").
+    """
+    where = "self" if pid is None else str(pid)
+    found: set[int] = set()
+    try:
+        tasks = os.listdir(f"/proc/{where}/task")
+    except OSError:
+        if strict:
+            raise
+        return found
+    for task in tasks:
+        try:
+            found.update(int(p) for p in _read(f"/proc/{where}/task/{task}/children").split())
+        except OSError:
+            if strict:
+                raise
+    return found
+
+
+def reap_descendants(spared: frozenset[int] = frozenset()) -> None:
+    """Kill and reap every child of this process but ``spared``, until none is left.
+
+    Each kill re-parents that child's own children to this process (a subreaper), so
+    the loop goes on until a read finds nothing: whatever a command left behind is
+    gone when this returns. ``spared`` are children the process had before the
+    command started: a launcher used as a library must not kill its host's own
+    subprocesses.
+    """
+    while True:
+        pids = [pid for pid in children() if pid not in spared]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in pids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
