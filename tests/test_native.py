@@ -29,9 +29,8 @@ from conftest import PYTHON, REPO, alive, eventually, parent, proc_state, requir
 
 import sandlock
 from sandlock.api.sandbox import Outcome
-from sandlock.exec import launcher
+from sandlock.exec import launcher, spec
 from sandlock.exec import native as nativeexec
-from sandlock.exec import spec
 from sandlock.exec.forkserver import children_of
 
 TESTS = str(REPO / "tests")

@@ -88,7 +88,7 @@ def secret_refused(learned: Path, work: Path, home: Path, argv: Sequence[str]) -
 def test_notify_filter_ends_with_allow_then_notify() -> None:
     prog = T.notify_filter(False)
     assert len(prog) % 8 == 0
-    assert prog[-16:-8][4:] == (T.SECCOMP_RET_ALLOW).to_bytes(4, "little")
+    assert prog[-16:-8][4:] == (kernel.SECCOMP_RET_ALLOW).to_bytes(4, "little")
     assert prog[-8:][4:] == (kernel.SECCOMP_RET_USER_NOTIF).to_bytes(4, "little")
     # with [network] allow, connect is left to the host-allowlist supervisor
     assert len(T.notify_filter(True)) == len(prog) - 8
