@@ -11,31 +11,28 @@ a call is a request on the fork server's socket plus the pipes of that call.
 Commands take a faster path when the native helper is built: a supervisor forked per
 call by a ``sandlock-exec`` server (one per caller process, started once with
 ``posix_spawn``), with the same per-call socket (:mod:`sandlock.exec.native`).
+
+What a call returns is in :mod:`sandlock.api.results`, the I/O pump that drives a call
+in :mod:`sandlock.api.pump`, and the restricted unpickler of ``call()`` results (the
+only parser of bytes the tool wrote) in :mod:`sandlock.api.unpickle`; the public names
+among them are importable from here too.
 """
 
 from __future__ import annotations
 
-import collections
-import enum
 import io
 import marshal
 import os
 import pickle
-import select
 import socket
 import sys
 import threading
-import types
 import weakref
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
-from ..exec import forkserver, launcher, native as nativeexec
-from ..exec import spec
-from ..exec.wire import setup_failure
 from ..errors import (
     CallError,
-    CommandFailed,
     ExecError,
     ExitCode,
     KernelSupportError,
@@ -45,11 +42,20 @@ from ..errors import (
     SetupError,
     TimeoutExpired,
 )
+from ..exec import forkserver, launcher, spec
+from ..exec import native as nativeexec
+from ..exec.wire import setup_failure
 from ..policy.model import Compat, Policy, load_policy, loads_policy, policy_from_dict
+from .pump import _earliest, _now, _Pump, _wait_readable
+from .results import Outcome, RemoteTraceback, Result, _decode, _denials, _result
+from .unpickle import _rebuild, _trusted_types
 
 if TYPE_CHECKING:
     from ..net.connect import Mediation
     from ..trace.record import Denial
+
+__all__ = ["DEVNULL", "Outcome", "PIPE", "Process", "RemoteTraceback", "Result", "STDOUT", "Sandbox",
+           "shutdown", "start"]
 
 #: Same values as :mod:`subprocess`'s, so either module's constants work.
 PIPE = -1
@@ -58,57 +64,6 @@ DEVNULL = -3
 
 File = Union[None, int, IO[Any]]
 PolicyLike = Union[Policy, str, "os.PathLike[str]", Mapping[str, Any]]
-_CHUNK = 1 << 16
-
-
-class Outcome(str, enum.Enum):
-    """How a confined call ended."""
-
-    EXITED = "exited"  #: the command ran and exited (any code)
-    SIGNALLED = "signalled"  #: killed by a signal it did not ask for (returncode 128+N)
-    TIMED_OUT = "timed out"  #: the wall-clock limit expired; the tree was killed (124)
-    NOT_STARTED = "not started"  #: refused before exec: not found (127), not executable
-    #: or denied exec (126), setup failure (125); ``Result.error`` says which
-
-
-@dataclass(frozen=True)
-class Result:
-    """What :meth:`Sandbox.run` returns. ``returncode`` follows the CLI's exit codes."""
-
-    args: tuple[str, ...]
-    returncode: int
-    stdout: Any = None
-    stderr: Any = None
-    outcome: Outcome = Outcome.EXITED
-    signal: Optional[int] = None
-    error: Optional[SandlockError] = None  #: why it did not start (NOT_STARTED only)
-    pid: Optional[int] = None
-    #: Under ``[network] allow``: one line per connection the policy refused.
-    network_events: tuple[str, ...] = ()
-    #: With ``trace=True``: each access the policy refused (:class:`sandlock.trace.record.Denial`:
-    #: right, path or port, interpreter detail, the policy line that grants it), as
-    #: `sandlock trace --json` lists them. Always ``()`` without ``trace``.
-    denials: tuple["Denial", ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome is Outcome.EXITED and self.returncode == 0
-
-    def check(self) -> "Result":
-        """Raise the typed error for anything but a zero exit; return self otherwise."""
-        if self.error is not None:
-            raise self.error
-        if self.outcome is Outcome.TIMED_OUT:
-            raise TimeoutExpired(f"{self.args[0]}: timed out; its process tree was killed",
-                                 stdout=self.stdout, stderr=self.stderr)
-        if self.returncode != 0:
-            how = (f"was killed by signal {self.signal}" if self.signal
-                   else f"exited with code {self.returncode}")
-            raise CommandFailed(f"{self.args[0]} {how}", self.returncode, stdout=self.stdout,
-                                stderr=self.stderr)
-        return self
-
-    check_returncode = check
 
 
 # ----------------------------------------------------------------------------
@@ -226,17 +181,6 @@ _native_calls: "weakref.WeakSet[_NativeCall]" = weakref.WeakSet()
 #: Seconds past a call's timeout that the caller waits before ending the call itself,
 #: and after its supervisor vanished without a report (issue 17).
 _GRACE, _LOST_GRACE = 2.0, 1.0
-
-
-def _now() -> float:
-    import time
-
-    return time.monotonic()
-
-
-def _earliest(*deadlines: Optional[float]) -> Optional[float]:
-    known = [d for d in deadlines if d is not None]
-    return min(known) if known else None
 _native_lock = threading.RLock()  # RLock: a __del__ may run (GC) while it is held
 
 
@@ -278,378 +222,6 @@ class _NativeCall(_Call):
         super().close()
 
 
-class _Pump:
-    """Feed stdin, drain stdout/stderr and follow the supervisor, without deadlock.
-
-    Plain handlers driven either by poll() (:meth:`run`) or by an asyncio loop
-    (:meth:`run_async`); no thread is started.
-    """
-
-    def __init__(self, call: _Call, writes: Mapping[int, bytes], reads: Iterable[int],
-                 limit: Optional[int] = None) -> None:
-        self.call = call
-        self.writes = {fd: memoryview(data) for fd, data in writes.items()}
-        self.reads = {fd: bytearray() for fd in reads}
-        self.output: dict[int, bytes] = {}
-        self.limit = limit
-        self.overflow = False
-        self.finished: list[int] = []
-        for fd in (*self.writes, *self.reads):
-            os.set_blocking(fd, False)
-
-    @property
-    def done(self) -> bool:
-        return not self.writes and not self.reads and self.call.ended
-
-    def watched(self) -> tuple[list[int], list[int]]:
-        reading = list(self.reads)
-        if not self.call.ended:
-            reading.append(self.call.sock.fileno())
-        return reading, list(self.writes)
-
-    def readable(self, fd: int) -> bool:
-        """Handle one readable fd; True when it is finished (stop watching it)."""
-        if fd == self.call.sock.fileno():
-            self.call.receive()
-            return self.call.ended
-        try:
-            chunk = os.read(fd, _CHUNK)
-        except BlockingIOError:
-            return False
-        buffer = self.reads[fd]
-        if chunk and self.limit is not None and len(buffer) + len(chunk) > self.limit:
-            self.overflow = True
-            self.call.send(b"K")
-            chunk = b""
-        if chunk:
-            buffer += chunk
-            return False
-        self.output[fd] = bytes(self.reads.pop(fd))
-        self.finished.append(fd)
-        return True
-
-    def writable(self, fd: int) -> bool:
-        view = self.writes[fd]
-        try:
-            view = view[os.write(fd, view[:_CHUNK]):]
-        except BlockingIOError:
-            return False
-        except (BrokenPipeError, ConnectionResetError):
-            view = view[:0]  # the command stopped reading, as subprocess does: not an error
-        self.writes[fd] = view
-        if view:
-            return False
-        del self.writes[fd]
-        self.finished.append(fd)
-        return True
-
-    def close_finished(self) -> None:
-        """Close the fds that reached EOF (only once nothing watches them any more)."""
-        for fd in self.finished:
-            os.close(fd)
-        self.finished.clear()
-
-    def run(self, deadline: Optional[float] = None) -> bool:
-        """Drive until done; False if the (monotonic) deadline passed first."""
-        import time
-
-        while not self.done:
-            poller = select.poll()
-            reading, writing = self.watched()
-            for fd in reading:
-                poller.register(fd, select.POLLIN)
-            for fd in writing:
-                poller.register(fd, select.POLLOUT)
-            wait = None
-            limit = _earliest(deadline, self.call.deadline)
-            if limit is not None:
-                left = limit - time.monotonic()
-                if left <= 0:
-                    if limit == deadline:
-                        return False
-                    self.expire()
-                    break
-                wait = int(left * 1000) + 1
-            for fd, _events in poller.poll(wait):
-                if fd in self.writes:
-                    self.writable(fd)
-                elif fd in self.reads or fd == self.call.sock.fileno():
-                    self.readable(fd)
-            self.close_finished()
-        return True
-
-    def expire(self) -> None:
-        """The call's own deadline passed (see :meth:`_Call.expire`): stop waiting for
-        its pipes, keep what was read."""
-        self.call.expire()
-        for fd, buffer in self.reads.items():
-            self.output[fd] = bytes(buffer)
-        self.finished.extend([*self.reads, *self.writes])
-        self.reads.clear()
-        self.writes.clear()
-
-    async def run_async(self) -> None:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        finished = loop.create_future()
-        timer: list[Any] = [None, None]  # the handle, the deadline it is armed for
-
-        def arm() -> None:  # the call's own deadline, as it is now
-            deadline = self.call.deadline
-            if deadline is None or deadline == timer[1]:
-                return
-            if timer[0] is not None:
-                timer[0].cancel()
-            timer[:] = [loop.call_later(max(0.0, deadline - _now()), expired), deadline]
-
-        def expired() -> None:
-            if not self.done:
-                self.expire()
-            if not finished.done():
-                finished.set_result(None)
-
-        # Only fds still registered are ever removed: a closed fd number may already
-        # belong to another task's pipe.
-        reading, writing = (set(fds) for fds in self.watched())
-
-        def after(fd: int, done_with_fd: bool, watching: set[int],
-                  remove: Callable[[int], bool]) -> None:
-            if done_with_fd:
-                remove(fd)
-                watching.discard(fd)
-                self.close_finished()
-            if self.done and not finished.done():
-                finished.set_result(None)
-            arm()
-
-        def on_read(fd: int) -> None:
-            after(fd, self.readable(fd), reading, loop.remove_reader)
-
-        def on_write(fd: int) -> None:
-            after(fd, self.writable(fd), writing, loop.remove_writer)
-
-        for fd in reading:
-            loop.add_reader(fd, on_read, fd)
-        for fd in writing:
-            loop.add_writer(fd, on_write, fd)
-        arm()
-        try:
-            if not self.done:
-                await finished
-        finally:
-            if timer[0] is not None:
-                timer[0].cancel()
-            for fd in reading:
-                loop.remove_reader(fd)
-            for fd in writing:
-                loop.remove_writer(fd)
-            self.close_finished()
-
-    def close(self) -> None:
-        """Close what is left (after an error or cancellation)."""
-        self.close_finished()
-        for fd in (*self.writes, *self.reads):
-            os.close(fd)
-        self.writes.clear()
-        self.reads.clear()
-
-
-def _wait_readable(sock: socket.socket, timeout: Optional[float]) -> bool:
-    poller = select.poll()  # not select(): the caller may have more than 1024 fds
-    poller.register(sock.fileno(), select.POLLIN)
-    return bool(poller.poll(None if timeout is None else int(timeout * 1000)))
-
-
-# ----------------------------------------------------------------------------
-# Results of Python calls come from a confined process: untrusted input.
-#
-# What is rebuilt is bounded: a pickle's opcodes can at most repeat references
-# (a few pointers per input byte); constructors are named by the bytes, so the only
-# ones reachable are those below, each called through a check that its output is
-# about the size of its arguments and costs about as long to build as to read.
-
-_SAFE_GLOBALS = {
-    "builtins": {"complex", "set", "frozenset", "bytearray", "slice"},
-    "collections": {"OrderedDict", "deque", "Counter"},
-    "datetime": {"date", "time", "datetime", "timedelta", "timezone"},
-    "decimal": {"Decimal"},
-    "fractions": {"Fraction"},
-    "uuid": {"UUID"},
-    "pathlib": {"PurePath", "PurePosixPath", "Path", "PosixPath"},
-}
-#: An int given to a number constructor (Fraction's gcd, Decimal's conversion are
-#: quadratic in it): 2^16 bits, ~20,000 decimal digits.
-_MAX_INT_BITS = 1 << 16
-#: A Decimal's exponent: int() or Fraction() of it would make that many digits.
-_MAX_EXPONENT = 10_000
-#: Containers inside containers (the caller's repr, ==, json, copy recurse on them).
-_MAX_DEPTH = 200
-#: Arguments whose length is that of what was read (not range, not an iterator).
-_MATERIALISED = (list, tuple, dict, set, frozenset, str, bytes, bytearray)
-#: Values with nothing inside to walk.
-_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray})
-
-
-class _Untrusted(Exception):
-    pass
-
-
-class _Refused(Exception):
-    """A constructor's arguments would cost the caller more than the bytes read."""
-
-
-def _small_int(value: Any) -> bool:
-    return type(value) is not int or value.bit_length() <= _MAX_INT_BITS
-
-
-def _numbers(cls: type, args: tuple[Any, ...]) -> Any:
-    if not all(type(a) in (int, float, str) and _small_int(a) for a in args):
-        raise _Refused(f"{cls.__name__}{tuple(type(a).__name__ for a in args)}")
-    return cls(*args)
-
-
-def _fraction(cls: type, args: tuple[Any, ...]) -> Any:
-    """Fraction(int, int) or Fraction(str) without an exponent (``1e10000000`` is
-    10**10000000: seconds to minutes of CPU to build)."""
-    import re
-
-    if (all(type(a) is int and _small_int(a) for a in args) and 1 <= len(args) <= 2) or (
-            len(args) == 1 and type(args[0]) is str and len(args[0]) <= 4300
-            and re.fullmatch(r"\s*[-+]?(\d+(/\d+)?|\d*\.\d+|\d+\.)\s*", args[0], re.ASCII)):
-        return cls(*args)
-    raise _Refused(f"Fraction{tuple(type(a).__name__ for a in args)} (only integers of up "
-                   f"to {_MAX_INT_BITS} bits, or a string without an exponent)")
-
-
-def _decimal(cls: type, args: tuple[Any, ...]) -> Any:
-    if len(args) != 1 or type(args[0]) not in (str, int, float, tuple) or not _small_int(args[0]):
-        raise _Refused(f"Decimal{tuple(type(a).__name__ for a in args)}")
-    value = cls(*args)
-    if value.is_finite() and max(abs(value.as_tuple().exponent), abs(value.adjusted())) \
-            > _MAX_EXPONENT:
-        raise _Refused(f"a Decimal with an exponent beyond +-{_MAX_EXPONENT}")
-    return value
-
-
-def _bytearray(cls: type, args: tuple[Any, ...]) -> Any:
-    """bytearray(bytes) or bytearray(str, encoding[, errors]); never bytearray(n)."""
-    if (len(args) == 1 and isinstance(args[0], (bytes, bytearray))) or (
-            2 <= len(args) <= 3 and all(type(a) is str for a in args)) or not args:
-        return cls(*args)
-    raise _Refused(f"bytearray{tuple(type(a).__name__ for a in args)}")
-
-
-def _collection(cls: type, args: tuple[Any, ...]) -> Any:
-    """set, frozenset, deque, Counter, OrderedDict of what was read (not of a range)."""
-    if len(args) > 2 or (args and not isinstance(args[0], _MATERIALISED)) or (
-            len(args) == 2 and not (args[1] is None or type(args[1]) is int)):
-        raise _Refused(f"{cls.__name__}{tuple(type(a).__name__ for a in args)}")
-    return cls(*args)
-
-
-#: The checked constructors; classes not named here are handed out as they are (their
-#: constructors take bounded arguments; UUID and the date types are rebuilt with NEWOBJ
-#: or from their own small state).
-_CHECKS: dict[tuple[str, str], Callable[[type, tuple[Any, ...]], Any]] = {
-    ("builtins", "complex"): _numbers, ("builtins", "bytearray"): _bytearray,
-    ("builtins", "set"): _collection, ("builtins", "frozenset"): _collection,
-    ("collections", "OrderedDict"): _collection, ("collections", "deque"): _collection,
-    ("collections", "Counter"): _collection,
-    ("decimal", "Decimal"): _decimal, ("fractions", "Fraction"): _fraction,
-}
-
-
-def _checked(cls: type, check: Callable[[type, tuple[Any, ...]], Any]) -> Callable[..., Any]:
-    def construct(*args: Any) -> Any:
-        return check(cls, args)
-    return construct
-
-
-def _imported_exception(module: str, name: str) -> Optional[type]:
-    """The exception class ``module.name`` if that module is already imported; read
-    from namespaces only (no getattr: a module's ``__getattr__`` may import)."""
-    found: Any = sys.modules.get(module)
-    if not isinstance(found, types.ModuleType):
-        return None
-    namespace: Any = object.__getattribute__(found, "__dict__")
-    for part in name.split("."):
-        found = namespace.get(part) if isinstance(namespace, Mapping) else None
-        if not isinstance(found, type):
-            return None
-        namespace = type.__dict__["__dict__"].__get__(found)
-    return found if issubclass(found, BaseException) else None
-
-
-def _check_depth(value: Any) -> None:
-    """Refuse containers nested deeper than _MAX_DEPTH (each object walked once per
-    depth it is reached at, so shared references cost no more than their number)."""
-    stack = [(value, 0)]
-    seen: dict[int, int] = {}
-    while stack:
-        item, depth = stack.pop()
-        if depth > _MAX_DEPTH:
-            raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
-        if seen.get(id(item), -1) >= depth:
-            continue
-        seen[id(item)] = depth
-        if isinstance(item, dict):
-            children: Iterable[Any] = (*item.keys(), *item.values())
-            if _ATOMS.issuperset(map(type, item.values())) and _ATOMS.issuperset(
-                    map(type, item.keys())):
-                continue  # the common case, at C speed
-        elif isinstance(item, (list, tuple, set, frozenset, collections.deque)):
-            if _ATOMS.issuperset(map(type, item)):
-                continue
-            children = item
-        elif isinstance(item, BaseException):
-            children = (item.args, getattr(item, "__dict__", {}), item.__cause__,
-                        item.__context__)
-        else:
-            children = tuple(getattr(item, "__dict__", {}).values())
-        stack.extend((child, depth + 1) for child in children if type(child) not in _ATOMS)
-
-
-class _Unpickler(pickle.Unpickler):
-    """Rebuilds only plain data, exception classes already imported, and trusted types.
-
-    Unpickling runs whatever callable the bytes name, so a compromised tool could
-    otherwise run code in the caller (https://docs.python.org/3/library/pickle.html,
-    "Restricting Globals"). A name is decided on before anything is imported or looked
-    up: only the modules of ``_SAFE_GLOBALS`` are ever imported here.
-    """
-
-    def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
-        super().__init__(io.BytesIO(data))
-        self.trusted = trusted
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self.trusted:
-            return self.trusted[module, name]
-        if name in _SAFE_GLOBALS.get(module, ()):
-            import importlib
-
-            cls = getattr(importlib.import_module(module), name)
-            check = _CHECKS.get((module, name))
-            return cls if check is None else _checked(cls, check)
-        found = _imported_exception(module, name)
-        if found is not None:
-            return found
-        raise _Untrusted(f"{module}.{name}")
-
-    def load(self) -> Any:
-        value = super().load()
-        _check_depth(value)
-        return value
-
-
-class RemoteTraceback(Exception):
-    """Set as ``__cause__`` of an exception re-raised from a confined call."""
-
-    def __str__(self) -> str:
-        return "\n\nTraceback in the confined process:\n" + str(self.args[0])
-
-
 # ----------------------------------------------------------------------------
 # The sandbox
 
@@ -685,18 +257,6 @@ def _check_timeout(timeout: Any) -> Optional[float]:
         raise ValueError(f"timeout must be a positive, finite number of seconds (at most "
                          f"{_MAX_TIMEOUT}), got {timeout!r}")
     return seconds
-
-
-def _trusted_types(types_: Any) -> dict[tuple[str, str], type]:
-    try:
-        items = list(types_)
-    except TypeError:
-        raise TypeError(f"trusted_types must be an iterable of classes, not "
-                        f"{type(types_).__name__}") from None
-    for item in items:
-        if not isinstance(item, type):
-            raise TypeError(f"trusted_types must hold classes, not {item!r:.80}")
-    return {(t.__module__, t.__qualname__): t for t in items}
 
 
 #: setrlimit's largest value (rlim_t as the kernel and Python's resource module take it).
@@ -893,7 +453,7 @@ class Sandbox:
         on failure nothing stays open. Returns the call and the caller's ends.
         ``session`` (the call's credential placeholders) is closed when the call ends."""
         try:
-            fields = {"trace": self._trace_rules()} if trace else {}
+            fields: dict[str, Any] = {"trace": self._trace_rules()} if trace else {}
             mine, theirs = _open_stdio(stdio)
         except BaseException:
             if session is not None:
@@ -1275,30 +835,6 @@ class _RunJob:
         return _result(self.call, self.args, out[0], out[1])
 
 
-def _result(call: _Call, args: tuple[str, ...], stdout: Any, stderr: Any) -> Result:
-    if call.failure is not None:
-        return Result(args, int(call.failure.exit_code), stdout, stderr,
-                      Outcome.NOT_STARTED, error=call.failure, pid=call.pid,
-                      network_events=call.network_events, denials=call.denials)
-    assert call.status is not None
-    code, sig, timed_out = call.status
-    outcome = (Outcome.TIMED_OUT if timed_out else Outcome.SIGNALLED if sig
-               else Outcome.EXITED)
-    return Result(args, code, stdout, stderr, outcome, sig or None, None, call.pid,
-                  call.network_events, call.denials)
-
-
-def _denials(data: bytes) -> tuple["Denial", ...]:
-    """One ``D`` report of a traced call (forkserver._send_denials): JSON made by the
-    call's supervisor, which judged the recorded accesses."""
-    import json
-
-    from ..trace.record import Denial
-
-    return tuple(Denial(d["right"], d.get("path", ""), d.get("port", -1), d.get("detail", ""),
-                        d["section"], d["grant"]) for d in json.loads(data))
-
-
 @dataclass
 class _CallJob:
     call: _Call
@@ -1324,41 +860,7 @@ class _CallJob:
             how = f"was killed by signal {sig}" if sig else f"exited with code {code}"
             raise CallError(f"{name}: the confined process {how} before returning a result",
                             exit_code=code)
-        try:  # an envelope of str and bytes only; a hijacked tool may send anything
-            envelope = _Unpickler(data, {}).load()
-            kind = envelope[0]
-            if kind == "raise":
-                _, what, message, text, blob = envelope
-        except Exception as exc:  # noqa: BLE001
-            raise CallError(f"{name}: the confined process sent a malformed result ({exc})",
-                            exit_code=code) from None
-        if kind == "unpicklable":
-            raise CallError(f"{name} returned a {envelope[1]}, which cannot be pickled back "
-                            f"to the caller: {envelope[2]}")
-        if kind == "ok":
-            try:
-                return _Unpickler(envelope[1], self.trusted).load()
-            except _Untrusted as exc:
-                raise CallError(f"{name} returned an object of type {exc}, which is not plain "
-                                "data: pass it in trusted_types= to rebuild it (results of "
-                                "confined code are untrusted input)") from None
-            except Exception as exc:  # noqa: BLE001
-                raise CallError(f"{name}: its result could not be rebuilt: {exc}") from None
-        if kind != "raise":
-            raise CallError(f"{name}: the confined process sent a malformed result")
-        exc_obj: Any = None
-        if blob is not None:
-            try:
-                exc_obj = _Unpickler(blob, self.trusted).load()
-            except Exception:  # noqa: BLE001 - fall back to the text
-                exc_obj = None
-        if isinstance(exc_obj, Exception) and not isinstance(exc_obj, SandlockError):
-            raise exc_obj from RemoteTraceback(text)
-        # SystemExit, KeyboardInterrupt, GeneratorExit...: would pass the caller's
-        # ``except Exception`` and end it; the tool's exit is the tool's. A sandlock
-        # error is the caller's word about the sandbox (SetupError: "could not start"),
-        # never the tool's: what the function says it raised is a CallError.
-        raise CallError(f"{name} raised {what}: {message}", remote_traceback=text)
+        return _rebuild(name, data, self.trusted, code)
 
 
 def _check_trace(trace: Any) -> None:
@@ -1377,20 +879,13 @@ def _argv(argv: Any) -> tuple[str, ...]:
     return args
 
 
-def _decode(data: Optional[bytes], encoding: Optional[str], errors: Optional[str]) -> Any:
-    if data is None:
-        return None
-    text = data.decode(encoding or "utf-8", errors or "strict")
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _fileno(spec: Any) -> int:
-    if isinstance(spec, int):
-        return spec
+def _fileno(given: Any) -> int:
+    if isinstance(given, int):
+        return given
     try:
-        return int(spec.fileno())
+        return int(given.fileno())
     except (AttributeError, io.UnsupportedOperation):
-        raise TypeError(f"expected None, PIPE, DEVNULL, an fd or a file, got {spec!r}") from None
+        raise TypeError(f"expected None, PIPE, DEVNULL, an fd or a file, got {given!r}") from None
 
 
 def _open_stdio(specs: tuple[File, File, File]) -> tuple[tuple[int, int, int], list[int]]:
@@ -1398,20 +893,20 @@ def _open_stdio(specs: tuple[File, File, File]) -> tuple[tuple[int, int, int], l
     mine = [-1, -1, -1]
     theirs: list[int] = []
     try:
-        for index, spec in enumerate(specs):
-            if spec is None:
+        for index, given in enumerate(specs):
+            if given is None:
                 theirs.append(index)  # inherit the caller's own stdin/stdout/stderr
-            elif spec == DEVNULL:
+            elif given == DEVNULL:
                 theirs.append(os.open(os.devnull, (os.O_RDONLY if index == 0 else os.O_WRONLY)
                                       | os.O_CLOEXEC))
-            elif spec == PIPE:
+            elif given == PIPE:
                 r, w = os.pipe2(os.O_CLOEXEC)
                 mine[index], child = (w, r) if index == 0 else (r, w)
                 theirs.append(child)
-            elif spec == STDOUT and index == 2:
+            elif given == STDOUT and index == 2:
                 theirs.append(theirs[1])
             else:
-                theirs.append(_fileno(spec))
+                theirs.append(_fileno(given))
     except BaseException:
         _close_theirs(theirs, specs)
         for fd in mine:
@@ -1424,8 +919,8 @@ def _open_stdio(specs: tuple[File, File, File]) -> tuple[tuple[int, int, int], l
 def _close_theirs(theirs: Sequence[int], specs: Sequence[File]) -> None:
     """Close the child's ends that this module opened (not the caller's own fds)."""
     closed = set()
-    for fd, spec in zip(theirs, specs):
-        if spec in (PIPE, DEVNULL) and fd not in closed:
+    for fd, given in zip(theirs, specs):
+        if given in (PIPE, DEVNULL) and fd not in closed:
             os.close(fd)
             closed.add(fd)
 

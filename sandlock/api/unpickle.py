@@ -1,0 +1,270 @@
+"""The restricted unpickler of ``call()`` results: the caller's only parser of bytes that
+the confined tool wrote.
+
+A confined function's outcome comes back as a pickle on the call's result pipe. Whatever
+runs in the sandbox may have been hijacked, so every byte read here is untrusted input,
+and this module is kept self-contained so that it can be read and reviewed on its own:
+it imports nothing of sandlock but its error types and :class:`RemoteTraceback`, opens
+nothing and imports only the modules named in ``_SAFE_GLOBALS``.
+
+What is rebuilt is bounded: a pickle's opcodes can at most repeat references (a few
+pointers per input byte); constructors are named by the bytes, so the only ones
+reachable are those below, each called through a check that its output is about the
+size of its arguments and costs about as long to build as to read. Containers are
+refused past ``_MAX_DEPTH`` levels, exceptions are rebuilt only from classes already
+imported, and anything else only if the caller named its class in ``trusted_types=``.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import pickle
+import sys
+import types
+from typing import Any, Callable, Iterable, Mapping, NoReturn, Optional
+
+from ..errors import CallError, SandlockError
+from .results import RemoteTraceback
+
+#: The only globals a result may name, besides exception classes already imported and the
+#: caller's ``trusted_types``; only these modules are ever imported here.
+_SAFE_GLOBALS = {
+    "builtins": {"complex", "set", "frozenset", "bytearray", "slice"},
+    "collections": {"OrderedDict", "deque", "Counter"},
+    "datetime": {"date", "time", "datetime", "timedelta", "timezone"},
+    "decimal": {"Decimal"},
+    "fractions": {"Fraction"},
+    "uuid": {"UUID"},
+    "pathlib": {"PurePath", "PurePosixPath", "Path", "PosixPath"},
+}
+#: An int given to a number constructor (Fraction's gcd, Decimal's conversion are
+#: quadratic in it): 2^16 bits, ~20,000 decimal digits.
+_MAX_INT_BITS = 1 << 16
+#: A Decimal's exponent: int() or Fraction() of it would make that many digits.
+_MAX_EXPONENT = 10_000
+#: Containers inside containers (the caller's repr, ==, json, copy recurse on them).
+_MAX_DEPTH = 200
+#: Arguments whose length is that of what was read (not range, not an iterator).
+_MATERIALISED = (list, tuple, dict, set, frozenset, str, bytes, bytearray)
+#: Values with nothing inside to walk.
+_ATOMS = frozenset({type(None), bool, int, float, complex, str, bytes, bytearray})
+
+
+class _Untrusted(Exception):
+    """A result names a global that is neither plain data nor trusted (its message: the name)."""
+
+
+class _Refused(Exception):
+    """A constructor's arguments would cost the caller more than the bytes read."""
+
+
+def _small_int(value: Any) -> bool:
+    return type(value) is not int or value.bit_length() <= _MAX_INT_BITS
+
+
+def _numbers(cls: type, args: tuple[Any, ...]) -> Any:
+    if not all(type(a) in (int, float, str) and _small_int(a) for a in args):
+        raise _Refused(f"{cls.__name__}{tuple(type(a).__name__ for a in args)}")
+    return cls(*args)
+
+
+def _fraction(cls: type, args: tuple[Any, ...]) -> Any:
+    """Fraction(int, int) or Fraction(str) without an exponent (``1e10000000`` is
+    10**10000000: seconds to minutes of CPU to build)."""
+    import re
+
+    if (all(type(a) is int and _small_int(a) for a in args) and 1 <= len(args) <= 2) or (
+            len(args) == 1 and type(args[0]) is str and len(args[0]) <= 4300
+            and re.fullmatch(r"\s*[-+]?(\d+(/\d+)?|\d*\.\d+|\d+\.)\s*", args[0], re.ASCII)):
+        return cls(*args)
+    raise _Refused(f"Fraction{tuple(type(a).__name__ for a in args)} (only integers of up "
+                   f"to {_MAX_INT_BITS} bits, or a string without an exponent)")
+
+
+def _decimal(cls: type, args: tuple[Any, ...]) -> Any:
+    if len(args) != 1 or type(args[0]) not in (str, int, float, tuple) or not _small_int(args[0]):
+        raise _Refused(f"Decimal{tuple(type(a).__name__ for a in args)}")
+    value = cls(*args)
+    if value.is_finite() and max(abs(value.as_tuple().exponent), abs(value.adjusted())) \
+            > _MAX_EXPONENT:
+        raise _Refused(f"a Decimal with an exponent beyond +-{_MAX_EXPONENT}")
+    return value
+
+
+def _bytearray(cls: type, args: tuple[Any, ...]) -> Any:
+    """bytearray(bytes) or bytearray(str, encoding[, errors]); never bytearray(n)."""
+    if (len(args) == 1 and isinstance(args[0], (bytes, bytearray))) or (
+            2 <= len(args) <= 3 and all(type(a) is str for a in args)) or not args:
+        return cls(*args)
+    raise _Refused(f"bytearray{tuple(type(a).__name__ for a in args)}")
+
+
+def _collection(cls: type, args: tuple[Any, ...]) -> Any:
+    """set, frozenset, deque, Counter, OrderedDict of what was read (not of a range)."""
+    if len(args) > 2 or (args and not isinstance(args[0], _MATERIALISED)) or (
+            len(args) == 2 and not (args[1] is None or type(args[1]) is int)):
+        raise _Refused(f"{cls.__name__}{tuple(type(a).__name__ for a in args)}")
+    return cls(*args)
+
+
+#: The checked constructors; classes not named here are handed out as they are (their
+#: constructors take bounded arguments; UUID and the date types are rebuilt with NEWOBJ
+#: or from their own small state).
+_CHECKS: dict[tuple[str, str], Callable[[type, tuple[Any, ...]], Any]] = {
+    ("builtins", "complex"): _numbers, ("builtins", "bytearray"): _bytearray,
+    ("builtins", "set"): _collection, ("builtins", "frozenset"): _collection,
+    ("collections", "OrderedDict"): _collection, ("collections", "deque"): _collection,
+    ("collections", "Counter"): _collection,
+    ("decimal", "Decimal"): _decimal, ("fractions", "Fraction"): _fraction,
+}
+
+
+def _checked(cls: type, check: Callable[[type, tuple[Any, ...]], Any]) -> Callable[..., Any]:
+    def construct(*args: Any) -> Any:
+        return check(cls, args)
+    return construct
+
+
+def _imported_exception(module: str, name: str) -> Optional[type]:
+    """The exception class ``module.name`` if that module is already imported; read
+    from namespaces only (no getattr: a module's ``__getattr__`` may import)."""
+    found: Any = sys.modules.get(module)
+    if not isinstance(found, types.ModuleType):
+        return None
+    namespace: Any = object.__getattribute__(found, "__dict__")
+    for part in name.split("."):
+        found = namespace.get(part) if isinstance(namespace, Mapping) else None
+        if not isinstance(found, type):
+            return None
+        namespace = type.__dict__["__dict__"].__get__(found)
+    return found if issubclass(found, BaseException) else None
+
+
+def _check_depth(value: Any) -> None:
+    """Refuse containers nested deeper than _MAX_DEPTH (each object walked once per
+    depth it is reached at, so shared references cost no more than their number)."""
+    stack = [(value, 0)]
+    seen: dict[int, int] = {}
+    while stack:
+        item, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
+        if seen.get(id(item), -1) >= depth:
+            continue
+        seen[id(item)] = depth
+        if isinstance(item, dict):
+            children: Iterable[Any] = (*item.keys(), *item.values())
+            if _ATOMS.issuperset(map(type, item.values())) and _ATOMS.issuperset(
+                    map(type, item.keys())):
+                continue  # the common case, at C speed
+        elif isinstance(item, (list, tuple, set, frozenset, collections.deque)):
+            if _ATOMS.issuperset(map(type, item)):
+                continue
+            children = item
+        elif isinstance(item, BaseException):
+            children = (item.args, getattr(item, "__dict__", {}), item.__cause__,
+                        item.__context__)
+        else:
+            children = tuple(getattr(item, "__dict__", {}).values())
+        stack.extend((child, depth + 1) for child in children if type(child) not in _ATOMS)
+
+
+class _Unpickler(pickle.Unpickler):
+    """Rebuilds only plain data, exception classes already imported, and trusted types.
+
+    Unpickling runs whatever callable the bytes name, so a compromised tool could
+    otherwise run code in the caller (https://docs.python.org/3/library/pickle.html,
+    "Restricting Globals"). A name is decided on before anything is imported or looked
+    up: only the modules of ``_SAFE_GLOBALS`` are ever imported here.
+    """
+
+    def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.trusted = trusted
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.trusted:
+            return self.trusted[module, name]
+        if name in _SAFE_GLOBALS.get(module, ()):
+            import importlib
+
+            cls = getattr(importlib.import_module(module), name)
+            check = _CHECKS.get((module, name))
+            return cls if check is None else _checked(cls, check)
+        found = _imported_exception(module, name)
+        if found is not None:
+            return found
+        raise _Untrusted(f"{module}.{name}")
+
+    def load(self) -> Any:
+        value = super().load()
+        _check_depth(value)
+        return value
+
+
+def _trusted_types(types_: Any) -> dict[tuple[str, str], type]:
+    """``Sandbox(trusted_types=...)`` as :class:`_Unpickler` looks classes up: by the
+    (module, qualified name) a pickle names them with. TypeError for anything but classes."""
+    try:
+        items = list(types_)
+    except TypeError:
+        raise TypeError(f"trusted_types must be an iterable of classes, not "
+                        f"{type(types_).__name__}") from None
+    for item in items:
+        if not isinstance(item, type):
+            raise TypeError(f"trusted_types must hold classes, not {item!r:.80}")
+    return {(t.__module__, t.__qualname__): t for t in items}
+
+
+def _rebuild(name: str, data: bytes, trusted: Mapping[tuple[str, str], type], code: int) -> Any:
+    """The value a confined function returned, from the ``data`` it sent; or raise what it
+    raised (re-raised with a :class:`RemoteTraceback` cause when it is a plain exception,
+    a CallError otherwise). ``name`` names the function in errors, ``code`` is the exit
+    code of its process.
+
+    ``data`` is an envelope of str and bytes only (built in the confined process by
+    :mod:`sandlock.exec.forkserver`): ``("ok", pickle)``, ``("unpicklable", type name,
+    message)`` or ``("raise", type name, message, traceback text, pickle or None)``.
+    """
+    try:  # an envelope of str and bytes only; a hijacked tool may send anything
+        envelope = _Unpickler(data, {}).load()
+        kind = envelope[0]
+        if kind == "raise":
+            _, what, message, text, blob = envelope
+    except Exception as exc:  # noqa: BLE001
+        raise CallError(f"{name}: the confined process sent a malformed result ({exc})",
+                        exit_code=code) from None
+    if kind == "unpicklable":
+        raise CallError(f"{name} returned a {envelope[1]}, which cannot be pickled back "
+                        f"to the caller: {envelope[2]}")
+    if kind == "ok":
+        try:
+            return _Unpickler(envelope[1], trusted).load()
+        except _Untrusted as exc:
+            raise CallError(f"{name} returned an object of type {exc}, which is not plain "
+                            "data: pass it in trusted_types= to rebuild it (results of "
+                            "confined code are untrusted input)") from None
+        except Exception as exc:  # noqa: BLE001
+            raise CallError(f"{name}: its result could not be rebuilt: {exc}") from None
+    if kind != "raise":
+        raise CallError(f"{name}: the confined process sent a malformed result")
+    _reraise(name, what, message, text, blob, trusted)
+
+
+def _reraise(name: str, what: Any, message: Any, text: Any, blob: Any,
+             trusted: Mapping[tuple[str, str], type]) -> NoReturn:
+    """Raise the exception a confined function raised, from its ``raise`` envelope."""
+    exc_obj: Any = None
+    if blob is not None:
+        try:
+            exc_obj = _Unpickler(blob, trusted).load()
+        except Exception:  # noqa: BLE001 - fall back to the text
+            exc_obj = None
+    if isinstance(exc_obj, Exception) and not isinstance(exc_obj, SandlockError):
+        raise exc_obj from RemoteTraceback(text)
+    # SystemExit, KeyboardInterrupt, GeneratorExit...: would pass the caller's
+    # ``except Exception`` and end it; the tool's exit is the tool's. A sandlock
+    # error is the caller's word about the sandbox (SetupError: "could not start"),
+    # never the tool's: what the function says it raised is a CallError.
+    raise CallError(f"{name} raised {what}: {message}", remote_traceback=text)
