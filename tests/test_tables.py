@@ -214,3 +214,50 @@ def test_one_signal_list() -> None:
     assert set(process.DEFAULTED_SIGNALS) == {signal.SIGPIPE, signal.SIGXFSZ,
                                               *process.FORWARDED_SIGNALS}
     assert all(type(s) is int for s in process.DEFAULTED_SIGNALS)
+
+
+# ----------------------------------------------------------------------------
+# The environment filter (sandlock.policy.environment)
+
+from fnmatch import fnmatchcase  # noqa: E402
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_NAME = st.text(alphabet="ABCLX_*?[]!-a1", max_size=6)
+
+
+@given(st.lists(_NAME, max_size=5), st.lists(_NAME, max_size=8))
+def test_the_environment_filter_is_fnmatchcase(patterns: list[str], names: list[str]) -> None:
+    from sandlock.policy import environment
+
+    test = environment.matcher(tuple(patterns))
+    for name in names + patterns:
+        assert test(name) == any(fnmatchcase(name, p) for p in patterns), (name, patterns)
+
+
+def test_the_environment_is_pass_then_set() -> None:
+    from sandlock.policy import environment
+
+    caller = {"PATH": "/bin", "LC_ALL": "C", "LANG": "C", "SECRET_TOKEN": "s", "HOME": "/h"}
+    env = environment.build(("PATH", "LC_*", "H?ME"), (("HOME", "/tmp"), ("NEW", "1")), caller)
+    assert env == {"PATH": "/bin", "LC_ALL": "C", "HOME": "/tmp", "NEW": "1"}
+    assert environment.build((), (), caller) == {}
+
+
+# ----------------------------------------------------------------------------
+# Landlock: what a ruleset holds for an ABI is compile.abi's; the kernel takes the whole struct
+
+def test_a_ruleset_for_every_abi_up_to_this_kernels() -> None:
+    """The rights each ABI's table names make a ruleset on this kernel, the attribute
+    struct passed whole (its newer fields 0 for an older ABI)."""
+    from sandlock.compile import abi as A
+    from sandlock.linux import kernel
+
+    real = kernel.landlock_abi()
+    if real < 1:
+        pytest.skip("Landlock is unavailable on this kernel")
+    for version in range(1, min(real, A.NEWEST_ABI) + 1):
+        fd = kernel.create_ruleset(int(A.fs_handled(version)), int(A.net_handled(version)),
+                                   int(A.scopes_known(version)))
+        os.close(fd)

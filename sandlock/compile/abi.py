@@ -53,6 +53,7 @@ _FS_SINCE = {Fs.REFER: 2, Fs.TRUNCATE: 3, Fs.IOCTL_DEV: 5}
 NET_SINCE = 4
 SCOPE_SINCE = 6
 #: ABI 7 added LANDLOCK_RESTRICT_SELF_LOG_* flags (audit); nothing policy-visible.
+AUDIT_SINCE = 7
 
 #: Rights that make sense on a non-directory; a rule on a file with any other right
 #: is refused by the kernel with EINVAL.
@@ -121,3 +122,8 @@ def scopes_known(abi: int) -> Scope:
 def fs_since(right: Fs) -> int:
     """The first ABI version that knows ``right``."""
     return _FS_SINCE.get(right, 1)
+
+
+def audit_flags(abi: int) -> bool:
+    """Whether landlock_restrict_self takes the ``LANDLOCK_RESTRICT_SELF_LOG_*`` flags."""
+    return abi >= AUDIT_SINCE

@@ -42,17 +42,19 @@ def kernel_report() -> dict[str, Any]:
     real = kernel.landlock_abi()
     why_not = "" if real else os.strerror(kernel.landlock_errno())
     used = ruleset.detect_abi()
-    features = [{"feature": "Landlock", "available": real >= 1,
+    features = [{"feature": "Landlock", "available": bool(A.fs_handled(real)),
                  "detail": f"ABI {real}" if real else f"unavailable: {why_not}"}]
-    for right, since in ((A.Fs.REFER, 2), (A.Fs.TRUNCATE, 3), (A.Fs.IOCTL_DEV, 5)):
+    for right in (A.Fs.REFER, A.Fs.TRUNCATE, A.Fs.IOCTL_DEV):
         features.append({"feature": f"Landlock {right.name} ({_RIGHT_DOCS[right]})",
-                         "available": used >= since, "detail": f"ABI {since}+"})
+                         "available": bool(A.fs_handled(used) & right),
+                         "detail": f"ABI {A.fs_since(right)}+"})
     features += [
-        {"feature": "Landlock TCP bind/connect rules", "available": used >= A.NET_SINCE,
+        {"feature": "Landlock TCP bind/connect rules", "available": bool(A.net_handled(used)),
          "detail": f"ABI {A.NET_SINCE}+"},
         {"feature": "Landlock scopes (signals, abstract unix sockets)",
-         "available": used >= A.SCOPE_SINCE, "detail": f"ABI {A.SCOPE_SINCE}+"},
-        {"feature": "Landlock audit logging", "available": used >= 7, "detail": "ABI 7+"},
+         "available": bool(A.scopes_known(used)), "detail": f"ABI {A.SCOPE_SINCE}+"},
+        {"feature": "Landlock audit logging", "available": A.audit_flags(used),
+         "detail": f"ABI {A.AUDIT_SINCE}+"},
     ]
     why = kernel.seccomp_supported()
     features.append({"feature": "seccomp filters", "available": why is None, "detail": why or "yes"})

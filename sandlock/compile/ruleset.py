@@ -63,24 +63,25 @@ def access_rights(access: Access, abi: int, *, sockets: bool) -> int:
 def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
     """Protections ``policy`` relies on that Landlock ABI ``abi`` cannot enforce."""
     out = []
-    if abi < 1:
+    fs, net, scopes = A.fs_handled(abi), A.net_handled(abi), A.scopes_known(abi)
+    if not fs:
         out.append(Gap("filesystem confinement", 1,
                        "Landlock is unavailable: every file the user can reach is reachable"))
-    if 1 <= abi < 3:
-        out.append(Gap("truncate restriction", 3,
+    elif not fs & A.Fs.TRUNCATE:
+        out.append(Gap("truncate restriction", A.fs_since(A.Fs.TRUNCATE),
                        "files outside the write paths can be truncated with truncate(2)"))
-    if abi < A.NET_SINCE and policy.network.tcp:
+    if not net and policy.network.tcp:
         out.append(Gap("TCP port restriction", A.NET_SINCE,
                        "TCP connect/bind is possible to and on any port, not only the granted ones"))
-    if abi < 5 and any(r.path in ("/", "/dev")
-                       or r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
-                       for r in policy.paths):
-        out.append(Gap("device ioctl restriction", 5,
+    if not fs & A.Fs.IOCTL_DEV and any(r.path in ("/", "/dev")
+                                       or r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
+                                       for r in policy.paths):
+        out.append(Gap("device ioctl restriction", A.fs_since(A.Fs.IOCTL_DEV),
                        "ioctl(2) on granted devices is not restricted"))
-    if abi < A.SCOPE_SINCE and policy.scope.signals:
+    if not scopes & A.Scope.SIGNAL and policy.scope.signals:
         out.append(Gap("signal scope", A.SCOPE_SINCE,
                        "the tool can signal every process of the same user"))
-    if abi < A.SCOPE_SINCE and policy.scope.abstract_unix and policy.network.unix:
+    if not scopes & A.Scope.ABSTRACT_UNIX_SOCKET and policy.scope.abstract_unix and policy.network.unix:
         out.append(Gap("abstract unix socket scope", A.SCOPE_SINCE,
                        "the tool can connect to abstract unix sockets outside the sandbox"))
     return tuple(out)
@@ -135,18 +136,18 @@ def plan(policy: Policy, abi: int) -> Plan:
     for rule in policy.paths:
         merged[rule.path] = merged.get(rule.path, 0) | access_rights(rule.access, abi, sockets=sockets)
     ports: dict[int, int] = {}
-    if abi >= A.NET_SINCE:
-        for kind, ranges in ((A.Net.CONNECT_TCP, policy.network.connect),
-                             (A.Net.BIND_TCP, policy.network.bind)):
-            for span in ranges:
-                for port in range(span.low, span.high + 1):
-                    ports[port] = ports.get(port, 0) | int(kind)
-    scoped = A.Scope(0)
-    if abi >= A.SCOPE_SINCE:
-        if policy.scope.signals:
-            scoped |= A.Scope.SIGNAL
-        if policy.scope.abstract_unix:
-            scoped |= A.Scope.ABSTRACT_UNIX_SOCKET
+    net = A.net_handled(abi)
+    for kind, ranges in ((A.Net.CONNECT_TCP, policy.network.connect),
+                         (A.Net.BIND_TCP, policy.network.bind)):
+        for span in ranges if kind & net else ():
+            for port in range(span.low, span.high + 1):
+                ports[port] = ports.get(port, 0) | int(kind)
+    wanted = A.Scope(0)
+    if policy.scope.signals:
+        wanted |= A.Scope.SIGNAL
+    if policy.scope.abstract_unix:
+        wanted |= A.Scope.ABSTRACT_UNIX_SOCKET
+    scoped = wanted & A.scopes_known(abi)
     return Plan(abi, int(A.fs_handled(abi)), int(A.net_handled(abi)), int(scoped),
                 tuple(merged.items()), tuple(sorted(ports.items())), gaps(policy, abi))
 

@@ -109,12 +109,19 @@ def landlock_errno() -> int:
     return ctypes.get_errno()
 
 
-def create_ruleset(fs: int, net: int, scoped: int, abi: int) -> int:
-    """Create a ruleset fd (close-on-exec). The struct size follows the ABI."""
+def create_ruleset(fs: int, net: int, scoped: int) -> int:
+    """Create a ruleset fd (close-on-exec).
+
+    The whole struct is passed whatever the ABI: the kernel copies it with
+    copy_struct_from_user, so a kernel older than a field accepts it as long as that
+    field is 0, and refuses it (E2BIG) otherwise; a right the ABI lacks can never be
+    dropped silently here. Which fields may be non-zero for an ABI is
+    :mod:`sandlock.compile.abi`'s business.
+    """
     attr = RulesetAttr(fs, net, scoped)
-    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     return _check(_syscall(NR["landlock_create_ruleset"], ctypes.byref(attr),
-                           ctypes.c_size_t(size), ctypes.c_uint32(0)), "landlock_create_ruleset")
+                           ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0)),
+                  "landlock_create_ruleset")
 
 
 def add_path_rule(ruleset: int, path_fd: int, access: int) -> None:
@@ -154,7 +161,7 @@ def build_ruleset(abi: int, handled_fs: int, handled_net: int, scoped: int,
                                 f"{exc.strerror}") from None
         return -1
     try:
-        fd = create_ruleset(handled_fs, handled_net, scoped, abi)
+        fd = create_ruleset(handled_fs, handled_net, scoped)
     except OSError as exc:
         raise LandlockError(f"cannot create the Landlock ruleset: {exc.strerror}") from None
     try:

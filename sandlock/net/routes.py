@@ -573,7 +573,7 @@ def grant_port(ruleset_fd: int, abi: int, port: int) -> None:
     from ..compile import abi as A
     from ..linux import kernel
 
-    if abi >= A.NET_SINCE and ruleset_fd >= 0:
+    if A.net_handled(abi) and ruleset_fd >= 0:
         kernel.add_port_rule(ruleset_fd, port, int(A.Net.CONNECT_TCP))
 
 

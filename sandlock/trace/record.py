@@ -523,7 +523,7 @@ def needs(event: Event, abi: int) -> list[Need]:
         if targets[0].kind:
             add(int(A.Fs.TRUNCATE), targets[0].real)
     elif name in ("connect", "bind") and event.port >= 0:
-        if abi >= A.NET_SINCE and event.sock_type in (socket.SOCK_STREAM, -1):
+        if A.net_handled(abi) and event.sock_type in (socket.SOCK_STREAM, -1):
             out.append(Need(name, port=event.port, rights=int(
                 A.Net.CONNECT_TCP if name == "connect" else A.Net.BIND_TCP), program=prog))
     return out
