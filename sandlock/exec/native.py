@@ -188,7 +188,12 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     if cmd.cwd is None:  # the helper runs in /: the caller's directory, named now
         cmd = type(cmd)(cmd.executable, cmd.argv, cmd.env, os.getcwd())
     steps = spec.child_steps(compiled, cmd, in_group=group)
-    spec.check(steps, get().implements, HELPER)
+    try:
+        spec.check(steps, get().implements, HELPER)
+    except ValueError as exc:  # a step this build does not take: never run without it
+        from ..errors import SetupError
+
+        raise SetupError(str(exc)) from None
     fds = [*stdio]
     if compiled.ruleset_fd >= 0:
         fds.append(compiled.ruleset_fd)

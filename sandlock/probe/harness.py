@@ -948,8 +948,15 @@ def runtime_rules(policy: Policy) -> tuple[PathRule, ...]:
                  for rule in needed)
 
 
-def _launch(policy: Policy, harness: Harness) -> tuple[list[dict[str, str]], str]:
-    """Run the payload through the same launcher path as `sandlock run`."""
+#: Where the payload can run: the CLI's launcher (`sandlock run`), and the Python API's two
+#: executors (the fork server, and sandlock-exec). Each takes the same confinement steps
+#: (sandlock.exec.spec); tests/test_engine.py requires the same rows through each.
+EXECUTORS = ("launcher", "forkserver", "native")
+
+
+def _launch(policy: Policy, harness: Harness, executor: str = "launcher"
+            ) -> tuple[list[dict[str, str]], str]:
+    """Run the payload through ``executor``: by default the launcher path of `sandlock run`."""
     source = PAYLOAD.read_text()
     argv = [_interpreter(), "-I", "-S", "-B", "-c", source]
     caller = dict(os.environ)
@@ -960,7 +967,7 @@ def _launch(policy: Policy, harness: Harness) -> tuple[list[dict[str, str]], str
         with _routes(compiled, command, harness) as (compiled, command):
             command = launcher.Command(command.executable, (*argv, json.dumps(harness.cfg)),
                                        command.env, command.cwd)
-            return _spawn(compiled, command)
+            return _spawn(compiled, command, executor)
     finally:
         compiled.close()
 
@@ -1002,9 +1009,8 @@ def _routes(compiled: launcher.Compiled, command: launcher.Command, harness: Har
         yield routed, routed_cmd
 
 
-def _spawn(compiled: launcher.Compiled, command: launcher.Command
+def _spawn(compiled: launcher.Compiled, command: launcher.Command, executor: str = "launcher"
            ) -> tuple[list[dict[str, str]], str]:
-    policy = compiled.policy
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     master, slave = os.openpty()
@@ -1015,23 +1021,15 @@ def _spawn(compiled: launcher.Compiled, command: launcher.Command
         for reader in readers:
             reader.start()
         kernel.set_child_subreaper()
-        mediation = None
-        if policy.network.allow:  # issue 7: the same proxy + connect supervisor as `sandlock run`
-            from ..net.connect import Mediation
-
-            mediation = Mediation(policy)
-            command = mediation.command(command)
+        stdio = (slave, out_w, err_w)
         try:
-            child = launcher.spawn(compiled, command, stdin=slave, stdout=out_w, stderr=err_w,
-                                   hook=None if mediation is None else mediation.in_child)
-            if mediation is not None:
-                mediation.start()
-            child.wait(RUN_TIMEOUT)  # reaps every descendant, daemons included
+            if executor == "launcher":
+                _run_launcher(compiled, command, stdio)
+            else:
+                _run_api(compiled, command, stdio, executor)
         finally:
-            for fd in (out_w, err_w, slave):
+            for fd in stdio:
                 os.close(fd)
-            if mediation is not None:
-                mediation.stop()
         for reader in readers:
             reader.join(RUN_TIMEOUT)
     finally:
@@ -1045,6 +1043,54 @@ def _spawn(compiled: launcher.Compiled, command: launcher.Command
     return lines, b"".join(chunks[err_r]).decode(errors="replace")
 
 
+def _run_launcher(compiled: launcher.Compiled, command: launcher.Command,
+                  stdio: tuple[int, int, int]) -> None:
+    """As `sandlock run` runs a command: forked from this process."""
+    mediation = None
+    if compiled.policy.network.allow:  # the same proxy + connect supervisor as `sandlock run`
+        from ..net.connect import Mediation
+
+        mediation = Mediation(compiled.policy)
+        command = mediation.command(command)
+    try:
+        child = launcher.spawn(compiled, command, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
+                               hook=None if mediation is None else mediation.in_child)
+        if mediation is not None:
+            mediation.start()
+        child.wait(RUN_TIMEOUT)  # reaps every descendant, daemons included
+    finally:
+        if mediation is not None:
+            mediation.stop()
+
+
+def _run_api(compiled: launcher.Compiled, command: launcher.Command,
+             stdio: tuple[int, int, int], executor: str) -> None:
+    """As the Python API runs a command: through its fork server or sandlock-exec."""
+    from ..api.sandbox import Sandbox, _NativeCall
+    from ..errors import PolicyError
+    from ..exec import native
+
+    policy = compiled.policy
+    if policy.network.allow or policy.credentials:
+        raise PolicyError(f"sandlock probe --executor {executor}: a policy with [network] allow or "
+                          "[credentials] is probed through the launcher only")
+    if executor == "native" and not native.enabled():
+        raise PolicyError(f"sandlock probe --executor native: {native.HELPER} is not built, or "
+                          "SANDLOCK_NATIVE=0 turns it off")
+    with Sandbox(policy) as box:
+        box._native = executor == "native"
+        call = box._submit("exec", command, stdio, RUN_TIMEOUT)
+        try:
+            if isinstance(call, _NativeCall) != (executor == "native"):
+                raise PolicyError(f"sandlock probe --executor {executor}: the API chose another")
+            while not call.ended:
+                call.receive()
+        finally:
+            call.close()
+        if call.failure is not None:
+            raise call.failure
+
+
 def _drain(fd: int, into: list[bytes]) -> None:
     try:
         while chunk := os.read(fd, 65536):
@@ -1054,8 +1100,11 @@ def _drain(fd: int, into: list[bytes]) -> None:
 
 
 def probe_policy(policy: Policy, *, home: str | None = None,
-                 variables: Mapping[str, str] | None = None) -> Report:
+                 variables: Mapping[str, str] | None = None, executor: str = "launcher") -> Report:
     """Run every probe inside ``policy``'s sandbox and explain each outcome.
+
+    ``executor`` (one of :data:`EXECUTORS`): what starts the payload; the rows must not
+    depend on it.
 
     Note: like `sandlock run`, this makes the calling process a child subreaper
     and kills every child of the calling thread once the payload exits.
@@ -1067,7 +1116,7 @@ def probe_policy(policy: Policy, *, home: str | None = None,
     abi = ruleset.detect_abi()
     gaps = tuple(str(g) for g in ruleset.gaps(confined, abi))
     with Harness(policy, home) as harness:
-        raw, stderr = _launch(confined, harness)
+        raw, stderr = _launch(confined, harness, executor)
         effects = harness.effects()
         cfg = harness.cfg
         secret = harness.credential_secret
