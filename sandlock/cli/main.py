@@ -340,7 +340,11 @@ def policies(name: str | None) -> None:
 @click.option("--policy", type=PathArg(dir_okay=False), required=True, help="Policy file (TOML).")
 @var_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def probe(policy: str, variables: Sequence[str], as_json: bool) -> None:
+@click.option("--executor", type=click.Choice(["launcher", "forkserver", "native"]),
+              default="launcher", show_default=True,
+              help="What starts the payload: `sandlock run`'s launcher, or the Python API's fork "
+                   "server or sandlock-exec. Every executor must give the same rows.")
+def probe(policy: str, variables: Sequence[str], as_json: bool, executor: str) -> None:
     """Try to escape the policy's sandbox; one row per attempt.
 
     Exit 0 when every attempt the policy does not grant was blocked, 1 when one
@@ -351,7 +355,7 @@ def probe(policy: str, variables: Sequence[str], as_json: bool) -> None:
     from ..policy.profiles import policy_file
 
     try:
-        report = probe_file(policy_file(policy), parse_vars(variables))
+        report = probe_file(policy_file(policy), parse_vars(variables), executor=executor)
     except SandlockError as exc:
         raise _fail(exc) from None
     if as_json:

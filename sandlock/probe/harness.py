@@ -1244,10 +1244,11 @@ def _judge(spec: Spec, outcome: str, detail: str, ctx: Context) -> Result:
 
 
 def probe_file(path: str, variables: Mapping[str, str] | None = None, *,
-               home: str | None = None) -> Report:
+               home: str | None = None, executor: str = "launcher") -> Report:
     """Load the policy at ``path`` (with ``--var`` style variables) and probe it."""
     from ..policy.model import load_policy
 
-    return probe_policy(load_policy(path, variables), home=home, variables=variables)
+    return probe_policy(load_policy(path, variables), home=home, variables=variables,
+                        executor=executor)
 
 
