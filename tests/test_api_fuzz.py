@@ -89,7 +89,9 @@ def test_the_fuzzed_values_include_the_reported_cases() -> None:
     """The issue's inputs, explicitly (hypothesis may not draw them)."""
     with sandlock.Sandbox({"extends": ["python"],
                            "filesystem": {"exec": ["/usr/bin/true"]}}) as sandbox:
-        for options in ({"timeout": -1}, {"timeout": math.nan}, {"input": 3}):
+        for options in ({"timeout": -1}, {"timeout": math.nan}, {"input": 3},
+                        {"input": "x", "encoding": "0"}, {"input": "x", "errors": "0"},
+                        {"stdin": 2**40}, {"stderr": -2**70}, {"stdout": -5}):
             before = fds()
             with pytest.raises(ALLOWED):
                 sandbox.run(["true"], **options)

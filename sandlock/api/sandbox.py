@@ -634,6 +634,7 @@ class Sandbox:
         """
         timeout = _check_timeout(timeout)
         _check_trace(trace)
+        _check_text(encoding, errors)
         session = self._call_session(credentials)
         try:
             cmd = self._command(argv, cwd, env, session)
@@ -706,9 +707,7 @@ class Sandbox:
         # Everything is checked before anything is opened or started.
         timeout = _check_timeout(timeout)
         _check_trace(trace)
-        for what, value in (("encoding", encoding), ("errors", errors)):
-            if value is not None and not isinstance(value, str):
-                raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+        _check_text(encoding, errors)
         if input is not None and not isinstance(input, (bytes, bytearray, memoryview, str)):
             raise TypeError(f"input must be bytes or str, not {type(input).__name__}")
         decode = text or bool(encoding or errors)
@@ -868,6 +867,24 @@ def _check_trace(trace: Any) -> None:
         raise TypeError(f"trace must be True or False, not {type(trace).__name__}")
 
 
+def _check_text(encoding: Any, errors: Any) -> None:
+    """A codec or error handler Python does not know is a ValueError before anything
+    starts, as a wrong type is a TypeError: not a LookupError once input is encoded or
+    output decoded (or never, when there was nothing to decode)."""
+    import codecs
+
+    for what, value, lookup in (("encoding", encoding, codecs.lookup),
+                                ("errors", errors, codecs.lookup_error)):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+        try:
+            lookup(value)
+        except LookupError as exc:
+            raise ValueError(f"{what}={value!r}: {exc}") from None
+
+
 def _argv(argv: Any) -> tuple[str, ...]:
     if isinstance(argv, (str, bytes)) or not isinstance(argv, Iterable):
         raise TypeError("argv must be a sequence of strings (no shell is involved)")
@@ -879,13 +896,25 @@ def _argv(argv: Any) -> tuple[str, ...]:
     return args
 
 
+#: The largest descriptor number (a C int, as dup2 and SCM_RIGHTS take it).
+_MAX_FD = 2**31 - 1
+
+
 def _fileno(given: Any) -> int:
+    """The descriptor of a stdio argument that is not PIPE, STDOUT or DEVNULL: a ValueError
+    for a number that cannot be one, before anything starts (not an OverflowError, nor
+    a call that reports EBADF)."""
     if isinstance(given, int):
-        return given
-    try:
-        return int(given.fileno())
-    except (AttributeError, io.UnsupportedOperation):
-        raise TypeError(f"expected None, PIPE, DEVNULL, an fd or a file, got {given!r}") from None
+        fd = given
+    else:
+        try:
+            fd = int(given.fileno())
+        except (AttributeError, io.UnsupportedOperation):
+            raise TypeError(f"expected None, PIPE, DEVNULL, an fd or a file, got {given!r}"
+                            ) from None
+    if not 0 <= fd <= _MAX_FD:
+        raise ValueError(f"{fd} is not a file descriptor (nor PIPE, STDOUT or DEVNULL)")
+    return fd
 
 
 def _open_stdio(specs: tuple[File, File, File]) -> tuple[tuple[int, int, int], list[int]]:
