@@ -17,7 +17,7 @@ import click
 from .. import __version__
 from .paths import PathArg
 from ..errors import ExitCode, SandlockError
-from .run import execute, parse_vars
+from .launch import execute, load, parse_vars
 
 EPILOG = """\b
 Examples:
@@ -119,7 +119,6 @@ def check(as_json: bool) -> None:
 def explain(policy: str | None, tool: str | None, policies: str | None,
             variables: Sequence[str], as_json: bool) -> None:
     """The effective policy after extends and variables, and what this kernel enforces."""
-    from .run import load
     from ..compile.report import explain_policy
 
     try:

@@ -16,7 +16,7 @@ import click
 
 from .paths import PathArg
 from ..errors import ExitCode, SandlockError
-from .run import parse_vars, say
+from .launch import load_full, parse_vars, say
 
 _CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
@@ -86,13 +86,12 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     and seccomp refuse exactly what they refuse under `run`.
     """
     from ..exec import launcher
-    from .run import _load_full
     from ..trace.record import Judge, Recorder
 
     code: int = ExitCode.LAUNCHER
     try:
         _check_support()
-        loaded = _load_full(policy, tool, policies, parse_vars(variables), timeout, best_effort, None)
+        loaded = load_full(policy, tool, policies, parse_vars(variables), timeout, best_effort, None)
         if loaded.network.allow:
             # One seccomp notification listener per process: the host allowlist's connect
             # supervisor already needs it (the kernel would answer EBUSY).

@@ -259,6 +259,36 @@ def pidfd_getfd(pidfd: int, target: int) -> int:
     return _check(_syscall(NR["pidfd_getfd"], pidfd, target, 0), "pidfd_getfd")
 
 
+#: pidfd_open(2) flag for a thread, not only a thread-group leader (linux/pidfd.h, 6.9).
+PIDFD_THREAD = os.O_EXCL
+_SOL_SOCKET = 1  # asm-generic/socket.h, as the socket module has it
+
+
+def take_fd(tid: int, target: int) -> int:
+    """Our own descriptor (close-on-exec) for descriptor ``target`` of the thread ``tid``:
+    a supervisor decides on the object the tool named, never on a number it may reuse."""
+    try:
+        pidfd = os.pidfd_open(tid, PIDFD_THREAD)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        pidfd = os.pidfd_open(tid)  # before Linux 6.9: only thread-group leaders
+    try:
+        return pidfd_getfd(pidfd, target)
+    finally:
+        os.close(pidfd)
+
+
+def socket_option(fd: int, option: int) -> int:
+    """An integer ``SOL_SOCKET`` option of the socket ``fd`` (SO_TYPE, SO_DOMAIN...),
+    without wrapping the descriptor in a socket object."""
+    value = ctypes.c_int(0)
+    size = ctypes.c_uint32(4)
+    _check(_libc.getsockopt(fd, _SOL_SOCKET, option, ctypes.byref(value), ctypes.byref(size)),
+           "getsockopt")
+    return value.value
+
+
 def cloexec_from(low: int) -> None:
     """Mark every descriptor >= ``low`` close-on-exec (one syscall, Linux 5.11+).
 

@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from ..exec.launcher import Command
     from ..policy.model import Network, Policy
 
-PIDFD_THREAD = os.O_EXCL  # linux/pidfd.h, Linux 6.9
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
@@ -211,7 +210,7 @@ class Supervisor:
 
     def _handle(self, ident: int, tid: int, fdnum: int, pointer: int, length: int) -> None:
         try:
-            sock = _grab(tid, fdnum)
+            sock = kernel.take_fd(tid, fdnum)
         except OSError as exc:
             if exc.errno == errno.EPERM:
                 self._deny(f"pid {tid}", "sandlock may not take its socket (the process made "
@@ -222,8 +221,8 @@ class Supervisor:
         keep = False
         try:
             try:
-                family = _sockopt(sock, socket.SO_DOMAIN)
-                kind = _sockopt(sock, socket.SO_TYPE)
+                family = kernel.socket_option(sock, socket.SO_DOMAIN)
+                kind = kernel.socket_option(sock, socket.SO_TYPE)
             except OSError as exc:
                 self._respond(ident, -(exc.errno or errno.ENOTSOCK))
                 return
@@ -312,29 +311,6 @@ class Supervisor:
         self.report(message)
 
 
-def _grab(tid: int, fdnum: int) -> int:
-    """Our own descriptor for the tool's ``fdnum``, via the thread that called connect."""
-    try:
-        pidfd = os.pidfd_open(tid, PIDFD_THREAD)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-        pidfd = os.pidfd_open(tid)  # before Linux 6.9: only thread-group leaders
-    try:
-        return kernel.pidfd_getfd(pidfd, fdnum)
-    finally:
-        os.close(pidfd)
-
-
-def _sockopt(fd: int, option: int) -> int:
-    value = ctypes.c_int(0)
-    size = ctypes.c_uint32(4)
-    if _libc.getsockopt(fd, socket.SOL_SOCKET, option, ctypes.byref(value), ctypes.byref(size)):
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return value.value
-
-
 def _shutdown(fd: int) -> None:
     if _libc.shutdown(fd, socket.SHUT_RDWR) < 0:
         raise OSError(ctypes.get_errno(), "shutdown")
@@ -379,12 +355,11 @@ class Mediation:
             self._report(message)
 
     def command(self, cmd: "Command") -> "Command":
-        """``cmd`` with the proxy variables set (they override the caller's)."""
-        from ..exec.launcher import Command
-
+        """``cmd`` with the proxy variables set (they override the caller's). Made as
+        ``type(cmd)``: this module sits beside the launcher, not above it."""
         env = dict(cmd.env)
         env.update(self.proxy.environment())
-        return Command(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
+        return type(cmd)(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
 
     def in_child(self) -> None:
         self.supervisor.install()

@@ -610,7 +610,6 @@ def serving(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str
     from dataclasses import replace
 
     from ..policy.credentials import CredentialError
-    from ..exec.launcher import Command
     from ..policy.model import PortRange
 
     policy = compiled.policy
@@ -634,7 +633,8 @@ def serving(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str
         compiled.policy = replace(policy, credentials=(), network=network)
         env = routes.session.environment(dict(cmd.env))
         routes.start()
-        yield routes, compiled, Command(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
+        # type(cmd): a command like the caller's (this module sits beside the launcher)
+        yield routes, compiled, type(cmd)(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
 
 
 def for_sandbox(policy: "Policy", given: Optional[Mapping[str, str]]

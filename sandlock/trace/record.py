@@ -351,14 +351,12 @@ def _read_string(mem: Any, pointer: int) -> str:
 
 def _socket_type(tid: int, fdnum: int) -> int:
     """SOCK_STREAM or SOCK_DGRAM of the tool's socket (our own reference; -1 if unknown)."""
-    from ..net.connect import _grab, _sockopt
-
     try:
-        fd = _grab(tid, fdnum)
+        fd = kernel.take_fd(tid, fdnum)
     except OSError:
         return -1
     try:
-        return _sockopt(fd, socket.SO_TYPE)
+        return kernel.socket_option(fd, socket.SO_TYPE)
     except OSError:
         return -1
     finally:

@@ -1,0 +1,157 @@
+"""What `sandlock run` does once its options are parsed: load the policy (or read it back
+from the cache of compiled policies), compile, launch and wait, and turn every failure
+into one ``sandlock:`` line and an exit code.
+
+Shared by the click-free parser (:mod:`sandlock.cli.run`), the click CLI
+(:mod:`sandlock.cli.main`) and `trace`/`learn` (:mod:`sandlock.cli.trace`), below all
+three, so that none of them imports another for it. Imports nothing heavy at module
+level: this is the per-call path.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import ExitCode, SandlockError
+
+TYPE_CHECKING = False  # importing typing alone costs several ms per call
+if TYPE_CHECKING:
+    from typing import Mapping, Optional, Sequence
+
+    from ..policy.model import Policy
+
+
+def say(message: str) -> None:
+    """One line on stderr, prefixed so it cannot be mistaken for the tool's output."""
+    try:
+        sys.stderr.write(f"sandlock: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):  # stderr full, closed, or None in-process
+        pass
+
+
+def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SandlockError(f"--var expects NAME=VALUE, got {pair!r}")
+        out[name] = value
+    return out
+
+
+def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
+         variables: Mapping[str, str], data: Optional[bytes] = None) -> Policy:
+    """The policy named on the command line: a file (``data``: its bytes, when the
+    caller already read them), or a tool of a registry."""
+    if tool is not None:
+        from ..policy.registry import Registry
+
+        if policies is None:
+            raise SandlockError("--tool needs --policies DIR (or a policies file)")
+        return Registry(policies).policy(tool, variables)
+    if policy is None:
+        raise SandlockError("missing --policy FILE")
+    from ..policy.model import load_policy
+    from ..policy.profiles import policy_file
+
+    policy = policy_file(policy)  # a bare name: the shipped policy of that name
+
+    return load_policy(policy, variables, data=data)
+
+
+def load_full(policy: Optional[str], tool: Optional[str], policies: Optional[str],
+               variables: Mapping[str, str], timeout: Optional[str], best_effort: bool,
+               data: Optional[bytes]) -> Policy:
+    """Parse the policy and apply the command-line overrides (the uncached path)."""
+    from ..policy.model import Compat, parse_duration
+
+    loaded = load(policy, tool, policies, variables, data)
+    if best_effort:
+        loaded = loaded.with_compat(Compat.BEST_EFFORT)
+    if timeout is not None:
+        try:
+            loaded = loaded.with_timeout(parse_duration(timeout))
+        except Exception as exc:  # _Bad from the duration parser
+            raise SandlockError(f"--timeout: {exc}") from None
+    return loaded
+
+
+def _read_once(policy: str) -> bytes:
+    """The policy file's bytes, read once: the cache key and the compiled policy both
+    come from them, so a file replaced while the run starts cannot mix two versions."""
+    from ..errors import PolicyError
+    from ..policy.readfile import read_policy_bytes
+
+    try:
+        return read_policy_bytes(policy)
+    except FileNotFoundError:
+        from ..policy.profiles import is_name
+
+        hint = " nor a built-in policy (`sandlock policies` lists them)" if is_name(policy) else ""
+        raise PolicyError(f"policy file does not exist{hint}", source=policy) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
+        raise PolicyError(f"cannot read policy file: {getattr(exc, 'strerror', None) or exc}",
+                          source=policy) from None
+
+
+def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
+            best_effort: bool, argv: Sequence[str], *, tool: Optional[str] = None,
+            policies: Optional[str] = None) -> int:
+    """Load, compile, launch and wait; every failure becomes a message and an exit code.
+
+    A policy file compiled before, unchanged, is read back from the cache of compiled
+    policies (:mod:`sandlock.compile.cache`) instead of being parsed: that skips importing
+    the policy model, tomllib and the seccomp compiler. Any doubt means a miss.
+    """
+    try:
+        from ..exec import launcher
+
+        cached = compiled = None
+        data = None
+        if policy is not None and tool is None:
+            from ..compile import cache as fastpath
+            from ..policy.profiles import policy_file
+
+            policy = policy_file(policy)  # a bare name: the shipped policy of that name
+            data = _read_once(policy)
+            cached = fastpath.lookup(policy, data, variables, timeout, best_effort)
+        loaded: Policy  # on a hit, the CachedPolicy view: the parts the launcher reads
+        try:
+            if cached is not None and cached.entry is not None:
+                from ..compile.grants import GrantError
+
+                try:
+                    compiled = cached.entry.compile()
+                    loaded = cached.entry.policy  # type: ignore[assignment]
+                except GrantError:
+                    compiled = None  # the full path reports it with the policy's line
+            if compiled is None:
+                loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data)
+                compiled = launcher.compile_policy(loaded)
+                if cached is not None:
+                    cached.store(loaded, compiled)
+        finally:
+            if cached is not None:  # done with the cache: its directory is not the tool's
+                import os
+
+                os.close(cached.directory)
+        try:
+            command = launcher.prepare_command(loaded, argv)
+            if compiled.gaps:
+                say(f"warning: NOT enforced for this caller on this kernel (Landlock ABI "
+                    f"{compiled.abi}):")
+                for line in compiled.warnings:
+                    say(f"warning:   - {line}")
+            child = launcher.run(compiled, command, report=say)
+        finally:
+            compiled.close()  # the ruleset descriptor: the child is done with it
+        if child.timed_out:
+            say(f"timeout: {argv[0]} ran longer than {loaded.limits.timeout:g}s; killed its "
+                "process tree")
+        return int(child.returncode or 0)
+    except SandlockError as exc:
+        say(str(exc))
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        return ExitCode.SIGNAL_BASE + 2
