@@ -1,8 +1,10 @@
 """Build step for the native helper; everything else is in pyproject.toml.
 
-``sandlock/exec/helper/sandlock_exec.c`` becomes ``sandlock/exec/helper/sandlock-exec`` (the
-Python API's fast path, see sandlock/exec/native.py) when a C compiler is available.
-If compiling fails the install goes on without it and the API uses its fork server.
+``sandlock/exec/helper/sandlock_exec.c`` becomes ``sandlock/exec/helper/sandlock-exec``, the
+executor of the Python API's commands (sandlock/exec/native.py), built with all warnings
+as errors. If it cannot be compiled the install fails, unless SANDLOCK_NO_NATIVE=1 asks
+for an install without it (the API then starts commands through its fork server, and the
+wheel is tagged pure). A wheel with the helper is tagged py3-none-<platform>.
 Build it by hand (e.g. for a source checkout): ``python setup.py build_helper``.
 """
 
@@ -29,30 +31,54 @@ SOURCE = os.path.join("sandlock", "exec", "helper", "sandlock_exec.c")
 TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-exec")
 
 
-def compile_helper(out_dir: str) -> bool:
+#: bubblewrap's warning set, and all warnings are errors: the helper confines every command
+#: the Python API starts, so a warning is a bug until shown otherwise.
+WARNINGS = ["-Wall", "-Wextra", "-Werror", "-Wshadow", "-Wformat=2", "-Werror=format-security",
+            "-Werror=empty-body", "-Werror=strict-prototypes", "-Werror=missing-prototypes",
+            "-Werror=implicit-function-declaration", "-Werror=pointer-arith", "-Werror=init-self",
+            "-Werror=missing-declarations", "-Werror=return-type", "-Werror=overflow",
+            "-Werror=int-conversion", "-Werror=parentheses", "-Werror=incompatible-pointer-types",
+            "-Werror=misleading-indentation", "-Werror=missing-include-dirs"]
+#: Set to 1 to install without the helper, on purpose: the API then starts every command
+#: through its fork server (the same confinement steps, in Python), and the wheel is pure.
+ENV_NO_NATIVE = "SANDLOCK_NO_NATIVE"
+
+
+def without_native() -> bool:
+    return os.environ.get(ENV_NO_NATIVE) == "1"
+
+
+def compile_helper(out_dir: str) -> None:
     """Compile into ``out_dir``/sandlock/exec/helper. Static, with musl if it is installed
     (Debian: musl-tools): its start-up costs ~0.2 ms less per call than glibc's, which
-    probes the CPU; then static glibc; then a dynamic build."""
+    probes the CPU; then static glibc; then a dynamic build. If none builds, the install
+    fails (SystemExit) unless SANDLOCK_NO_NATIVE=1 says to go without."""
+    if without_native():
+        print(f"sandlock: {ENV_NO_NATIVE}=1: no native helper; the Python API will start "
+              "commands through its fork server", file=sys.stderr)
+        return
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     musl = None if os.environ.get("CC") else shutil.which("musl-gcc")  # CC= wins
     attempts = ([[musl, "-static"]] if musl else []) + ([[cc, "-static"], [cc]] if cc else [])
-    if not attempts:
-        print("sandlock: no C compiler: the Python API will use its fork server", file=sys.stderr)
-        return False
     target = os.path.join(out_dir, TARGET)
     os.makedirs(os.path.dirname(target), exist_ok=True)
+    errors = []
     for compiler, *extra in attempts:
-        command = [compiler, "-O2", "-Wall", *extra, "-o", target, os.path.join(HERE, SOURCE)]
+        command = [compiler, "-O2", *WARNINGS, *extra, "-o", target, os.path.join(HERE, SOURCE)]
         try:
-            built = subprocess.run(command, capture_output=True).returncode == 0
-        except OSError:  # CC names no program: try the next way, then go without
-            built = False
-        if built:
+            built = subprocess.run(command, capture_output=True, text=True)
+        except OSError as exc:  # CC names no program: try the next way
+            errors.append(f"{compiler}: {exc}")
+            continue
+        if built.returncode == 0:
             os.chmod(target, 0o755)
-            return True
-    print(f"sandlock: compiling {SOURCE} failed: the Python API will use its fork server",
-          file=sys.stderr)
-    return False
+            return
+        errors.append(f"{' '.join(command)}:\n{built.stderr.strip()}")
+    raise SystemExit(
+        f"sandlock: cannot compile {SOURCE}, the native helper of the Python API "
+        f"({'; '.join(errors) if errors else 'no C compiler found'}).\n"
+        "Install a C compiler (Debian: gcc, and musl-tools for the faster static build), or set "
+        f"{ENV_NO_NATIVE}=1 to install without it (the API then uses its fork server).")
 
 
 class BuildPy(build_py):
@@ -61,7 +87,13 @@ class BuildPy(build_py):
     def run(self) -> None:
         super().run()
         editable = getattr(self, "editable_mode", False)
-        compile_helper(HERE if editable else self.build_lib)
+        out = HERE if editable else self.build_lib
+        if without_native() and not editable:  # a helper built earlier in the tree stays out
+            try:
+                os.remove(os.path.join(out, TARGET))
+            except FileNotFoundError:
+                pass
+        compile_helper(out)
 
 
 class BuildHelper(Command):
@@ -77,18 +109,20 @@ class BuildHelper(Command):
         pass
 
     def run(self) -> None:
-        if not compile_helper(HERE):
-            raise SystemExit(1)
+        compile_helper(HERE)
 
 
 class BdistWheel(bdist_wheel or Command):  # type: ignore[misc]
-    """A wheel carrying the compiled helper says so: any Python 3, this platform only."""
+    """A wheel carrying the compiled helper says so: any Python 3, this platform only.
+    Without it (SANDLOCK_NO_NATIVE=1) the wheel is pure Python, and tagged so."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
-        self.root_is_pure = False
+        self.root_is_pure = without_native()
 
     def get_tag(self) -> tuple[str, str, str]:
+        if without_native():
+            return ("py3", "none", "any")
         return ("py3", "none", super().get_tag()[2])
 
 

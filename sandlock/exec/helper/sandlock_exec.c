@@ -286,10 +286,14 @@ static void parse_steps(char **text, uint32_t count) {
         } else if (kind == S_RLIMIT) {
             char *value, *end;
             if (!arg) fail("rlimit without a value");
-            step->resource = (int)strtol(arg + 1, &value, 10);
-            if (*value != ':') fail("bad rlimit step");
+            errno = 0;
+            long resource = strtol(arg + 1, &value, 10);
+            if (errno || value == arg + 1 || *value != ':' || resource < 0 || resource >= RLIM_NLIMITS)
+                fail("bad rlimit step");
+            step->resource = (int)resource;
             step->value = (rlim_t)strtoull(value + 1, &end, 10);
-            if (*end) fail("bad rlimit step");
+            if (errno || end == value + 1 || *end || value[1] == '-') fail("bad rlimit step");
+            errno = EPROTO;
         } else if (arg) {
             fail("a confinement step that takes no argument has one");
         }
@@ -431,7 +435,12 @@ static void options(int argc, char **argv) {
     int opt;
     while ((opt = getopt(argc, argv, "+st:p:g:G:")) != -1) {
         if (opt == 's') report_start = 1;
-        else if (opt == 't') timeout = strtod(optarg, NULL);
+        else if (opt == 't') {
+            char *end;
+            errno = 0;
+            timeout = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(timeout >= 0)) { errno = EINVAL; fail("bad -t"); }
+        }
         else if (opt == 'p') {
             char *end;
             errno = 0;
@@ -542,7 +551,11 @@ static void supervise(char **command) {
             ssize_t len = recv(SOCK, message, sizeof message - 1, MSG_DONTWAIT);
             if (len < 0 && errno == EAGAIN) continue;
             if (len <= 0 || message[0] == 'K') kill_tree = 1, listening = len > 0;
-            else if (message[0] == 's' && message[1] == ' ') kill(-pid, atoi(message + 2));
+            else if (message[0] == 's' && message[1] == ' ') {
+                char *end;
+                long signum = strtol(message + 2, &end, 10);
+                if (end != message + 2 && !*end && signum > 0 && signum < 65) kill(-pid, (int)signum);
+            }
         }
         if (kill_tree && !done) {
             group_kill(); /* the whole tree at once, a fork bomb included */
