@@ -383,6 +383,3 @@ from .trace import register as _register_recording  # noqa: E402 - after the gro
 
 _register_recording(cli)  # `trace` and `learn`
 
-
-def main() -> None:
-    cli.main(prog_name="sandlock")

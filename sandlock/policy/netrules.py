@@ -320,7 +320,3 @@ def parse_pins(table: dict[str, object]) -> tuple[tuple[str, str], ...]:
         out.append((host, str(as_address(normalize_host(value)))))
     return tuple(out)
 
-
-def compile_rules(allow: Iterable[HostRule], deny: Iterable[HostRule],
-                  hosts: Iterable[tuple[str, str]]) -> NetRules:
-    return NetRules(tuple(allow), tuple(deny), tuple(hosts))
