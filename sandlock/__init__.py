@@ -16,10 +16,12 @@ __distribution__ = "sandlock-agent"
 #: The directory of this package (its modules live in the subpackages below it).
 PACKAGE_DIR = __path__[0]
 
+#: Each public name and the module that defines it (loaded on first use).
 _EXPORTS = {
-    "Sandbox": "api.sandbox", "Process": "api.sandbox", "Result": "api.sandbox", "Outcome": "api.sandbox",
-    "PIPE": "api.sandbox", "STDOUT": "api.sandbox", "DEVNULL": "api.sandbox", "RemoteTraceback": "api.sandbox",
-    "start": "api.sandbox", "shutdown": "api.sandbox",
+    "Sandbox": "api.sandbox", "Process": "api.sandbox", "PIPE": "api.sandbox",
+    "STDOUT": "api.sandbox", "DEVNULL": "api.sandbox", "start": "api.sandbox",
+    "shutdown": "api.sandbox",
+    "Result": "api.results", "Outcome": "api.results", "RemoteTraceback": "api.results",
     "Registry": "policy.registry",
     "Policy": "policy.model", "load_policy": "policy.model", "loads_policy": "policy.model",
     "policy_from_dict": "policy.model",
@@ -28,6 +30,26 @@ _EXPORTS = {
     "ExecError": "errors", "TimeoutExpired": "errors", "CommandFailed": "errors",
     "CallError": "errors", "ExitCode": "errors",
 }
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads each on first use
+    from .api.results import Outcome, RemoteTraceback, Result
+    from .api.sandbox import DEVNULL, PIPE, STDOUT, Process, Sandbox, shutdown, start
+    from .errors import (
+        CallError,
+        CommandFailed,
+        ExecError,
+        ExitCode,
+        KernelSupportError,
+        LandlockError,
+        PolicyError,
+        SandlockError,
+        SeccompError,
+        SetupError,
+        TimeoutExpired,
+    )
+    from .policy.model import Policy, load_policy, loads_policy, policy_from_dict
+    from .policy.registry import Registry
 
 __all__ = [
     "CallError", "CommandFailed", "DEVNULL", "ExecError", "ExitCode", "KernelSupportError",

@@ -60,7 +60,7 @@ class Context:
     def __init__(self, *, parent: int = -1, group_fd: int = -1,
                  stdio: tuple[int, int, int] = (-1, -1, -1), ruleset_fd: int = -1,
                  fprog: Optional[SockFprog] = None, notify: Optional[Callable[[], None]] = None,
-                 executable: str = "", argv: Sequence[bytes] = (),
+                 executable: str = "", argv: list[bytes] | None = None,
                  env: Optional[dict[bytes, bytes]] = None) -> None:
         self.parent = parent
         self.group_fd = group_fd
@@ -69,7 +69,7 @@ class Context:
         self.fprog = fprog
         self.notify = notify
         self.executable = executable
-        self.argv = argv
+        self.argv = argv or []
         self.env = env
 
 

@@ -53,8 +53,6 @@ kills the tree.
 
 from __future__ import annotations
 
-from .. import PACKAGE_DIR
-
 import _thread
 import atexit
 import marshal
@@ -64,6 +62,8 @@ import signal
 import socket
 import struct
 import sys
+
+from .. import PACKAGE_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -543,8 +543,8 @@ def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
 def _steps(request: dict[str, Any], notify: bool) -> Any:
     """The command's confinement steps, as its request carries them (spec.encode),
     checked: this interpreter implements each, and the list agrees with the request."""
-    from . import engine, spec
     from ..errors import SetupError
+    from . import engine, spec
 
     try:
         if request.get("version") != spec.VERSION:

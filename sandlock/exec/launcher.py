@@ -18,16 +18,15 @@ parent can tell "could not start" (125/126/127) from "ran and failed".
 
 from __future__ import annotations
 
-import _signal  # type: ignore[import-not-found]  # the C half of signal; typeshed has no stub
 import os
 import resource
 import select
 import signal
 import time
 
+from ..errors import ExecError, ExitCode, KernelSupportError, SetupError
 from ..linux import cgroups, kernel
 from . import engine, spec
-from ..errors import ExecError, ExitCode, KernelSupportError, SandlockError, SetupError
 
 # Start-up is paid on every `sandlock run`: nothing the cached run path skips
 # (policy parsing, dataclasses, typing, fnmatch/re, threading) is imported here at
@@ -37,8 +36,8 @@ if TYPE_CHECKING:
     from typing import Callable, Mapping, Optional, Sequence
 
     from ..compile import ruleset
-    from ..policy.model import EnvSpec, Limits, Policy
     from ..net.connect import Mediation
+    from ..policy.model import EnvSpec, Limits, Policy
     from ..trace.record import Recorder
 
 FORWARDED_SIGNALS = engine.FORWARDED_SIGNALS
@@ -196,8 +195,8 @@ def build_rules(policy: Policy, plan: ruleset.Plan) -> int:
     """The ruleset fd for ``plan``; a grant refused by :mod:`sandlock.compile.grants` becomes a
     PolicyError naming the policy line it came from."""
     from ..compile import ruleset
-    from ..errors import PolicyError
     from ..compile.grants import GrantError
+    from ..errors import PolicyError
 
     try:
         return ruleset.build(plan, ruleset.policy_files(policy))
@@ -469,7 +468,8 @@ class Starting:
         elif any(s[0] == spec.CGROUP for s in steps) != in_group:
             self.discard_group()
             raise SetupError("malformed request: the cgroup step and the run's pids cgroup disagree")
-        ctx = engine.Context(parent=os.getpid(), group_fd=self.group.procs_fd if in_group else -1,
+        group_fd = -1 if self.group is None else self.group.procs_fd
+        ctx = engine.Context(parent=os.getpid(), group_fd=group_fd,
                              stdio=stdio, ruleset_fd=compiled.ruleset_fd, fprog=compiled._fprog,
                              notify=hook, executable=cmd.executable, argv=argv, env=env)
         # Before fork: an orphan of the tool can never be among them.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Sequence, Union
+    from typing import Collection, Sequence, Union
 
     from .launcher import Command, Compiled
 
@@ -114,7 +114,7 @@ def decode(strings: Sequence[str]) -> tuple[Step, ...]:
     return tuple(steps)
 
 
-def check(steps: Sequence[Step], implemented: Sequence[str], who: str) -> None:
+def check(steps: Sequence[Step], implemented: Collection[str], who: str) -> None:
     """Refuse ``steps`` if ``who`` does not implement each of them, or if the
     confinement steps are missing or out of order (a list not made here)."""
     missing = sorted({str(s[0]) for s in steps} - set(implemented))

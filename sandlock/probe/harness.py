@@ -39,9 +39,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..linux import kernel
-from ..exec import launcher
 from ..errors import SandlockError
+from ..exec import launcher
+from ..linux import kernel
 from ..policy.model import Access, PathRule, Policy, PortRange, load_profile
 
 PAYLOAD = Path(__file__).with_name("payload.py")
