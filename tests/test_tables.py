@@ -261,3 +261,31 @@ def test_a_ruleset_for_every_abi_up_to_this_kernels() -> None:
         fd = kernel.create_ruleset(int(A.fs_handled(version)), int(A.net_handled(version)),
                                    int(A.scopes_known(version)))
         os.close(fd)
+
+
+# ----------------------------------------------------------------------------
+# trace's table of recorded syscalls: each entry is decoded
+
+def test_trace_decodes_mknod(tmp_path: Path) -> None:
+    """mkfifo (mknodat) in a directory the policy only reads is reported as a create
+    there, not an internal error (the file type was once masked with a function)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from sandlock.trace import record
+
+    why = record.supported()
+    if why is not None:
+        pytest.skip(why)
+    mkfifo = shutil.which("mkfifo")
+    if mkfifo is None:
+        pytest.skip("no mkfifo here")
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'version = 1\nextends = ["base"]\n[filesystem]\nread = ["{tmp_path}"]\n'
+                      f'exec = ["{os.path.realpath(mkfifo)}"]\n')
+    result = subprocess.run([sys.executable, "-m", "sandlock", "trace", "--policy", str(policy), "--",
+                             mkfifo, str(tmp_path / "fifo")], capture_output=True, text=True, timeout=120)
+    assert "internal error" not in result.stderr, result.stderr
+    assert f'denied create {tmp_path} -> [filesystem] write += "{tmp_path}"' in result.stderr, result.stderr
+    assert result.returncode == 1

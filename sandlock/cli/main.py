@@ -15,9 +15,9 @@ from typing import Any
 import click
 
 from .. import __version__
-from .paths import PathArg
 from ..errors import ExitCode, SandlockError
 from .launch import execute, load, parse_vars
+from .paths import PathArg
 
 EPILOG = """\b
 Examples:
@@ -228,9 +228,9 @@ def _validate_argument(argument: str, given: dict[str, str]) -> Iterator[tuple[s
 
 def _validate_file(path: Any, given: dict[str, str]) -> Iterator[tuple[str, list[Any]]]:
     """A policy file, or a file of ``[tools.NAME]`` tables (one label per tool)."""
+    from ..compile.seccomp import check_names
     from ..errors import PolicyError
     from ..policy.model import _parse_text, _read, load_policy, policy_from_dict, schema_errors
-    from ..compile.seccomp import check_names
 
     source = str(path)
     try:
@@ -265,16 +265,18 @@ def _validate_file(path: Any, given: dict[str, str]) -> Iterator[tuple[str, list
         if not isinstance(table, dict):
             yield label, [PolicyError("expected a table", source=source, key=f"tools.{name}")]
             continue
-        errors = schema_errors(table, label, text, ("tools", name))
-        if not errors:
+        problems: list[SandlockError] = list(schema_errors(table, label, text, ("tools", name)))
+        if not problems:
+            def load(variables: dict[str, str], table: dict[str, Any] = table,
+                     label: str = label) -> Any:
+                return policy_from_dict(table, variables, source=label, base_dir=base,
+                                        check_paths=False)
+
             try:
-                check_names(_with_placeholders(
-                    lambda v, t=table, s=label: policy_from_dict(t, v, source=s, base_dir=base,
-                                                                 check_paths=False),
-                    label, given))
+                check_names(_with_placeholders(load, label, given))
             except SandlockError as exc:
-                errors.append(exc)
-        yield label, errors
+                problems.append(exc)
+        yield label, problems
 
 
 def _with_placeholders(load: Callable[[dict[str, str]], Any], source: str,
@@ -350,8 +352,8 @@ def probe(policy: str, variables: Sequence[str], as_json: bool, executor: str) -
     got through (ESCAPE) or a probe could not run, 125 when the sandbox could
     not be set up.
     """
-    from ..probe.harness import probe_file
     from ..policy.profiles import policy_file
+    from ..probe.harness import probe_file
 
     try:
         report = probe_file(policy_file(policy), parse_vars(variables), executor=executor)

@@ -14,9 +14,9 @@ from typing import Any, Optional
 
 import click
 
-from .paths import PathArg
 from ..errors import ExitCode, SandlockError
 from .launch import load_full, parse_vars, say
+from .paths import PathArg
 
 _CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 

@@ -282,7 +282,7 @@ def open_private_dir(path: str, create: bool, private_from: int = 2) -> Optional
 
 def _tag(secret: bytes, payload: bytes) -> bytes:
     try:  # the builtin module: hashlib would load OpenSSL (milliseconds)
-        from _blake2 import blake2b  # type: ignore[import-not-found]
+        from _blake2 import blake2b
     except ImportError:  # pragma: no cover
         from hashlib import blake2b
     return bytes(blake2b(payload, key=secret, digest_size=TAG_BYTES).digest())
@@ -336,7 +336,7 @@ def _read(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
     head = len(MAGIC) + TAG_BYTES
     if not data.startswith(MAGIC):
         return None
-    from _operator import _compare_digest  # type: ignore[import-not-found]
+    from _operator import _compare_digest
 
     if not _compare_digest(data[len(MAGIC):head], _tag(secret, data[head:])):
         return None
@@ -413,11 +413,11 @@ def _cgroup_key(found: Any, why: str) -> tuple[Any, ...]:
 
 def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
            variables: Mapping[str, str]) -> Optional[dict[str, Any]]:
+    from ..exec.launcher import Compiled as CompiledType
     from ..linux import cgroups
+    from ..policy.model import load_policy
     from . import ruleset
     from .abi import FILE_ONLY, WRITE_RIGHTS
-    from ..exec.launcher import Compiled as CompiledType
-    from ..policy.model import load_policy
 
     if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
             or not _cacheable(policy) or policy.source != policy_file):

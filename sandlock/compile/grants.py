@@ -241,9 +241,9 @@ def protected(policy_files: Iterable[str],
         out.append((where, "a directory on sandlock's import path (a module planted there "
                     f"would run in the next launcher{hint})", False))
     unique: dict[str, tuple[str, str, bool]] = {}
-    for entry in out:
-        if entry[0] not in unique or entry[2] and not unique[entry[0]][2]:
-            unique[entry[0]] = entry
+    for found in out:
+        if found[0] not in unique or found[2] and not unique[found[0]][2]:
+            unique[found[0]] = found
     return list(unique.values())
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import abi as A
 from ..linux import kernel
-from . import ruleset, seccomp
 from ..policy.model import Policy
+from . import abi as A
+from . import ruleset, seccomp
 
 _RIGHT_DOCS = {
     A.Fs.REFER: "rename/link across directories",

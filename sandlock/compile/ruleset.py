@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from . import abi as A
-from ..linux import kernel
 from ..errors import LandlockError
+from ..linux import kernel
 from ..policy.model import Access, Policy
+from . import abi as A
 
 #: Devices whose ioctls are harmless; granting them does not rely on IOCTL_DEV.
 HARMLESS_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")

@@ -149,8 +149,8 @@ def build_ruleset(abi: int, handled_fs: int, handled_net: int, scoped: int,
     (sandlock.compile.abi.FILE_ONLY; the kernel refuses other rights on a file with EINVAL).
     Returns -1 when there is no Landlock (``abi`` < 1). Raises LandlockError.
     """
-    from ..errors import LandlockError
     from ..compile.grants import each_rule
+    from ..errors import LandlockError
 
     if abi < 1:
         try:  # no rules to make, but the same checks: a refused grant is refused anyway
@@ -167,8 +167,8 @@ def build_ruleset(abi: int, handled_fs: int, handled_net: int, scoped: int,
     try:
         path = ""
         try:
-            for (path, _), (target, rights) in zip(paths, each_rule(paths, write_rights,
-                                                                    policy_files)):
+            for rule, (target, rights) in zip(paths, each_rule(paths, write_rights, policy_files)):
+                path = rule[0]  # named in the error below
                 add_path_rule(fd, target.fd, rights if target.is_dir else rights & file_only)
         except OSError as exc:
             if exc.filename is not None or not path:

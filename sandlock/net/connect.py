@@ -40,17 +40,25 @@ import struct
 import threading
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..linux import kernel
-from ..linux.kernel import (NOTIF_ID_VALID, NOTIF_RECV, NOTIF_SEND, NOTIF_SIZE, RESP_FORMAT,
-                            SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
-from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 from ..errors import KernelSupportError
+from ..linux import kernel
+from ..linux.kernel import (
+    NOTIF_ID_VALID,
+    NOTIF_RECV,
+    NOTIF_SEND,
+    NOTIF_SIZE,
+    RESP_FORMAT,
+    SECCOMP_RET_ALLOW,
+    SECCOMP_RET_ERRNO,
+    SECCOMP_USER_NOTIF_FLAG_CONTINUE,
+)
+from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 from ..policy.netrules import NetRules, format_target
 from .proxy import Proxy
 
 if TYPE_CHECKING:
     from ..exec.launcher import Command
-    from ..policy.model import Network, Policy
+    from ..policy.model import Policy
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

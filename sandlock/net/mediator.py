@@ -21,12 +21,12 @@ on which the confined child sends its listener (SCM_RIGHTS); the caller's ``stop
 
 from __future__ import annotations
 
-from .. import PACKAGE_DIR
-
 import marshal
 import os
 import socket
 import sys
+
+from .. import PACKAGE_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -252,7 +252,7 @@ def merge(items: Sequence[Credential], expand: Callable[[str], str]) -> tuple[Cr
 
     by_name: dict[str, Credential] = {}
     for item in items:
-        changes = {}
+        changes: dict[str, Any] = {}
         for key in ("from_file", "ca_file"):
             raw = getattr(item, key)
             if raw is None:

@@ -17,9 +17,10 @@ import shutil
 import tempfile
 from typing import Callable, Optional, Sequence
 
-from . import record as T
+from ..compile import abi as A
 from ..errors import LandlockError, SandlockError
 from ..policy.model import DEFAULT_ENV_PASS
+from . import record as T
 
 #: Relative to the home directory: never granted by learn, never readable in its run.
 HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".config/gcloud", ".azure", ".kube", ".docker",
@@ -94,8 +95,8 @@ def _quote(text: str) -> str:
 def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: Optional[str] = None,
                  report: Optional[Callable[[str], None]] = None) -> tuple[str, int]:
     """Run ``argv`` recorded; return (draft TOML, the command's exit code)."""
-    from ..exec import launcher
     from ..compile import ruleset
+    from ..exec import launcher
     from ..policy.model import loads_policy, parse_duration
 
     cwd = os.path.realpath(os.getcwd())
@@ -206,8 +207,8 @@ def draft(events: Sequence[T.Event], abi: int, *, argv: Sequence[str], cwd: str,
             if any(_under(path, e) for e in excluded):
                 continue
             if need.right == "exec":  # at execve, the caller's image is still the old one
-                why = need.detail or ("the command" if not execs else f"run by {who}")
-                execs.setdefault(path, set()).add(why)
+                reason = need.detail or ("the command" if not execs else f"run by {who}")
+                execs.setdefault(path, set()).add(reason)
             elif need.right == "read":
                 target = listed if os.path.isdir(path) else reads
                 target.setdefault(path, set()).add(who)
@@ -220,7 +221,7 @@ def draft(events: Sequence[T.Event], abi: int, *, argv: Sequence[str], cwd: str,
         chosen = ["base"]
         python = T.Judge.for_policy(load_profile("python"), abi)
         base = T.Judge.for_policy(load_profile("base"), abi)
-        exec_rights = int(T.A.Fs.EXECUTE | T.A.Fs.READ_FILE)
+        exec_rights = int(A.Fs.EXECUTE | A.Fs.READ_FILE)
         if any(not python.refused(T.Need("exec", p, exec_rights)) and base.refused(
                 T.Need("exec", p, exec_rights)) for p in execs):
             chosen = ["python"]
@@ -237,10 +238,10 @@ def draft(events: Sequence[T.Event], abi: int, *, argv: Sequence[str], cwd: str,
             continue
         judge = T.Judge.for_policy(profile, abi)
         covered.rules += judge.rules
-    read_rights = int(T.A.Fs.READ_FILE)
-    dir_rights = int(T.A.Fs.READ_DIR)
-    exec_rights = int(T.A.Fs.EXECUTE | T.A.Fs.READ_FILE)
-    write_rights = int(T.A.Fs.WRITE_FILE)
+    read_rights = int(A.Fs.READ_FILE)
+    dir_rights = int(A.Fs.READ_DIR)
+    exec_rights = int(A.Fs.EXECUTE | A.Fs.READ_FILE)
+    write_rights = int(A.Fs.WRITE_FILE)
     execs = {p: w for p, w in execs.items() if covered.refused(T.Need("exec", p, exec_rights))}
 
     # Writes: the working directory, the temporary directory, else exact paths
@@ -325,8 +326,8 @@ def draft(events: Sequence[T.Event], abi: int, *, argv: Sequence[str], cwd: str,
             total = _count_files(grant.path)
             if total > max(len(grant.used), 1):
                 more = "5000 or more" if total >= 5000 else str(total)
-                used = f"read {len(grant.used)}" if grant.used else "listed it"
-                grant.warning = f"WARNING: broader than used: holds {more} entries, the command {used}"
+                how = f"read {len(grant.used)}" if grant.used else "listed it"
+                grant.warning = f"WARNING: broader than used: holds {more} entries, the command {how}"
 
     # The TOML
     out = [f"# Draft policy written by `sandlock learn -- {' '.join(argv)}`.",

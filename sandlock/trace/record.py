@@ -40,8 +40,15 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from ..compile import abi as A
 from ..linux import kernel
-from ..linux.kernel import (NOTIF_ID_VALID, NOTIF_RECV, NOTIF_SEND, NOTIF_SIZE, RESP_FORMAT,
-                            SECCOMP_RET_ALLOW, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
+from ..linux.kernel import (
+    NOTIF_ID_VALID,
+    NOTIF_RECV,
+    NOTIF_SEND,
+    NOTIF_SIZE,
+    RESP_FORMAT,
+    SECCOMP_RET_ALLOW,
+    SECCOMP_USER_NOTIF_FLAG_CONTINUE,
+)
 from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 
 if TYPE_CHECKING:
@@ -51,7 +58,8 @@ AT_FDCWD = -100
 AT_REMOVEDIR = 0x200
 AT_EMPTY_PATH = 0x1000
 RENAME_EXCHANGE = 2
-O_ACCMODE, O_CREAT, O_TRUNC, O_DIRECTORY, O_NOFOLLOW, O_PATH = 3, 0o100, 0o1000, 0o200000, 0o400000, 0o10000000
+O_ACCMODE, O_CREAT, O_TRUNC, O_DIRECTORY = 3, 0o100, 0o1000, 0o200000
+O_NOFOLLOW, O_PATH = 0o400000, 0o10000000
 PATH_MAX = 4096
 
 #: syscall -> argument layout, for every syscall recorded (its number on this machine
@@ -493,7 +501,7 @@ def needs(event: Event, abi: int) -> list[Need]:
             add(int(A.Fs.MAKE_DIR), parent(targets[0]))
     elif name in ("mknod", "mknodat"):
         if not targets[0].kind:
-            fmt = flags & stat.S_IFMT
+            fmt = stat.S_IFMT(flags)
             right = {stat.S_IFIFO: A.Fs.MAKE_FIFO, stat.S_IFSOCK: A.Fs.MAKE_SOCK,
                      stat.S_IFCHR: A.Fs.MAKE_CHAR, stat.S_IFBLK: A.Fs.MAKE_BLOCK}.get(fmt, A.Fs.MAKE_REG)
             add(int(right), parent(targets[0]))
@@ -655,8 +663,8 @@ def exec_refusals_under(ruleset_fd: int, executable: str, cwd: Optional[str] = N
 
 
 def exec_refusals(chain: Sequence[tuple[str, str]]) -> str:
-    """Which file of an exec ``chain`` (the command, then its interpreters) this (confined) process may not read or
-    execute, asked of Landlock itself: each file is opened for reading, then passed to
+    """Which file of an exec ``chain`` (the command, then its interpreters) this (confined)
+    process may not read or execute, asked of Landlock itself: each file is opened for reading, then passed to
     an execve that fails with E2BIG *after* the kernel opened it for exec (the argument
     count is checked once the file is open, before anything is loaded), so an EACCES
     is the policy's answer for that file alone. Runs only on the failure path."""
