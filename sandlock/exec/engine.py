@@ -18,6 +18,7 @@ import resource
 import signal
 
 from ..linux import kernel
+from ..linux.process import DEFAULTED_SIGNALS
 from . import spec
 
 TYPE_CHECKING = False
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 #: The steps this interpreter implements: all of them.
 IMPLEMENTS = spec.ORDER
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-#: Reset to SIG_DFL in the child, as plain ints: after fork, each enum the child
-#: touches costs copy-on-write faults (measured: ~15 us less CPU in a call's child).
-DEFAULTED = tuple(int(s) for s in (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED_SIGNALS))
 _SIGKILL = int(signal.SIGKILL)
 #: A launcher holding capabilities (root, or a real or saved uid 0) gives its tool
 #: none (checked once, in the parent).
@@ -90,7 +87,7 @@ def apply(steps: Sequence[spec.Step], ctx: Context) -> None:
             elif name == "signals":
                 # _signal, not signal: the wrapper converts to and from enums, which after
                 # fork costs ~200 us of copy-on-write faults; the C functions cost ~10.
-                for signum in DEFAULTED:
+                for signum in DEFAULTED_SIGNALS:
                     _signal.signal(signum, _signal.SIG_DFL)
                 _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
             elif name == "stdio":

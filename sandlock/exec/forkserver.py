@@ -403,21 +403,18 @@ def _reap(supervisors: dict[int, str], me: int) -> None:
 
 
 def children_of(pid: int) -> list[int]:
-    """The children of a single-threaded process (``/proc/PID/task/PID/children``);
-    [] if it is gone."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(p) for p in handle.read().split()]
-    except OSError:
-        return []
+    """The children of process ``pid`` (linux.process.children), [] if it is gone."""
+    from ..linux.process import children
+
+    return sorted(children(pid))
 
 
 def _shutdown(supervisors: dict[int, str]) -> None:
     """The caller is gone: kill every process of every call, then exit."""
-    from . import launcher
+    from ..linux.process import reap_descendants
 
     del supervisors  # every child goes, supervisors included
-    launcher.reap_descendants()
+    reap_descendants()
     from ..linux import cgroups
 
     base = cgroups.find()[0]
@@ -908,23 +905,16 @@ def _ended_alone(child: Any) -> bool:
     "not alone". A zombie stays listed until reaped. Either way the caller is told
     only when nothing of the call can run any more.
     """
+    from ..linux.process import children
+
     me = os.getpid()
     try:
         os.kill(child.pid, signal.SIGKILL)
-        for task in os.listdir(f"/proc/{child.pid}/task"):
-            if _read(f"/proc/{child.pid}/task/{task}/children").strip():
-                return False
-        return _read(f"/proc/{me}/task/{me}/children").split() == [b"%d" % child.pid]
+        if children(child.pid, strict=True):
+            return False
+        return children(me, strict=True) == {child.pid}
     except OSError:
         return False
-
-
-def _read(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------

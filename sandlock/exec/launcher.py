@@ -26,6 +26,7 @@ import time
 
 from ..errors import ExecError, ExitCode, KernelSupportError, SetupError
 from ..linux import cgroups, kernel
+from ..linux.process import FORWARDED_SIGNALS, children, reap_descendants
 from . import engine, spec
 
 # Start-up is paid on every `sandlock run`: nothing the cached run path skips
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     from ..policy.model import EnvSpec, Limits, Policy
     from ..trace.record import Recorder
 
-FORWARDED_SIGNALS = engine.FORWARDED_SIGNALS
 
 #: Off unless scripts/measure_fork_exec.py sets it: a pipe to which each child writes
 #: three CLOCK_MONOTONIC nanosecond stamps (parent before fork, child after fork,
@@ -377,47 +377,6 @@ class Child:
         self.send_signal(signal.SIGKILL)
         if self.returncode is None:
             self._reap()
-
-
-def children() -> set[int]:
-    """Every child of this process, whichever of its threads forked or adopted it."""
-    pids: set[int] = set()
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return pids
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/children") as handle:
-                pids.update(int(p) for p in handle.read().split())
-        except OSError:
-            pass
-    return pids
-
-
-def reap_descendants(spared: frozenset[int] = frozenset()) -> None:
-    """Kill and reap whatever the command left behind.
-
-    The launcher is a child subreaper, so daemons that double-forked or called
-    setsid are re-parented to it: kill every child (each kill re-parents that
-    child's own children to us) until none is left. ``spared`` are children the
-    process had before the command started: used as a library, the launcher must
-    not kill its host's own subprocesses.
-    """
-    while True:
-        pids = [pid for pid in children() if pid not in spared]
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in pids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
 
 
 def spawn(compiled: Compiled, cmd: Command, *, stdin: int = -1, stdout: int = -1,

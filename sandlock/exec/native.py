@@ -28,9 +28,9 @@ import atexit
 import errno
 import fcntl
 import os
-import signal
 import socket
 
+from ..linux.process import DEFAULTED_SIGNALS
 from . import spec, wire
 from .forkserver import ProcessWide, children_of, credentials
 from .launcher import process_limit
@@ -41,13 +41,10 @@ if TYPE_CHECKING:
 
     from .launcher import Command, Compiled
 
-#: Built by setup.py next to its source; absent when no C compiler was available.
+#: Built by setup.py next to its source; absent only in an install made with
+#: SANDLOCK_NO_NATIVE=1 (the API then starts commands through its fork server).
 HELPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helper", "sandlock-exec")
 AVAILABLE = os.access(HELPER, os.X_OK)
-#: Reset to SIG_DFL for the server, so for its supervisors and their commands:
-#: launcher._child's set (an ignored disposition survives execve; caught ones do not).
-_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM,
-                    signal.SIGHUP, signal.SIGQUIT)
 #: Request data above this size travels in a memfd (the server reads messages of at
 #: most 64 KiB: REQUEST_MAX in sandlock_exec.c; a SEQPACKET message must also fit the
 #: socket's send buffer in one piece).
@@ -83,7 +80,7 @@ class Server:
                 # no blocked signal, default dispositions (Python ignores SIGPIPE).
                 self.pid = os.posix_spawn(HELPER, [HELPER], {}, file_actions=actions,
                                           setpgroup=0, setsigmask=(),
-                                          setsigdef=_DEFAULT_SIGNALS)
+                                          setsigdef=DEFAULTED_SIGNALS)  # for every fork
             finally:
                 if peer != theirs.fileno():
                     os.close(peer)
