@@ -29,9 +29,10 @@ from conftest import PYTHON, REPO, alive, eventually, parent, proc_state, requir
 
 import sandlock
 from sandlock.api.sandbox import Outcome
-from sandlock.exec import launcher, spec
 from sandlock.exec import native as nativeexec
+from sandlock.exec import spec
 from sandlock.exec.forkserver import children_of
+from sandlock.linux import process
 
 TESTS = str(REPO / "tests")
 
@@ -99,7 +100,7 @@ def test_commands_run_under_the_native_helper(native: None, box: sandlock.Sandbo
         supervisor = parent(proc.pid)
         assert os.readlink(f"/proc/{supervisor}/exe") == nativeexec.HELPER
         assert parent(supervisor) == nativeexec.get().pid
-        assert nativeexec.get().pid in launcher.children()
+        assert nativeexec.get().pid in process.children()
         proc.communicate(b"\n")
     assert proc.returncode == 0
 
@@ -218,7 +219,7 @@ def test_the_server_is_started_once_and_reused(native: None, box: sandlock.Sandb
     """Calls fork supervisors from one server: no new process of the caller's, no exec."""
     box.run(["/usr/bin/true"])
     server = nativeexec.get().pid
-    children = launcher.children()
+    children = process.children()
     assert server in children and os.readlink(f"/proc/{server}/exe") == nativeexec.HELPER
     supervisors = set()
     for _ in range(5):
@@ -229,7 +230,7 @@ def test_the_server_is_started_once_and_reused(native: None, box: sandlock.Sandb
             proc.communicate(b"\n")
         assert box.run(["/usr/bin/true"]).returncode == 0
     assert len(supervisors) == 5  # one supervisor per call
-    assert nativeexec.get().pid == server and launcher.children() == children
+    assert nativeexec.get().pid == server and process.children() == children
 
 
 def test_a_killed_server_is_replaced_and_its_calls_go_on(native: None,
@@ -425,7 +426,7 @@ def test_a_thousand_calls_from_eight_threads_leak_nothing(native: None,
                                                           box: sandlock.Sandbox) -> None:
     box.run(["/usr/bin/true"])
     fds_before = sorted(os.listdir("/proc/self/fd"))
-    children_before = launcher.children()
+    children_before = process.children()
     failures: list[str] = []
     daemons: list[int] = []
     counter = iter(range(1000))
@@ -457,7 +458,7 @@ def test_a_thousand_calls_from_eight_threads_leak_nothing(native: None,
         thread.join()
     assert failures == [], "\n".join(failures[:3])
     assert sorted(os.listdir("/proc/self/fd")) == fds_before
-    assert launcher.children() == children_before  # no new server or zombie
+    assert process.children() == children_before  # no new server or zombie
     assert len(daemons) == 100 and not any(alive(pid) for pid in daemons)
     # Supervisors exit after their report: the server is left with its spare only.
     assert eventually(only_the_spare), nativeexec.get().children()
