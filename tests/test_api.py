@@ -21,6 +21,7 @@ from conftest import PYTHON, REPO, alive, descendants, eventually, require_abi
 import sandlock
 from sandlock.api.sandbox import Outcome
 from sandlock.exec import forkserver
+from sandlock.exec import server as fork_server
 
 TESTS = str(REPO / "tests")
 
@@ -49,7 +50,7 @@ def only_idle_supervisors() -> bool:
     supervisors = server.children()
     spares = server.spares()
     return (len(descendants(server.pid)) == len(supervisors) + len(spares)
-            and len(supervisors) >= forkserver.POOL * 2)
+            and len(supervisors) >= fork_server.POOL * 2)
 
 
 # ----------------------------------------------------------------------------
@@ -318,7 +319,7 @@ def test_tools_follow_a_caller_that_drops_privileges(native: str) -> None:
 
 
 # ----------------------------------------------------------------------------
-# Spares: confined processes made ahead of a Sandbox's next call (forkserver._Spare)
+# Spares: confined processes made ahead of a Sandbox's next call (sandlock.exec.server._Spare)
 
 
 def test_each_call_gets_a_fresh_process(box: sandlock.Sandbox) -> None:

@@ -112,7 +112,7 @@ def _decode(data: Optional[bytes], encoding: Optional[str], errors: Optional[str
 
 
 def _denials(data: bytes) -> tuple["Denial", ...]:
-    """One ``D`` report of a traced call (forkserver._send_denials): JSON made by the
+    """One ``D`` report of a traced call (sandlock.exec.server._send_denials): JSON made by the
     call's supervisor, which judged the recorded accesses."""
     import json
 

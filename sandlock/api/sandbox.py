@@ -378,7 +378,7 @@ class Sandbox:
         self._passed = re.compile(globs).match
         self._lock = threading.Lock()
         #: Names this compiled policy to the fork server, which prepares a confined
-        #: process for the next call() of this Sandbox (forkserver._Spare).
+        #: process for the next call() of this Sandbox (sandlock.exec.server._Spare).
         self._token = os.urandom(16)
         #: Commands run by sandlock-exec when it is built; see sandlock.exec.native.
         self._native = True
@@ -528,7 +528,7 @@ class Sandbox:
                 native = _NativeCall(compiled, cmd, stdio, limit, bool(fields.get("report_start")))
                 native.deadline = None if limit is None else _now() + limit + _GRACE
                 return native
-            # The layout the supervisor expects (forkserver._serve_one): the call's
+            # The layout the supervisor expects (sandlock.exec.server._serve_one): the call's
             # socket, stdio, the ruleset fd, the mediation socket, then extra_fds.
             fds = [*stdio] + ([compiled.ruleset_fd] if compiled.ruleset_fd >= 0 else [])
             if mediation is not None:

@@ -36,6 +36,16 @@ if TYPE_CHECKING:
 
     from .launcher import Command
 
+#: The fork server's kinds of request, each with its own socket and pool of supervisors.
+KINDS = ("exec", "call")
+#: Fork server requests larger than this travel in a memfd (a SEQPACKET message must fit
+#: the socket buffer in one piece).
+FORKSERVER_INLINE_LIMIT = 32 * 1024
+#: What a spare (a process confined ahead of a Python call) is called in
+#: ``/proc/PID/comm`` until a call takes it; then it is called CALL_NAME.
+SPARE_NAME = b"sandlock-spare"
+CALL_NAME = b"sandlock-call"
+
 #: The native request's header: version, then the counts of steps, arguments, environment.
 HEAD = struct.Struct("=IIII")
 #: A header that says "the whole request is in the memfd sent last".
