@@ -209,10 +209,10 @@ def test_signals_and_kill_reach_the_tree(path: str, box: sandlock.Sandbox) -> No
 # The server: one per caller process, supervisors forked from it
 
 
-def only_the_spare() -> bool:
-    """The server's one child is its spare: a supervisor forked ahead, with no child."""
-    spares = children_of(nativeexec.get().pid)
-    return len(spares) == 1 and children_of(spares[0]) == []
+def only_the_idle_supervisor() -> bool:
+    """The server's one child is its idle supervisor: forked ahead, with no child."""
+    idle = children_of(nativeexec.get().pid)
+    return len(idle) == 1 and children_of(idle[0]) == []
 
 
 def test_the_server_is_started_once_and_reused(native: None, box: sandlock.Sandbox) -> None:
@@ -237,11 +237,11 @@ def test_a_killed_server_is_replaced_and_its_calls_go_on(native: None,
                                                          box: sandlock.Sandbox) -> None:
     proc = box.popen(["/bin/sh", "-c", "read x; exit 5"], stdin=sandlock.PIPE)
     old = nativeexec.get().pid
-    assert eventually(lambda: len(children_of(old)) == 2)  # the call's supervisor, the next spare
-    spare = (set(children_of(old)) - {parent(proc.pid)}).pop()
+    assert eventually(lambda: len(children_of(old)) == 2)  # the call's supervisor, the next idle one
+    idle = (set(children_of(old)) - {parent(proc.pid)}).pop()
     os.kill(old, signal.SIGKILL)
-    # The idle spare dies with it (PR_SET_PDEATHSIG): nothing holds its socket any more.
-    assert eventually(lambda: proc_state(old) in ("Z", "gone") and proc_state(spare) in ("Z", "gone"))
+    # The idle supervisor dies with it (PR_SET_PDEATHSIG): nothing holds its socket any more.
+    assert eventually(lambda: proc_state(old) in ("Z", "gone") and proc_state(idle) in ("Z", "gone"))
     with proc:
         assert proc.poll() is None  # the supervisor does not depend on the server
         proc.communicate(b"\n")
@@ -278,18 +278,18 @@ def test_a_forked_caller_gets_its_own_server(native: None, box: sandlock.Sandbox
 
 
 def test_a_server_that_cannot_fork_refuses_at_once(native: None, box: sandlock.Sandbox) -> None:
-    """No spare (fork fails: RLIMIT_NPROC): the call fails with 125 instead of waiting."""
+    """No idle supervisor (fork fails: RLIMIT_NPROC): the call fails with 125 instead of waiting."""
     if os.geteuid() == 0:
         pytest.skip("RLIMIT_NPROC does not apply to root (CAP_SYS_RESOURCE)")
-    assert box.run(["/usr/bin/true"]).returncode == 0  # the server and its spare are up
+    assert box.run(["/usr/bin/true"]).returncode == 0  # the server and its idle supervisor are up
     server = nativeexec.get().pid
-    deadline = time.monotonic() + 10  # the next spare is forked as the last call runs
+    deadline = time.monotonic() + 10  # the next idle supervisor is forked as the last call runs
     while not nativeexec.get().children() and time.monotonic() < deadline:
         time.sleep(0.01)
     unlimited = resource.getrlimit(resource.RLIMIT_NPROC)
     resource.prlimit(server, resource.RLIMIT_NPROC, (0, unlimited[1]))
     try:
-        assert box.run(["/usr/bin/true"]).returncode == 0  # the spare forked before
+        assert box.run(["/usr/bin/true"]).returncode == 0  # the idle supervisor forked before
         refused = box.run(["/usr/bin/true"])
         assert (refused.returncode, refused.outcome) == (125, Outcome.NOT_STARTED)
         assert "cannot fork a supervisor" in str(refused.error), refused.error
@@ -460,8 +460,8 @@ def test_a_thousand_calls_from_eight_threads_leak_nothing(native: None,
     assert sorted(os.listdir("/proc/self/fd")) == fds_before
     assert process.children() == children_before  # no new server or zombie
     assert len(daemons) == 100 and not any(alive(pid) for pid in daemons)
-    # Supervisors exit after their report: the server is left with its spare only.
-    assert eventually(only_the_spare), nativeexec.get().children()
+    # Supervisors exit after their report: the server is left with its idle supervisor only.
+    assert eventually(only_the_idle_supervisor), nativeexec.get().children()
 
 
 def test_a_process_outlives_the_thread_that_started_it(native: None,

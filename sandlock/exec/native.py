@@ -9,7 +9,7 @@ secrets, no 2 GiB page-table copy), and sends it one request per call on a
 SEQPACKET control socket: the per-call socket, stdio and the ruleset fd as
 SCM_RIGHTS, the arguments and environment as data. Each call gets its own
 supervisor, a fork of that small static C program (not an exec), made ahead of time:
-a spare waits for the next request and the server forks the next spare while the
+an idle supervisor waits for the next request and the server forks the next one while the
 call runs. The supervisor speaks the fork server's per-call wire format on that
 call's socket. Used for ``run``/``popen``/``run_async`` of commands when the helper
 exists, the policy has no ``[network] allow`` (that needs the Python connect
@@ -127,7 +127,7 @@ class Server:
                 os.close(memfd)
 
     def children(self) -> list[int]:
-        """Pids of the server's children: its spare (the supervisor forked ahead for the
+        """Pids of the server's children: its idle supervisor (forked ahead for the
         next call), supervisors of running calls, strays about to be killed."""
         return children_of(self.pid)
 

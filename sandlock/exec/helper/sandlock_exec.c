@@ -5,14 +5,14 @@
  * of the caller's memory is copied, whatever its size) and sends it one request per
  * command call. This server only forks: each call gets its own supervisor, a fork of
  * this small static program, which vforks the confined command. A call so costs one
- * sendmsg, not an exec: the supervisor is forked ahead of time (the "spare", blocked
- * in recvmsg on the control socket), and the server forks the next spare while the
+ * sendmsg, not an exec: the supervisor is forked ahead of time (the "idle supervisor",
+ * blocked in recvmsg on the control socket), and the server forks the next one while the
  * call runs (a fork takes 50-90 us here: off the call's path).
  *
  * Server: fd 0-2 /dev/null, fd 3 a SOCK_SEQPACKET control socket to the caller, an
  * empty environment, its own process group. It is the child subreaper of its
  * supervisors: when one dies by a signal, it kills the orphans re-parented to it. At
- * EOF on fd 3 (the caller closed it, or died) it exits, and its spare with it
+ * EOF on fd 3 (the caller closed it, or died) it exits, and its idle supervisor with it
  * (PR_SET_PDEATHSIG); supervisors of running calls go on, each until its call ends
  * (their call sockets reach EOF too if the caller died).
  *
@@ -38,10 +38,10 @@
  *             below BASE (cgroup VERSION 1 or 2; RELATIVE is BASE as /proc/PID/cgroup
  *             names it), pids.max = LIMIT; the child joins it first; at the end it is
  *             killed and removed
- * The spare that receives a request parses it and becomes its supervisor; the server
+ * The idle supervisor that receives a request parses it and becomes its supervisor; the server
  * neither parses nor waits on any call. A request that cannot be served is answered
  * "F 125 SetupError\nmessage" on its call socket (the server does so itself when it
- * cannot fork a spare); one without fds, having no call socket, is dropped.
+ * cannot fork an idle supervisor); one without fds, having no call socket, is dropped.
  *
  * Supervisor, per call: fd 0-2 the command's stdio, 3 the call socket, 4 the ruleset.
  * First message in is the seccomp BPF. Messages out (sandlock/exec/wire.py
@@ -572,7 +572,7 @@ static void supervise(char **command) {
     say(text, (size_t)snprintf(text, sizeof text, "E %d %d %d %d", code, sig, timed_out, pid));
 }
 
-/* A spare receives its request here. */
+/* An idle supervisor receives its request here. */
 static char request[REQUEST_MAX];
 
 /* The next `count` NUL-terminated strings of [*at, end), as a NULL-terminated vector
@@ -589,7 +589,7 @@ static char **split(char **at, char *end, uint32_t count, int first) {
     return vector;
 }
 
-/* In the spare that received a request; never returns. Lays out its fds as the
+/* In the idle supervisor that received a request; never returns. Lays out its fds as the
  * header says, parses the request, then supervises the call. The received fds are
  * all above RULESET (fds 0-6 are the server's), so no dup2 below overwrites one. */
 static void serve_call(const int *fds, int nfds, size_t len, int flags) {
@@ -638,13 +638,13 @@ static void serve_call(const int *fds, int nfds, size_t len, int flags) {
 /* ----------------------------------------------------------------------------
  * The server */
 
-/* Live supervisors, the spare included: any other child is a stray (kill_strays). */
+/* Live supervisors, the idle one included: any other child is a stray (kill_strays). */
 static pid_t *supervisors;
 static size_t n_supervisors, max_supervisors;
 /* The supervisor forked ahead of its request (a fork costs 50-90 us: off the call's
  * path this way), blocked in recvmsg on the control socket; 0 if none. */
-static pid_t spare;
-/* A spare sends one byte on notes[1] as it takes its request: fork the next one. */
+static pid_t idle;
+/* The idle supervisor sends one byte on notes[1] as it takes its request: fork the next one. */
 static int notes[2];
 
 static int is_supervisor(pid_t pid) {
@@ -663,37 +663,37 @@ static void kill_strays(void) {
         if (!is_supervisor(pids[i])) kill(pids[i], SIGKILL);
 }
 
-/* A spare's note that it took a request: it is a supervisor now, no longer the spare. */
+/* The idle supervisor's note that it took a request: it is busy now. */
 static void drain_notes(void) {
     char note[64];
-    while (recv(notes[0], note, sizeof note, 0) > 0) spare = 0;
+    while (recv(notes[0], note, sizeof note, 0) > 0) idle = 0;
 }
 
-/* Reap what exited; 0 if it was the spare, still waiting, that exited: the control
+/* Reap what exited; 0 if it was the idle supervisor, still waiting, that exited: the control
  * socket reached EOF, so the server is done. */
 static int reap(int sigfd) {
     struct signalfd_siginfo info;
     while (read(sigfd, &info, sizeof info) > 0) {} /* non-blocking: drained */
-    int status, strays = 0, idle_spare_died = 0;
+    int status, strays = 0, idle_died = 0;
     pid_t pid;
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
         size_t i = 0;
         while (i < n_supervisors && supervisors[i] != pid) i++;
         int supervisor = i < n_supervisors;
         if (supervisor) supervisors[i] = supervisors[--n_supervisors];
-        /* Its note may have come after the last drain: a spare that took a request and
+        /* Its note may have come after the last drain: an idle supervisor that took a request and
          * already ended its call must not be taken for an idle one (the server would
          * exit with requests still queued). The note is sent before the call starts. */
-        if (pid == spare) drain_notes();
-        /* An idle spare exits by itself only at the control socket's EOF; one killed
+        if (pid == idle) drain_notes();
+        /* An idle supervisor exits by itself only at the control socket's EOF; one killed
          * (by a signal) is replaced, or the next request would wait for no one. */
-        if (pid == spare && WIFSIGNALED(status)) spare = 0;
-        if (pid == spare) idle_spare_died = 1;
+        if (pid == idle && WIFSIGNALED(status)) idle = 0;
+        if (pid == idle) idle_died = 1;
         /* A stray reaped, or a supervisor that could not clean up: look for strays. */
         if (!supervisor || WIFSIGNALED(status)) strays = 1;
     }
     if (strays) kill_strays();
-    return !idle_spare_died;
+    return !idle_died;
 }
 
 /* One message from the control socket: data into `request`, fds into `fds`. Returns
@@ -723,7 +723,7 @@ static int receive(int *fds, size_t *len, int *flags, int nonblocking) {
     return nfds;
 }
 
-/* A spare; never returns. Waits for a request (one without fds has no call socket to
+/* An idle supervisor; never returns. Waits for a request (one without fds has no call socket to
  * answer on: dropped), tells the server, then becomes that call's supervisor. */
 static void wait_for_request(void) {
     int fds[MAX_FDS], nfds, flags;
@@ -735,9 +735,9 @@ static void wait_for_request(void) {
     serve_call(fds, nfds, len, flags);
 }
 
-/* Fork the next spare (if there is none). -1 with errno if it cannot. */
-static int fork_spare(void) {
-    if (spare) return 0;
+/* Fork the next idle supervisor (if there is none). -1 with errno if it cannot. */
+static int fork_idle(void) {
+    if (idle) return 0;
     if (n_supervisors == max_supervisors) {
         size_t more = max_supervisors ? 2 * max_supervisors : 64;
         pid_t *grown = realloc(supervisors, more * sizeof *grown);
@@ -753,11 +753,11 @@ static int fork_spare(void) {
         wait_for_request();
     }
     if (pid < 0) return -1;
-    supervisors[n_supervisors++] = spare = pid;
+    supervisors[n_supervisors++] = idle = pid;
     return 0;
 }
 
-/* No spare could be forked: answer the next request with that failure, at once. */
+/* No idle supervisor could be forked: answer the next request with that failure, at once. */
 static void refuse_one(void) {
     int err = errno, fds[MAX_FDS], flags;
     size_t len;
@@ -786,16 +786,16 @@ int main(void) {
     if (sigfd < 0 || socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, notes) < 0)
         return LAUNCHER_FAILED;
     for (;;) {
-        int ready = fork_spare() == 0;
-        /* Requests are the spare's to read; the server waits for the control socket's
-         * EOF (events 0: POLLHUP), or reads requests to refuse them if it has no spare. */
+        int ready = fork_idle() == 0;
+        /* Requests are the idle supervisor's to read; the server waits for the control socket's
+         * EOF (events 0: POLLHUP), or reads requests to refuse them if it has none. */
         struct pollfd fds[3] = {{SOCK, ready ? 0 : POLLIN, 0}, {sigfd, POLLIN, 0},
                                 {notes[0], POLLIN, 0}};
         if (poll(fds, 3, -1) < 0 && errno != EINTR) break;
         drain_notes(); /* before reaping */
         if (fds[1].revents && !reap(sigfd)) break;
         if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) break;
-        if ((fds[0].revents & POLLIN) && fork_spare() < 0) refuse_one();
+        if ((fds[0].revents & POLLIN) && fork_idle() < 0) refuse_one();
     }
     kill_strays();
     return 0;
