@@ -438,13 +438,13 @@ def machine(ctx: Context) -> dict[str, Any]:
     except OSError:
         pass
     sys.path.insert(0, str(REPO))
-    from sandlock.exec import launcher
+    from sandlock.compile import compiler
     from sandlock.linux import kernel
     from sandlock.policy import model as policy
 
     try:  # the filter every syscall of the workloads runs through
         tool = policy.load_policy(ctx.tmp / "tools" / "python.toml", {"workspace": str(ctx.tmp)})
-        with launcher.compile_policy(tool) as compiled:
+        with compiler.compile_policy(tool) as compiled:
             instructions: Any = len(compiled.bpf) // 8  # struct sock_filter is 8 bytes
     except Exception as exc:  # noqa: BLE001 - context for the report, not a measurement
         instructions = f"? ({exc})"

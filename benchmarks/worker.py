@@ -116,12 +116,13 @@ class Ours:
     """Operations on this checkout's sandlock: the launcher, and the public API if present."""
 
     def __init__(self, config: dict[str, Any]) -> None:
+        from sandlock.compile import compiler
         from sandlock.exec import launcher
         from sandlock.policy import model as policy
 
-        self.launcher, self.policy = launcher, policy
+        self.launcher, self.compiler, self.policy = launcher, compiler, policy
         self.true_policy: str = config["true_policy"]
-        self.compiled = launcher.compile_policy(policy.load_policy(self.true_policy, {}))
+        self.compiled = compiler.compile_policy(policy.load_policy(self.true_policy, {}))
         self.true_cmd = launcher.prepare_command(self.compiled.policy, TRUE)
         self.cache: dict[str, Any] = {}
         self.api: Optional[Api] = None
@@ -196,7 +197,7 @@ class Ours:
         t0 = time.perf_counter()
         loaded = self.policy.load_policy(path, variables)
         t1 = time.perf_counter()
-        compiled = launcher.compile_policy(loaded)
+        compiled = self.compiler.compile_policy(loaded)
         t2 = time.perf_counter()
         try:
             cmd = launcher.prepare_command(compiled.policy, argv)
@@ -276,7 +277,7 @@ class Ours:
             return {"total": plain_run(arg["argv"])}
         key = json.dumps([arg["policy"], arg["vars"]])
         if key not in self.cache:
-            self.cache[key] = self.launcher.compile_policy(
+            self.cache[key] = self.compiler.compile_policy(
                 self.policy.load_policy(arg["policy"], arg["vars"]))
         compiled = self.cache[key]
         cmd = self.launcher.prepare_command(compiled.policy, arg["argv"])

@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from sandlock.compile import compiler
 from sandlock.exec import launcher
 from sandlock.policy.model import loads_policy
 
@@ -71,7 +72,7 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDWR)
     with tempfile.TemporaryDirectory() as tmp:
         policy = loads_policy(POLICY, source=str(Path(tmp) / "measure.toml"))
-        compiled = launcher.compile_policy(policy)
+        compiled = compiler.compile_policy(policy)
         command = launcher.prepare_command(policy, ["/usr/bin/true"])
         read_end, write_end = os.pipe()
         launcher.TIMING_FD = write_end

@@ -80,14 +80,15 @@ def test_run_environment_is_the_policys_plus_additions(box: sandlock.Sandbox,
 
 
 def test_environment_matches_the_launchers(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The API's compiled matcher and launcher.build_env (the CLI's) agree."""
-    from sandlock.exec import launcher
+    """The API's environment is the one filter's (policy.environment.build, the CLI's)."""
+    from sandlock.policy import environment
 
     for name in ("LC_ALL", "LC_", "LCX", "PATHX", "XPATH", "TERM", "TZ", "MY_1", "MY_22"):
         monkeypatch.setenv(name, "v")
     policy = {"env": {"pass": ["PATH", "LC_*", "TERM", "MY_?", "[TX]Z"], "set": {"A": "b"}}}
     with sandlock.Sandbox(policy) as box:
-        assert box._environment() == launcher.build_env(box.policy.env, os.environ)
+        expected = environment.build(box.policy.env.passed, box.policy.env.set, os.environ)
+        assert box._environment() == expected
 
 
 def test_run_refusals_before_exec(box: sandlock.Sandbox) -> None:

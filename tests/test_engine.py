@@ -15,14 +15,13 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import REPO, require_abi
 
 import sandlock
 from sandlock.errors import SetupError
 from sandlock.exec import engine, forkserver, native, spec
 from sandlock.policy.model import Policy, load_policy
 from sandlock.probe.harness import EXECUTORS, probe_policy
-
-from conftest import REPO, require_abi
 
 LIMITS = """\
 version = 1

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import write_policy
 
-from sandlock.compile import grants
+from sandlock.compile import compiler, grants
 from sandlock.compile.abi import WRITE_RIGHTS, Fs
 from sandlock.compile.grants import GrantError
 from sandlock.errors import PolicyError
-from sandlock.exec import launcher
 from sandlock.policy.model import load_policy
 
 READ = int(Fs.READ_FILE | Fs.READ_DIR)
@@ -133,7 +132,7 @@ def test_refusal_names_the_policy_line(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("HOME", str(home))
     policy = load_policy(write_policy(tmp_path, f'version = 1\n[filesystem]\nwrite = ["{home}"]\n'))
     with pytest.raises(PolicyError) as error:
-        launcher.compile_policy(policy)
+        compiler.compile_policy(policy)
     assert str(error.value).startswith(f"{tmp_path}/policy.toml:3: filesystem.write[0]: ")
     assert "covers" in str(error.value)
 

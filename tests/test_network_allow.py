@@ -695,6 +695,7 @@ def test_thousand_connections_leak_no_descriptor_or_thread(
         tmp_path: Path, http_server: Server) -> None:
     """The launcher (this process) runs the proxy and the supervisor; count its fds."""
     needs_kernel()
+    from sandlock.compile import compiler
     from sandlock.exec import launcher
     from sandlock.policy.model import load_policy
 
@@ -720,7 +721,7 @@ def test_thousand_connections_leak_no_descriptor_or_thread(
 
     baseline_threads = threading.active_count()
     before = fds()
-    with launcher.compile_policy(policy) as compiled:
+    with compiler.compile_policy(policy) as compiled:
         opened = fds()
         cmd = launcher.prepare_command(policy, [PYTHON, "-c", textwrap.dedent(code)])
         events: list[str] = []

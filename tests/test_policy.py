@@ -356,13 +356,13 @@ def test_write_on_proc_self_symlink_names_the_path(tmp_path: Path) -> None:
 def test_write_through_symlink_to_forbidden_path(tmp_path: Path, target: str) -> None:
     """Where a write grant leads is decided on its descriptor when the ruleset is built
     (sandlock.compile.grants), never on the name at load time, which a tool could swap."""
-    from sandlock.exec import launcher
+    from sandlock.compile import compiler
 
     link = tmp_path / "link"
     link.symlink_to(target)
     policy = load_policy(write(tmp_path, f'[filesystem]\nwrite = ["{link}"]'))
     with pytest.raises(PolicyError) as error:
-        launcher.compile_policy(policy)
+        compiler.compile_policy(policy)
     assert str(error.value) == where(tmp_path, 2, "filesystem.write[0]") + (
         f"{str(link)!r}: it is a symbolic link (to {target!r}) in a directory a tool may be "
         "able to write; sandlock follows links only in system directories owned by root, so "

@@ -455,6 +455,7 @@ def test_limit_above_the_callers_hard_limit_is_clamped(tmp_path: Path) -> None:
 
 def test_waiting_in_process_spares_the_hosts_other_children(workspace: Path) -> None:
     """Used as a library, the launcher reaps what the tool left, not the host's own children."""
+    from sandlock.compile import compiler
     from sandlock.exec import launcher
     from sandlock.policy.model import loads_policy
 
@@ -462,7 +463,7 @@ def test_waiting_in_process_spares_the_hosts_other_children(workspace: Path) -> 
     try:
         policy = loads_policy('version = 1\nextends = ["base"]\n'
                               '[filesystem]\nexec = ["/usr/bin/true"]\n')
-        with launcher.compile_policy(policy) as compiled:
+        with compiler.compile_policy(policy) as compiled:
             child = launcher.spawn(compiled, launcher.prepare_command(policy, ["/usr/bin/true"]))
             assert child.wait() == 0
         assert host_child.poll() is None, "the launcher killed a child that was not the tool's"

@@ -31,6 +31,7 @@ import weakref
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
+from ..compile import compiler
 from ..errors import (
     CallError,
     ExecError,
@@ -199,7 +200,7 @@ class _NativeCall(_Call):
     kind of socket. Kept in ``_native_calls`` while open: stopping the server does not
     end its calls, so :func:`shutdown` sends each a ``K``."""
 
-    def __init__(self, compiled: launcher.Compiled, cmd: launcher.Command,
+    def __init__(self, compiled: compiler.Compiled, cmd: launcher.Command,
                  stdio: Sequence[int], timeout: Optional[float], report_start: bool) -> None:
         self.cmd = cmd
         try:
@@ -287,13 +288,13 @@ def _check_limits(policy: Policy) -> None:
                           source=policy.source, key="limits.memory")
 
 
-def _compile(policy: Policy) -> launcher.Compiled:
-    """launcher.compile_policy, with a descriptor shortage named as such (libseccomp,
+def _compile(policy: Policy) -> compiler.Compiled:
+    """compiler.compile_policy, with a descriptor shortage named as such (libseccomp,
     the ruleset and the cgroup each need one; EMFILE is not a missing library)."""
     import errno
 
     try:
-        return launcher.compile_policy(policy)
+        return compiler.compile_policy(policy)
     except OSError as exc:
         if exc.errno not in (errno.EMFILE, errno.ENFILE):
             raise
@@ -308,9 +309,9 @@ def _compile(policy: Policy) -> launcher.Compiled:
 
 
 
-def _in_group(compiled: launcher.Compiled) -> bool:
+def _in_group(compiled: compiler.Compiled) -> bool:
     """Each run of ``compiled`` gets a pids cgroup (so its child joins it first)."""
-    return compiled.cgroup is not None and launcher.process_limit(compiled.rlimits) is not None
+    return compiled.cgroup is not None and compiler.process_limit(compiled.rlimits) is not None
 
 
 def _working_directory() -> str:
@@ -371,11 +372,9 @@ class Sandbox:
             raise
         self._trusted = trusted
         self._max_result = max_result_size
-        import fnmatch
-        import re
+        from ..policy.environment import matcher
 
-        globs = "|".join(fnmatch.translate(p) for p in loaded.env.passed) or "(?!)"
-        self._passed = re.compile(globs).match
+        self._passed = matcher(loaded.env.passed)
         self._lock = threading.Lock()
         #: Names this compiled policy to the fork server, which prepares a confined
         #: process for the next call() of this Sandbox (sandlock.exec.server._Spare).
@@ -601,8 +600,8 @@ class Sandbox:
     _env_cache: Optional[tuple[dict[bytes, bytes], dict[str, str]]] = None
 
     def _environment(self) -> dict[str, str]:
-        """launcher.build_env's result (``pass`` globs as fnmatchcase, then ``set``), with
-        the globs compiled once: matching them one by one cost ~0.4 ms per call. Reused
+        """policy.environment.build's result (``pass`` globs as fnmatchcase, then ``set``),
+        with the matcher made once: matching globs one by one cost ~0.4 ms per call. Reused
         while os.environ is unchanged: comparing CPython's raw dict behind it takes ~1 us,
         going through the mapping to filter it again ~35 us."""
         raw = getattr(os.environ, "_data", None)  # bytes -> bytes, or absent elsewhere

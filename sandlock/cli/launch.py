@@ -105,6 +105,7 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
     the policy model, tomllib and the seccomp compiler. Any doubt means a miss.
     """
     try:
+        from ..compile import compiler
         from ..exec import launcher
 
         cached = compiled = None
@@ -128,7 +129,7 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                     compiled = None  # the full path reports it with the policy's line
             if compiled is None:
                 loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data)
-                compiled = launcher.compile_policy(loaded)
+                compiled = compiler.compile_policy(loaded)
                 if cached is not None:
                     cached.store(loaded, compiled)
         finally:

@@ -85,6 +85,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     with the smallest policy line that grants it. Recording never decides: Landlock
     and seccomp refuse exactly what they refuse under `run`.
     """
+    from ..compile import compiler
     from ..exec import launcher
     from ..trace.record import Judge, Recorder
 
@@ -99,7 +100,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
                                 "supervisor holds the only notification listener a process may "
                                 "have; trace a copy of the policy without `allow` (its refusals "
                                 "are reported by `sandlock run` as they happen)")
-        compiled = launcher.compile_policy(loaded)
+        compiled = compiler.compile_policy(loaded)
         cmd = launcher.prepare_command(loaded, list(command))
         for line in compiled.warnings:
             say(f"warning: NOT enforced on this kernel: {line}")

@@ -50,8 +50,8 @@ TYPE_CHECKING = False  # typing costs milliseconds; this module exists to save t
 if TYPE_CHECKING:
     from typing import Any, Mapping, Optional
 
-    from ..exec.launcher import Compiled
     from ..policy.model import Policy
+    from .compiler import Compiled
 
 FORMAT = 3
 MAGIC = b"sandlock-compiled-policy\x00%d\n" % FORMAT
@@ -79,7 +79,7 @@ KNOWN_FIELDS = {
     "Limits": {"timeout", "cpu", "memory", "processes", "open_files", "file_size"},
     "Syscalls": {"deny", "allow"},
 }
-#: Attributes of launcher.Compiled the cached path reproduces.
+#: Attributes of compiler.Compiled the cached path reproduces.
 KNOWN_COMPILED = {"policy", "abi", "gaps", "ruleset_fd", "bpf", "rlimits", "_fprog", "_keep",
                   "cgroup"}
 
@@ -151,7 +151,7 @@ class Entry:
         """Resolve and open the paths and build the ruleset fd now, as the full path does
         (a refused grant raises GrantError: the caller then takes the full path, which
         reports it with the policy line)."""
-        from ..exec.launcher import Compiled
+        from .compiler import Compiled
 
         abi, handled_fs, handled_net, scoped, paths, ports, file_only, write_rights = self.plan
         fd = kernel.build_ruleset(abi, handled_fs, handled_net, scoped, paths, ports, file_only,
@@ -413,11 +413,11 @@ def _cgroup_key(found: Any, why: str) -> tuple[Any, ...]:
 
 def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
            variables: Mapping[str, str]) -> Optional[dict[str, Any]]:
-    from ..exec.launcher import Compiled as CompiledType
     from ..linux import cgroups
     from ..policy.model import load_policy
     from . import ruleset
     from .abi import FILE_ONLY, WRITE_RIGHTS
+    from .compiler import Compiled as CompiledType
 
     if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
             or not _cacheable(policy) or policy.source != policy_file):

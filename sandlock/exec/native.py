@@ -30,16 +30,17 @@ import fcntl
 import os
 import socket
 
+from ..compile.compiler import process_limit
 from ..linux.process import DEFAULTED_SIGNALS
 from . import spec, wire
 from .forkserver import ProcessWide, children_of, credentials
-from .launcher import process_limit
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional, Sequence
 
-    from .launcher import Command, Compiled
+    from ..compile.compiler import Compiled
+    from .launcher import Command
 
 #: Built by setup.py next to its source; absent only in an install made with
 #: SANDLOCK_NO_NATIVE=1 (the API then starts commands through its fork server).

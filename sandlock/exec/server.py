@@ -209,11 +209,11 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str, server: int) -> Non
     Killed with the fork server instead, it would leave the call's daemons to init
     and the caller without a report.
     """
+    from ..compile import compiler
     from ..linux import kernel
-    from . import launcher
 
     spare: Optional[_Spare] = None
-    prepared: Optional[tuple[launcher.Compiled, bytes]] = None  # the policy spares get
+    prepared: Optional[tuple[compiler.Compiled, bytes]] = None  # the policy spares get
     def leaving() -> None:  # its pids cgroup too ([limits] processes)
         if spare is not None:
             spare.discard()
@@ -257,12 +257,12 @@ def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
     """The caller's compiled policy, as its request carries it: the ruleset fd, BPF,
     rlimits, and where each run's pids cgroup is made (the caller's decision, the one
     its warnings describe: never looked up again here)."""
+    from ..compile import compiler
     from ..linux import cgroups
-    from . import launcher
 
     wire = request["cgroup"]
     base = None if wire is None else cgroups.Base(*wire)
-    return launcher.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
+    return compiler.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
                              request["bpf"], tuple(request["rlimits"]), base)
 
 

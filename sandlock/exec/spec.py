@@ -24,7 +24,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Collection, Sequence, Union
 
-    from .launcher import Command, Compiled
+    from ..compile.compiler import Compiled
+    from .launcher import Command
 
     Step = tuple[Union[str, int], ...]
 

@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequenc
 from ..policy.credentials import PLACEHOLDER_PREFIX, Credential, tool_environment
 
 if TYPE_CHECKING:
+    from ..compile.compiler import Compiled
     from ..errors import PolicyError
-    from ..exec.launcher import Command, Compiled
+    from ..exec.launcher import Command
     from ..policy.credentials import CredentialError
     from ..policy.model import Policy
 

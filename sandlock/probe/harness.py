@@ -5,7 +5,7 @@ not grant -- a directory with a secret and victim files, loopback TCP/UDP
 listeners, an ssh-agent-like Unix socket, an abstract socket, a helper process
 holding a secret in its memory and environment, an inheritable descriptor on
 the secret, a pty as stdin -- then starts :mod:`sandlock.probe.payload` through
-exactly the launcher path of `sandlock run` (:func:`launcher.compile_policy`,
+exactly the launcher path of `sandlock run` (:func:`compiler.compile_policy`,
 :func:`launcher.prepare_command`, :func:`launcher.spawn`). Nothing is simulated:
 every row is the kernel's answer to a real syscall, cross-checked afterwards
 where an effect can be seen (a file changed, a daemon survived).
@@ -39,6 +39,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..compile import compiler
 from ..errors import SandlockError
 from ..exec import launcher
 from ..linux import kernel
@@ -962,7 +963,7 @@ def _launch(policy: Policy, harness: Harness, executor: str = "launcher"
     caller = dict(os.environ)
     caller[ENV_CANARY] = harness.canary
     command = launcher.prepare_command(policy, argv, caller_env=caller)
-    compiled = launcher.compile_policy(_with_echo(policy, harness.cfg))
+    compiled = compiler.compile_policy(_with_echo(policy, harness.cfg))
     try:
         with _routes(compiled, command, harness) as (compiled, command):
             command = launcher.Command(command.executable, (*argv, json.dumps(harness.cfg)),
@@ -988,8 +989,8 @@ def _with_echo(policy: Policy, cfg: Mapping[str, Any]) -> Policy:
 
 
 @contextmanager
-def _routes(compiled: launcher.Compiled, command: launcher.Command, harness: Harness
-            ) -> Iterator[tuple[launcher.Compiled, launcher.Command]]:
+def _routes(compiled: compiler.Compiled, command: launcher.Command, harness: Harness
+            ) -> Iterator[tuple[compiler.Compiled, launcher.Command]]:
     """The policy's credential routes, as `sandlock run` serves them, with the harness's
     canary as every secret (never a real one: from_env and from_file are not read) and
     every upstream host pinned to 127.0.0.1 (the probe sends nothing off the machine)."""
@@ -1009,7 +1010,7 @@ def _routes(compiled: launcher.Compiled, command: launcher.Command, harness: Har
         yield routed, routed_cmd
 
 
-def _spawn(compiled: launcher.Compiled, command: launcher.Command, executor: str = "launcher"
+def _spawn(compiled: compiler.Compiled, command: launcher.Command, executor: str = "launcher"
            ) -> tuple[list[dict[str, str]], str]:
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -1043,7 +1044,7 @@ def _spawn(compiled: launcher.Compiled, command: launcher.Command, executor: str
     return lines, b"".join(chunks[err_r]).decode(errors="replace")
 
 
-def _run_launcher(compiled: launcher.Compiled, command: launcher.Command,
+def _run_launcher(compiled: compiler.Compiled, command: launcher.Command,
                   stdio: tuple[int, int, int]) -> None:
     """As `sandlock run` runs a command: forked from this process."""
     mediation = None
@@ -1063,7 +1064,7 @@ def _run_launcher(compiled: launcher.Compiled, command: launcher.Command,
             mediation.stop()
 
 
-def _run_api(compiled: launcher.Compiled, command: launcher.Command,
+def _run_api(compiled: compiler.Compiled, command: launcher.Command,
              stdio: tuple[int, int, int], executor: str) -> None:
     """As the Python API runs a command: through its fork server or sandlock-exec."""
     from ..api.sandbox import Sandbox, _NativeCall

@@ -95,7 +95,7 @@ def _quote(text: str) -> str:
 def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: Optional[str] = None,
                  report: Optional[Callable[[str], None]] = None) -> tuple[str, int]:
     """Run ``argv`` recorded; return (draft TOML, the command's exit code)."""
-    from ..compile import ruleset
+    from ..compile import compiler, ruleset
     from ..exec import launcher
     from ..policy.model import loads_policy, parse_duration
 
@@ -111,7 +111,7 @@ def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: O
                 except Exception as exc:  # _Bad from the duration parser
                     raise SandlockError(f"--timeout: {exc}") from None
             try:
-                compiled = launcher.compile_policy(policy)
+                compiled = compiler.compile_policy(policy)
                 break
             except LandlockError:
                 if attempt == 2:

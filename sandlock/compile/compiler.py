@@ -1,0 +1,186 @@
+"""From a validated policy to a :class:`Compiled` one: what the kernel is given.
+
+:func:`compile_policy` checks that this kernel and this caller can enforce the policy
+(or that the policy accepts the gaps: best-effort), builds the Landlock ruleset from
+grant descriptors (:mod:`.grants`, :mod:`.ruleset`), the seccomp BPF (:mod:`.seccomp`)
+and the rlimits. A :class:`Compiled` is reusable for any number of runs, by any
+executor (:mod:`sandlock.exec`); :func:`sandlock.exec.spec.child_steps` turns it into
+a child's steps.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from ..errors import KernelSupportError
+from ..linux import cgroups, kernel
+
+# On `sandlock run`'s per-call path (the cache rebuilds a Compiled): nothing heavy here.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional, Sequence
+
+    from ..policy.model import Limits, Policy
+    from . import ruleset
+
+
+#: Compiled(cgroup=DISCOVER): look for a pids cgroup base now (cgroups.find).
+DISCOVER = "discover"
+
+
+def process_limit(rlimits: Sequence[tuple[int, int]]) -> Optional[int]:
+    """The ``processes`` limit carried by a compiled policy's rlimits, or None."""
+    for res, value in rlimits:
+        if res == resource.RLIMIT_NPROC:
+            return value
+    return None
+
+
+class Compiled:
+    """A policy made ready for the kernel; reusable for any number of launches.
+
+    The ruleset fd may be shared by many children: landlock_restrict_self only
+    reads it. Close it with :meth:`close` when done. (A plain class, not a
+    dataclass: importing dataclasses costs more than the whole cached run.)
+
+    ``rlimits`` are the policy's (RLIMIT_NPROC for ``processes`` included). When
+    ``processes`` is set and this caller can create pids cgroups, ``cgroup`` is where
+    each run's group is made (then RLIMIT_NPROC is not applied: the group counts the
+    sandbox, the rlimit the whole user); the attribute exists only then.
+    """
+
+    cgroup: Optional[cgroups.Base] = None
+
+    def __init__(self, policy: Policy, abi: int, gaps: tuple[ruleset.Gap, ...], ruleset_fd: int,
+                 bpf: bytes, rlimits: tuple[tuple[int, int], ...],
+                 cgroup: Optional[cgroups.Base] | str = DISCOVER) -> None:
+        self.policy = policy
+        self.abi = abi
+        self.gaps = gaps
+        self.ruleset_fd = ruleset_fd
+        self.bpf = bpf
+        self.rlimits = rlimits
+        self._fprog, self._keep = kernel.make_fprog(bpf)
+        if process_limit(rlimits) is not None:
+            self.cgroup = cgroups.find()[0] if cgroup == DISCOVER else cgroup  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"Compiled(policy={self.policy.source!r}, abi={self.abi}, gaps={self.gaps!r}, "
+                f"ruleset_fd={self.ruleset_fd}, bpf=<{len(self.bpf) // 8} insns>, "
+                f"rlimits={self.rlimits!r})")
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per protection not enforced for this caller on this kernel (in strict
+        mode only those a strict policy accepts: a per-user process limit)."""
+        return [str(gap) for gap in self.gaps]
+
+    def child_rlimits(self, in_group: bool) -> tuple[tuple[int, int], ...]:
+        """What the child sets: RLIMIT_NPROC only when it is not in a pids cgroup."""
+        if not in_group:
+            return self.rlimits
+        return tuple(pair for pair in self.rlimits if pair[0] != resource.RLIMIT_NPROC)
+
+    def close(self) -> None:
+        if self.ruleset_fd >= 0:
+            os.close(self.ruleset_fd)
+            self.ruleset_fd = -1
+
+    def __enter__(self) -> "Compiled":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def rlimits_for(limits: Limits) -> tuple[tuple[int, int], ...]:
+    """(resource, value) pairs; core dumps are always off."""
+    pairs = [(resource.RLIMIT_CORE, 0)]
+    for value, res in ((limits.cpu, resource.RLIMIT_CPU), (limits.memory, resource.RLIMIT_AS),
+                       (limits.processes, resource.RLIMIT_NPROC),
+                       (limits.open_files, resource.RLIMIT_NOFILE),
+                       (limits.file_size, resource.RLIMIT_FSIZE)):
+        if value is not None:
+            pairs.append((res, value))
+    return tuple(pairs)
+
+
+def clamp_to_hard_limits(pairs: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Never ask for more than the caller's hard limit: a policy can only lower a limit.
+
+    An unprivileged setrlimit above the hard limit fails with EPERM, which would make
+    a generous policy unusable under a stricter caller; and with CAP_SYS_RESOURCE it
+    would raise the caller's limit, which a sandbox must not do.
+    """
+    out = []
+    for res, value in pairs:
+        hard = resource.getrlimit(res)[1]
+        out.append((res, value if hard == resource.RLIM_INFINITY else min(value, hard)))
+    return tuple(out)
+
+
+def strict_failure(policy: Policy, abi: int, gaps: Sequence[ruleset.Gap]) -> KernelSupportError:
+    lines = "\n".join(f"  - {gap}" for gap in gaps)
+    return KernelSupportError(
+        f"this kernel (Landlock ABI {abi}) cannot enforce what {policy.source} relies on:\n{lines}\n"
+        "Refusing to run. Use a newer kernel, remove the grant that needs it, or accept the gap "
+        "with --best-effort (or compat = \"best-effort\" in the policy)."
+    )
+
+
+def process_failure(policy: Policy, gap: ruleset.Gap) -> KernelSupportError:
+    if gap.protection == "signal scope":
+        return KernelSupportError(
+            f"{policy.source}: {gap}.\nRefusing to run. Keep [scope] signals = true, or accept "
+            "this with --best-effort (or compat = \"best-effort\").")
+    return KernelSupportError(
+        f"{policy.source}: cannot enforce the {gap}.\n"
+        "Refusing to run. Give sandlock a pids cgroup it can create children in (root with a "
+        "writable cgroup hierarchy with the pids controller, or a delegated cgroup subtree), "
+        "run as an ordinary user (RLIMIT_NPROC then binds, per user), remove `processes` from "
+        "the policy, or accept the gap with --best-effort (or compat = \"best-effort\")."
+    )
+
+
+def compile_policy(policy: Policy) -> Compiled:
+    """Check kernel support, build the Landlock ruleset and the seccomp BPF."""
+    from ..policy.model import Compat
+    from . import ruleset, seccomp
+
+    why = kernel.seccomp_supported()
+    if why:
+        raise KernelSupportError(f"seccomp filters are unavailable: {why}")
+    abi = ruleset.detect_abi()
+    plan = ruleset.plan(policy, abi)
+    if plan.gaps and policy.compat is Compat.STRICT:
+        raise strict_failure(policy, abi, plan.gaps)
+    caller = ruleset.caller_gaps(policy)
+    refused = [gap for gap in caller if gap.strict]
+    if refused and policy.compat is Compat.STRICT:
+        raise process_failure(policy, refused[0])
+    if policy.syscalls.allow or policy.syscalls.deny:
+        seccomp.check_names(policy)
+    bpf = seccomp.bpf_for(seccomp.plan(policy))
+    fd = build_rules(policy, plan)
+    rlimits = clamp_to_hard_limits(rlimits_for(policy.limits))
+    return Compiled(policy, abi, plan.gaps + caller, fd, bpf, rlimits)
+
+
+def build_rules(policy: Policy, plan: ruleset.Plan) -> int:
+    """The ruleset fd for ``plan``; a grant refused by :mod:`sandlock.compile.grants` becomes a
+    PolicyError naming the policy line it came from."""
+    from ..errors import PolicyError
+    from . import ruleset
+    from .grants import GrantError
+
+    try:
+        return ruleset.build(plan, ruleset.policy_files(policy))
+    except GrantError as exc:
+        origin = next((r.origin for r in policy.paths if r.path == exc.path), policy.source)
+        where, _, key = origin.partition(" ")
+        raise PolicyError(f"{exc.path!r}: {exc.reason}", source=where, key=key) from None
+
+
+# ----------------------------------------------------------------------------
+# The command
