@@ -168,7 +168,6 @@ def test_thousands_of_paths_hold_one_descriptor_at_a_time(tmp_path: Path) -> Non
     """A policy may name more paths than the descriptor limit (sandlock learn does)."""
     import resource
 
-    from sandlock.linux import kernel
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     for index in range(300):
@@ -176,7 +175,7 @@ def test_thousands_of_paths_hold_one_descriptor_at_a_time(tmp_path: Path) -> Non
     resource.setrlimit(resource.RLIMIT_NOFILE, (fds() + 64, hard))
     try:
         paths = [(str(tmp_path / f"d{index}"), READ) for index in range(300)]
-        fd = kernel.build_ruleset(7, int(Fs.READ_FILE | Fs.READ_DIR), 0, 0, paths, (), 0, WRITE, ())
+        fd = grants.build_ruleset(7, int(Fs.READ_FILE | Fs.READ_DIR), 0, 0, paths, (), 0, WRITE, ())
         os.close(fd)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

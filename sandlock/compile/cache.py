@@ -151,10 +151,11 @@ class Entry:
         """Resolve and open the paths and build the ruleset fd now, as the full path does
         (a refused grant raises GrantError: the caller then takes the full path, which
         reports it with the policy line)."""
+        from . import grants
         from .compiler import Compiled
 
         abi, handled_fs, handled_net, scoped, paths, ports, file_only, write_rights = self.plan
-        fd = kernel.build_ruleset(abi, handled_fs, handled_net, scoped, paths, ports, file_only,
+        fd = grants.build_ruleset(abi, handled_fs, handled_net, scoped, paths, ports, file_only,
                                   write_rights, self.policy_files)
         # Gaps are kept as their one-line descriptions: Compiled.warnings prints str(gap).
         return Compiled(self.policy, abi, self.warnings, fd,  # type: ignore[arg-type]

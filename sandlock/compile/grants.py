@@ -33,7 +33,8 @@ import sys
 from stat import S_ISDIR, S_ISLNK
 
 from .. import PACKAGE_DIR
-from ..errors import SandlockError
+from ..errors import LandlockError, SandlockError
+from ..linux import kernel
 
 TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
 if TYPE_CHECKING:
@@ -425,3 +426,51 @@ def later_run_findings(writes: Sequence[tuple[str, str]], own_execs: Sequence[tu
                                  f"({origin}): {effects[kind]}")
                     break
     return lines
+
+
+def build_ruleset(abi: int, handled_fs: int, handled_net: int, scoped: int,
+                  paths: Sequence[tuple[str, int]], ports: Sequence[tuple[int, int]],
+                  file_only: int, write_rights: int, policy_files: Sequence[str]) -> int:
+    """One Landlock ruleset fd (close-on-exec) with a rule per path and per TCP port.
+
+    Paths are resolved by :func:`each_rule`, here in the parent, to
+    the descriptors the rules are made from (so the child only calls
+    landlock_restrict_self); a grant holding any of ``write_rights`` is refused there
+    if it reaches what a later run trusts (GrantError). ``rights`` are those for a
+    directory; a rule on a non-directory keeps only ``file_only``
+    (sandlock.compile.abi.FILE_ONLY; the kernel refuses other rights on a file with EINVAL).
+    Returns -1 when there is no Landlock (``abi`` < 1). Raises LandlockError.
+    """
+    if abi < 1:
+        try:  # no rules to make, but the same checks: a refused grant is refused anyway
+            for _ in each_rule(paths, write_rights, policy_files):
+                pass
+        except OSError as exc:
+            raise LandlockError(f"cannot open {exc.filename or 'a path'!r} for a rule: "
+                                f"{exc.strerror}") from None
+        return -1
+    try:
+        fd = kernel.create_ruleset(handled_fs, handled_net, scoped)
+    except OSError as exc:
+        raise LandlockError(f"cannot create the Landlock ruleset: {exc.strerror}") from None
+    try:
+        path = ""
+        try:
+            for rule, (target, rights) in zip(paths, each_rule(paths, write_rights, policy_files)):
+                path = rule[0]  # named in the error below
+                kernel.add_path_rule(fd, target.fd, rights if target.is_dir else rights & file_only)
+        except OSError as exc:
+            if exc.filename is not None or not path:
+                raise LandlockError(f"cannot open {exc.filename or 'a path'!r} for a rule: "
+                                    f"{exc.strerror}") from None
+            raise LandlockError(f"cannot add a rule for {path!r}: {exc.strerror}") from None
+        for port, rights in ports:
+            try:
+                kernel.add_port_rule(fd, port, rights)
+            except OSError as exc:
+                raise LandlockError(f"cannot add a rule for TCP port {port}: "
+                                    f"{exc.strerror}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

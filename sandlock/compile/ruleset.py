@@ -16,6 +16,7 @@ from ..errors import LandlockError
 from ..linux import kernel
 from ..policy.model import Access, Policy
 from . import abi as A
+from . import grants
 
 #: Devices whose ioctls are harmless; granting them does not rely on IOCTL_DEV.
 HARMLESS_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -173,10 +174,10 @@ def build(p: Plan, policy_files: tuple[str, ...] = ()) -> int:
     landlock_restrict_self; ``policy_files`` are the files the policy was read from,
     which no write grant may reach (:mod:`sandlock.compile.grants`).
 
-    The work is :func:`sandlock.linux.kernel.build_ruleset`, which takes plain values so
+    The work is :func:`sandlock.compile.grants.build_ruleset`, which takes plain values so
     that the cached run path (:mod:`sandlock.compile.cache`) shares it without importing
     this module and the policy model."""
-    return kernel.build_ruleset(p.abi, p.handled_fs, p.handled_net, p.scoped, p.paths, p.ports,
+    return grants.build_ruleset(p.abi, p.handled_fs, p.handled_net, p.scoped, p.paths, p.ports,
                                 int(A.FILE_ONLY), int(A.WRITE_RIGHTS), policy_files)
 
 

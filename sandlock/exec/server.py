@@ -17,7 +17,7 @@ import socket
 import struct
 import sys
 
-from ..linux.process import children
+from ..linux.process import FORWARDED_SIGNALS, children
 from .wire import FORKSERVER_INLINE_LIMIT, KINDS
 
 TYPE_CHECKING = False
@@ -54,7 +54,7 @@ def serve(exec_fd: int, call_fd: int) -> None:
     notes_r, notes_w = os.pipe2(os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for signum in FORWARDED_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)  # the caller's Ctrl-C is the caller's business
     supervisors: dict[int, str] = {}  # pid -> kind
     idle: set[int] = set()

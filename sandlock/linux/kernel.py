@@ -18,7 +18,7 @@ from .syscalls import MACHINE, NR
 
 TYPE_CHECKING = False  # typing and platform cost milliseconds on every `sandlock run`
 if TYPE_CHECKING:
-    from typing import Optional, Sequence
+    from typing import Optional
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -134,57 +134,6 @@ def add_port_rule(ruleset: int, port: int, access: int) -> None:
     attr = NetPortAttr(access, port)
     _check(_syscall(NR["landlock_add_rule"], ruleset, LANDLOCK_RULE_NET_PORT,
                     ctypes.byref(attr), ctypes.c_uint32(0)), "landlock_add_rule(port)")
-
-
-def build_ruleset(abi: int, handled_fs: int, handled_net: int, scoped: int,
-                  paths: Sequence[tuple[str, int]], ports: Sequence[tuple[int, int]],
-                  file_only: int, write_rights: int, policy_files: Sequence[str]) -> int:
-    """One Landlock ruleset fd (close-on-exec) with a rule per path and per TCP port.
-
-    Paths are resolved by :func:`sandlock.compile.grants.each_rule`, here in the parent, to
-    the descriptors the rules are made from (so the child only calls
-    landlock_restrict_self); a grant holding any of ``write_rights`` is refused there
-    if it reaches what a later run trusts (GrantError). ``rights`` are those for a
-    directory; a rule on a non-directory keeps only ``file_only``
-    (sandlock.compile.abi.FILE_ONLY; the kernel refuses other rights on a file with EINVAL).
-    Returns -1 when there is no Landlock (``abi`` < 1). Raises LandlockError.
-    """
-    from ..compile.grants import each_rule
-    from ..errors import LandlockError
-
-    if abi < 1:
-        try:  # no rules to make, but the same checks: a refused grant is refused anyway
-            for _ in each_rule(paths, write_rights, policy_files):
-                pass
-        except OSError as exc:
-            raise LandlockError(f"cannot open {exc.filename or 'a path'!r} for a rule: "
-                                f"{exc.strerror}") from None
-        return -1
-    try:
-        fd = create_ruleset(handled_fs, handled_net, scoped)
-    except OSError as exc:
-        raise LandlockError(f"cannot create the Landlock ruleset: {exc.strerror}") from None
-    try:
-        path = ""
-        try:
-            for rule, (target, rights) in zip(paths, each_rule(paths, write_rights, policy_files)):
-                path = rule[0]  # named in the error below
-                add_path_rule(fd, target.fd, rights if target.is_dir else rights & file_only)
-        except OSError as exc:
-            if exc.filename is not None or not path:
-                raise LandlockError(f"cannot open {exc.filename or 'a path'!r} for a rule: "
-                                    f"{exc.strerror}") from None
-            raise LandlockError(f"cannot add a rule for {path!r}: {exc.strerror}") from None
-        for port, rights in ports:
-            try:
-                add_port_rule(fd, port, rights)
-            except OSError as exc:
-                raise LandlockError(f"cannot add a rule for TCP port {port}: "
-                                    f"{exc.strerror}") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def restrict_self(ruleset: int) -> None:
