@@ -141,7 +141,7 @@ def main() -> None:
         """)
         modules = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                  check=True, cwd=REPO).stdout.strip()
-        results["no-allow run imports netrules/proxy/connect supervisor"] = any(
+        results["no-allow run imports netrules/proxy/connect gate"] = any(
             name in modules
             for name in ("sandlock.policy.netrules", "sandlock.net.proxy", "sandlock.net.connect"))
         # What launcher.run adds for a policy without allow: one attribute test.

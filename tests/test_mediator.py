@@ -1,6 +1,6 @@
 """The API's host-allowlist mediation runs outside the agent's process (issue 12 item 6).
 
-A tool under ``[network] allow`` talks to a proxy and a connect supervisor; their
+A tool under ``[network] allow`` talks to a proxy and a connect gate; their
 parsing faces the tool. They run in a mediator process started for the call (a
 clean exec, empty environment), so a tool flooding the proxy uses up the
 mediator's descriptors, never the agent's, and at most MAX_CLIENTS of them.

@@ -1,4 +1,4 @@
-"""Host allowlists (issue 7): rule parsing, the proxy, and the connect supervisor.
+"""Host allowlists (issue 7): rule parsing, the proxy, and the connect gate.
 
 Everything runs on loopback: test servers listen on 127.0.0.1 and are reached
 through ``hosts`` pins (a pinned name may resolve to a private address because
@@ -277,7 +277,7 @@ def net_policy(tmp_path: Path, allow: list[str], deny: Sequence[str] = (), read:
 
 
 def needs_kernel() -> None:
-    require_abi(4, "TCP rules under the connect supervisor")
+    require_abi(4, "TCP rules under the connect gate")
 
 
 def needs_curl() -> str:
@@ -751,7 +751,7 @@ def test_probe_runs_the_network_rows_under_mediation(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------
-# The Python API: each call gets its own proxy and connect supervisor
+# The Python API: each call gets its own proxy and connect gate
 
 
 API_FETCH = """

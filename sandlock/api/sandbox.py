@@ -79,7 +79,7 @@ class _Call:
     """The caller's end of one call's supervisor socket (see :mod:`sandlock.exec.forkserver`)."""
 
     cmd: Optional[launcher.Command] = None  #: decodes ``X`` reports (the native helper)
-    #: The proxy and connect supervisor of a call under ``[network] allow``, and
+    #: The proxy and connect gate of a call under ``[network] allow``, and
     #: what they refused (known once the call is closed).
     mediation: Optional[Mediation] = None
     network_events: tuple[str, ...] = ()
@@ -489,7 +489,7 @@ class Sandbox:
             if self.policy.network.allow:  # has_duplicate_listener() in kernel/seccomp.c
                 why = ("not available with [network] allow: the kernel lets a process's "
                        "filters have one notification listener, and the host allowlist's "
-                       "connect supervisor holds it")
+                       "connect gate holds it")
             if why:
                 raise KernelSupportError(f"trace=True: {why}")
             judge = Judge.for_policy(self.policy, self._compiled.abi)
@@ -499,7 +499,7 @@ class Sandbox:
     _judge: Optional[tuple[int, list[tuple[str, int, bool]], dict[int, int]]] = None
 
     def _mediation(self) -> Optional[Mediation]:
-        """A new proxy and connect supervisor for one call, if the policy has host
+        """A new proxy and connect gate for one call, if the policy has host
         allowlists (``[network] allow``): in a mediator process of their own
         (:mod:`sandlock.net.mediator`), never in this one, until the call ends."""
         if not self.policy.network.allow:
@@ -531,8 +531,8 @@ class Sandbox:
             # socket, stdio, the ruleset fd, the mediation socket, then extra_fds.
             fds = [*stdio] + ([compiled.ruleset_fd] if compiled.ruleset_fd >= 0 else [])
             if mediation is not None:
-                fds.append(mediation.supervisor.child_end)
-                fields["mediate"] = mediation.supervisor.notify_bpf
+                fds.append(mediation.gate.child_end)
+                fields["mediate"] = mediation.gate.notify_bpf
             if kind == "exec":  # a call's spare takes spec.child_steps in its supervisor
                 fields["steps"] = spec.encode(spec.child_steps(
                     compiled, cmd, in_group=_in_group(compiled),

@@ -140,7 +140,7 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
     out.print(f"network: tcp connect {net['connect'] or 'none'}; tcp bind {net['bind'] or 'none'}; "
               f"udp {'yes' if net['udp'] else 'no'}; unix sockets {'yes' if net['unix'] else 'no'}")
     if net["allow"]:
-        out.print(f"host allowlist (per-run proxy + connect supervisor): allow {net['allow']}; "
+        out.print(f"host allowlist (per-run proxy + connect gate): allow {net['allow']}; "
                   f"deny {net['deny'] or 'none'}; pinned hosts {net['hosts'] or 'none'}")
     for cred in report.get("credentials", ()):  # credential routes (issue 16)
         out.print(f"credential {cred['name']}: route to {cred['upstream']} (TLS verified with "

@@ -321,7 +321,7 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
     if compiled.policy.network.allow and _mediation is None:  # host allowlist (issue 7)
         from ..net.connect import Mediation
 
-        with Mediation(compiled.policy, report) as mediation:  # proxy + connect supervisor
+        with Mediation(compiled.policy, report) as mediation:  # proxy + connect gate
             return _run(compiled, mediation.command(cmd), timeout, forward_signals, mediation,
                         recorder, report)
     return _run(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)

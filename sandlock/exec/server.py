@@ -475,7 +475,7 @@ def _mediate_fd(request: dict[str, Any], fds: Sequence[int]) -> int:
 
 def _listener_hook(request: dict[str, Any], fds: Sequence[int]) -> Any:
     """For launcher._child: install the notifying filter of ``[network] allow`` and
-    send its listener to the caller's connect supervisor (sandlock.net.connect)."""
+    send its listener to the caller's connect gate (sandlock.net.connect)."""
     fd = _mediate_fd(request, fds)
     if fd < 0:
         return None

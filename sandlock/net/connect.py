@@ -1,14 +1,14 @@
-"""Mediated network for one run: the proxy plus a seccomp supervisor for connect(2).
+"""Mediated network for one run: the proxy plus a seccomp gate for connect(2).
 
 Only policies with ``[network] allow`` import this module (:func:`sandlock.exec.launcher.run`).
 
-Why a supervisor as well as the proxy: Landlock's TCP rules name ports, not
+Why a gate as well as the proxy: Landlock's TCP rules name ports, not
 addresses, so a Landlock grant of the proxy's port would also reach *any* host
 on that port, and a hostile server can listen on every port. Instead the tool
 gets no Landlock grant for the proxy at all, and every ``connect(2)`` it makes
 stops in a seccomp user notification
 (https://docs.kernel.org/userspace-api/seccomp_filter.html#userspace-notification).
-For a TCP socket the supervisor, in the launcher:
+For a TCP socket the gate, in the launcher:
 
 1. takes its own reference to the socket with ``pidfd_getfd(2)`` and asks the
    kernel its family and type (immutable properties of the socket);
@@ -104,7 +104,7 @@ def check_support() -> None:
 MAX_CONNECTING = 256
 
 
-class Supervisor:
+class ConnectGate:
     """Answers the tool's connect(2) calls; see the module docstring."""
 
     def __init__(self, ports: tuple[tuple[int, int], ...], rules: NetRules,
@@ -200,7 +200,7 @@ class Supervisor:
         args = struct.unpack_from("=6Q", buf, 32)
         try:
             self._handle(ident, pid, args[0] & 0xFFFFFFFF, args[1], args[2] & 0xFFFFFFFF)
-        except Exception:  # noqa: BLE001 - a supervisor bug must deny, never hang the tool
+        except Exception:  # noqa: BLE001 - a gate bug must deny, never hang the tool
             self._respond(ident, -errno.EACCES)
 
     def _respond(self, ident: int, error: int = 0, flags: int = 0) -> None:
@@ -279,7 +279,7 @@ class Supervisor:
             os.close(sock)
 
     def _decide(self, raw: bytes) -> tuple[int, Optional[tuple[str, int]]]:
-        """(errno or 0, (address, port)) for the supervisor's own copy of the address."""
+        """(errno or 0, (address, port)) for the gate's own copy of the address."""
         if len(raw) < 2:
             return errno.EINVAL, None
         family = struct.unpack_from("=H", raw)[0]
@@ -340,7 +340,7 @@ def _connect(fd: int, raw: bytes, length: int) -> int:
 
 
 class Mediation:
-    """Everything a run with ``[network] allow`` needs: proxy, supervisor, environment."""
+    """Everything a run with ``[network] allow`` needs: proxy, gate, environment."""
 
     def __init__(self, policy: "Policy", report: Optional[Callable[[str], None]] = None) -> None:
         check_support()
@@ -352,7 +352,7 @@ class Mediation:
         ports = tuple((r.low, r.high) for r in network.connect)
         self.proxy = Proxy(rules, self._event)
         try:
-            self.supervisor = Supervisor(ports, rules, self.proxy.address, self._event)
+            self.gate = ConnectGate(ports, rules, self.proxy.address, self._event)
         except BaseException:
             self.proxy.stop()
             raise
@@ -370,10 +370,10 @@ class Mediation:
         return type(cmd)(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
 
     def in_child(self) -> None:
-        self.supervisor.install()
+        self.gate.install()
 
     def start(self) -> None:
-        self.supervisor.start()
+        self.gate.start()
         self.proxy.start()
 
     def stop(self) -> None:
@@ -381,7 +381,7 @@ class Mediation:
         if self._stopped:
             return
         self._stopped = True
-        self.supervisor.stop()
+        self.gate.stop()
         self.proxy.stop()
 
     def __enter__(self) -> "Mediation":

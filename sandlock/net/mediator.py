@@ -1,7 +1,7 @@
 """The API's host-allowlist mediation, in a process of its own (issue 12).
 
 What a run with ``[network] allow`` needs, the proxy (HTTP and SOCKS5 parsing) and
-the connect supervisor (which reads the tool's memory through ``/proc/TID/mem``),
+the connect gate (which reads the tool's memory through ``/proc/TID/mem``),
 is attacker-facing: a tool controls every byte it parses and can open connections
 until a descriptor limit is reached. ``sandlock run`` runs it in the launcher,
 which holds nothing but the run. The API's caller is an agent holding API keys and
@@ -51,7 +51,7 @@ class _Environment:
 
 
 class _Listener:
-    """What api.py reads of a Mediation's supervisor."""
+    """What the API reads of a Mediation's gate."""
 
     def __init__(self, child_end: int, notify_bpf: bytes) -> None:
         self.child_end = child_end
@@ -61,7 +61,7 @@ class _Listener:
 class RemoteMediation:
     """The caller's handle on one call's mediator process; used as api.py uses a
     :class:`sandlock.net.connect.Mediation` (``proxy.environment()``,
-    ``supervisor.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
+    ``gate.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
 
     def __init__(self, policy: Policy) -> None:
         import pickle
@@ -103,7 +103,7 @@ class RemoteMediation:
             raise SetupError(f"the network mediator for [network] allow did not start ({exc}; "
                              f"exit status {self._proc.returncode})") from None
         self.proxy = _Environment(env)
-        self.supervisor = _Listener(fds[0], bpf)
+        self.gate = _Listener(fds[0], bpf)
 
     def command(self, cmd: Command) -> Command:
         """``cmd`` with the proxy variables set (they override the caller's)."""
@@ -118,9 +118,9 @@ class RemoteMediation:
         self._close_child_end()
 
     def _close_child_end(self) -> None:
-        if self.supervisor.child_end >= 0:
-            os.close(self.supervisor.child_end)
-            self.supervisor.child_end = -1
+        if self.gate.child_end >= 0:
+            os.close(self.gate.child_end)
+            self.gate.child_end = -1
 
     def stop(self) -> None:
         """End the mediator (once); keep what it refused."""
@@ -170,9 +170,9 @@ def serve(fd: int) -> None:
             allow=allow, deny=deny, hosts=hosts))
         mediation = Mediation(policy)
         sock.sendmsg([marshal.dumps((mediation.proxy.environment(),
-                                     mediation.supervisor.notify_bpf))],
+                                     mediation.gate.notify_bpf))],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                       mediation.supervisor.child_end.to_bytes(4, sys.byteorder))])
+                       mediation.gate.child_end.to_bytes(4, sys.byteorder))])
         mediation.start()
         said = sock.recv(16)  # "stop", or b"" when the caller is gone
         mediation.stop()

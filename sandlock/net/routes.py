@@ -591,7 +591,7 @@ def launched(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[st
              ) -> Iterator[tuple["Compiled", "Command"]]:
     """For ``sandlock run`` (:func:`sandlock.exec.launcher.run`): the route server of this run,
     serving until the ``with`` ends; yields the compiled policy with the route's port
-    granted (Landlock, and ``network.connect`` for a connect supervisor) and the
+    granted (Landlock, and ``network.connect`` for a connect gate) and the
     credentials consumed, and the command with the tool's environment rewritten.
 
     The acceptor thread starts before the tool is forked; it only waits in accept(2),

@@ -1048,7 +1048,7 @@ def _run_launcher(compiled: compiler.Compiled, command: launcher.Command,
                   stdio: tuple[int, int, int]) -> None:
     """As `sandlock run` runs a command: forked from this process."""
     mediation = None
-    if compiled.policy.network.allow:  # the same proxy + connect supervisor as `sandlock run`
+    if compiled.policy.network.allow:  # the same proxy + connect gate as `sandlock run`
         from ..net.connect import Mediation
 
         mediation = Mediation(compiled.policy)

@@ -1,7 +1,7 @@
 """Recording what a confined tool touched, and saying which of it the policy refuses.
 
 Used by `sandlock trace` and `sandlock learn` (:mod:`sandlock.cli.trace`), never by a
-plain `sandlock run`: that path loads no notifying filter and starts no supervisor.
+plain `sandlock run`: that path loads no notifying filter and starts no recorder.
 
 How a run is recorded without weakening it. The child loads, after the policy's
 own seccomp filter, a second filter that answers ``SECCOMP_RET_USER_NOTIF`` for the
@@ -81,9 +81,9 @@ _BY_NR = {NR[name]: name for name in SYSCALLS if name in NR}
 def notify_filter(network_mediated: bool) -> bytes:
     """Classic BPF: every syscall of :data:`SYSCALLS` -> USER_NOTIF, the rest ALLOW.
 
-    ``network_mediated``: the policy has ``[network] allow``, whose own supervisor
+    ``network_mediated``: the policy has ``[network] allow``, whose own connect gate
     answers connect(2) (:mod:`sandlock.net.connect`); connect is then left to it, so
-    that this filter's CONTINUE can never stand in for that supervisor's decision.
+    that this filter's CONTINUE can never stand in for that gate's decision.
     Foreign architectures fall through to ALLOW: the policy's filter kills them.
     """
     numbers = [nr for nr, name in sorted(_BY_NR.items())
@@ -192,7 +192,7 @@ class Recorder:
         if self._stop_w >= 0:
             self.stop()
 
-    # -- the supervisor thread
+    # -- the recorder thread
     def _serve(self) -> None:
         poller = select.poll()
         poller.register(self._stop_r, select.POLLIN)
