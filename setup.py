@@ -10,21 +10,28 @@ Build it by hand (e.g. for a source checkout): ``python setup.py build_helper``.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
 import sys
+from typing import Any, ClassVar, Optional
 
 from setuptools import Command, setup
 from setuptools.command.build_py import build_py
 
-try:
-    from setuptools.command.bdist_wheel import bdist_wheel
-except ImportError:  # setuptools < 70.1
-    try:
-        from wheel.bdist_wheel import bdist_wheel  # type: ignore[no-redef]
-    except ImportError:  # neither: no wheel can be built here (build_helper still can);
-        bdist_wheel = None  # pip builds wheels with setuptools>=70.1 (pyproject.toml)
+
+def _bdist_wheel() -> Optional[type]:
+    """setuptools' bdist_wheel (>= 70.1, what pip builds with: pyproject.toml), else the
+    wheel package's; None if neither is here (build_helper still works then)."""
+    for module in ("setuptools.command.bdist_wheel", "wheel.bdist_wheel"):
+        try:
+            base: type = importlib.import_module(module).bdist_wheel
+            return base
+        except ImportError:
+            continue
+    return None
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join("sandlock", "exec", "helper", "sandlock_exec.c")
@@ -100,7 +107,7 @@ class BuildHelper(Command):
     """``python setup.py build_helper``: compile the helper in place."""
 
     description = "compile sandlock/exec/helper/sandlock-exec in the source tree"
-    user_options: list[tuple[str, str, str]] = []
+    user_options: ClassVar[list[tuple[str, Optional[str], str]]] = []
 
     def initialize_options(self) -> None:
         pass
@@ -112,19 +119,28 @@ class BuildHelper(Command):
         compile_helper(HERE)
 
 
-class BdistWheel(bdist_wheel or Command):  # type: ignore[misc]
-    """A wheel carrying the compiled helper says so: any Python 3, this platform only.
-    Without it (SANDLOCK_NO_NATIVE=1) the wheel is pure Python, and tagged so."""
+def wheel_command(base: type) -> type:
+    """bdist_wheel, tagged by what the wheel carries: with the compiled helper, any
+    Python 3 on this platform only; without it (SANDLOCK_NO_NATIVE=1), pure Python."""
 
-    def finalize_options(self) -> None:
-        super().finalize_options()
-        self.root_is_pure = without_native()
+    class BdistWheel(base):  # type: ignore[misc]  # a base found at build time
+        root_is_pure: bool
 
-    def get_tag(self) -> tuple[str, str, str]:
-        if without_native():
-            return ("py3", "none", "any")
-        return ("py3", "none", super().get_tag()[2])
+        def finalize_options(self) -> None:
+            super().finalize_options()
+            self.root_is_pure = without_native()
+
+        def get_tag(self) -> tuple[str, str, str]:
+            if without_native():
+                return ("py3", "none", "any")
+            tag: tuple[str, str, str] = super().get_tag()
+            return ("py3", "none", tag[2])
+
+    return BdistWheel
 
 
-setup(cmdclass={"build_py": BuildPy, "build_helper": BuildHelper,
-               **({"bdist_wheel": BdistWheel} if bdist_wheel is not None else {})})
+BDIST_WHEEL = _bdist_wheel()
+commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper}
+if BDIST_WHEEL is not None:
+    commands["bdist_wheel"] = wheel_command(BDIST_WHEEL)
+setup(cmdclass=commands)

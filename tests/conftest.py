@@ -26,6 +26,26 @@ PYTHON = "/usr/bin/python3"  # the system interpreter the python profile grants
 ABI = kernel.landlock_abi()
 IS_ROOT = os.geteuid() == 0
 
+#: Test modules whose outcome does not depend on who runs them: pure parsing, pure
+#: tables and plans, the package layout, the wheel build. They are marked ``any_user``,
+#: so the unprivileged CI pass leaves them out (``-m "not any_user"``); every other test
+#: runs as root and as an ordinary user.
+ANY_USER = frozenset({"test_abi", "test_layout", "test_packaging", "test_policy_fuzz",
+                      "test_seccomp_plan"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "any_user: the outcome does not depend on the user "
+                                       "running the test (see conftest.ANY_USER)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__.rsplit(".", 1)[-1] in ANY_USER:
+            item.add_marker(pytest.mark.any_user)
+
+
 # The test tree may be read-only for the unprivileged CI user: keep no example database.
 settings.register_profile("sandlock", database=None, deadline=None)
 settings.load_profile("sandlock")
