@@ -135,8 +135,8 @@ def main() -> None:
             allow, args.runs)
         probe = textwrap.dedent(f"""
             import sys
-            from sandlock.cli import run as runcli
-            runcli.execute({str(plain)!r}, {{}}, None, False, ["/usr/bin/true"])
+            from sandlock.cli import launch
+            launch.execute({str(plain)!r}, {{}}, None, False, ["/usr/bin/true"])
             print(sorted(m for m in sys.modules if m.startswith("sandlock.")))
         """)
         modules = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

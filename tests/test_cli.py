@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 from conftest import ABI, POLICIES, require_abi, run_confined, sandlock, write_policy
 
 from sandlock import __version__
-from sandlock.cli import run as runcli
+from sandlock.cli import launch
 from sandlock.cli.main import cli
 from sandlock.compile.ruleset import ENV_ABI
 from sandlock.errors import PolicyError
@@ -394,7 +394,7 @@ def test_policies_unknown(name: str) -> None:
 # ---------------------------------------------------------------------------
 # run: argument errors (exit 125, nothing started)
 
-USAGE_LINE = f"usage: {runcli.USAGE}"
+USAGE_LINE = f"usage: {launch.USAGE}"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -422,7 +422,7 @@ USAGE_LINE = f"usage: {runcli.USAGE}"
 def test_run_argument_errors(args: list[str], message: str, capsys: pytest.CaptureFixture[str]
                              ) -> None:
     """The fast `run` parser, in-process: each of these fails before any fork."""
-    assert runcli.main_run(args) == 125
+    assert launch.main_run(args) == 125
     assert capsys.readouterr().err == message + "\n"
 
 

@@ -268,15 +268,15 @@ def test_run_in_process_leaves_no_descriptor_behind(tmp_path: Path) -> None:
     import contextlib
     import io
 
-    from sandlock.cli import run as runcli
+    from sandlock.cli import launch
 
     workspace = tmp_path / "ws"
     workspace.mkdir()
     args = ["--policy", str(POLICIES / "shell.toml"), "--var", f"workspace={workspace}", "--",
             "true"]
     with contextlib.redirect_stderr(io.StringIO()):
-        assert runcli.main_run(args) == 0  # the first run may fill the cache
+        assert launch.main_run(args) == 0  # the first run may fill the cache
         before = sorted(os.listdir("/proc/self/fd"))
         for _ in range(5):
-            assert runcli.main_run(args) == 0
+            assert launch.main_run(args) == 0
     assert sorted(os.listdir("/proc/self/fd")) == before

@@ -25,7 +25,7 @@ from conftest import POLICIES
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from sandlock.cli import run as runcli
+from sandlock.cli import launch
 from sandlock.cli.main import cli
 from sandlock.policy.readfile import MAX_BYTES
 
@@ -137,7 +137,7 @@ def test_run_arguments(place: Path, data: st.DataObject) -> None:
         args += ["--", *data.draw(st.sampled_from(ARGV))]
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        code = runcli.main_run(args)  # an exception escaping here fails the test
+        code = launch.main_run(args)  # an exception escaping here fails the test
     no_traceback(err.getvalue())
     event(f"run: exit {code}")
     assert code is None or code in ALLOWED, (args, code, err.getvalue())

@@ -202,3 +202,25 @@ def test_socket_is_seqpacket_for_the_hello() -> None:
     message boundaries, so a short read can never split a version."""
     server = native.get()
     assert server._sock.type == socket.SOCK_SEQPACKET
+
+
+def test_the_cli_probes_through_each_executor(workspace: Path) -> None:
+    """`sandlock probe --executor X` (the same rows) and an executor it does not know."""
+    import json
+    import subprocess
+    import sys
+
+    def probe(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sandlock", "probe", "--policy",
+                               str(REPO / "policies" / "read_file.toml"), "--var",
+                               f"workspace={workspace}", "--json", *extra],
+                              capture_output=True, text=True, timeout=300, cwd=workspace)
+
+    reports = {}
+    for executor in EXECUTORS:
+        done = probe("--executor", executor)
+        assert done.returncode == 0, done.stderr
+        reports[executor] = [(r["id"], r["outcome"]) for r in json.loads(done.stdout)["results"]]
+    assert reports["forkserver"] == reports["launcher"] == reports["native"]
+    unknown = probe("--executor", "docker")
+    assert unknown.returncode != 0 and "docker" in unknown.stderr

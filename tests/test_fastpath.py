@@ -31,8 +31,8 @@ exec = ["/usr/bin/cat", "/usr/bin/sh", "/usr/bin/dash", "/usr/bin/sleep"]
 # (the last line of stderr), the exit code and whether the policy model was imported.
 RUNNER = """\
 import json, sys
-from sandlock.cli import run as runcli
-code = runcli.main_run(sys.argv[1:])
+from sandlock.cli import launch
+code = launch.main_run(sys.argv[1:])
 sys.stderr.write("\\n" + json.dumps({"code": code, "parsed": "sandlock.policy.model" in sys.modules}))
 """
 

@@ -171,8 +171,8 @@ def test_no_allow_rules_import_nothing_of_the_network_layer(tmp_path: Path) -> N
                           '[filesystem]\nexec = ["/usr/bin/true"]\n[network]\nconnect = [443]\n')
     code = textwrap.dedent(f"""
         import sys, threading
-        from sandlock.cli import run as runcli
-        code = runcli.execute({str(policy)!r}, {{}}, None, False, ["true"])
+        from sandlock.cli import launch
+        code = launch.execute({str(policy)!r}, {{}}, None, False, ["true"])
         loaded = sorted(m for m in sys.modules if m.split(".")[-1] in
                         ("netrules", "proxy", "connect"))
         print(code, loaded, threading.active_count())

@@ -156,3 +156,86 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return ExitCode.SIGNAL_BASE + 2
+
+
+#: `sandlock run`'s options, the one table: the parser below reads it and the help is
+#: made from it. (name, metavar, or None for a flag; help). ``--var`` repeats.
+OPTIONS: tuple[tuple[str, Optional[str], str], ...] = (
+    ("--policy", "FILE", "Policy file (TOML), or the name of a shipped profile."),
+    ("--tool", "NAME", "Tool name in the --policies registry."),
+    ("--policies", "PATH", "Directory of policies, or one file with [tools.NAME] tables."),
+    ("--var", "NAME=VALUE", "Define ${NAME} for the policy (repeatable)."),
+    ("--timeout", "DURATION", "Wall-clock limit, e.g. 30s (overrides [limits] timeout)."),
+    ("--best-effort", None, "Run even if the kernel cannot enforce everything; warn."),
+)
+SUMMARY = "Run COMMAND confined by a policy."
+USAGE = ("sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] "
+         "[--best-effort] -- CMD [ARGS]...")
+EXIT_CODES = ("Exit codes: the command's own; 128+N killed by signal N; 124 timeout;\n"
+              "125 sandlock failed; 126 not executable (or exec denied); 127 not found.")
+
+
+def help_text() -> str:
+    """`sandlock run --help`, from :data:`OPTIONS`."""
+    rows = [(name + (f" {metavar}" if metavar else ""), text) for name, metavar, text in OPTIONS]
+    rows.append(("-h, --help", "Show this message and exit."))
+    width = max(len(left) for left, _ in rows) + 2
+    lines = ["Usage: sandlock run [OPTIONS] COMMAND...", "", f"  {SUMMARY}", "", f"  {USAGE}",
+             "", "Options:"]
+    lines += [f"  {left:<{width}}{text}" for left, text in rows]
+    lines += ["", *(f"  {line}" for line in EXIT_CODES.splitlines())]
+    return "\n".join(lines) + "\n"
+
+
+def main_run(args: Sequence[str]) -> int:
+    """Parse `run`'s options (:data:`OPTIONS`) and run; the exit code.
+
+    Any other unknown option is an error (exit 125): passed on, a misspelt option
+    would be taken for the command itself.
+    """
+    given: dict[str, str] = {}
+    pairs: list[str] = []
+    best_effort = False
+    index = 0
+    valued = {name for name, metavar, _ in OPTIONS if metavar is not None}
+    flags = {name for name, metavar, _ in OPTIONS if metavar is None}
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            index += 1
+            break
+        if not arg.startswith("-"):
+            break
+        name, eq, value = arg.partition("=")
+        if name in ("-h", "--help"):
+            sys.stdout.write(help_text())
+            return 0
+        if name in flags and not eq:
+            best_effort = True  # the one flag: --best-effort
+            index += 1
+            continue
+        if name not in valued:
+            say(f"error: unknown option {arg!r} (put the command after --)\nusage: {USAGE}")
+            return ExitCode.LAUNCHER
+        if not eq:
+            if index + 1 >= len(args):
+                say(f"error: {name} needs a value\nusage: {USAGE}")
+                return ExitCode.LAUNCHER
+            value = args[index + 1]
+            index += 1
+        index += 1
+        if name == "--var":
+            pairs.append(value)
+        else:
+            given[name] = value
+    argv = list(args[index:])
+    if not argv:
+        say(f"error: no command given\nusage: {USAGE}")
+        return ExitCode.LAUNCHER
+    try:
+        variables = parse_vars(pairs)
+    except SandlockError as exc:
+        say(str(exc))
+        return ExitCode.LAUNCHER
+    return execute(given.get("--policy"), variables, given.get("--timeout"), best_effort, argv,
+                   tool=given.get("--tool"), policies=given.get("--policies"))

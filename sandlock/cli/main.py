@@ -16,7 +16,8 @@ import click
 
 from .. import __version__
 from ..errors import ExitCode, SandlockError
-from .launch import execute, load, parse_vars
+from .launch import SUMMARY as RUN_SUMMARY
+from .launch import load, main_run, parse_vars
 from .paths import PathArg
 
 EPILOG = """\b
@@ -69,26 +70,13 @@ var_option = click.option("--var", "variables", multiple=True, metavar="NAME=VAL
                           help="Define ${NAME} for the policy (repeatable).")
 
 
-@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-             epilog="\b\nExit codes: the command's own; 128+N killed by signal N; 124 timeout;\n"
-                    "125 sandlock failed; 126 not executable (or exec denied); 127 not found.")
-@click.option("--policy", type=PathArg(dir_okay=False), help="Policy file (TOML).")
-@click.option("--tool", help="Tool name in the --policies registry.")
-@click.option("--policies", type=PathArg(),
-              help="Directory of policies, or one file with [tools.NAME] tables.")
-@var_option
-@click.option("--timeout", help="Wall-clock limit, e.g. 30s (overrides [limits] timeout).")
-@click.option("--best-effort", is_flag=True, help="Run even if the kernel cannot enforce everything; warn.")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(policy: str | None, tool: str | None, policies: str | None, variables: Sequence[str],
-        timeout: str | None, best_effort: bool, command: Sequence[str]) -> None:
-    """Run COMMAND confined by a policy."""
-    try:
-        parsed = parse_vars(variables)
-    except SandlockError as exc:
-        raise _fail(exc) from None
-    sys.exit(execute(policy, parsed, timeout, best_effort, list(command), tool=tool,
-                     policies=policies))
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                               "allow_interspersed_args": False},
+             add_help_option=False, short_help=RUN_SUMMARY)
+@click.pass_context
+def run(ctx: click.Context) -> None:
+    """Run COMMAND confined by a policy (`sandlock run --help` lists the options)."""
+    sys.exit(main_run(ctx.args))  # the one parser of `run` (and its help): sandlock.cli.run
 
 
 @cli.command()

@@ -1,9 +1,9 @@
 """`sandlock run`: the per-call path, kept free of click and rich.
 
 Start-up is paid on every tool call, and importing click alone costs ~30 ms, so
-`run` parses its few options by hand, then calls :func:`sandlock.cli.launch.execute`.
-Anything it does not understand (``--help`` included) is handed to the full click CLI
-in :mod:`sandlock.cli.main`, which defines the same options for documentation. This
+`run` parses its few options by hand (:func:`sandlock.cli.launch.main_run`, from the one
+table of them, which also makes its ``--help``). The click CLI's ``run``
+(:mod:`sandlock.cli.main`) hands its arguments to the same parser. This
 module is the console entry point (:func:`main`), the only one that imports the click
 CLI, and only when a command other than ``run`` is asked for.
 """
@@ -12,73 +12,12 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import ExitCode, SandlockError
-from .launch import execute, parse_vars, say
+from ..errors import ExitCode
+from .launch import main_run, say
 
 TYPE_CHECKING = False  # importing typing alone costs several ms per call
 if TYPE_CHECKING:
     from typing import Optional, Sequence
-
-USAGE = ("sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] "
-         "[--best-effort] -- CMD [ARGS]...")
-
-
-def main_run(args: Sequence[str]) -> Optional[int]:
-    """Parse `run`'s options; None means "let click print the help".
-
-    Any other unknown option is an error (exit 125): passed on, a misspelt option
-    would be taken for the command itself.
-    """
-    policy = tool = policies = timeout = None
-    pairs: list[str] = []
-    best_effort = False
-    index = 0
-    valued = {"--policy", "--var", "--timeout", "--tool", "--policies"}
-    while index < len(args):
-        arg = args[index]
-        if arg == "--":
-            index += 1
-            break
-        if not arg.startswith("-"):
-            break
-        name, eq, value = arg.partition("=")
-        if name in ("-h", "--help"):
-            return None
-        if name == "--best-effort" and not eq:
-            best_effort = True
-            index += 1
-            continue
-        if name not in valued:
-            say(f"error: unknown option {arg!r} (put the command after --)\nusage: {USAGE}")
-            return ExitCode.LAUNCHER
-        if not eq:
-            if index + 1 >= len(args):
-                say(f"error: {name} needs a value\nusage: {USAGE}")
-                return ExitCode.LAUNCHER
-            value = args[index + 1]
-            index += 1
-        index += 1
-        if name == "--policy":
-            policy = value
-        elif name == "--tool":
-            tool = value
-        elif name == "--policies":
-            policies = value
-        elif name == "--timeout":
-            timeout = value
-        else:
-            pairs.append(value)
-    argv = list(args[index:])
-    if not argv:
-        say(f"error: no command given\nusage: {USAGE}")
-        return ExitCode.LAUNCHER
-    try:
-        variables = parse_vars(pairs)
-    except SandlockError as exc:
-        say(str(exc))
-        return ExitCode.LAUNCHER
-    return execute(policy, variables, timeout, best_effort, argv, tool=tool, policies=policies)
-
 
 def exit_now(code: int) -> None:
     """Exit with ``code``, skipping interpreter teardown when nothing depends on it.
@@ -192,6 +131,5 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         except Exception as exc:  # noqa: BLE001 - the last line of defence
             say(f"internal error: {type(exc).__name__}: {exc} (please report it)")
             code = ExitCode.LAUNCHER
-        if code is not None:
-            exit_now(code)
+        exit_now(code)
     sys.exit(_click_main(args))

@@ -152,9 +152,6 @@ class ForkServer:
                 os.close(memfd)
         return ours
 
-    def alive(self) -> bool:
-        return self._proc.poll() is None
-
     def children(self) -> list[int]:
         """Pids of the fork server's children (idle and busy supervisors, strays)."""
         return children_of(self.pid)

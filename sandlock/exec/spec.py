@@ -51,8 +51,9 @@ EXEC = "exec"          #: execve(executable, argv, environment)
 #: Every step, in the only order :func:`child_steps` emits them.
 ORDER = (CGROUP, SESSION, PARENT, SIGNALS, STDIO, CHDIR, RLIMIT, CAPS, CLOEXEC, NNP, LANDLOCK,
          SECCOMP, NOTIFY, EXEC)
-#: Steps of the confinement proper: an executor that cannot take one of them must refuse.
-CONFINING = (CAPS, CLOEXEC, NNP, LANDLOCK, SECCOMP)
+#: Steps no list may lack (Landlock's is absent only where the kernel has none and the
+#: policy accepts that: best-effort).
+REQUIRED = (CAPS, CLOEXEC, NNP, SECCOMP)
 
 
 def child_steps(compiled: Compiled, cmd: Command, *, in_group: bool, notify: bool = False,
@@ -125,6 +126,6 @@ def check(steps: Sequence[Step], implemented: Collection[str], who: str) -> None
     ranks = [ORDER.index(str(n)) for n in names]
     if ranks != sorted(ranks):
         raise ValueError(f"confinement steps out of order: {', '.join(map(str, names))}")
-    for required in (CAPS, CLOEXEC, NNP, SECCOMP):
+    for required in REQUIRED:
         if required not in names:
             raise ValueError(f"a confinement without the {required!r} step")
