@@ -49,7 +49,7 @@ def _spare_body(handoff: int, rehearse: bool) -> None:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
     if len(fds) not in (6, 7) or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         os._exit(0)  # the supervisor went away (EOF), or a cut message: nothing to run
-    cwd, notify_bpf = marshal.loads(data)
+    last, notify_bpf = marshal.loads(data)
     kernel.set_name(CALL_NAME)
     for target in range(3):
         os.dup2(fds[target], target)
@@ -61,10 +61,17 @@ def _spare_body(handoff: int, rehearse: bool) -> None:
         os.close(fds[6])
 
     try:  # the spare's last steps, now that the call is known (spec.call_steps)
-        engine.apply(spec.call_steps(cwd, notify_bpf is not None), engine.Context(notify=notify))
+        steps = spec.decode(last)
+        if {s[0] for s in steps} - {spec.CHDIR, spec.NOTIFY} or (
+                any(s[0] == spec.NOTIFY for s in steps) != (notify_bpf is not None)):
+            raise engine.StepFailed("setup", OSError(0, f"not a call's last steps: {last!r}"))
+        engine.apply(steps, engine.Context(notify=notify))
+    except ValueError as unknown:  # spec.decode: a step this version does not know
+        sock.send(f"setup\0{0}\0{unknown}".encode(errors="replace"))
+        os._exit(ExitCode.LAUNCHER)
     except engine.StepFailed as failed:  # reported as the launcher's child reports it
-        exc = failed.error
-        sock.send(f"{failed.stage}\0{exc.errno or 0}\0{exc.strerror}".encode(errors="replace"))
+        error = failed.error
+        sock.send(f"{failed.stage}\0{error.errno or 0}\0{error.strerror}".encode(errors="replace"))
         os._exit(ExitCode.LAUNCHER)
     # The setup channel closes before any of the caller's code runs: what the function
     # writes can never read as a setup report. The done pipe tells the supervisor that

@@ -346,7 +346,12 @@ class _Spare:
         passed = array.array("i", [*fds[1:4], fds[-2], fds[-1], done_w]
                              + [mediate] * (mediate >= 0))
         try:
-            self.sock.sendmsg([marshal.dumps((request["cwd"], request.get("mediate")))],
+            from . import spec
+
+            # The spare's last steps, in the step language (spec.call_steps), and the
+            # notifying filter its notify step installs.
+            last = spec.encode(spec.call_steps(request["cwd"], request.get("mediate") is not None))
+            self.sock.sendmsg([marshal.dumps((last, request.get("mediate")))],
                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, passed)])
         except OSError:
             child.kill_tree()
