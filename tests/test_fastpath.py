@@ -273,3 +273,24 @@ def test_a_process_limit_is_cached_and_still_applied(workspace: Path, cache_env:
         # The shell cannot start a fourth process: the limit holds, on the miss and the hit.
         assert info["parsed"] == expect_parsed and info["code"] == 2, done.stderr
         assert "fork" in done.stderr.lower(), done.stderr
+
+
+def test_a_change_to_the_code_that_shapes_an_entry_makes_every_entry_stale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key holds the size and mtime of every module of the package root, policy/,
+    compile/ and linux/; exec/, cli/ and the API only read a compiled policy."""
+    import shutil
+
+    import sandlock
+
+    copy = tmp_path / "sandlock"
+    shutil.copytree(sandlock.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(fastpath, "PACKAGE_DIR", str(copy))
+    before = fastpath._code_id()
+    for shaping in ("errors.py", "policy/model.py", "compile/seccomp.py", "linux/kernel.py"):
+        os.utime(copy / shaping, ns=(1, 1))
+        after = fastpath._code_id()
+        assert after != before, shaping
+        before = after
+    os.utime(copy / "exec" / "launcher.py", ns=(1, 1))
+    assert fastpath._code_id() == before

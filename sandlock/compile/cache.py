@@ -61,8 +61,11 @@ KEY_NAME = b"sandlock:policy-cache:v1"
 ENV_NO_CACHE = "SANDLOCK_NO_CACHE"
 BUILD_ID_FILE = "sandlock-build-id"  #: bundled by scripts/build_binary.sh
 MAX_ENTRIES = 256
-#: The subpackages whose modules make up a build (see build_id).
-PACKAGES = ("api", "cli", "compile", "exec", "linux", "net", "policy", "probe", "trace")
+#: The subpackages whose code decides what an entry holds (the policy model and its
+#: loading, the compiler, the kernel interfaces it builds with): a change to any of their
+#: files makes every entry stale (_code_id). Code that only reads a Compiled (exec/, the
+#: CLI, the API) does not change an entry.
+PACKAGES = ("compile", "linux", "policy")
 PROFILE_DIR = os.path.join(PACKAGE_DIR, "policy", "profiles")
 
 #: Fields of the policy model this cache knows how to reproduce. A field added
