@@ -40,6 +40,27 @@ def test_uapi_values() -> None:
                                     Fs.IOCTL_DEV)] == [1, 1, 2, 3, 5]
 
 
+def test_every_flag_is_in_exactly_one_row_of_the_abi_table() -> None:
+    """A flag added to Fs, Net or Scope without a version row fails here, instead of being
+    taken for an ABI 1 right; the rows run 1..NEWEST_ABI without a hole."""
+    assert sorted(A.ADDED) == list(range(1, A.NEWEST_ABI + 1))
+    for enum_, field in ((Fs, "fs"), (Net, "net"), (Scope, "scope")):
+        for flag in enum_:
+            rows = [v for v, added in A.ADDED.items() if getattr(added, field) & flag]
+            assert len(rows) == 1, (flag, rows)
+    assert [v for v, added in A.ADDED.items() if added.audit] == [7]
+
+
+def test_a_kernel_newer_than_the_table_is_reported_not_guessed() -> None:
+    newer = A.NEWEST_ABI + 1
+    assert A.fs_handled(newer) == A.fs_handled(A.NEWEST_ABI)
+    assert A.net_handled(newer) == A.net_handled(A.NEWEST_ABI)
+    assert A.scopes_known(newer) == A.scopes_known(A.NEWEST_ABI)
+    assert A.newer_than_known(A.NEWEST_ABI) == ""
+    note = A.newer_than_known(newer)
+    assert f"ABI {newer}" in note and "not restricted" in note
+
+
 @pytest.mark.parametrize("abi", ABIS)
 def test_fs_handled(abi: int) -> None:
     assert int(A.fs_handled(abi)) == HANDLED[abi]

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import enum
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
 
 class Fs(enum.IntFlag):
     """``LANDLOCK_ACCESS_FS_*`` (docs: "Filesystem flags")."""
@@ -46,14 +50,45 @@ class Scope(enum.IntFlag):
     SIGNAL = 1 << 1
 
 
-NEWEST_ABI = 7
+class Added:
+    """What one Landlock ABI version added (the kernel documentation's "Previous
+    limitations" and each flag's "since" note)."""
 
-#: The ABI version in which each right first appeared.
-_FS_SINCE = {Fs.REFER: 2, Fs.TRUNCATE: 3, Fs.IOCTL_DEV: 5}
-NET_SINCE = 4
-SCOPE_SINCE = 6
-#: ABI 7 added LANDLOCK_RESTRICT_SELF_LOG_* flags (audit); nothing policy-visible.
-AUDIT_SINCE = 7
+    __slots__ = ("fs", "net", "scope", "audit")
+
+    def __init__(self, fs: int = 0, net: int = 0, scope: int = 0, audit: bool = False) -> None:
+        self.fs, self.net, self.scope, self.audit = Fs(fs), Net(net), Scope(scope), audit
+
+
+#: The one per-ABI table: what each version added. A new ABI is a new row here, and every
+#: flag of Fs, Net and Scope must sit in exactly one row (tests/test_abi.py), so a right
+#: added to an enum without a version fails the tests instead of being taken for ABI 1.
+ADDED: dict[int, Added] = {
+    1: Added(fs=Fs.EXECUTE | Fs.WRITE_FILE | Fs.READ_FILE | Fs.READ_DIR | Fs.REMOVE_DIR
+             | Fs.REMOVE_FILE | Fs.MAKE_CHAR | Fs.MAKE_DIR | Fs.MAKE_REG | Fs.MAKE_SOCK
+             | Fs.MAKE_FIFO | Fs.MAKE_BLOCK | Fs.MAKE_SYM),
+    2: Added(fs=Fs.REFER),
+    3: Added(fs=Fs.TRUNCATE),
+    4: Added(net=Net.BIND_TCP | Net.CONNECT_TCP),
+    5: Added(fs=Fs.IOCTL_DEV),
+    6: Added(scope=Scope.ABSTRACT_UNIX_SOCKET | Scope.SIGNAL),
+    7: Added(audit=True),  # LANDLOCK_RESTRICT_SELF_LOG_* flags; nothing policy-visible
+}
+NEWEST_ABI = max(ADDED)
+
+
+def _since(test: Callable[[Added], object]) -> int:
+    return next(version for version, added in sorted(ADDED.items()) if test(added))
+
+
+def _upto(abi: int) -> list[Added]:
+    """The rows of every version up to ``abi`` (a newer kernel: every row this table has)."""
+    return [added for version, added in ADDED.items() if version <= abi]
+
+
+NET_SINCE = _since(lambda added: added.net)
+SCOPE_SINCE = _since(lambda added: added.scope)
+AUDIT_SINCE = _since(lambda added: added.audit)
 
 #: Rights that make sense on a non-directory; a rule on a file with any other right
 #: is refused by the kernel with EINVAL.
@@ -66,16 +101,13 @@ WRITE_RIGHTS = Fs(((1 << 16) - 1) & ~(Fs.EXECUTE | Fs.READ_FILE | Fs.READ_DIR))
 
 def _known(abi: int, rights: Fs) -> Fs:
     out = Fs(0)
-    for right in Fs:
-        if right & rights and _FS_SINCE.get(right, 1) <= abi:
-            out |= right
-    return out
+    for added in _upto(abi):
+        out |= added.fs
+    return out & rights
 
 
 def fs_handled(abi: int) -> Fs:
     """Every filesystem right this ABI knows: all of them are handled, so any not granted is denied."""
-    if abi < 1:
-        return Fs(0)
     return _known(abi, Fs(~0 & ((1 << 16) - 1)))
 
 
@@ -111,19 +143,34 @@ def for_file(rights: Fs) -> Fs:
 
 def net_handled(abi: int) -> Net:
     """TCP rights this ABI can restrict (none before ABI 4)."""
-    return Net.BIND_TCP | Net.CONNECT_TCP if abi >= NET_SINCE else Net(0)
+    out = Net(0)
+    for added in _upto(abi):
+        out |= added.net
+    return out
 
 
 def scopes_known(abi: int) -> Scope:
     """IPC scopes this ABI can apply (none before ABI 6)."""
-    return Scope.ABSTRACT_UNIX_SOCKET | Scope.SIGNAL if abi >= SCOPE_SINCE else Scope(0)
+    out = Scope(0)
+    for added in _upto(abi):
+        out |= added.scope
+    return out
 
 
 def fs_since(right: Fs) -> int:
     """The first ABI version that knows ``right``."""
-    return _FS_SINCE.get(right, 1)
+    return _since(lambda added: added.fs & right)
 
 
 def audit_flags(abi: int) -> bool:
     """Whether landlock_restrict_self takes the ``LANDLOCK_RESTRICT_SELF_LOG_*`` flags."""
-    return abi >= AUDIT_SINCE
+    return any(added.audit for added in _upto(abi))
+
+
+def newer_than_known(abi: int) -> str:
+    """A note when the kernel's ABI is newer than this table: the rights that version
+    added are unknown to sandlock, so they are neither handled nor denied."""
+    if abi <= NEWEST_ABI:
+        return ""
+    return (f"this kernel has Landlock ABI {abi}; sandlock knows up to {NEWEST_ABI}: whatever "
+            f"ABI {NEWEST_ABI + 1}+ added is not restricted (a newer sandlock would handle it)")

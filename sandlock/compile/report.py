@@ -44,6 +44,10 @@ def kernel_report() -> dict[str, Any]:
     used = ruleset.detect_abi()
     features = [{"feature": "Landlock", "available": bool(A.fs_handled(real)),
                  "detail": f"ABI {real}" if real else f"unavailable: {why_not}"}]
+    newer = A.newer_than_known(real)
+    if newer:  # rights a newer kernel added are neither handled nor denied: say so
+        features.append({"feature": f"Landlock ABI {real} (newer than sandlock knows)",
+                         "available": False, "detail": newer})
     for right in (A.Fs.REFER, A.Fs.TRUNCATE, A.Fs.IOCTL_DEV):
         features.append({"feature": f"Landlock {right.name} ({_RIGHT_DOCS[right]})",
                          "available": bool(A.fs_handled(used) & right),
