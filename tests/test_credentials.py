@@ -770,3 +770,57 @@ def test_probe_rows_catch_a_route_that_leaks(tmp_path: Path,
     assert shown and shown[0].startswith("SANDLOCK-CRED-")
     assert shown[0] not in json.dumps(report.as_dict())
 
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on 127.0.0.1:``port`` (/proc/net/tcp, state 0A)."""
+    found = set()
+    with open("/proc/net/tcp") as handle:
+        for line in handle.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == f"0100007F:{port:04X}" and fields[3] == "0A":
+                found.add(fields[9])
+    return found
+
+
+def _my_socket_inodes() -> set[str]:
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    return inodes
+
+
+def test_the_api_route_server_runs_outside_the_agents_process(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    """The route server parses every byte the tool sends it: under the API it listens and
+    parses in a process of its own (never the agent's, which holds its keys and history),
+    and a tool that floods it leaves the agent's descriptors alone."""
+    needs_kernel()
+    from sandlock import Sandbox
+
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    given = "sk-given-" + secrets.token_hex(8)
+    with Sandbox(str(policy), credentials={"api": given}) as box:
+        port = int(box._environment()["TEST_BASE_URL"].rsplit(":", 1)[1].split("/", 1)[0])
+        listening = _listening_inodes(port)
+        assert listening, "no route server listening"
+        assert not listening & _my_socket_inodes(), "the route server's socket is the agent's"
+        before = len(os.listdir("/proc/self/fd"))
+        flood = box.run([PYTHON, "-c", CLIENT + textwrap.dedent("""
+            import socket
+            held = []
+            for _ in range(300):
+                s = socket.create_connection(("127.0.0.1", int(BASE.rsplit(":", 1)[1].split("/")[0])))
+                s.send(b"GARBAGE \\r\\n")
+                held.append(s)
+            print(call("GET", BASE + "/models")[0])
+        """)], capture_output=True, text=True, timeout=120)
+        assert flood.returncode == 0, flood.stderr
+        assert len(os.listdir("/proc/self/fd")) - before < 8
+    assert given not in flood.stdout

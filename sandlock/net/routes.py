@@ -37,7 +37,7 @@ import ssl
 import threading
 import urllib.parse
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from ..policy.credentials import PLACEHOLDER_PREFIX, Credential, tool_environment
 
@@ -537,13 +537,21 @@ class Routes:
     def __init__(self, credentials: Sequence[Credential], grants: Sequence[object],
                  pins: Sequence[tuple[str, str]], environ: Mapping[str, str],
                  report: Callable[[str], None],
-                 given: Optional[Mapping[str, str]] = None) -> None:
+                 given: Optional[Mapping[str, str]] = None, remote: bool = False) -> None:
+        """``remote``: serve from a process of its own (the API: never in the agent's
+        process, :class:`sandlock.net.mediator.RemoteRouteServer`); else from a thread of
+        this one (`sandlock run`: the launcher holds nothing but the run)."""
         from ..policy.credentials import secrets_for
 
         secrets = secrets_for(credentials, grants, environ, given)
         self.events: list[str] = []
         self._report = report
-        self.server = RouteServer(credentials, pins, self._event)
+        if remote:
+            from .mediator import RemoteRouteServer
+
+            self.server: Any = RemoteRouteServer(credentials, pins, self._event)
+        else:
+            self.server = RouteServer(credentials, pins, self._event)
         self.session = self.server.session(secrets)
         self._stopped = False
 
@@ -641,7 +649,7 @@ def serving(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str
 def for_sandbox(policy: "Policy", given: Optional[Mapping[str, str]]
                 ) -> tuple[Routes, "Policy"]:
     """For :class:`sandlock.Sandbox`: the route server of the Sandbox's lifetime, serving
-    already (the caller's process forks no tool: the fork server does), and the policy
+    already from a process of its own (never the agent's), and the policy
     to compile, with the route's port among its ``connect`` ports. ``given`` are the
     secrets passed from Python; they take precedence over from_env and from_file."""
     from dataclasses import replace
@@ -654,7 +662,7 @@ def for_sandbox(policy: "Policy", given: Optional[Mapping[str, str]]
         raise TypeError(f"credentials must be a mapping of str to str, not {type(given).__name__}")
     try:
         routes = Routes(policy.credentials, policy.paths, policy.network.hosts, os.environ,
-                        lambda _message: None, given)
+                        lambda _message: None, given, remote=True)
     except CredentialError as exc:
         raise policy_error(policy, exc) from None
     port = routes.server.port
@@ -678,4 +686,5 @@ def call_session(routes: Routes, policy: "Policy", given: Mapping[str, str]) -> 
                               {**routes.session.secrets, **given})
     except CredentialError as exc:
         raise policy_error(policy, exc) from None
-    return routes.server.session(secrets)
+    session: Session = routes.server.session(secrets)
+    return session
