@@ -800,7 +800,8 @@ def test_the_api_route_server_runs_outside_the_agents_process(
         certificate: tuple[Path, Path]) -> None:
     """The route server parses every byte the tool sends it: under the API it listens and
     parses in a process of its own (never the agent's, which holds its keys and history),
-    and a tool that floods it leaves the agent's descriptors alone."""
+    and a tool that floods it leaves the agent's descriptors alone (200 connections: the
+    server serves 256 at once, see net.listener.MAX_CLIENTS)."""
     needs_kernel()
     from sandlock import Sandbox
 
@@ -815,7 +816,7 @@ def test_the_api_route_server_runs_outside_the_agents_process(
         flood = box.run([PYTHON, "-c", CLIENT + textwrap.dedent("""
             import socket
             held = []
-            for _ in range(300):
+            for _ in range(200):
                 s = socket.create_connection(("127.0.0.1", int(BASE.rsplit(":", 1)[1].split("/")[0])))
                 s.send(b"GARBAGE \\r\\n")
                 held.append(s)
@@ -824,3 +825,35 @@ def test_the_api_route_server_runs_outside_the_agents_process(
         assert flood.returncode == 0, flood.stderr
         assert len(os.listdir("/proc/self/fd")) - before < 8
     assert given not in flood.stdout
+
+
+def test_the_route_server_serves_a_bounded_number_of_connections(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    """`sandlock run`'s route server is a thread of the launcher: a tool that opens
+    connections without end gets MAX_CLIENTS served, the rest closed and one report,
+    and the launcher keeps its threads and descriptors."""
+    needs_kernel()
+    from sandlock.net import listener
+
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    out = tool(policy, f"""
+        import resource, socket
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        port = int(BASE.rsplit(":", 1)[1].split("/")[0])
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range({listener.MAX_CLIENTS + 40})]
+        closed = 0
+        for s in held[-40:]:
+            s.settimeout(10)
+            try:
+                closed += s.recv(1) == b""
+            except ConnectionResetError:
+                closed += 1
+            except OSError:  # a timeout: still open, being served
+                pass
+        print(closed)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) >= 40 - 1  # the last ones in were closed at once
+    assert f"{listener.MAX_CLIENTS} are open in this run" in out.stderr

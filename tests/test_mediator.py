@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, require_abi
 
 import sandlock
-from sandlock.net import proxy
+from sandlock.net import listener
 
 TESTS = str(REPO / "tests")
 
@@ -82,10 +82,11 @@ def test_the_proxy_refuses_connections_beyond_the_cap_with_a_report(tmp_path: Pa
     script = (f"import socket,os,urllib.parse as u,resource,time\n"
               f"s,h=resource.getrlimit(resource.RLIMIT_NOFILE);resource.setrlimit(resource.RLIMIT_NOFILE,(h,h))\n"
               f"p=u.urlsplit(os.environ['HTTP_PROXY'])\n"
-              f"k=[socket.create_connection((p.hostname,p.port)) for _ in range({proxy.MAX_CLIENTS + 50})]\n"
+              f"k=[socket.create_connection((p.hostname,p.port))"
+              f" for _ in range({listener.MAX_CLIENTS + 50})]\n"
               f"time.sleep(1)\n")
     with sandlock.Sandbox({**policy, "extends": ["python"]}) as box:
         result = box.run(["/usr/bin/python3", "-I", "-S", "-c", script], capture_output=True)
     assert result.returncode == 0, result
-    assert any(f"{proxy.MAX_CLIENTS} are open in this run" in line
+    assert any(f"{listener.MAX_CLIENTS} are open in this run" in line
                for line in result.network_events), result.network_events

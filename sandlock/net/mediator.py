@@ -12,7 +12,7 @@ conversations, so for each call this module starts a mediator: a clean exec of
 which runs :class:`sandlock.net.connect.Mediation` for that one call and exits when
 the caller stops it or goes away (EOF on its socket). A tool that opens thousands
 of connections exhausts the mediator's descriptors, not the agent's; and there are
-at most :data:`sandlock.net.proxy.MAX_CLIENTS` of them per run anyway.
+at most :data:`sandlock.net.listener.MAX_CLIENTS` of them per run anyway.
 
 The credential route server (:mod:`sandlock.net.routes`) parses every HTTP request the
 tool sends it and holds the secrets it attaches; under the API it runs the same way, in

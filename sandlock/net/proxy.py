@@ -26,16 +26,13 @@ import ipaddress
 import secrets
 import select
 import socket
-import threading
 import urllib.parse
 from typing import Callable, Optional
 
 from ..policy.netrules import IPAddress, NetRules, Verdict, as_address, format_target, normalize_host
+from .listener import LoopbackServer
 
 HEAD_LIMIT = 64 * 1024
-#: Client connections open at once per run (each holds one or two descriptors and a
-#: thread); beyond, a new one is closed at once and reported (``network:``).
-MAX_CLIENTS = 256
 HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
 CONNECT_TIMEOUT = 15.0
 USER = "sandlock"
@@ -54,27 +51,16 @@ class Refused(Exception):
         self.socks = socks
 
 
-class Proxy:
+class Proxy(LoopbackServer):
     """Listen now (the port goes into the tool's environment); serve after :meth:`start`."""
 
-    def __init__(self, rules: NetRules, report: Callable[[str], None]) -> None:
-        self.rules = rules
-        self.report = report
-        self.token = secrets.token_urlsafe(18)
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(1024)
-        self.address: tuple[str, int] = self._listener.getsockname()
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        self._threads: set[threading.Thread] = set()
-        self._reported: set[str] = set()
-        self._acceptor: Optional[threading.Thread] = None
-        self._closing = False
+    name = "sandlock-proxy"
+    what = "proxy"
 
-    @property
-    def port(self) -> int:
-        return self.address[1]
+    def __init__(self, rules: NetRules, report: Callable[[str], None]) -> None:
+        super().__init__(report)
+        self.rules = rules
+        self.token = secrets.token_urlsafe(18)
 
     def url(self, scheme: str) -> str:
         return f"{scheme}://{USER}:{self.token}@{self.address[0]}:{self.address[1]}"
@@ -85,65 +71,6 @@ class Proxy:
                "ALL_PROXY": self.url("socks5h"), "NO_PROXY": ""}
         env.update({name.lower(): value for name, value in env.items()})
         return env
-
-    def start(self) -> None:
-        self._acceptor = threading.Thread(target=self._accept_loop, name="sandlock-proxy",
-                                          daemon=True)
-        self._acceptor.start()
-
-    def stop(self) -> None:
-        """Stop accepting, cut every open connection, wait for every thread."""
-        with self._lock:
-            self._closing = True
-            sockets = list(self._open)
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._acceptor is not None:
-            self._acceptor.join()
-        self._listener.close()
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join()
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                if self._closing:
-                    client.close()
-                    return
-                full = len(self._threads) >= MAX_CLIENTS
-                if not full:
-                    self._open.add(client)
-                    thread = threading.Thread(target=self._serve, args=(client,), daemon=True,
-                                              name="sandlock-proxy-conn")
-                    self._threads.add(thread)
-            if full:
-                client.close()
-                self._report_once(f"network: refused a connection to the proxy: {MAX_CLIENTS} "
-                                  "are open in this run (the limit per run)")
-                continue
-            thread.start()
-
-    def _track(self, sock: socket.socket) -> bool:
-        with self._lock:
-            if self._closing:
-                return False
-            self._open.add(sock)
-            return True
 
     def _serve(self, client: socket.socket) -> None:
         upstream: Optional[socket.socket] = None
@@ -159,22 +86,10 @@ class Proxy:
         except (OSError, ValueError, UnicodeError):
             pass
         finally:
-            with self._lock:
-                for sock in (client, upstream):
-                    if sock is not None:
-                        self._open.discard(sock)
-                        sock.close()
-                self._threads.discard(threading.current_thread())
+            self._done(client, upstream)
 
     def _deny(self, host: str, port: int, reason: str, via: str) -> None:
         self._report_once(f"network: refused {format_target(host, port)} ({via}): {reason}")
-
-    def _report_once(self, message: str) -> None:
-        with self._lock:
-            if message in self._reported or len(self._reported) > 100:
-                return
-            self._reported.add(message)
-        self.report(message)
 
     # ------------------------------------------------------------------ the decision
 

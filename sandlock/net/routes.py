@@ -34,12 +34,12 @@ import re
 import secrets as _random
 import socket
 import ssl
-import threading
 import urllib.parse
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from ..policy.credentials import PLACEHOLDER_PREFIX, Credential, tool_environment
+from .listener import LoopbackServer
 
 if TYPE_CHECKING:
     from ..compile.compiler import Compiled
@@ -89,8 +89,11 @@ class Session:
         self.server._forget(self)
 
 
-class RouteServer:
+class RouteServer(LoopbackServer):
     """Listen now (the port is granted to the tool before it starts); serve after :meth:`start`."""
+
+    name = "sandlock-routes"
+    what = "credential route server"
 
     def __init__(self, credentials: Sequence[Credential], pins: Sequence[tuple[str, str]],
                  report: Callable[[str], None]) -> None:
@@ -98,23 +101,9 @@ class RouteServer:
         self._by_name = {c.name: c for c in credentials}
         # "system" pins mean the system resolver, as without a pin; only addresses are kept.
         self._pins = {name: address for name, address in pins if address != "system"}
-        self.report = report
         self._tls = {c.name: _tls_context(c) for c in credentials}  # ca_file read here
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(1024)
-        self.address: tuple[str, int] = self._listener.getsockname()
-        self._lock = threading.Lock()
+        super().__init__(report)
         self._sessions: dict[str, tuple[Credential, str]] = {}  #: placeholder -> (it, secret)
-        self._open: set[socket.socket] = set()
-        self._threads: set[threading.Thread] = set()
-        self._reported: set[str] = set()
-        self._acceptor: Optional[threading.Thread] = None
-        self._closing = False
-
-    @property
-    def port(self) -> int:
-        return self.address[1]
 
     def base_url(self, name: str) -> str:
         return f"http://{self.address[0]}:{self.address[1]}/{name}"
@@ -134,58 +123,8 @@ class RouteServer:
             for placeholder in session.placeholders.values():
                 self._sessions.pop(placeholder, None)
 
-    def start(self) -> None:
-        self._acceptor = threading.Thread(target=self._accept_loop, name="sandlock-routes",
-                                          daemon=True)
-        self._acceptor.start()
-
-    def stop(self) -> None:
-        """Stop accepting, cut every open connection, wait for every thread."""
-        with self._lock:
-            self._closing = True
-            sockets = list(self._open)
-            self._sessions.clear()
-        try:
-            self._listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        if self._acceptor is not None:
-            self._acceptor.join()
-        self._listener.close()
-        with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join()
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                if self._closing:
-                    client.close()
-                    return
-                self._open.add(client)
-                thread = threading.Thread(target=self._serve, args=(client,), daemon=True,
-                                          name="sandlock-route")
-                self._threads.add(thread)
-            thread.start()
-
-    def _track(self, sock: socket.socket) -> bool:
-        with self._lock:
-            if self._closing:
-                return False
-            self._open.add(sock)
-            return True
+    def _on_stop(self) -> None:
+        self._sessions.clear()
 
     def _serve(self, client: socket.socket) -> None:
         held: list[socket.socket] = [client]  # and the upstream, once connected
@@ -201,19 +140,10 @@ class RouteServer:
         except (OSError, ValueError, UnicodeError):
             pass
         finally:
-            with self._lock:
-                for sock in held:
-                    self._open.discard(sock)
-                    sock.close()
-                self._threads.discard(threading.current_thread())
+            self._done(*held)
 
     def _refuse(self, message: str) -> BadRequest:
-        line = f"network: refused {message}"
-        with self._lock:
-            fresh = line not in self._reported and len(self._reported) <= 100
-            self._reported.add(line)
-        if fresh:
-            self.report(line)
+        self._report_once(f"network: refused {message}")
         return BadRequest(403, message, refusal=True)
 
     # ------------------------------------------------------------------ one request
