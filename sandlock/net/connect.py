@@ -31,10 +31,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import ipaddress
 import os
-import select
 import socket
 import struct
 import threading
@@ -43,15 +41,11 @@ from typing import TYPE_CHECKING, Callable, Optional
 from ..errors import KernelSupportError
 from ..linux import kernel
 from ..linux.kernel import (
-    NOTIF_ID_VALID,
-    NOTIF_RECV,
-    NOTIF_SEND,
-    NOTIF_SIZE,
-    RESP_FORMAT,
     SECCOMP_RET_ALLOW,
     SECCOMP_RET_ERRNO,
     SECCOMP_USER_NOTIF_FLAG_CONTINUE,
 )
+from ..linux.notify import Listener
 from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 from ..policy.netrules import NetRules, format_target
 from .proxy import Proxy
@@ -104,39 +98,21 @@ def check_support() -> None:
 MAX_CONNECTING = 256
 
 
-class ConnectGate:
+class ConnectGate(Listener):
     """Answers the tool's connect(2) calls; see the module docstring."""
+
+    name = "sandlock-connect"
 
     def __init__(self, ports: tuple[tuple[int, int], ...], rules: NetRules,
                  proxy: tuple[str, int], report: Callable[[str], None]) -> None:
+        super().__init__(notify_filter())
         self.ports = ports
         self.rules = rules
         self.proxy = proxy
         self.report = report
-        self.notify_bpf = notify_filter()
-        self._prog, self._keep = kernel.make_fprog(self.notify_bpf)
-        self._parent_end, self._child_end = socket.socketpair()
-        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
-        self._thread: Optional[threading.Thread] = None
         self._workers: dict[threading.Thread, int] = {}  #: -> the socket it is connecting
         self._lock = threading.Lock()
         self._reported: set[str] = set()
-        self.listener = -1
-
-    @property
-    def child_end(self) -> int:
-        """The socket on which the child sends its listener (kernel.install_listener)."""
-        return self._child_end.fileno()
-
-    # -- in the forked child, after the main filter, just before execve
-    def install(self) -> None:
-        kernel.install_listener(self._prog, self._child_end.fileno())
-
-    # -- in the launcher
-    def start(self) -> None:
-        self._child_end.close()
-        self._thread = threading.Thread(target=self._loop, name="sandlock-connect", daemon=True)
-        self._thread.start()
 
     def stop(self) -> None:
         """Called once the tool's whole tree is gone: abort slow connects, end the loop."""
@@ -149,72 +125,14 @@ class ConnectGate:
                     pass
         for worker in workers:
             worker.join()
-        os.write(self._stop_w, b"x")
-        if self._thread is not None:
-            self._thread.join()
-        for fd in (self._stop_r, self._stop_w, self.listener):
-            if fd >= 0:
-                os.close(fd)
-        self.listener = -1
-        self._parent_end.close()
-        self._child_end.close()
+        super().stop()
 
-    def _loop(self) -> None:
+    def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
+        del nr  # the filter notifies connect(2) only
         try:
-            self._serve()
-        finally:
-            # Closing the listener makes any pending or future connect fail (ENOSYS)
-            # instead of waiting forever for an answer nobody will send.
-            if self.listener >= 0:
-                os.close(self.listener)
-                self.listener = -1
-
-    def _serve(self) -> None:
-        poller = select.poll()
-        poller.register(self._stop_r, select.POLLIN)
-        poller.register(self._parent_end.fileno(), select.POLLIN)
-        if any(fd == self._stop_r for fd, _ in poller.poll()):
-            return
-        _, fds, _, _ = socket.recv_fds(self._parent_end, 1, 1)
-        if not fds:
-            return  # the child failed before installing the filter
-        self.listener = fds[0]
-        poller.unregister(self._parent_end.fileno())
-        poller.register(self.listener, select.POLLIN)
-        while True:
-            for fd, events in poller.poll():
-                if fd == self._stop_r:
-                    return
-                if events & select.POLLIN:
-                    self._receive()
-                elif events & (select.POLLHUP | select.POLLERR):
-                    return  # every process under the filter is gone
-
-    def _receive(self) -> None:
-        buf = bytearray(NOTIF_SIZE)
-        try:
-            fcntl.ioctl(self.listener, NOTIF_RECV, buf, True)
-        except OSError:
-            return  # the caller died or was interrupted before we read it
-        ident, pid = struct.unpack_from("=QI", buf, 0)
-        args = struct.unpack_from("=6Q", buf, 32)
-        try:
-            self._handle(ident, pid, args[0] & 0xFFFFFFFF, args[1], args[2] & 0xFFFFFFFF)
+            self._handle(ident, tid, args[0] & 0xFFFFFFFF, args[1], args[2] & 0xFFFFFFFF)
         except Exception:  # noqa: BLE001 - a gate bug must deny, never hang the tool
             self._respond(ident, -errno.EACCES)
-
-    def _respond(self, ident: int, error: int = 0, flags: int = 0) -> None:
-        try:
-            fcntl.ioctl(self.listener, NOTIF_SEND, struct.pack(RESP_FORMAT, ident, 0, error, flags))
-        except OSError:
-            pass  # the caller is gone
-
-    def _valid(self, ident: int) -> bool:
-        try:
-            fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", ident))
-            return True
-        except OSError:
-            return False
 
     def _handle(self, ident: int, tid: int, fdnum: int, pointer: int, length: int) -> None:
         try:

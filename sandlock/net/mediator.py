@@ -1,6 +1,7 @@
 """The API's tool-facing network servers, each in a process of its own: the host-allowlist
-mediation of one call (:class:`RemoteMediation`) and the credential route server of one
-Sandbox (:class:`RemoteRouteServer`).
+mediation of one call (:class:`RemoteMediation`), and how such a process is started (:func:`start_process`;
+the credential route server of a Sandbox, :class:`sandlock.net.routes.RemoteRouteServer`,
+is one too).
 
 What a run with ``[network] allow`` needs, the proxy (HTTP and SOCKS5 parsing) and
 the connect gate (which reads the tool's memory through ``/proc/TID/mem``),
@@ -37,12 +38,10 @@ from .. import PACKAGE_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Mapping, Optional, Sequence
+    from typing import Any, Optional
 
     from ..exec.launcher import Command
-    from ..policy.credentials import Credential
     from ..policy.model import Policy
-    from .routes import Session
 
 #: Seconds the caller waits for the mediator's answer (start-up is ~30 ms).
 START_TIMEOUT = 30.0
@@ -82,7 +81,7 @@ class RemoteMediation:
                                network.allow, network.deny, network.hosts))
         self.events: list[str] = []
         self._stopped = False
-        self._proc, self._sock = _start("serve")
+        self._proc, self._sock = start_process("serve")
         try:
             self._sock.send(config)
             self._sock.settimeout(START_TIMEOUT)
@@ -102,11 +101,10 @@ class RemoteMediation:
 
     def command(self, cmd: Command) -> Command:
         """``cmd`` with the proxy variables set (they override the caller's)."""
-        from ..exec.launcher import Command
-
         env = dict(cmd.env)
         env.update(self.proxy.environment())
-        return Command(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
+        # type(cmd): a command like the caller's (net/ sits beside exec/, never above it)
+        return type(cmd)(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
 
     def start(self) -> None:
         """The listener socket has gone to the supervisor with the request: drop ours."""
@@ -139,118 +137,15 @@ class RemoteMediation:
                 self._proc.wait()
 
 
-class RemoteRouteServer:
-    """The caller's handle on a route server in a process of its own; used by
-    :class:`sandlock.net.routes.Routes` and its sessions as a ``RouteServer`` is
-    (``credentials``, ``port``, ``base_url``, ``session``, ``_forget``, ``start``, ``stop``).
-
-    Wire (SOCK_SEQPACKET, fd 3 in the server): the caller sends ``pickle((credentials,
-    pins))`` and gets ``{"port": N}``; then ``marshal(("session", secrets))`` answered by
-    ``{name: placeholder}``, ``marshal(("forget", [placeholder...]))`` answered by ``{}``,
-    and ``stop`` (or EOF), which ends it. Answers are JSON, read with a size bound and
-    checked: the caller never unmarshals what that process says.
-    """
-
-    def __init__(self, credentials: Sequence[Credential], pins: Sequence[tuple[str, str]],
-                 report: Callable[[str], None]) -> None:
-        import pickle
-        import threading
-
-        del report  # refusals are the tool's to see (HTTP 403); the agent keeps no log of them
-        self.credentials = tuple(credentials)
-        self._lock = threading.Lock()
-        self._stopped = False
-        self._proc, self._sock = _start("serve_routes")
-        try:
-            self._sock.send(pickle.dumps((self.credentials, tuple(pins))))
-            port = self._ask_json(None).get("port")
-            if not isinstance(port, int) or not 0 < port < 65536:
-                raise ValueError(f"port {port!r}")
-        except (OSError, ValueError) as exc:
-            self._kill()
-            from ..errors import SetupError
-
-            raise SetupError(f"the credential route server did not start ({exc}; exit status "
-                             f"{self._proc.returncode})") from None
-        self.address = ("127.0.0.1", port)
-
-    @property
-    def port(self) -> int:
-        return self.address[1]
-
-    def base_url(self, name: str) -> str:
-        return f"http://{self.address[0]}:{self.address[1]}/{name}"
-
-    def session(self, secrets: Mapping[str, str]) -> Session:
-        from ..policy.credentials import PLACEHOLDER_PREFIX
-        from .routes import Session
-
-        with self._lock:
-            placeholders = self._ask_json(marshal.dumps(("session", dict(secrets))))
-        names = {c.name for c in self.credentials}
-        if set(placeholders) != names or not all(
-                isinstance(v, str) and v.startswith(f"{PLACEHOLDER_PREFIX}{k}-")
-                for k, v in placeholders.items()):
-            from ..errors import SetupError
-
-            raise SetupError("the credential route server answered a session with something "
-                             "else than its placeholders")
-        return Session(self, dict(placeholders), dict(secrets))  # type: ignore[arg-type]
-
-    def _forget(self, session: Session) -> None:
-        try:
-            with self._lock:
-                self._ask_json(marshal.dumps(("forget", list(session.placeholders.values()))))
-        except (OSError, ValueError):
-            pass  # gone: its placeholders went with it
-
-    def start(self) -> None:
-        """Serving since it answered its port."""
-
-    def stop(self) -> None:
-        if self._stopped:
-            return
-        self._stopped = True
-        try:
-            self._sock.send(_STOP)
-        except OSError:
-            pass
-        self._kill(gently=True)
-
-    def _ask_json(self, message: Optional[bytes]) -> dict[str, Any]:
-        import json
-
-        if message is not None:
-            self._sock.send(message)
-        self._sock.settimeout(START_TIMEOUT)
-        data = self._sock.recv(1 << 16)
-        self._sock.settimeout(None)
-        answer = json.loads(data.decode()) if data else None
-        if not isinstance(answer, dict):
-            raise ValueError("no answer" if not data else "not an object")
-        return answer
-
-    def _kill(self, gently: bool = False) -> None:
-        self._sock.close()
-        if gently:
-            try:
-                self._proc.wait(START_TIMEOUT)
-                return
-            except Exception:  # noqa: BLE001 - hung: it is ours to kill
-                pass
-        self._proc.kill()
-        self._proc.wait()
-
-
-def _start(main: str) -> tuple[Any, socket.socket]:
-    """A fresh ``python -I -S`` running ``sandlock.net.mediator.<main>(3)``, empty
-    environment, stdio on /dev/null; the caller's end of its socket."""
+def start_process(main: str, module: str = "sandlock.net.mediator") -> tuple[Any, socket.socket]:
+    """A fresh ``python -I -S`` running ``<module>.<main>(fd)`` (never a fork of the
+    caller), empty environment, stdio on /dev/null; the caller's end of its socket."""
     import subprocess
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     root = os.path.dirname(PACKAGE_DIR)
-    boot = ("import sys; sys.path.insert(0, sys.argv[1]); from sandlock.net.mediator "
-            f"import {main}; {main}(int(sys.argv[2]))")
+    boot = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            f"from {module} import {main}; {main}(int(sys.argv[2]))")
     try:
         proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", boot, root, str(theirs.fileno())],
@@ -277,7 +172,7 @@ def serve(fd: int) -> None:
 
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)
-    _raise_nofile()  # room for MAX_CLIENTS clients and their upstreams
+    raise_nofile()  # room for MAX_CLIENTS clients and their upstreams
     code = 1
     mediation: Optional[Mediation] = None
     try:
@@ -303,50 +198,7 @@ def serve(fd: int) -> None:
         os._exit(code)
 
 
-def serve_routes(fd: int) -> None:
-    """Main of a Sandbox's credential route server process (never returns)."""
-    import json
-    import pickle
-
-    from .routes import RouteServer
-
-    sock = socket.socket(fileno=fd)
-    sock.set_inheritable(False)
-    _raise_nofile()
-    code = 1
-    server: Optional[RouteServer] = None
-    try:
-        credentials, pins = pickle.loads(sock.recv(1 << 20))
-        server = RouteServer(credentials, pins, lambda _message: None)
-        server.start()
-        sock.send(json.dumps({"port": server.port}).encode())
-        sessions: dict[str, Session] = {}
-        while True:
-            data = sock.recv(1 << 20)  # from the trusted caller only
-            if not data or data == _STOP:
-                break
-            op, arg = marshal.loads(data)
-            if op == "session":
-                session = server.session(arg)
-                for placeholder in session.placeholders.values():
-                    sessions[placeholder] = session
-                sock.send(json.dumps(session.placeholders).encode())
-            elif op == "forget":
-                for placeholder in arg:
-                    gone = sessions.pop(placeholder, None)
-                    if gone is not None:
-                        server._forget(gone)
-                sock.send(b"{}")
-        code = 0
-    except BaseException:  # noqa: BLE001 - the caller sees EOF and reports it
-        pass
-    finally:
-        if server is not None:
-            server.stop()
-        os._exit(code)
-
-
-def _raise_nofile() -> None:
+def raise_nofile() -> None:
     """Room for every client the tool may open, and their upstreams."""
     import resource
 

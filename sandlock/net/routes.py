@@ -29,6 +29,7 @@ anything outside its domain):
 
 from __future__ import annotations
 
+import marshal
 import os
 import re
 import secrets as _random
@@ -477,8 +478,6 @@ class Routes:
         self.events: list[str] = []
         self._report = report
         if remote:
-            from .mediator import RemoteRouteServer
-
             self.server: Any = RemoteRouteServer(credentials, pins, self._event)
         else:
             self.server = RouteServer(credentials, pins, self._event)
@@ -504,6 +503,160 @@ class Routes:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# ----------------------------------------------------------------------------
+# The API's route server, in a process of its own
+
+
+#: Seconds the caller waits for an answer of its route server process.
+_START_TIMEOUT = 30.0
+
+
+class RemoteRouteServer:
+    """The caller's handle on a route server in a process of its own; used by
+    :class:`sandlock.net.routes.Routes` and its sessions as a ``RouteServer`` is
+    (``credentials``, ``port``, ``base_url``, ``session``, ``_forget``, ``start``, ``stop``).
+
+    Wire (SOCK_SEQPACKET, fd 3 in the server): the caller sends ``pickle((credentials,
+    pins))`` and gets ``{"port": N}``; then ``marshal(("session", secrets))`` answered by
+    ``{name: placeholder}``, ``marshal(("forget", [placeholder...]))`` answered by ``{}``,
+    and ``stop`` (or EOF), which ends it. Answers are JSON, read with a size bound and
+    checked: the caller never unmarshals what that process says.
+    """
+
+    def __init__(self, credentials: Sequence[Credential], pins: Sequence[tuple[str, str]],
+                 report: Callable[[str], None]) -> None:
+        import pickle
+        import threading
+
+        del report  # refusals are the tool's to see (HTTP 403); the agent keeps no log of them
+        self.credentials = tuple(credentials)
+        self._lock = threading.Lock()
+        self._stopped = False
+        from .mediator import start_process
+
+        self._proc, self._sock = start_process("serve_routes", "sandlock.net.routes")
+        try:
+            self._sock.send(pickle.dumps((self.credentials, tuple(pins))))
+            port = self._ask_json(None).get("port")
+            if not isinstance(port, int) or not 0 < port < 65536:
+                raise ValueError(f"port {port!r}")
+        except (OSError, ValueError) as exc:
+            self._kill()
+            from ..errors import SetupError
+
+            raise SetupError(f"the credential route server did not start ({exc}; exit status "
+                             f"{self._proc.returncode})") from None
+        self.address = ("127.0.0.1", port)
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    def base_url(self, name: str) -> str:
+        return f"http://{self.address[0]}:{self.address[1]}/{name}"
+
+    def session(self, secrets: Mapping[str, str]) -> Session:
+        with self._lock:
+            placeholders = self._ask_json(marshal.dumps(("session", dict(secrets))))
+        names = {c.name for c in self.credentials}
+        if set(placeholders) != names or not all(
+                isinstance(v, str) and v.startswith(f"{PLACEHOLDER_PREFIX}{k}-")
+                for k, v in placeholders.items()):
+            from ..errors import SetupError
+
+            raise SetupError("the credential route server answered a session with something "
+                             "else than its placeholders")
+        return Session(self, dict(placeholders), dict(secrets))  # type: ignore[arg-type]
+
+    def _forget(self, session: Session) -> None:
+        try:
+            with self._lock:
+                self._ask_json(marshal.dumps(("forget", list(session.placeholders.values()))))
+        except (OSError, ValueError):
+            pass  # gone: its placeholders went with it
+
+    def start(self) -> None:
+        """Serving since it answered its port."""
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            self._sock.send(b"stop")
+        except OSError:
+            pass
+        self._kill(gently=True)
+
+    def _ask_json(self, message: Optional[bytes]) -> dict[str, Any]:
+        import json
+
+        if message is not None:
+            self._sock.send(message)
+        self._sock.settimeout(_START_TIMEOUT)
+        data = self._sock.recv(1 << 16)
+        self._sock.settimeout(None)
+        answer = json.loads(data.decode()) if data else None
+        if not isinstance(answer, dict):
+            raise ValueError("no answer" if not data else "not an object")
+        return answer
+
+    def _kill(self, gently: bool = False) -> None:
+        self._sock.close()
+        if gently:
+            try:
+                self._proc.wait(_START_TIMEOUT)
+                return
+            except Exception:  # noqa: BLE001 - hung: it is ours to kill
+                pass
+        self._proc.kill()
+        self._proc.wait()
+
+
+def serve_routes(fd: int) -> None:
+    """Main of a Sandbox's credential route server process (never returns)."""
+    import json
+    import pickle
+
+    from .mediator import raise_nofile
+
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    raise_nofile()
+    code = 1
+    server: Optional[RouteServer] = None
+    try:
+        credentials, pins = pickle.loads(sock.recv(1 << 20))
+        server = RouteServer(credentials, pins, lambda _message: None)
+        server.start()
+        sock.send(json.dumps({"port": server.port}).encode())
+        sessions: dict[str, Session] = {}
+        while True:
+            data = sock.recv(1 << 20)  # from the trusted caller only
+            if not data or data == b"stop":
+                break
+            op, arg = marshal.loads(data)
+            if op == "session":
+                session = server.session(arg)
+                for placeholder in session.placeholders.values():
+                    sessions[placeholder] = session
+                sock.send(json.dumps(session.placeholders).encode())
+            elif op == "forget":
+                for placeholder in arg:
+                    gone = sessions.pop(placeholder, None)
+                    if gone is not None:
+                        server._forget(gone)
+                sock.send(b"{}")
+        code = 0
+    except BaseException:  # noqa: BLE001 - the caller sees EOF and reports it
+        pass
+    finally:
+        if server is not None:
+            server.stop()
+        os._exit(code)
+
 
 
 def grant_port(ruleset_fd: int, abi: int, port: int) -> None:

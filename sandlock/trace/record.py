@@ -28,27 +28,20 @@ was): a prediction of Landlock's verdict, not an observation of the errno.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
-import select
 import socket
 import stat
 import struct
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from ..compile import abi as A
 from ..linux import kernel
 from ..linux.kernel import (
-    NOTIF_ID_VALID,
-    NOTIF_RECV,
-    NOTIF_SEND,
-    NOTIF_SIZE,
-    RESP_FORMAT,
     SECCOMP_RET_ALLOW,
     SECCOMP_USER_NOTIF_FLAG_CONTINUE,
 )
+from ..linux.notify import Listener
 from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 
 if TYPE_CHECKING:
@@ -146,7 +139,7 @@ def _kind(path: str, follow: bool) -> str:
     return "file" if stat.S_ISREG(info.st_mode) else "other"
 
 
-class Recorder:
+class Recorder(Listener):
     """Receives the notifications of :func:`notify_filter`, records, always CONTINUEs.
 
     The launcher calls :meth:`in_child` in the forked child (after the policy's
@@ -154,80 +147,26 @@ class Recorder:
     :meth:`stop` once the tool's tree is gone; :attr:`events` then holds the record.
     """
 
+    name = "sandlock-trace"
+
     def __init__(self, *, network_mediated: bool = False, programs: bool = False) -> None:
-        self._prog, self._keep = kernel.make_fprog(notify_filter(network_mediated))
-        self._parent_end, self._child_end = socket.socketpair()
-        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
-        self._thread: Optional[threading.Thread] = None
+        super().__init__(notify_filter(network_mediated))
         self._programs = programs
         self._dirs: dict[str, str] = {}  #: realpath of directories, cleared on any change
-        self.listener = -1
         self.events: list[Event] = []
         self.lost = 0  #: notifications that could not be read (the caller went away)
 
     def in_child(self) -> None:
-        kernel.install_listener(self._prog, self._child_end.fileno())
-
-    def start(self) -> None:
-        self._child_end.close()
-        self._thread = threading.Thread(target=self._serve, name="sandlock-trace", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        os.write(self._stop_w, b"x")
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        for fd in (self._stop_r, self._stop_w, self.listener):
-            if fd >= 0:
-                os.close(fd)
-        self._stop_r = self._stop_w = self.listener = -1
-        self._parent_end.close()
-        self._child_end.close()
+        self.install()
 
     def __enter__(self) -> "Recorder":
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._stop_w >= 0:
-            self.stop()
+        self.stop()
 
     # -- the recorder thread
-    def _serve(self) -> None:
-        poller = select.poll()
-        poller.register(self._stop_r, select.POLLIN)
-        poller.register(self._parent_end.fileno(), select.POLLIN)
-        if any(fd == self._stop_r for fd, _ in poller.poll()):
-            return
-        _, fds, _, _ = socket.recv_fds(self._parent_end, 1, 1)
-        if not fds:
-            return
-        self.listener = fds[0]
-        poller.unregister(self._parent_end.fileno())
-        poller.register(self.listener, select.POLLIN)
-        try:
-            while True:
-                for fd, events in poller.poll():
-                    if fd == self._stop_r:
-                        return
-                    if events & select.POLLIN:
-                        self._receive()
-                    elif events & (select.POLLHUP | select.POLLERR):
-                        return
-        finally:
-            # Pending and later calls then fail (ENOSYS) instead of waiting forever.
-            os.close(self.listener)
-            self.listener = -1
-
-    def _receive(self) -> None:
-        buf = bytearray(NOTIF_SIZE)
-        try:
-            fcntl.ioctl(self.listener, NOTIF_RECV, buf, True)
-        except OSError:
-            return
-        ident, tid = struct.unpack_from("=QI", buf, 0)
-        nr, = struct.unpack_from("=i", buf, 16)  # struct seccomp_notif: id, pid, flags, data
-        args = struct.unpack_from("=6Q", buf, 32)
+    def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
         try:
             event = self._describe(tid, _BY_NR.get(nr, ""), args)
             if event is not None and self._valid(ident):
@@ -236,18 +175,8 @@ class Recorder:
                 self.lost += 1
         except Exception:  # noqa: BLE001 - a recording bug must never stop the tool
             self.lost += 1
-        try:  # always CONTINUE: Landlock and the policy's filter decide in the tool
-            fcntl.ioctl(self.listener, NOTIF_SEND,
-                        struct.pack(RESP_FORMAT, ident, 0, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE))
-        except OSError:
-            pass
-
-    def _valid(self, ident: int) -> bool:
-        try:
-            fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", ident))
-            return True
-        except OSError:
-            return False
+        # Always CONTINUE: Landlock and the policy's filter decide in the tool.
+        self._respond(ident, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
 
     def _describe(self, tid: int, name: str, args: Sequence[int]) -> Optional[Event]:
         if not name:

@@ -1,0 +1,127 @@
+"""A seccomp user-notification listener served by a thread of this process.
+
+The base of the host allowlist's connect gate (:mod:`sandlock.net.connect`) and of the
+recorder of `sandlock trace` (:mod:`sandlock.trace.record`): the forked child installs
+a notifying filter and sends its listener back over a socketpair (:meth:`install`,
+after the policy's own filter, just before execve); the parent's thread receives each
+notification and hands it to :meth:`Listener._notified`, which must answer it
+(:meth:`Listener._respond`). When the thread ends, the listener is closed, so a
+pending or later notified call fails (ENOSYS) instead of waiting for an answer nobody
+will send. https://man7.org/linux/man-pages/man2/seccomp_unotify.2.html
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import socket
+import struct
+import threading
+from typing import Optional
+
+from . import kernel
+from .kernel import NOTIF_ID_VALID, NOTIF_RECV, NOTIF_SEND, NOTIF_SIZE, RESP_FORMAT
+
+
+class Listener:
+    """Subclasses define :meth:`_notified` and :attr:`name` (of the thread)."""
+
+    name = "sandlock-notify"
+
+    def __init__(self, bpf: bytes) -> None:
+        self.notify_bpf = bpf
+        self._prog, self._keep = kernel.make_fprog(bpf)
+        self._parent_end, self._child_end = socket.socketpair()
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self._thread: Optional[threading.Thread] = None
+        self.listener = -1
+
+    @property
+    def child_end(self) -> int:
+        """The socket on which the child sends its listener (:meth:`install`)."""
+        return self._child_end.fileno()
+
+    # -- in the forked child, after the policy's filter, just before execve
+    def install(self) -> None:
+        kernel.install_listener(self._prog, self._child_end.fileno())
+
+    # -- in the parent
+    def start(self) -> None:
+        self._child_end.close()
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread and close every descriptor (once the tool's tree is gone)."""
+        if self._stop_w < 0:
+            return
+        os.write(self._stop_w, b"x")
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for fd in (self._stop_r, self._stop_w, self.listener):
+            if fd >= 0:
+                os.close(fd)
+        self._stop_r = self._stop_w = self.listener = -1
+        self._parent_end.close()
+        self._child_end.close()
+
+    def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:
+            if self.listener >= 0:
+                os.close(self.listener)
+                self.listener = -1
+
+    def _serve(self) -> None:
+        poller = select.poll()
+        poller.register(self._stop_r, select.POLLIN)
+        poller.register(self._parent_end.fileno(), select.POLLIN)
+        if any(fd == self._stop_r for fd, _ in poller.poll()):
+            return
+        _, fds, _, _ = socket.recv_fds(self._parent_end, 1, 1)
+        if not fds:
+            return  # the child failed before installing the filter
+        self.listener = fds[0]
+        poller.unregister(self._parent_end.fileno())
+        poller.register(self.listener, select.POLLIN)
+        while True:
+            for fd, events in poller.poll():
+                if fd == self._stop_r:
+                    return
+                if events & select.POLLIN:
+                    self._receive()
+                elif events & (select.POLLHUP | select.POLLERR):
+                    return  # every process under the filter is gone
+
+    def _receive(self) -> None:
+        buf = bytearray(NOTIF_SIZE)
+        try:
+            fcntl.ioctl(self.listener, NOTIF_RECV, buf, True)
+        except OSError:
+            return  # the caller died or was interrupted before it was read
+        # struct seccomp_notif: id, pid, flags, then seccomp_data: nr, arch, ip, args[6]
+        ident, tid = struct.unpack_from("=QI", buf, 0)
+        nr, = struct.unpack_from("=i", buf, 16)
+        args = struct.unpack_from("=6Q", buf, 32)
+        self._notified(ident, tid, nr, args)
+
+    def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
+        """One notified call; must end with :meth:`_respond`. Runs in the thread."""
+        raise NotImplementedError
+
+    def _respond(self, ident: int, error: int = 0, flags: int = 0) -> None:
+        try:
+            fcntl.ioctl(self.listener, NOTIF_SEND, struct.pack(RESP_FORMAT, ident, 0, error, flags))
+        except OSError:
+            pass  # the caller is gone
+
+    def _valid(self, ident: int) -> bool:
+        """The notified call is still waiting (checked after reading its memory)."""
+        try:
+            fcntl.ioctl(self.listener, NOTIF_ID_VALID, struct.pack("=Q", ident))
+            return True
+        except OSError:
+            return False
