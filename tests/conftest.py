@@ -91,6 +91,17 @@ def eventually(predicate: Callable[[], object], limit: float = 10.0) -> bool:
     return True
 
 
+def require_native() -> None:
+    """Skip without the C helper (or fail, when SANDLOCK_EXPECT_NATIVE=1 says it is built)."""
+    from sandlock.exec import native
+
+    if not native.AVAILABLE:
+        message = f"{native.HELPER} is not built (SANDLOCK_NO_NATIVE=1 at install time?)"
+        if os.environ.get("SANDLOCK_EXPECT_NATIVE") == "1":
+            pytest.fail(f"{message}, but SANDLOCK_EXPECT_NATIVE=1")
+        pytest.skip(message)
+
+
 def require_abi(minimum: int, what: str) -> None:
     """Skip (or fail, when SANDLOCK_EXPECT_ABI says the kernel must have it)."""
     if ABI >= minimum:

@@ -15,7 +15,7 @@ import types
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require_abi
+from conftest import REPO, require_abi, require_native
 
 import sandlock
 from sandlock.errors import SetupError
@@ -44,11 +44,7 @@ timeout = 60
 @pytest.fixture(autouse=True)
 def _requirements() -> None:
     require_abi(1, "the probe")
-    if not native.AVAILABLE:
-        message = f"{native.HELPER} is not built"
-        if os.environ.get("SANDLOCK_EXPECT_NATIVE") == "1":
-            pytest.fail(f"{message}, but SANDLOCK_EXPECT_NATIVE=1")
-        pytest.skip(message)
+    require_native()
 
 
 def policy_named(name: str, workspace: Path) -> Policy:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import PYTHON, REPO, alive, eventually, parent, proc_state, require_abi
+from conftest import PYTHON, REPO, alive, eventually, parent, proc_state, require_abi, require_native
 
 import sandlock
 from sandlock.api.sandbox import Outcome
@@ -40,11 +40,7 @@ TESTS = str(REPO / "tests")
 @pytest.fixture(autouse=True)
 def _requirements() -> None:
     require_abi(1, "the Python API")
-    if not nativeexec.AVAILABLE:
-        message = f"{nativeexec.HELPER} is not built (no C compiler at install time?)"
-        if os.environ.get("SANDLOCK_EXPECT_NATIVE") == "1":
-            pytest.fail(f"{message}, but SANDLOCK_EXPECT_NATIVE=1")
-        pytest.skip(message)
+    require_native()
 
 
 @pytest.fixture
