@@ -220,3 +220,54 @@ def test_the_cli_probes_through_each_executor(workspace: Path) -> None:
     assert reports["forkserver"] == reports["launcher"] == reports["native"]
     unknown = probe("--executor", "docker")
     assert unknown.returncode != 0 and "docker" in unknown.stderr
+
+
+STATE = r'''
+for k in CapInh CapPrm CapEff CapBnd CapAmb NoNewPrivs Seccomp Seccomp_filters SigBlk SigIgn; do
+  grep "^$k:" /proc/self/status
+done
+awk '{print "pgrp==pid", ($5==$1)?"yes":"no"; print "sid==pid", ($6==$1)?"yes":"no"}' /proc/$$/stat
+grep -v "^Limit" /proc/self/limits | sed 's/  */ /g'
+echo "fds: $(ls /proc/$$/fd | tr '\n' ' ')"
+echo "cwd: $(pwd)"
+'''
+
+STATE_POLICY = """\
+version = 1
+extends = ["base"]
+[filesystem]
+read = ["/proc", "${workspace}"]
+exec = ["/usr/bin", "/bin"]
+[limits]
+processes = 64
+open_files = 77
+file_size = "16MiB"
+memory = "1GiB"
+"""
+
+
+def test_every_executor_leaves_the_tool_in_the_same_state(workspace: Path) -> None:
+    """What the probe cannot see: capabilities (root's are dropped), no_new_privs, the
+    filters, blocked and ignored signals, session, limits, open descriptors and working
+    directory of the tool, read by the tool itself, must be the same through each
+    executor (a step missing from one shows up here)."""
+    import subprocess
+    import sys
+
+    policy = workspace.parent / "state.toml"
+    policy.write_text(STATE_POLICY)
+    argv = ["/bin/sh", "-c", STATE]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    seen = {"launcher": subprocess.run(
+        [sys.executable, "-m", "sandlock", "run", "--policy", str(policy), "--var",
+         f"workspace={workspace}", "--", *argv], capture_output=True, text=True, env=env,
+        cwd=workspace, timeout=60).stdout}
+    for executor in ("forkserver", "native"):
+        with sandlock.Sandbox(str(policy), vars={"workspace": str(workspace)}) as box:
+            box._native = executor == "native"
+            seen[executor] = box.run(argv, capture_output=True, text=True, cwd=str(workspace),
+                                     timeout=60).stdout
+    assert "NoNewPrivs:\t1" in seen["launcher"] and "sid==pid yes" in seen["launcher"]
+    assert "CapEff:\t0000000000000000" in seen["launcher"]
+    assert seen["forkserver"] == seen["launcher"]
+    assert seen["native"] == seen["launcher"]

@@ -767,9 +767,23 @@ static void refuse_one(void) {
     for (int i = 0; i < nfds; i++) close(fds[i]);
 }
 
+/* Every signal the spawner left ignored goes back to its default: an ignored disposition
+ * survives execve, so the tools would inherit it (glibc's posix_spawn ignores its own
+ * signals 32 and 33 in the new process). Raw rt_sigaction: libc wrappers refuse the signals
+ * they reserve. A zeroed kernel sigaction is SIG_DFL with no flags on every architecture. */
+static void default_ignored_signals(void) {
+    for (int sig = 1; sig < 65; sig++) {
+        unsigned long old[4] = {0}, dfl[4] = {0};
+        if (sig == SIGKILL || sig == SIGSTOP) continue;
+        if (syscall(SYS_rt_sigaction, sig, NULL, old, 8) == 0 && old[0] == (unsigned long)SIG_IGN)
+            syscall(SYS_rt_sigaction, sig, dfl, NULL, 8);
+    }
+}
+
 int main(void) {
     /* Whatever else the caller left inheritable is not ours to keep. */
     syscall(__NR_close_range, SOCK + 1U, ~0U, 0U);
+    default_ignored_signals();
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) return LAUNCHER_FAILED;
     privileged = has_capabilities();
     if (chdir("/") < 0) return LAUNCHER_FAILED; /* requests name their directory (chdir) */
