@@ -159,9 +159,15 @@ def forkserver_request(**changes: object) -> bytes:
         "version": spec.VERSION, "kind": "exec", "exe": "/usr/bin/cat", "argv": ["cat", "/dev/null"],
         "env": [], "cwd": "/", "bpf": compiled.bpf, "rlimits": list(compiled.rlimits),
         "ruleset": compiled.ruleset_fd >= 0, "cgroup": None, "timeout": 10.0,
-        "steps": ["session", "parent", "signals", "stdio", "caps", "cloexec", "nnp", "landlock",
-                  "seccomp", "exec"],
     }
+    from sandlock.exec.launcher import Command
+
+    made = spec.encode(spec.child_steps(compiled, Command("/usr/bin/cat", ("cat",), (), "/"),
+                                        in_group=False))
+    request["steps"] = made
+    for dropped in ("landlock", "session", "rlimit"):  # a forged list, shorter than made
+        if changes.get("steps") == f"without {dropped}":
+            changes["steps"] = [text for text in made if not text.startswith(dropped)]
     request.update(changes)
     with open(os.devnull, "rb") as null:
         fds = [null.fileno()] * 3 + [compiled.ruleset_fd]
@@ -180,6 +186,11 @@ def forkserver_request(**changes: object) -> bytes:
     ({"steps": ["session", "cloexec", "nnp", "landlock", "seccomp", "exec"]}, "without the 'caps'"),
     ({"steps": ["session", "caps", "cloexec", "nnp", "landlock", "seccomp", "notify", "exec"]},
      "notify step and the request's supervisors disagree"),
+    # Well-formed lists that are not what this request's own fields call for: a forged
+    # request must not run the command with fewer steps (no Landlock, no rlimits, no session).
+    ({"steps": "without landlock"}, "not the steps this request calls for"),
+    ({"steps": "without session"}, "not the steps this request calls for"),
+    ({"steps": "without rlimit"}, "not the steps this request calls for"),
 ])
 def test_the_fork_server_refuses_a_request_it_cannot_take_whole(changes: dict[str, object],
                                                                 why: str) -> None:

@@ -266,9 +266,13 @@ def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
                              request["bpf"], tuple(request["rlimits"]), base)
 
 
-def _steps(request: dict[str, Any], notify: bool) -> Any:
+def _steps(request: dict[str, Any], compiled: Any, cmd: Any, notify: bool) -> Any:
     """The command's confinement steps, as its request carries them (spec.encode),
-    checked: this interpreter implements each, and the list agrees with the request."""
+    checked: this interpreter implements each, and the list is exactly the one
+    :func:`spec.child_steps` makes of the request's own fields (its ruleset, rlimits,
+    pids cgroup, working directory, supervisors): a request that names fewer steps
+    than it calls for is refused, never run with them."""
+    from ..compile.compiler import process_limit
     from ..errors import SetupError
     from . import engine, spec
 
@@ -279,6 +283,10 @@ def _steps(request: dict[str, Any], notify: bool) -> Any:
         spec.check(steps, engine.IMPLEMENTS, "the fork server")
         if any(s[0] == spec.NOTIFY for s in steps) != notify:
             raise ValueError("the notify step and the request's supervisors disagree")
+        in_group = compiled.cgroup is not None and process_limit(compiled.rlimits) is not None
+        if steps != spec.child_steps(compiled, cmd, in_group=in_group, notify=notify):
+            raise ValueError("not the steps this request calls for: "
+                             + ", ".join(spec.encode(steps)))
     except (KeyError, TypeError, ValueError) as exc:
         raise SetupError(f"malformed request: {exc}") from None
     return steps
@@ -424,7 +432,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
                     hook = _listener_hook(request, fds)
                     if recorder is not None:  # recorder first: the mediation filter
                         hook = _hooks(recorder.in_child, hook)  # refuses new listeners
-                    steps = _steps(request, hook is not None)
+                    steps = _steps(request, compiled, cmd, hook is not None)
                     starting = launcher.Starting(compiled, cmd, stdio=(stdin, stdout, stderr),
                                                  hook=hook, steps=steps)
                     if recorder is not None:
