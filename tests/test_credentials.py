@@ -831,8 +831,9 @@ def test_the_route_server_serves_a_bounded_number_of_connections(
         tmp_path: Path, upstream: Server, other: Server,
         certificate: tuple[Path, Path]) -> None:
     """`sandlock run`'s route server is a thread of the launcher: a tool that opens
-    connections without end gets MAX_CLIENTS served, the rest closed and one report,
-    and the launcher keeps its threads and descriptors."""
+    connections without end and sends nothing gets MAX_CLIENTS of them held at most (each
+    new one lets the oldest idle one go), with one report; the launcher keeps its threads
+    and descriptors."""
     needs_kernel()
     from sandlock.net import listener
 
@@ -844,7 +845,7 @@ def test_the_route_server_serves_a_bounded_number_of_connections(
         port = int(BASE.rsplit(":", 1)[1].split("/")[0])
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range({listener.MAX_CLIENTS + 40})]
         closed = 0
-        for s in held[-40:]:
+        for s in held[:40]:
             s.settimeout(10)
             try:
                 closed += s.recv(1) == b""
@@ -855,5 +856,35 @@ def test_the_route_server_serves_a_bounded_number_of_connections(
         print(closed)
     """)
     assert out.returncode == 0, out.stderr
-    assert int(out.stdout) >= 40 - 1  # the last ones in were closed at once
-    assert f"{listener.MAX_CLIENTS} are open in this run" in out.stderr
+    assert int(out.stdout) >= 40 - 1  # the first ones in were let go
+    assert f"let an idle connection go: {listener.MAX_CLIENTS} are open" in out.stderr
+
+
+def test_one_call_cannot_starve_another_calls_route(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    """Under the API a Sandbox's calls share its route server. A call that holds more
+    connections than the server serves at once, sending nothing, must not keep another
+    call's request out: a connection that has not sent its request head is the one let go."""
+    needs_kernel()
+    from sandlock import Sandbox
+    from sandlock.net import listener
+
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    hog = CLIENT + textwrap.dedent(f"""
+        import resource, socket
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        port = int(BASE.rsplit(":", 1)[1].split("/")[0])
+        held = [socket.create_connection(("127.0.0.1", port))
+                for _ in range({listener.MAX_CLIENTS + 5})]
+        print("holding", len(held), flush=True)
+        sys.stdin.read(1)
+    """)
+    victim = CLIENT + "print(call('GET', BASE + '/models')[0])"
+    with Sandbox(str(policy), credentials={"api": "sk-" + secrets.token_hex(8)}) as box:
+        attacker = box.popen([PYTHON, "-c", hog], stdin=-1, stdout=-1, stderr=-1, text=True)
+        assert attacker.stdout is not None and attacker.stdout.readline().startswith("holding")
+        during = box.run([PYTHON, "-c", victim], capture_output=True, text=True, timeout=120)
+        attacker.communicate("x", timeout=120)
+    assert during.stdout.strip() == "200", during.stderr[-300:]

@@ -5,7 +5,11 @@ and a stop that leaves nothing behind. The base of the host-allowlist proxy
 It listens from construction (its port goes into the tool's policy and environment
 before the tool starts) and serves after :meth:`LoopbackServer.start`. The tool may
 open connections until a descriptor runs out: at most :data:`MAX_CLIENTS` are served at
-once, the others are closed at once and reported (once per run).
+once. When that many are open, a new connection takes the place of the oldest one that
+has not yet sent its request head (an idle connection holds a slot only until then);
+if every one has, the new one is closed at once. Either is reported once per server.
+Under the API one route server serves every call of a Sandbox: this is what keeps one
+call from starving another's requests by holding idle connections.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class LoopbackServer:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._threads: set[threading.Thread] = set()
+        #: Connections that have not sent their request head yet, oldest first.
+        self._idle: dict[socket.socket, None] = {}
         self._reported: set[str] = set()
         self._acceptor: Optional[threading.Thread] = None
         self._closing = False
@@ -85,22 +91,40 @@ class LoopbackServer:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            evicted: Optional[socket.socket] = None
             with self._lock:
                 if self._closing:
                     client.close()
                     return
                 full = len(self._threads) >= MAX_CLIENTS
+                if full and self._idle:  # the oldest one still silent makes room
+                    evicted = next(iter(self._idle))
+                    del self._idle[evicted]
+                    full = False
                 if not full:
                     self._open.add(client)
+                    self._idle[client] = None
                     thread = threading.Thread(target=self._serve, args=(client,), daemon=True,
                                               name=f"{self.name}-conn")
                     self._threads.add(thread)
+            if evicted is not None:
+                try:  # its thread sees EOF and ends; the slot is the new connection's
+                    evicted.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                self._report_once(f"network: the {self.what} let an idle connection go: "
+                                  f"{MAX_CLIENTS} are open (the limit per server)")
             if full:
                 client.close()
                 self._report_once(f"network: refused a connection to the {self.what}: "
-                                  f"{MAX_CLIENTS} are open in this run (the limit per run)")
+                                  f"{MAX_CLIENTS} are open (the limit per server)")
                 continue
             thread.start()
+
+    def _heard(self, client: socket.socket) -> None:
+        """``client`` has sent its request head: no longer the first to let go."""
+        with self._lock:
+            self._idle.pop(client, None)
 
     def _track(self, sock: socket.socket) -> bool:
         """Count ``sock`` (an upstream) among the open ones; False when stopping."""
@@ -116,6 +140,7 @@ class LoopbackServer:
             for sock in socks:
                 if sock is not None:
                     self._open.discard(sock)
+                    self._idle.pop(sock, None)
                     sock.close()
             self._threads.discard(threading.current_thread())
 

@@ -82,6 +82,7 @@ class Proxy(LoopbackServer):
             elif first:
                 upstream = self._http(client)
             if upstream is not None:
+                self._heard(client)  # SOCKS: its request is in
                 _pipe(client, upstream)
         except (OSError, ValueError, UnicodeError):
             pass
@@ -157,6 +158,7 @@ class Proxy(LoopbackServer):
 
     def _http(self, client: socket.socket) -> Optional[socket.socket]:
         head, rest = _read_head(client)
+        self._heard(client)
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")
         if len(parts) != 3:

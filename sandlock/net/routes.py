@@ -151,6 +151,7 @@ class RouteServer(LoopbackServer):
 
     def _forward(self, client: socket.socket, held: list[socket.socket]) -> None:
         head, rest = _read_head(client)
+        self._heard(client)
         lines = head.split(b"\r\n")
         parts = lines[0].split(b" ")
         if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
