@@ -22,14 +22,16 @@ it for each call's placeholders, and reads back only short JSON answers, checked
 
 Mediation wire (one SOCK_SEQPACKET socketpair, fd 3 in the mediator): the caller sends the
 rules (pickled ``(ports, allow, deny, hosts)``: the mediator trusts its caller);
-the mediator answers ``marshal((proxy environment, notify BPF))`` with the socket
+the mediator answers ``{"env": proxy environment, "bpf": notify BPF in hex}`` (JSON) with the socket
 on which the confined child sends its listener (SCM_RIGHTS); the caller's ``stop``
-(or EOF) ends it; it answers ``stop`` with ``marshal(events)``.
+(or EOF) ends it; it answers ``stop`` with the JSON list of its events. The caller reads
+JSON only, with a size bound, and checks its shape: the mediator parses every byte of
+the tool's traffic, so what it says back is never unmarshalled in the agent.
 """
 
 from __future__ import annotations
 
-import marshal
+import json
 import os
 import socket
 import sys
@@ -89,7 +91,7 @@ class RemoteMediation:
             self._sock.settimeout(None)
             if not data or len(fds) != 1:
                 raise OSError("no answer")
-            env, bpf = marshal.loads(data)
+            env, bpf = _answer(data)
         except (OSError, ValueError, EOFError, TypeError) as exc:
             self._sock.close()
             self._proc.kill()
@@ -124,8 +126,9 @@ class RemoteMediation:
         try:
             self._sock.send(_STOP)
             self._sock.settimeout(START_TIMEOUT)
-            events = marshal.loads(self._sock.recv(1 << 20))
-            self.events = [str(e) for e in events][:1000]
+            events = json.loads(self._sock.recv(1 << 20).decode())
+            if isinstance(events, list):
+                self.events = [e for e in events if isinstance(e, str)][:1000]
         except (OSError, ValueError, EOFError, TypeError):
             pass  # it died: nothing to report, and nothing of it is left to stop
         finally:
@@ -135,6 +138,20 @@ class RemoteMediation:
             except Exception:  # noqa: BLE001 - hung: it is ours to kill
                 self._proc.kill()
                 self._proc.wait()
+
+
+def _answer(data: bytes) -> tuple[dict[str, str], bytes]:
+    """The mediator's first answer, checked: a str -> str environment and a BPF program."""
+    answer = json.loads(data.decode())
+    if not isinstance(answer, dict) or not isinstance(answer.get("bpf"), str):
+        raise ValueError("not an answer")
+    env, bpf = answer.get("env"), bytes.fromhex(answer["bpf"])
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                          for k, v in env.items())):
+        raise ValueError("not an environment")
+    if not bpf or len(bpf) % 8:
+        raise ValueError("not a BPF program")
+    return env, bpf
 
 
 def start_process(main: str, module: str = "sandlock.net.mediator") -> tuple[Any, socket.socket]:
@@ -181,15 +198,15 @@ def serve(fd: int) -> None:
             connect=tuple(SimpleNamespace(low=low, high=high) for low, high in ports),
             allow=allow, deny=deny, hosts=hosts))
         mediation = Mediation(policy)
-        sock.sendmsg([marshal.dumps((mediation.proxy.environment(),
-                                     mediation.gate.notify_bpf))],
+        sock.sendmsg([json.dumps({"env": mediation.proxy.environment(),
+                                  "bpf": mediation.gate.notify_bpf.hex()}).encode()],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                        mediation.gate.child_end.to_bytes(4, sys.byteorder))])
         mediation.start()
         said = sock.recv(16)  # "stop", or b"" when the caller is gone
         mediation.stop()
         if said == _STOP:
-            sock.send(marshal.dumps(list(mediation.events)))
+            sock.send(json.dumps(list(mediation.events)[:1000]).encode())
         code = 0
     except BaseException:  # noqa: BLE001 - the caller sees EOF and reports it
         if mediation is not None:
