@@ -701,7 +701,7 @@ def serve_fifo(path: Path, texts: Sequence[str], stop: threading.Event) -> None:
             continue
         try:
             os.write(fd, texts[min(n, len(texts) - 1)].encode())
-        except BlockingIOError:
+        except (BlockingIOError, BrokenPipeError):  # full, or the reader closed it at once
             pass
         finally:
             os.close(fd)
