@@ -309,11 +309,6 @@ def _compile(policy: Policy) -> compiler.Compiled:
 
 
 
-def _in_group(compiled: compiler.Compiled) -> bool:
-    """Each run of ``compiled`` gets a pids cgroup (so its child joins it first)."""
-    return compiled.cgroup is not None and compiler.process_limit(compiled.rlimits) is not None
-
-
 def _working_directory() -> str:
     """The caller's working directory; a SetupError (not FileNotFoundError) once it was
     deleted, as `sandlock run` reports it."""
@@ -535,7 +530,7 @@ class Sandbox:
                 fields["mediate"] = mediation.gate.notify_bpf
             if kind == "exec":  # a call's spare takes spec.child_steps in its supervisor
                 fields["steps"] = spec.encode(spec.child_steps(
-                    compiled, cmd, in_group=_in_group(compiled),
+                    compiled, cmd, in_group=compiled.run_group_limit() is not None,
                     notify=mediation is not None or bool(fields.get("trace"))))
             request = {
                 "version": spec.VERSION, "kind": kind, "exe": cmd.executable, "argv": list(cmd.argv),

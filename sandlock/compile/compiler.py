@@ -76,6 +76,14 @@ class Compiled:
         mode only those a strict policy accepts: a per-user process limit)."""
         return [str(gap) for gap in self.gaps]
 
+    def run_group_limit(self) -> Optional[int]:
+        """``pids.max`` of the pids cgroup each run of this policy gets, or None when runs
+        get none (no ``processes`` limit, or no cgroup this caller can create). Every
+        executor decides by this whether the child's first step is joining a group."""
+        if self.cgroup is None:
+            return None
+        return process_limit(self.rlimits)
+
     def child_rlimits(self, in_group: bool) -> tuple[tuple[int, int], ...]:
         """What the child sets: RLIMIT_NPROC only when it is not in a pids cgroup."""
         if not in_group:

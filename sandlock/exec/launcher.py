@@ -25,7 +25,6 @@ import select
 import signal
 import time
 
-from ..compile.compiler import process_limit
 from ..errors import ExecError, ExitCode, SetupError
 from ..linux import cgroups, kernel
 from ..linux.process import FORWARDED_SIGNALS, children, reap_descendants
@@ -232,8 +231,9 @@ class Starting:
         self.cmd = cmd
         self.ruleset_fd = compiled.ruleset_fd  # to say which file an exec refusal was about
         self.group: Optional[cgroups.Group] = None
-        limit = process_limit(compiled.rlimits)
-        if compiled.cgroup is not None and limit is not None:
+        limit = compiled.run_group_limit()
+        if limit is not None:
+            assert compiled.cgroup is not None
             try:
                 self.group = cgroups.Group(compiled.cgroup, limit)
             except cgroups.CgroupError as exc:

@@ -30,7 +30,6 @@ import fcntl
 import os
 import socket
 
-from ..compile.compiler import process_limit
 from ..linux.process import DEFAULTED_SIGNALS
 from . import spec, wire
 from .forkserver import ProcessWide, children_of, credentials
@@ -181,8 +180,8 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     Raises OSError if the server cannot be started or reached, ValueError for an
     argument or environment string that cannot be passed to execve (as posix_spawn).
     """
-    limit = process_limit(compiled.rlimits)
-    group = compiled.cgroup is not None and limit is not None
+    limit = compiled.run_group_limit()
+    group = limit is not None
     if cmd.cwd is None:  # the helper runs in /: the caller's directory, named now
         cmd = type(cmd)(cmd.executable, cmd.argv, cmd.env, os.getcwd())
     steps = spec.child_steps(compiled, cmd, in_group=group)

@@ -272,7 +272,6 @@ def _steps(request: dict[str, Any], compiled: Any, cmd: Any, notify: bool) -> An
     :func:`spec.child_steps` makes of the request's own fields (its ruleset, rlimits,
     pids cgroup, working directory, supervisors): a request that names fewer steps
     than it calls for is refused, never run with them."""
-    from ..compile.compiler import process_limit
     from ..errors import SetupError
     from . import engine, spec
 
@@ -283,7 +282,7 @@ def _steps(request: dict[str, Any], compiled: Any, cmd: Any, notify: bool) -> An
         spec.check(steps, engine.IMPLEMENTS, "the fork server")
         if any(s[0] == spec.NOTIFY for s in steps) != notify:
             raise ValueError("the notify step and the request's supervisors disagree")
-        in_group = compiled.cgroup is not None and process_limit(compiled.rlimits) is not None
+        in_group = compiled.run_group_limit() is not None
         if steps != spec.child_steps(compiled, cmd, in_group=in_group, notify=notify):
             raise ValueError("not the steps this request calls for: "
                              + ", ".join(spec.encode(steps)))
