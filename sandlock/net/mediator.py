@@ -93,9 +93,7 @@ class RemoteMediation:
                 raise OSError("no answer")
             env, bpf = _answer(data)
         except (OSError, ValueError, EOFError, TypeError) as exc:
-            self._sock.close()
-            self._proc.kill()
-            self._proc.wait()
+            end_process(self._proc, self._sock)
             raise SetupError(f"the network mediator for [network] allow did not start ({exc}; "
                              f"exit status {self._proc.returncode})") from None
         self.proxy = _Environment(env)
@@ -132,12 +130,7 @@ class RemoteMediation:
         except (OSError, ValueError, EOFError, TypeError):
             pass  # it died: nothing to report, and nothing of it is left to stop
         finally:
-            self._sock.close()
-            try:
-                self._proc.wait(START_TIMEOUT)
-            except Exception:  # noqa: BLE001 - hung: it is ours to kill
-                self._proc.kill()
-                self._proc.wait()
+            end_process(self._proc, self._sock, gently=True)
 
 
 def _answer(data: bytes) -> tuple[dict[str, str], bytes]:
@@ -152,6 +145,21 @@ def _answer(data: bytes) -> tuple[dict[str, str], bytes]:
     if not bpf or len(bpf) % 8:
         raise ValueError("not a BPF program")
     return env, bpf
+
+
+def end_process(proc: Any, sock: socket.socket, gently: bool = False) -> None:
+    """Close the caller's end of a process of :func:`start_process` and reap it: at once
+    (killed), or ``gently`` (it exits at EOF; killed only if it has not within
+    START_TIMEOUT)."""
+    sock.close()
+    if gently:
+        try:
+            proc.wait(START_TIMEOUT)
+            return
+        except Exception:  # noqa: BLE001 - hung: it is ours to kill
+            pass
+    proc.kill()
+    proc.wait()
 
 
 def start_process(main: str, module: str = "sandlock.net.mediator") -> tuple[Any, socket.socket]:

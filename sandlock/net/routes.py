@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Se
 
 from ..policy.credentials import PLACEHOLDER_PREFIX, Credential, tool_environment
 from .listener import LoopbackServer
+from .mediator import START_TIMEOUT, end_process, raise_nofile, start_process
 
 if TYPE_CHECKING:
     from ..compile.compiler import Compiled
@@ -510,10 +511,6 @@ class Routes:
 # The API's route server, in a process of its own
 
 
-#: Seconds the caller waits for an answer of its route server process.
-_START_TIMEOUT = 30.0
-
-
 class RemoteRouteServer:
     """The caller's handle on a route server in a process of its own; used by
     :class:`sandlock.net.routes.Routes` and its sessions as a ``RouteServer`` is
@@ -535,8 +532,6 @@ class RemoteRouteServer:
         self.credentials = tuple(credentials)
         self._lock = threading.Lock()
         self._stopped = False
-        from .mediator import start_process
-
         self._proc, self._sock = start_process("serve_routes", "sandlock.net.routes")
         try:
             self._sock.send(pickle.dumps((self.credentials, tuple(pins))))
@@ -544,7 +539,7 @@ class RemoteRouteServer:
             if not isinstance(port, int) or not 0 < port < 65536:
                 raise ValueError(f"port {port!r}")
         except (OSError, ValueError) as exc:
-            self._kill()
+            end_process(self._proc, self._sock)
             from ..errors import SetupError
 
             raise SetupError(f"the credential route server did not start ({exc}; exit status "
@@ -589,14 +584,14 @@ class RemoteRouteServer:
             self._sock.send(b"stop")
         except OSError:
             pass
-        self._kill(gently=True)
+        end_process(self._proc, self._sock, gently=True)
 
     def _ask_json(self, message: Optional[bytes]) -> dict[str, Any]:
         import json
 
         if message is not None:
             self._sock.send(message)
-        self._sock.settimeout(_START_TIMEOUT)
+        self._sock.settimeout(START_TIMEOUT)
         data = self._sock.recv(1 << 16)
         self._sock.settimeout(None)
         answer = json.loads(data.decode()) if data else None
@@ -604,24 +599,13 @@ class RemoteRouteServer:
             raise ValueError("no answer" if not data else "not an object")
         return answer
 
-    def _kill(self, gently: bool = False) -> None:
-        self._sock.close()
-        if gently:
-            try:
-                self._proc.wait(_START_TIMEOUT)
-                return
-            except Exception:  # noqa: BLE001 - hung: it is ours to kill
-                pass
-        self._proc.kill()
-        self._proc.wait()
-
 
 def serve_routes(fd: int) -> None:
     """Main of a Sandbox's credential route server process (never returns)."""
     import json
     import pickle
 
-    from .mediator import raise_nofile
+
 
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)
