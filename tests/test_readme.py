@@ -115,3 +115,15 @@ def test_relative_links_resolve(page: Path) -> None:
 @pytest.mark.parametrize("page", DOCS, ids=[p.name for p in DOCS])
 def test_no_module_file_is_named(page: Path) -> None:
     assert not re.findall(r"sandlock/[\w/]*\.(?:py|c)\b", page.read_text())
+
+
+@pytest.mark.parametrize("page", DOCS, ids=[p.name for p in DOCS])
+def test_every_code_fence_is_closed(page: Path) -> None:
+    """An unclosed fence renders the rest of the page as code (it once hid the threat
+    model): fences pair up, and no block holds a second-level heading."""
+    fences = [i for i, line in enumerate(page.read_text().splitlines(), 1) if line.startswith("```")]
+    assert len(fences) % 2 == 0, f"{page.name}: the fence at line {fences[-1]} is never closed"
+    lines = page.read_text().splitlines()
+    for start, end in zip(fences[::2], fences[1::2]):
+        inside = [line for line in lines[start:end - 1] if line.startswith("## ")]
+        assert not inside, f"{page.name}: the block at line {start} swallows {inside[0]!r}"
