@@ -27,9 +27,11 @@ tool can read: the seccomp filter refuses keyctl, add_key and request_key to eve
 tool, and Landlock keeps tools from tracing the launcher that holds the key. An
 entry whose tag does not verify is ignored (then overwritten); without a keyring
 (some container profiles refuse keyctl) there is no cache at all, only the full
-path. Entries are unmarshalled only after their tag verified. The Landlock ABI of an
-entry must be the one the kernel reports now. On a hit the policy paths are still
-resolved, checked and opened now (:mod:`sandlock.compile.grants`), exactly as on a miss.
+path. Entries are unmarshalled only after their tag verified, and used only if they
+have exactly the shape this version writes (:data:`SHAPE`): any other is a miss, never
+a crash. The Landlock ABI of an entry must be the one the kernel reports now. On a hit
+the policy paths are still resolved, checked and opened now
+(:mod:`sandlock.compile.grants`), exactly as on a miss.
 The policy file is read once (:mod:`sandlock.policy.readfile`): the key and, on a miss,
 the compiled policy both come from those bytes, and an entry records the exact text
 of every file it extends, as compiled. Entries live in
