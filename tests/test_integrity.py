@@ -18,7 +18,10 @@ Measured on this kernel (Landlock ABI 7), as root and as the unprivileged CI use
   never run: before, the later run read the key, saw API_KEY and opened a UDP socket.
   After, the tool's write on $HOME is refused (it covers sandlock's cache); a second
   agent with another HOME launches it, it forges the first agent's entry, and the
-  later run rejects the entry and runs confined.
+  later run rejects the entry and runs confined. The forged entry is well formed: the
+  same bytes signed with the launcher's key widen the run (the positive control), so
+  the check holds because of the tag. (Before 2026-12, the forger wrote a 7-element
+  plan: with the tag check off, the run crashed on it and the test still passed.)
 - a new Sandbox after the tool rewrote the caches: holds at 523520c (its BPF cache
   was removed there); at 2cf1bea the Sandbox got the allow-all filter (UDP opened).
 - race on the write-grant check (``out`` swapped with a link by RENAME_EXCHANGE):
@@ -52,7 +55,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import pytest
 from conftest import IS_ROOT, PYTHON, require_abi
@@ -142,11 +145,17 @@ def tool(scene: Scene, policy: Path, argv: Sequence[str], *, env: Optional[dict[
          **variables: str) -> bool:
     """The attacking tool, confined by its own policy. True if it ran; False if sandlock
     refused to start it (a fix may refuse a grant that reaches what later runs trust)."""
+    return tool_output(scene, policy, argv, env=env, **variables) is not None
+
+
+def tool_output(scene: Scene, policy: Path, argv: Sequence[str], *,
+                env: Optional[dict[str, str]] = None, **variables: str) -> Optional[str]:
+    """What the attacking tool printed, or None if sandlock refused to start it."""
     done = cli(scene, policy, argv, env=env, **variables)
     if refused(done):
-        return False
+        return None
     assert done.returncode == 0, (done.stdout, done.stderr)
-    return True
+    return done.stdout
 
 
 # ----------------------------------------------------------------------------
@@ -247,6 +256,13 @@ def assert_victim_held(done: subprocess.CompletedProcess[str]) -> None:
         assert_confined(done.stdout, done.stderr, done.returncode)
 
 
+def assert_widened(done: subprocess.CompletedProcess[str]) -> None:
+    """The positive control: the attack reached everything the strict policy denies."""
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report == {"notes": NOTES, "secret": SECRET, "api_key": API_KEY, "udp": "open"}, report
+
+
 # ----------------------------------------------------------------------------
 # Attack 1: forged entries in the cache of compiled policies (and the old BPF cache)
 
@@ -263,18 +279,21 @@ timeout = "20s"
 
 #: Run inside the tool: rewrite every cache entry it finds under argv[1]/sandlock.
 #: Entry format at 523520c (sandlock/compile/cache.py): a magic line, the CRC-32 of the
-#: payload, then marshal((key, value)). The forger does not rely on the layout: it
-#: looks for a marshalled (key, dict) after the first line (only where a 2-tuple
-#: starts: garbage parsed as marshal data can ask for huge lists), forges the dict,
-#: keeps the bytes around it and recomputes a CRC-32 of the payload found beside it.
-#: Files of the old BPF cache (sandlock/bpf/) become an allow-all program. Prints how
-#: many files it forged and how many it could not parse.
+#: payload, then marshal((key, value)); since then a keyed tag replaces the CRC. The
+#: forger does not rely on the layout: it looks for a marshalled (key, dict) after the
+#: first line (only where a 2-tuple starts: garbage parsed as marshal data can ask for
+#: huge lists), forges the dict, keeps the bytes around it and recomputes a CRC-32 of
+#: the payload found beside it (a tag it cannot compute stays as it was). The forged
+#: entry is well formed: the plan keeps its length and its trailing rights tables (only
+#: its ABI, handled rights, paths and ports are zeroed), so with the tag unchecked it
+#: really widens the run (see the positive controls below). Files of the old BPF cache
+#: (sandlock/bpf/) become an allow-all program. Prints the files it forged (JSON).
 FORGER = textwrap.dedent("""\
-    import io, marshal, os, sys, zlib
+    import io, json, marshal, os, sys, zlib
     ALLOW = bytes.fromhex(sys.argv[2])
     def forged(value):
-        value.update(plan=(0, 0, 0, 0, (), (), value["plan"][-1]), bpf=ALLOW, checks=(),
-                     layers=(), warnings=(), env=(("*",), tuple(value["env"][1])))
+        value.update(plan=(0, 0, 0, 0, (), ()) + tuple(value["plan"][6:]), bpf=ALLOW,
+                     checks=(), layers=(), warnings=(), env=(("*",), tuple(value["env"][1])))
         return value
     PAIR = (b"\\x29\\x02", b"\\xa9\\x02", b"\\x28\\x02\\0\\0\\0", b"\\xa8\\x02\\0\\0\\0")
     def forge(data):
@@ -295,7 +314,7 @@ FORGER = textwrap.dedent("""\
                           new + tail[4:] if tail.startswith(crc) else tail)
             return head + payload + tail
         return None
-    count = unparsed = 0
+    done, unparsed = [], []
     for where, _, names in os.walk(os.path.join(sys.argv[1], "sandlock")):
         for name in names:
             path = os.path.join(where, name)
@@ -303,44 +322,36 @@ FORGER = textwrap.dedent("""\
                 data = handle.read()
             data = ALLOW if os.path.basename(where) == "bpf" else forge(data)
             if data is None:
-                unparsed += 1
+                unparsed.append(path)
                 continue
             with open(path, "wb") as handle:
                 handle.write(data)
-            count += 1
-    print(count, unparsed)
+            done.append(path)
+    print(json.dumps({"forged": done, "unparsed": unparsed}))
 """)
 
 #: The attacker's arithmetic, done from the sandlock source it can read: the entry a
-#: run of argv[1] (with variables argv[2:]) will look up, forged. Run with the victim's
-#: environment and working directory (they are part of the key). Prints the entry's
-#: file name and its bytes, or nothing when this version has no such cache.
+#: run of argv[1] (with variables argv[2:]) will look up, forged, well formed (this
+#: version's layout). Run with the victim's environment and working directory (they
+#: are part of the key); ``sys.path[0]`` is made what ``python -m sandlock`` sees. The
+#: attacker cannot compute the keyed tag: it writes zeros there. Prints the entry's
+#: file name and its bytes.
 PRECOMPUTE = textwrap.dedent("""\
-    import json, marshal, sys, zlib
-    try:
-        import inspect
-        from sandlock.compile import cache as fastpath
-        from sandlock.compile.abi import FILE_ONLY
-        variables = dict(pair.split("=", 1) for pair in sys.argv[3:])
-        with open(sys.argv[1], "rb") as handle:
-            text = handle.read()
-        known = {"policy_file": sys.argv[1], "text": text, "variables": variables,
-                 "timeout": None, "best_effort": False}
-        names = list(inspect.signature(fastpath._key).parameters)
-        if set(names) <= set(known):
-            key = fastpath._key(*(known[name] for name in names))
-        else:
-            key = fastpath._key(sys.argv[1], variables, None, False)
-        name = fastpath._digest(key)
-        value = {"source": sys.argv[1], "layers": (), "checks": (),
-                 "plan": (0, 0, 0, 0, (), (), int(FILE_ONLY)), "warnings": (),
-                 "bpf": bytes.fromhex(sys.argv[2]), "rlimits": (),
-                 "env": (("*",), ()), "timeout": None}
-        payload = marshal.dumps((key, value))
-        data = fastpath.MAGIC + zlib.crc32(payload).to_bytes(4, "little") + payload
-    except Exception:
-        sys.exit(0)
-    print(json.dumps({"name": name, "data": data.hex()}))
+    import json, marshal, os, sys
+    sys.path[0] = os.getcwd()
+    from sandlock.compile import cache as fastpath
+    from sandlock.compile.abi import FILE_ONLY, WRITE_RIGHTS
+    variables = dict(pair.split("=", 1) for pair in sys.argv[3:])
+    with open(sys.argv[1], "rb") as handle:
+        text = handle.read()
+    key = fastpath._key(sys.argv[1], text, variables, None, False)
+    value = {"source": sys.argv[1], "layers": (), "checks": (),
+             "plan": (0, 0, 0, 0, (), (), int(FILE_ONLY), int(WRITE_RIGHTS)), "warnings": (),
+             "bpf": bytes.fromhex(sys.argv[2]), "rlimits": (), "env": (("*",), ()),
+             "timeout": None, "cgroup": None}
+    payload = marshal.dumps((key, value))
+    data = fastpath.MAGIC + bytes(fastpath.TAG_BYTES) + payload
+    print(json.dumps({"name": fastpath._digest(key), "data": data.hex()}))
 """)
 
 #: Writes argv[2] (hex) to argv[1], creating private parent directories: run in the tool.
@@ -353,32 +364,57 @@ PLANT = textwrap.dedent("""\
 """)
 
 
-def home_tool(scene: Scene, argv: Sequence[str]) -> bool:
+def home_tool(scene: Scene, argv: Sequence[str]) -> str:
     """A tool with write on the scene's $HOME, so on its cache. If the scene's launcher
     refuses that grant (it reaches the launcher's own state), the tool is launched by a
     second agent of the same account with another HOME and cache (sudo -E, CI jobs,
     containers): that launcher has nothing of its own there, and the tool can still
-    write the first agent's cache, which must then not trust what it finds."""
+    write the first agent's cache, which must then not trust what it finds. Returns
+    what the tool printed."""
     writer = policy_file(scene, "tool.toml", HOME_WRITER)
-    if tool(scene, writer, argv, home=str(scene.home)):
-        return True
-    other = scene.root / "other-home"
-    other.mkdir(exist_ok=True)
-    env = {**scene.env, "HOME": str(other), "XDG_CACHE_HOME": str(other / ".cache")}
-    return tool(scene, writer, argv, env=env, home=str(scene.home))
+    out = tool_output(scene, writer, argv, home=str(scene.home))
+    if out is None:
+        other = scene.root / "other-home"
+        other.mkdir(exist_ok=True)
+        env = {**scene.env, "HOME": str(other), "XDG_CACHE_HOME": str(other / ".cache")}
+        out = tool_output(scene, writer, argv, env=env, home=str(scene.home))
+    assert out is not None, "neither launcher ran the attacking tool"
+    return out
 
 
-def forge_cache(scene: Scene) -> None:
-    home_tool(scene, [PYTHON, "-c", FORGER, str(scene.cache), ALLOW_ALL_BPF.hex()])
+def forge_cache(scene: Scene) -> list[Path]:
+    """Forge every cache entry; returns the entries of compiled policies it rewrote."""
+    out = home_tool(scene, [PYTHON, "-c", FORGER, str(scene.cache), ALLOW_ALL_BPF.hex()])
+    forged = json.loads(out.strip().splitlines()[-1])["forged"]
+    return [Path(p) for p in forged if Path(p).parent.name == "policies"]
+
+
+def signed(data: bytes) -> bytes:
+    """``data`` (an entry) with the tag the launcher's key makes: what switching the tag
+    check off amounts to. The test runs as the victim's user, so it can read the key."""
+    from sandlock.compile import cache
+    from sandlock.linux import kernel
+
+    secret = kernel.user_keyring_secret(cache.KEY_NAME)
+    assert secret is not None, "no user keyring: the cache is off, nothing to forge"
+    head = len(cache.MAGIC) + cache.TAG_BYTES
+    assert data.startswith(cache.MAGIC), data[:40]
+    return cache.MAGIC + cache._tag(secret, data[head:]) + data[head:]
 
 
 def test_forged_cache_entry_does_not_widen_the_next_run(scene: Scene) -> None:
     strict = policy_file(scene, "strict.toml", STRICT)
     first = cli(scene, strict, victim_argv(scene))
     assert_confined(first.stdout, first.stderr, first.returncode)  # and its entry is cached
-    forge_cache(scene)
+    forged = forge_cache(scene)
+    assert len(forged) == 1, forged
+    data = forged[0].read_bytes()
     for _ in range(2):  # the forged entry, then whatever the run left in its place
         assert_victim_held(cli(scene, strict, victim_argv(scene)))
+    # The positive control: the same forged entry, tagged with the right key, widens the
+    # run (so the check above held because of the tag, not because the entry was broken).
+    forged[0].write_bytes(signed(data))
+    assert_widened(cli(scene, strict, victim_argv(scene)))
 
 
 def test_entry_planted_for_a_policy_never_run(scene: Scene) -> None:
@@ -389,11 +425,14 @@ def test_entry_planted_for_a_policy_never_run(scene: Scene) -> None:
     known = subprocess.run([sys.executable, "-c", PRECOMPUTE, str(strict), ALLOW_ALL_BPF.hex(),
                             f"ws={scene.ws}"], capture_output=True, text=True, cwd=scene.root,
                            env=scene.env, timeout=30, check=True).stdout
-    if known:
-        entry = json.loads(known)
-        path = scene.cache / "sandlock" / "policies" / entry["name"]
-        home_tool(scene, [PYTHON, "-c", PLANT, str(path), entry["data"]])
+    entry = json.loads(known)
+    path = scene.cache / "sandlock" / "policies" / entry["name"]
+    home_tool(scene, [PYTHON, "-c", PLANT, str(path), entry["data"]])
     assert_victim_held(cli(scene, strict, victim_argv(scene)))
+    # The positive control: planted with the right tag, the entry is the one looked up
+    # and widens the run.
+    path.write_bytes(signed(bytes.fromhex(entry["data"])))
+    assert_widened(cli(scene, strict, victim_argv(scene)))
 
 
 def test_api_sandbox_ignores_forged_caches(scene: Scene) -> None:
@@ -407,6 +446,47 @@ def test_api_sandbox_ignores_forged_caches(scene: Scene) -> None:
     second = attempt(scene, strict, victim_argv(scene), "api")
     if not second.refused:
         assert_confined(second.stdout, second.stderr, second.code)
+
+
+#: Entries of another shape than this version writes: each takes the value of a good one.
+MALFORMED: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "plan of 7": lambda v: {**v, "plan": v["plan"][:7]},
+    "plan of 9": lambda v: {**v, "plan": (*v["plan"], 0)},
+    "paths not pairs": lambda v: {**v, "plan": (*v["plan"][:4], (("/",),), *v["plan"][5:])},
+    "ABI a string": lambda v: {**v, "plan": ("7", *v["plan"][1:])},
+    "no cgroup": lambda v: {k: x for k, x in v.items() if k != "cgroup"},
+    "an extra field": lambda v: {**v, "extra": 1},
+    "env a string": lambda v: {**v, "env": ("*", ())},
+    "rlimits of 3": lambda v: {**v, "rlimits": ((1, 2, 3),)},
+    "a list": lambda v: list(v.items()),
+}
+
+
+def rewrite_entry(entry: Path, change: str) -> None:
+    """Unmarshal the (authentic) entry, apply ``change`` to its value, sign it again."""
+    import marshal
+
+    from sandlock.compile import cache
+
+    data = entry.read_bytes()
+    key, value = marshal.loads(data[len(cache.MAGIC) + cache.TAG_BYTES:])
+    payload = marshal.dumps((key, MALFORMED[change](value)))
+    entry.write_bytes(signed(cache.MAGIC + bytes(cache.TAG_BYTES) + payload))
+
+
+@pytest.mark.parametrize("change", MALFORMED)
+def test_a_malformed_authentic_entry_is_a_miss(scene: Scene, change: str) -> None:
+    """An entry with the right tag but not the shape this version writes (a layout
+    changed without a FORMAT bump, a bug) is compiled again from the policy: the run
+    is the full path's, never an internal error."""
+    strict = policy_file(scene, "strict.toml", STRICT)
+    first = cli(scene, strict, victim_argv(scene))
+    assert_confined(first.stdout, first.stderr, first.returncode)
+    (entry,) = (scene.cache / "sandlock" / "policies").iterdir()
+    rewrite_entry(entry, change)
+    done = cli(scene, strict, victim_argv(scene))
+    assert "internal error" not in done.stderr, done.stderr
+    assert_confined(done.stdout, done.stderr, done.returncode)
 
 
 # ----------------------------------------------------------------------------

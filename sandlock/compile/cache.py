@@ -27,9 +27,11 @@ tool can read: the seccomp filter refuses keyctl, add_key and request_key to eve
 tool, and Landlock keeps tools from tracing the launcher that holds the key. An
 entry whose tag does not verify is ignored (then overwritten); without a keyring
 (some container profiles refuse keyctl) there is no cache at all, only the full
-path. Entries are unmarshalled only after their tag verified. The Landlock ABI of an
-entry must be the one the kernel reports now. On a hit the policy paths are still
-resolved, checked and opened now (:mod:`sandlock.compile.grants`), exactly as on a miss.
+path. Entries are unmarshalled only after their tag verified, and used only if they
+have exactly the shape this version writes (:data:`SHAPE`): any other is a miss, never
+a crash. The Landlock ABI of an entry must be the one the kernel reports now. On a hit
+the policy paths are still resolved, checked and opened now
+(:mod:`sandlock.compile.grants`), exactly as on a miss.
 The policy file is read once (:mod:`sandlock.policy.readfile`): the key and, on a miss,
 the compiled policy both come from those bytes, and an entry records the exact text
 of every file it extends, as compiled. Entries live in
@@ -121,6 +123,42 @@ class CachedPolicy:
         self.env = env
         self.limits = limits
         self.network = _Network()
+
+
+#: The shape of an entry's value (see _value), checked in full before any of it is used:
+#: a type; a list ``[shape]`` for a tuple of any length whose items all have that shape;
+#: a tuple of shapes for a tuple of that length; a frozenset of alternatives. An entry
+#: of another shape, even authenticated (a layout changed without a FORMAT bump, a bug),
+#: is a miss: the policy is compiled again, never a crash.
+SHAPE: dict[str, Any] = {
+    "source": str,
+    "layers": [(str, str, bytes)],
+    "checks": [(str, bool)],
+    "plan": (int, int, int, int, [(str, int)], [(int, int)], int, int),
+    "warnings": [str],
+    "bpf": bytes,
+    "rlimits": [(int, int)],
+    "env": ([str], [(str, str)]),
+    "timeout": frozenset({type(None), float, int}),
+    "cgroup": object,  # only compared with what the caller finds now
+}
+
+
+def _fits(obj: object, shape: Any) -> bool:
+    if isinstance(shape, frozenset):
+        return any(_fits(obj, alternative) for alternative in shape)
+    if isinstance(shape, list):
+        return type(obj) is tuple and all(_fits(item, shape[0]) for item in obj)
+    if isinstance(shape, tuple):
+        return (type(obj) is tuple and len(obj) == len(shape)
+                and all(_fits(item, s) for item, s in zip(obj, shape)))
+    return shape is object or type(obj) is shape
+
+
+def well_formed(value: object) -> bool:
+    """Whether ``value`` (an unmarshalled entry) has exactly the shape of SHAPE."""
+    return (type(value) is dict and value.keys() == SHAPE.keys()
+            and all(_fits(value[name], shape) for name, shape in SHAPE.items()))
 
 
 class Entry:
@@ -346,7 +384,8 @@ def _read(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
         return None
     try:
         stored_key, value = marshal.loads(data[head:])
-        if stored_key != key or value["plan"][0] > kernel.landlock_abi() or not _fresh(value):
+        if (stored_key != key or not well_formed(value) or value["plan"][0] > kernel.landlock_abi()
+                or not _fresh(value)):
             return None
         return Entry(value, policy_file)
     except (ValueError, TypeError, KeyError, EOFError, IndexError):

@@ -1,0 +1,153 @@
+"""The guards scripts/mutation_check.py switches off, one small entry each.
+
+An entry names the file, the exact code that implements the guard (it must occur once
+in that file: when the code changes, change the entry), the code that switches it off,
+and the tests (pytest node ids, relative to the tree's root) that must then fail. List
+only the tests that attack through that guard: the check runs them in a copy of the
+package once per guard, so their cost is paid once per entry.
+
+To add a guard: write its attack as a test on the real kernel with a positive control
+(the same attack succeeds without the guard), then add an entry here and run
+``python scripts/mutation_check.py --only NAME`` as root: it must print "killed".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Guard:
+    name: str
+    file: str  #: relative to the tree's root
+    snippet: str  #: the code as it is, found exactly once in ``file``
+    replacement: str  #: the same place with the guard switched off
+    tests: tuple[str, ...]  #: node ids that must fail without the guard
+
+
+INTEGRITY = "tests/test_integrity.py::"
+PLANTS = "tests/test_plants.py::"
+NETWORK = "tests/test_network_allow.py::"
+CREDENTIALS = "tests/test_credentials.py::"
+
+GUARDS: tuple[Guard, ...] = (
+    Guard("cache entry tag", "sandlock/compile/cache.py",
+          "    if not _compare_digest(data[len(MAGIC):head], _tag(secret, data[head:])):",
+          "    if False:",
+          (INTEGRITY + "test_forged_cache_entry_does_not_widen_the_next_run",
+           INTEGRITY + "test_entry_planted_for_a_policy_never_run")),
+    Guard("cache entry shape", "sandlock/compile/cache.py",
+          "stored_key != key or not well_formed(value) or ",
+          "stored_key != key or ",
+          (INTEGRITY + "test_a_malformed_authentic_entry_is_a_miss",)),
+    Guard("protected set", "sandlock/compile/grants.py",
+          "        for where, what, inside, own, ancestors in self._protected:",
+          "        for where, what, inside, own, ancestors in ():",
+          ("tests/test_grants.py::test_write_on_the_state_directory_or_above_is_refused",
+           "tests/test_grants.py::test_write_on_the_policy_file_or_its_directory_is_refused",
+           "tests/test_grants.py::test_write_on_the_installation_or_import_path_is_refused")),
+    Guard("protected set: the password database's home", "sandlock/compile/grants.py",
+          "        homes.append(pwd.getpwuid(os.geteuid()).pw_dir)",
+          "        pass",
+          ("tests/test_guards.py::test_a_write_grant_on_the_password_database_home_is_refused",)),
+    Guard("symbolic link refusal", "sandlock/compile/grants.py",
+          "                    if not _trusted_link(here, fd, info):",
+          "                    if False:",
+          ("tests/test_grants.py::test_a_link_in_a_writable_directory_is_refused",
+           INTEGRITY + "test_exec_grant_turned_into_a_link_to_root",
+           INTEGRITY + "test_write_grant_of_another_policy_turned_into_a_link")),
+    Guard("set-id rules", "sandlock/compile/seccomp.py",
+          "    rules += _plant_rules()\n",
+          "",
+          (PLANTS + "test_no_set_id_file_and_no_file_capability",
+           PLANTS + "test_the_chmod_command_cannot_set_the_bit")),
+    Guard("file capabilities: the Python engine drops them", "sandlock/exec/engine.py",
+          "                    kernel.drop_capabilities()",
+          "                    pass",
+          (PLANTS + "test_no_set_id_file_and_no_file_capability[cli]",
+           PLANTS + "test_no_set_id_file_and_no_file_capability[call]",
+           PLANTS + "test_setfattr_cannot_set_a_file_capability")),
+    Guard("file capabilities: the native helper drops them",
+          "sandlock/exec/helper/sandlock_exec.c",
+          "            if (privileged && drop_capabilities() < 0) goto failed;",
+          "            if (privileged && (0 && drop_capabilities() < 0)) goto failed;",
+          (PLANTS + "test_no_set_id_file_and_no_file_capability[run]",)),
+    Guard("keyctl denied by default", "sandlock/compile/seccomp.py",
+          '"userfaultfd", "keyctl", "add_key", "request_key",',
+          '"userfaultfd",',
+          ("tests/test_process.py::test_dangerous_syscall_denied[keyctl]",)),
+    Guard("keyctl never allowed", "sandlock/compile/seccomp.py",
+          "        if name in NEVER_ALLOW:\n",
+          "        if False:\n",
+          (PLANTS + "test_a_policy_cannot_allow_the_keyring",)),
+    Guard("executable memfd", "sandlock/compile/seccomp.py",
+          '    if "memfd_create" not in allow:',
+          "    if False:",
+          (PLANTS + "test_memfd_exec_is_refused_by_default",)),
+    Guard("terminal ioctls", "sandlock/compile/seccomp.py",
+          "        rules += [Rule(\"ioctl\", args=(_eq32(1, request),)) for request in TTY_DENY]",
+          "        pass",
+          (PLANTS + "test_terminal_ioctls_on_an_inherited_pty",
+           PLANTS + "test_terminal_ioctls_through_the_api")),
+    Guard("terminal ioctls: TIOCSCTTY steal", "sandlock/compile/seccomp.py",
+          "        rules.append(Rule(\"ioctl\", args=(_eq32(1, TIOCSCTTY), Cmp(2, NE, 0))))",
+          "        pass",
+          (PLANTS + "test_terminal_ioctls_on_an_inherited_pty",
+           PLANTS + "test_terminal_ioctls_through_the_api")),
+    Guard("credential route: placeholder", "sandlock/net/routes.py",
+          "        raise self._refuse(f\"{where}: the request does not carry this run's "
+          "placeholder of \"",
+          "        for held, entry in self._sessions.items():\n"
+          "            if entry[0] is item:\n"
+          "                return entry[1], held\n"
+          "        raise self._refuse(f\"{where}: the request does not carry this run's "
+          "placeholder of \"",
+          (CREDENTIALS + "test_method_path_and_deny_refusals_name_the_rule",)),
+    Guard("credential route: rules", "sandlock/net/routes.py",
+          "        allowed, rule = item.check(method, decoded)",
+          "        allowed, rule = True, \"switched off\"",
+          (CREDENTIALS + "test_method_path_and_deny_refusals_name_the_rule",)),
+    Guard("host allowlist: deny rules on public addresses", "sandlock/policy/netrules.py",
+          "            if rule.matches_address(address, port):\n"
+          "                return Verdict(False, f\"{address} is denied by {rule}\")",
+          "            if rule.matches_address(address, port) and not address.is_global:\n"
+          "                return Verdict(False, f\"{address} is denied by {rule}\")",
+          ("tests/test_guards.py::"
+           "test_a_deny_rule_on_a_public_address_refuses_a_name_resolving_to_it",)),
+    Guard("host allowlist: deny rules on addresses", "sandlock/policy/netrules.py",
+          "            if rule.matches_address(address, port):\n"
+          "                return Verdict(False, f\"{address} is denied by {rule}\")",
+          "            if False:\n"
+          "                return Verdict(False, f\"{address} is denied by {rule}\")",
+          ("tests/test_guards.py::"
+           "test_a_deny_rule_on_a_public_address_refuses_a_name_resolving_to_it",
+           NETWORK + "test_a_system_pin_trusts_the_resolvers_answer_for_that_name_only")),
+    Guard("host allowlist: private addresses", "sandlock/policy/netrules.py",
+          "        if address.is_global and not address.is_multicast and address not in "
+          "local_addresses():",
+          "        if True:",
+          (NETWORK + "test_non_public_results_need_a_pin_or_an_ip_rule",
+           NETWORK + "test_this_hosts_own_addresses_count_as_local")),
+    Guard("environment scrub", "sandlock/policy/environment.py",
+          "    env = {name: value for name, value in caller.items() if test(name)}",
+          "    env = dict(caller)",
+          ("tests/test_confinement.py::test_env_pass_globs_and_set",
+           "tests/test_native.py::test_environment_is_scrubbed")),
+    Guard("pids cgroup", "sandlock/linux/cgroups.py",
+          "                handle.write(str(limit))",
+          "                handle.write(\"max\")",
+          ("tests/test_process_limit.py::test_cli_limit_counts_the_sandbox",
+           "tests/test_process_limit.py::test_api_limit_counts_the_sandbox_on_every_path")),
+    Guard("Landlock signal scope", "sandlock/compile/ruleset.py",
+          "        wanted |= A.Scope.SIGNAL",
+          "        pass",
+          ("tests/test_native.py::test_signal_to_an_outside_process_is_denied",)),
+    Guard("Landlock abstract unix socket scope", "sandlock/compile/ruleset.py",
+          "        wanted |= A.Scope.ABSTRACT_UNIX_SOCKET",
+          "        pass",
+          ("tests/test_confinement.py::test_abstract_unix_socket_outside_is_out_of_scope",)),
+    Guard("fork server step check", "sandlock/exec/server.py",
+          "        if steps != spec.child_steps(compiled, cmd, in_group=in_group, notify=notify):",
+          "        if False:",
+          ("tests/test_engine.py::test_the_fork_server_refuses_a_request_it_cannot_take_whole",)),
+)

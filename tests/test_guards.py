@@ -1,0 +1,102 @@
+"""Guards that had no test failing without them (scripts/mutation_check.py found them).
+
+Each test attacks through the guard and asserts the specific refusal; its positive
+control shows the same attack goes through where the guard does not apply, so the
+refusal is the guard's and not a crash or an attack that never ran.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import pwd
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import require_abi, run_confined, write_policy
+
+from sandlock.net import proxy as proxy_module
+from sandlock.policy.netrules import NetRules, parse_pins, parse_rules
+
+# ----------------------------------------------------------------------------
+# The password database's home: a later launcher without HOME (cron, a service, `env -i`,
+# the API in a daemon) keeps its cache in getpwuid()'s home, whatever this run's HOME is.
+
+HOME_WRITER = """\
+version = 1
+extends = ["base"]
+[filesystem]
+write = ["{home}"]
+exec = ["/usr/bin/true"]
+"""
+
+
+def test_a_write_grant_on_the_password_database_home_is_refused(tmp_path: Path) -> None:
+    require_abi(1, "write grants")
+    home = pwd.getpwuid(os.geteuid()).pw_dir
+    if not os.path.isdir(home) or home == "/" or os.path.realpath(home) == "/":
+        pytest.skip(f"this user's home {home!r} is not a directory of its own")
+    # HOME and XDG_CACHE_HOME elsewhere: only the password database names that home.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDLOCK_")}
+    env.update(HOME=str(elsewhere), XDG_CACHE_HOME=str(elsewhere / "cache"))
+    policy = write_policy(tmp_path, HOME_WRITER.format(home=home))
+    done = run_confined(policy, ["/usr/bin/true"], env=env)
+    assert done.returncode == 125, (done.stdout, done.stderr)
+    state = os.path.join(home, ".cache", "sandlock")
+    assert f"this write grant covers {state!r}, sandlock's state directory" in done.stderr
+    assert "Traceback" not in done.stderr
+    # The control: the same grant on a directory that is no one's home runs.
+    other = tmp_path / "other"
+    other.mkdir()
+    done = run_confined(write_policy(tmp_path, HOME_WRITER.format(home=other), "other.toml"),
+                        ["/usr/bin/true"], env=env)
+    assert done.returncode == 0, done.stderr
+
+
+# ----------------------------------------------------------------------------
+# deny rules on the address a name resolves to, for public addresses too. The name is
+# resolved by a stand-in for getaddrinfo (a public answer); nothing is sent: the proxy is
+# stopped first, so a connect that passes every check ends with "the run is over"
+# before any socket connects (that is the positive control).
+
+PUBLIC = "93.184.216.34"  #: a global unicast address (never contacted)
+
+
+def fake_resolver(answer: str) -> Any:
+    def getaddrinfo(host: str, port: int, *args: Any, **kwargs: Any) -> list[Any]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answer, port))]
+    return getaddrinfo
+
+
+def stopped_proxy(deny: list[str]) -> proxy_module.Proxy:
+    rules = NetRules(parse_rules(["api.example.test"], "allow"), parse_rules(deny, "deny"),
+                     parse_pins({}))
+    server = proxy_module.Proxy(rules, lambda message: None)
+    server.stop()
+    return server
+
+
+@pytest.mark.parametrize("deny", [PUBLIC, "93.184.216.0/24", f"{PUBLIC}:443"])
+def test_a_deny_rule_on_a_public_address_refuses_a_name_resolving_to_it(
+        deny: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ipaddress.ip_address(PUBLIC).is_global
+    monkeypatch.setattr(socket, "getaddrinfo", fake_resolver(PUBLIC))
+    server = stopped_proxy([deny])
+    with pytest.raises(proxy_module.Refused) as refused:
+        server.connect("api.example.test", 443, "test")
+    assert refused.value.status == 403
+    assert str(refused.value) == f"{PUBLIC} is denied by deny[0] {deny!r}"
+    # The control: without the deny rule the same answer passes every check and only
+    # the stopped proxy keeps the connect from happening.
+    with pytest.raises(proxy_module.Refused) as passed:
+        stopped_proxy([]).connect("api.example.test", 443, "test")
+    assert (passed.value.status, str(passed.value)) == (502, "the run is over")
+    # A deny rule on another port leaves the address reachable.
+    with pytest.raises(proxy_module.Refused) as other:
+        stopped_proxy([f"{PUBLIC}:8443"]).connect("api.example.test", 443, "test")
+    assert str(other.value) == "the run is over"
+
