@@ -471,7 +471,7 @@ def _response_head(upstream: socket.socket, client: socket.socket, item: Credent
             if name.lower() in ("location", "content-location"):
                 value = _route_location(value, item, route)
                 value = _hide_in_query(value, secret, placeholder)
-            out.append(f"{name}: {_scrubbed(f'header {name}', value, secret, placeholder)}")
+            out.append(_scrubbed(f"header {name}", f"{name}: {value}", secret, placeholder))
         if code.startswith("1"):
             client.sendall(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
             continue
