@@ -418,6 +418,11 @@ def test_sandlock_run_grants_the_route_before_compiling(
     assert [seen["headers"]["Authorization"] for seen in upstream.seen] == [f"Bearer {SECRET}"] * 2
     stored = cache / "sandlock" / "policies"
     assert not stored.is_dir() or not any(stored.iterdir())  # no entry holds a run's port
+    # control: the same policy without [credentials] is cached here
+    policy.write_text(policy.read_text().partition("[credentials.api]")[0])
+    out = run_confined(policy, [PYTHON, "-c", "pass"], env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert stored.is_dir() and any(stored.iterdir())
 
 
 @pytest.mark.parametrize("network", [False, True], ids=["no-network-section", "network-section"])
