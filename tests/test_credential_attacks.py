@@ -277,6 +277,7 @@ ATTACKS = [
     ("original URL", "/api/v1/x", "X-Original-URL: /v1/chat/admin\r\n"),
     ("rewrite URL", "/api/v1/x", "X-Rewrite-URL: /v1/chat/admin\r\n"),
     ("underscore twin", "/api/v1/x", "X_Original_URL: /v1/chat/admin\r\n"),
+    ("underscore real ip", "/api/v1/x", "X_Real_IP: 127.0.0.1\r\n"),
     ("forwarded host", "/api/v1/x", "X-Forwarded-Host: admin.internal\r\n"),
     ("forwarded", "/api/v1/x", "Forwarded: host=admin.internal\r\n"),
     ("real ip", "/api/v1/x", "X-Real-IP: 127.0.0.1\r\n"),
@@ -288,7 +289,7 @@ ATTACKS = [
     ("encoded semicolon", "/api/v1/chat%3bx/admin", ""),
     ("encoded NUL", "/api/v1/chat/admin%00", ""),
     ("non-ASCII", "/api/v1/chat/\u00e4dmin", ""),
-    ("fragment", "/api/v1/x#/../chat/admin", ""),
+    ("fragment", "/api/v1/x#f", ""),
 ]
 
 
@@ -388,11 +389,14 @@ paths = ["/v1/chat/*"]
 """
 
 
-def llm_policy(tmp_path: Path, upstream: Server, cert: Path, network: bool,
+def llm_policy(tmp_path: Path, upstream: Server, cert: Path, network: bool | str,
                other: Server) -> Path:
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     section = f"[network]\nconnect = [{other.port}]\n" if network else ""
+    if network == "allow":
+        section = '[network]\nallow = ["localhost:1"]\n'
+
     return write_policy(tmp_path, LLM.format(work=work, port=upstream.port, ca=cert,
                                              network=section), name="llm.toml")
 
@@ -425,10 +429,11 @@ def test_sandlock_run_grants_the_route_before_compiling(
     assert stored.is_dir() and any(stored.iterdir())
 
 
-@pytest.mark.parametrize("network", [False, True], ids=["no-network-section", "network-section"])
+@pytest.mark.parametrize("network", [False, True, "allow"],
+                         ids=["no-network-section", "network-section", "host-allowlist"])
 def test_the_api_grants_the_route_before_compiling(
         tmp_path: Path, upstream: Server, other: Server, certificate: tuple[Path, Path],
-        network: bool) -> None:
+        network: bool | str) -> None:
     require_abi(4, "the route's TCP port grant")
     from sandlock import Sandbox
 
