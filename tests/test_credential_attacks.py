@@ -284,6 +284,7 @@ ATTACKS = [
     ("upper case", "/api/v1/chat/ADMIN", ""),
     ("raw tab", "/api/v1/x\t/v1/chat/admin", ""),
     ("encoded letter", "/api/v1/chat/%61dmin", ""),
+    ("double-encoded letter", "/api/v1/chat/%2561dmin", ""),
     ("encoded slash", "/api/v1/chat%2fadmin", ""),
     ("encoded dot segment", "/api/v1/chat/x/%2e%2e/admin", ""),
     ("encoded semicolon", "/api/v1/chat%3bx/admin", ""),
