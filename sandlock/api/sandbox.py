@@ -288,13 +288,13 @@ def _check_limits(policy: Policy) -> None:
                           source=policy.source, key="limits.memory")
 
 
-def _compile(policy: Policy) -> compiler.Compiled:
+def _compile(policy: Policy, routes: Any = None) -> compiler.Compiled:
     """compiler.compile_policy, with a descriptor shortage named as such (libseccomp,
     the ruleset and the cgroup each need one; EMFILE is not a missing library)."""
     import errno
 
     try:
-        return compiler.compile_policy(policy)
+        return compiler.compile_policy(policy, routes)
     except OSError as exc:
         if exc.errno not in (errno.EMFILE, errno.ENFILE):
             raise
@@ -355,16 +355,18 @@ class Sandbox:
             check_support()  # KernelSupportError: no seccomp user notification
         self._routes: Any = None  #: routes.Routes of ``[credentials]``
         if loaded.credentials or credentials is not None:  # credential routes (issue 16)
-            from ..net.routes import for_sandbox
+            from ..net.routes import prepare
 
-            self._routes, loaded = for_sandbox(loaded, credentials)
-        self.policy = loaded
+            # serving for the Sandbox's lifetime, from a process of its own
+            self._routes = prepare(loaded, None, credentials, remote=True)
+            self._routes.start()
         try:
-            self._compiled = _compile(loaded)
+            self._compiled = _compile(loaded, self._routes)
         except BaseException:
             if self._routes is not None:
                 self._routes.stop()
             raise
+        self.policy = self._compiled.policy  #: as compiled: the route's port among its grants
         self._trusted = trusted
         self._max_result = max_result_size
         from ..policy.environment import matcher

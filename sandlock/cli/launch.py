@@ -18,6 +18,7 @@ TYPE_CHECKING = False  # importing typing alone costs several ms per call
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
 
+    from ..net.routes import Routes
     from ..policy.model import Policy
 
 
@@ -95,6 +96,16 @@ def _read_once(policy: str) -> bytes:
                           source=policy) from None
 
 
+def prepared(loaded: Policy) -> Optional[Routes]:
+    """The route server of a policy with ``[credentials]``, listening, so that compiling
+    grants its port (:func:`sandlock.net.routes.prepare`); None without credentials."""
+    if not loaded.credentials:
+        return None
+    from ..net.routes import prepare
+
+    return prepare(loaded, say)
+
+
 def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
             best_effort: bool, argv: Sequence[str], *, tool: Optional[str] = None,
             policies: Optional[str] = None) -> int:
@@ -109,6 +120,7 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         from ..exec import launcher
 
         cached = compiled = None
+        routes = None  # the credential routes of the policy, once it is loaded
         data = None
         if policy is not None and tool is None:
             from ..compile import cache as fastpath
@@ -129,8 +141,14 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                     compiled = None  # the full path reports it with the policy's line
             if compiled is None:
                 loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data)
-                compiled = compiler.compile_policy(loaded)
-                if cached is not None:
+                routes = prepared(loaded)
+                try:
+                    compiled = compiler.compile_policy(loaded, routes)
+                except BaseException:
+                    if routes is not None:
+                        routes.stop()
+                    raise
+                if cached is not None:  # never stores a policy with [credentials] (their port)
                     cached.store(loaded, compiled)
         finally:
             if cached is not None:  # done with the cache: its directory is not the tool's
@@ -147,6 +165,8 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
             child = launcher.run(compiled, command, report=say)
         finally:
             compiled.close()  # the ruleset descriptor: the child is done with it
+            if routes is not None:
+                routes.stop()
         if child.timed_out:
             say(f"timeout: {argv[0]} ran longer than {loaded.limits.timeout:g}s; killed its "
                 "process tree")

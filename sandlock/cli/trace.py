@@ -15,7 +15,7 @@ from typing import Any, Optional
 import click
 
 from ..errors import ExitCode, SandlockError
-from .launch import load_full, parse_vars, say
+from .launch import load_full, parse_vars, prepared, say
 from .paths import PathArg
 
 _CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -100,7 +100,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
                                 "supervisor holds the only notification listener a process may "
                                 "have; trace a copy of the policy without `allow` (its refusals "
                                 "are reported by `sandlock run` as they happen)")
-        compiled = compiler.compile_policy(loaded)
+        compiled = compiler.compile_policy(loaded, prepared(loaded))  # as `run` compiles it
         cmd = launcher.prepare_command(loaded, list(command))
         for line in compiled.warnings:
             say(f"warning: NOT enforced on this kernel: {line}")

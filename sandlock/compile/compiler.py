@@ -21,6 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Optional, Sequence
 
+    from ..net.routes import Routes
     from ..policy.model import Limits, Policy
     from . import ruleset
 
@@ -51,6 +52,10 @@ class Compiled:
     """
 
     cgroup: Optional[cgroups.Base] = None
+    #: The route server of a policy with ``[credentials]`` (:class:`sandlock.net.routes.Routes`),
+    #: listening on the port this Compiled grants; None without credentials. An instance
+    #: attribute only when set (the compiled-policy cache never holds one).
+    routes: Optional[Routes] = None
 
     def __init__(self, policy: Policy, abi: int, gaps: tuple[ruleset.Gap, ...], ruleset_fd: int,
                  bpf: bytes, rlimits: tuple[tuple[int, int], ...],
@@ -151,8 +156,28 @@ def process_failure(policy: Policy, gap: ruleset.Gap) -> KernelSupportError:
     )
 
 
-def compile_policy(policy: Policy) -> Compiled:
-    """Check kernel support, build the Landlock ruleset and the seccomp BPF."""
+def compile_policy(policy: Policy, routes: Optional[Routes] = None) -> Compiled:
+    """Check kernel support, build the Landlock ruleset and the seccomp BPF.
+
+    A policy with ``[credentials]`` is compiled with its route server already listening
+    (``routes``, :func:`sandlock.net.routes.prepare`): its grants
+    (:func:`sandlock.policy.credentials.effective`) are added here, before the ruleset
+    and the filter are built, for every executor alike; the Compiled carries the routes."""
+    if not getattr(policy, "credentials", ()):
+        return _compile(policy)
+    if routes is None:
+        from ..errors import SetupError
+
+        raise SetupError(f"{policy.source}: [credentials] needs its route server listening "
+                         "before the policy is compiled (sandlock.net.routes.prepare)")
+    from ..policy.credentials import effective
+
+    compiled = _compile(effective(policy, routes.port))
+    compiled.routes = routes
+    return compiled
+
+
+def _compile(policy: Policy) -> Compiled:
     from ..policy.model import Compat
     from . import ruleset, seccomp
 

@@ -87,12 +87,24 @@ def kernel_report() -> dict[str, Any]:
             "features": features}
 
 
+#: How `explain` shows the port a credential route gets when a run starts.
+ROUTE_PORT = "the credential route's port (chosen when the run starts)"
+
+
 def explain_policy(policy: Policy) -> dict[str, Any]:
     abi = ruleset.detect_abi()
-    plan = seccomp.plan(policy)
+    # What runs is compiled from: the grants credential routes add included (with a
+    # stand-in port: the real one is chosen per run), so the filter and gaps shown are
+    # those of `sandlock run`.
+    run = policy
+    if policy.credentials:
+        from ..policy.credentials import effective
+
+        run = effective(policy, 1)
+    plan = seccomp.plan(run)
     denied = sorted({rule.syscall for rule in plan if not rule.args and rule.syscall != "clone3"})
     limits = {k: v for k, v in vars(policy.limits).items() if v is not None}
-    gaps = (*ruleset.gaps(policy, abi), *ruleset.caller_gaps(policy))
+    gaps = (*ruleset.gaps(run, abi), *ruleset.caller_gaps(run))
     return {
         "source": policy.source,
         "description": policy.description,
@@ -101,7 +113,8 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         "abi": abi,
         "paths": [{"access": r.access.value, "path": r.path, "optional": r.optional,
                    "origin": r.origin} for r in policy.paths],
-        "network": {"connect": [str(p) for p in policy.network.connect],
+        "network": {"connect": [str(p) for p in policy.network.connect]
+                    + ([ROUTE_PORT] if policy.credentials else []),
                     "bind": [str(p) for p in policy.network.bind],
                     "udp": policy.network.udp, "unix": policy.network.unix,
                     "allow": [rule.text for rule in policy.network.allow],

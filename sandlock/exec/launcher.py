@@ -312,12 +312,19 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
     before the child's execve, which it is notified of; the caller stops it.
     """
     kernel.set_child_subreaper()
-    if getattr(compiled.policy, "credentials", ()):  # credential routes (issue 16)
-        from ..net.routes import launched
+    if compiled.routes is not None:  # credential routes (issue 16), granted by compile_policy
+        from ..net.routes import serving
 
-        with launched(compiled, cmd, report) as (routed, routed_cmd):  # no credentials left
-            return run(routed, routed_cmd, timeout=timeout, forward_signals=forward_signals,
-                       report=report, _mediation=_mediation, recorder=recorder)
+        with serving(compiled.routes, cmd) as routed_cmd:  # serving for this run only
+            return _mediated(compiled, routed_cmd, timeout, forward_signals, _mediation,
+                             recorder, report)
+    return _mediated(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)
+
+
+def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
+              _mediation: Optional[Mediation], recorder: Optional[Recorder],
+              report: Optional[Callable[[str], None]]) -> Child:
+    """:func:`run`, through the host allowlist's proxy and connect gate when the policy has one."""
     if compiled.policy.network.allow and _mediation is None:  # host allowlist (issue 7)
         from ..net.connect import Mediation
 

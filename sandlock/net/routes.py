@@ -44,7 +44,6 @@ from .listener import LoopbackServer
 from .mediator import START_TIMEOUT, end_process, raise_nofile, start_process
 
 if TYPE_CHECKING:
-    from ..compile.compiler import Compiled
     from ..errors import PolicyError
     from ..exec.launcher import Command
     from ..policy.credentials import CredentialError
@@ -157,20 +156,19 @@ class RouteServer(LoopbackServer):
         parts = lines[0].split(b" ")
         if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
             raise BadRequest(400, "malformed request line")
-        method, target = parts[0].decode("ascii"), parts[1].decode("ascii")
-        if not _METHOD.match(method) or not target.startswith("/"):
+        method, target = parts[0].decode("latin-1"), parts[1].decode("latin-1")
+        if not _METHOD.match(method):
             raise BadRequest(400, "malformed request line")
         headers = _parse_headers(lines[1:])
-        name, _, rest_target = target[1:].partition("/")
-        item = self._by_name.get(name.split("?")[0])
+        _check_request_headers(headers)
+        route_name, path, query = _checked_target(target)
+        item = self._by_name.get(route_name)
         if item is None:
-            raise BadRequest(404, f"no credential route {name.split('?')[0]!r} (routes: "
+            raise BadRequest(404, f"no credential route {route_name!r} (routes: "
                              f"{', '.join(self._by_name)})")
-        path, _, query = ("/" + rest_target).partition("?")
         where = f"{method} {item.origin}{path} (credential route {item.name})"
         secret, placeholder = self._secret(item, headers, query, where)
-        decoded = _checked_path(path)
-        allowed, rule = item.check(method, decoded)
+        allowed, rule = item.check(method, _decoded_path(path))
         if not allowed:
             raise self._refuse(f"{where}: {rule}")
         # The request as the upstream gets it: the secret where the placeholder was.
@@ -301,19 +299,76 @@ def _body_framing(headers: list[tuple[str, str]]) -> Optional[int]:
     return None
 
 
-def _checked_path(path: str) -> str:
-    """The percent-decoded path the rules see; refused when the upstream could read it
-    differently (dot segments, encoded or back slashes, NUL, bad UTF-8)."""
-    if "\\" in path or "%2f" in path.lower() or "%5c" in path.lower() or "#" in path:
-        raise BadRequest(400, f"path {path!r}: encoded or back slashes are refused")
-    try:
-        decoded = urllib.parse.unquote(path, errors="strict")
-    except UnicodeDecodeError:
-        raise BadRequest(400, f"path {path!r} is not UTF-8 once decoded") from None
-    if any(segment in (".", "..") for segment in decoded.split("/")) or "\0" in decoded \
-            or "%" in decoded.replace("%25", ""):
-        raise BadRequest(400, f"path {path!r}: dot segments and double encoding are refused")
-    return decoded
+#: Percent escapes a path may carry: characters that cannot appear raw in a path and
+#: have no meaning to a router once decoded. Any other escape (an encoded ``/``, ``.``,
+#: ``;``, ``%``, ``?``, NUL, a letter, a non-ASCII byte) is refused: an upstream may
+#: decode it before or after routing, and then reads another path than the one checked.
+PATH_ESCAPES = frozenset(' "<>[]^`{|}')
+_ESCAPE = re.compile(r"%(..)?", re.DOTALL)
+#: Request headers (names lower case, ``_`` read as ``-``) refused because they ask the
+#: upstream, or a proxy in front of it, to act on another method, path, host or client
+#: than the one checked: method overrides (X-HTTP-Method-Override, X-HTTP-Method,
+#: X-Method-Override), original-URL and rewrite headers (X-Original-URL, X-Rewrite-URL,
+#: X-Original-URI, X-Envoy-Original-Path), forwarding headers (Forwarded, X-Forwarded-*,
+#: X-Real-IP, X-Client-IP, True-Client-IP, CF-Connecting-IP, X-Host, Via).
+REWRITE_HEADER = re.compile(r"method|override|original|rewrite|forwarded|^via$|^x-host$|"
+                            r"real-ip|client-ip|connecting-ip")
+#: Query parameters (names decoded, lower case) that frameworks read as the method.
+OVERRIDE_PARAMETER = re.compile(r"^-method$|method-override|^x-http-method$")
+
+
+def _checked_target(target: str) -> tuple[str, str, str]:
+    """(route name, upstream path, query) of an origin-form target that no upstream can
+    read differently from the rules (see :data:`PATH_ESCAPES`); anything else is a 400
+    before the secret is looked up. The path is returned as received: its escapes decode
+    to characters that change no segment."""
+    if not target or any(not "!" <= c <= "~" for c in target):
+        raise BadRequest(400, "the request target has whitespace, control characters or "
+                         "non-ASCII bytes")
+    if not target.startswith("/") or target.startswith("//"):
+        raise BadRequest(400, "only an origin-form target (/name/path) is accepted")
+    if "#" in target:
+        raise BadRequest(400, "a fragment in the request target is refused")
+    raw, _, query = target.partition("?")
+    name, _, rest = raw[1:].partition("/")
+    path = "/" + rest
+    shown = repr(path)[:200]
+    if "//" in path or any(segment in (".", "..") for segment in path.split("/")):
+        raise BadRequest(400, f"path {shown}: empty, '.' and '..' segments are refused")
+    if ";" in path or "\\" in path:
+        raise BadRequest(400, f"path {shown}: ';' (path parameters) and '\\' are refused")
+    for escape in _ESCAPE.finditer(path):
+        code = escape.group(1)
+        try:
+            char = chr(int(code, 16)) if code is not None and code.isalnum() else None
+        except ValueError:
+            char = None
+        if char not in PATH_ESCAPES:
+            raise BadRequest(400, f"path {shown}: the escape {escape.group(0)!r} is refused "
+                             f"(only {' '.join(sorted(PATH_ESCAPES))!r} may be "
+                             "percent-encoded in a path)")
+    for key, _ in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if OVERRIDE_PARAMETER.search(key.lower().replace("_", "-")):
+            raise BadRequest(400, f"query parameter {key[:64]!r} is refused: it asks the "
+                             "upstream for another method than the one checked")
+    return name, path, query
+
+
+def _decoded_path(path: str) -> str:
+    """The path the rules see: escapes decoded (only :data:`PATH_ESCAPES` remain)."""
+    return urllib.parse.unquote(path)
+
+
+def _check_request_headers(headers: list[tuple[str, str]]) -> None:
+    """Refuse headers that ask for another method, path, host or client (see
+    :data:`REWRITE_HEADER`), and names with ``_`` (CGI-style servers read them as ``-``)."""
+    for name, _ in headers:
+        if "_" in name:
+            raise BadRequest(400, f"header {name!r}: '_' in a header name is refused (some "
+                             "servers read it as '-')")
+        if REWRITE_HEADER.search(name.lower()):
+            raise BadRequest(400, f"header {name!r} is refused: it asks the upstream for another "
+                             "method, path, host or client than the one checked")
 
 
 def _replace_query(query: str, name: str, placeholder: str, secret: str) -> str:
@@ -392,7 +447,8 @@ class _Reader:
 
 def _response_head(upstream: socket.socket, client: socket.socket, item: Credential,
                    route: str, secret: str, placeholder: str) -> bytes:
-    """The upstream's response head as the tool gets it (interim 1xx heads are passed on)."""
+    """The upstream's response head as the tool gets it (interim 1xx heads too): every
+    line, the status line included, through :func:`_scrubbed`."""
     buf = b""
     while True:
         while b"\r\n\r\n" not in buf:
@@ -407,23 +463,91 @@ def _response_head(upstream: socket.socket, client: socket.socket, item: Credent
         status = lines[0].decode("latin-1")
         code = status.split(" ")[1] if status.count(" ") >= 1 else ""
         if not status.startswith("HTTP/1.") or not code.isdigit() or code == "101":
-            raise BadRequest(502, f"unexpected upstream status line {status[:80]!r}")
+            raise BadRequest(502, "unexpected upstream status line")
+        out = [_scrubbed("the status line", status, secret, placeholder)]
+        for name, value in _parse_headers(lines[1:]):
+            if name.lower() in DROP_RESPONSE:
+                continue
+            if name.lower() in ("location", "content-location"):
+                value = _route_location(value, item, route)
+                value = _hide_in_query(value, secret, placeholder)
+            out.append(_scrubbed(f"header {name}", f"{name}: {value}", secret, placeholder))
         if code.startswith("1"):
-            client.sendall(head + b"\r\n\r\n")
+            client.sendall(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
             continue
         break
-    hidden = {secret: placeholder, urllib.parse.quote(secret, safe=""): placeholder}
-    out = [status]
-    for name, value in _parse_headers(lines[1:]):
-        if name.lower() in DROP_RESPONSE:
-            continue
-        if name.lower() in ("location", "content-location"):
-            value = _route_location(value, item, route)
-        for real, shown in hidden.items():
-            value = value.replace(real, shown)
-        out.append(f"{name}: {value}")
     out.append("Connection: close")
     return ("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + buf
+
+
+#: Decoding rounds tried on a response line before searching it for the secret.
+DECODE_ROUNDS = 4
+
+
+def _scrubbed(what: str, text: str, secret: str, placeholder: str) -> str:
+    """``text`` (one line of the response head) with the secret, where it appears as is,
+    replaced by the placeholder; a 502 if the secret is still in it in any other form
+    (:func:`_carries`): refused rather than guessed at."""
+    text = text.replace(secret, placeholder)
+    if _carries(text, secret):
+        raise BadRequest(502, f"the upstream's response carries the secret, encoded, in "
+                         f"{what}: refused (the tool must never receive it)")
+    return text
+
+
+def _carries(text: str, secret: str) -> bool:
+    """Whether ``text`` holds ``secret`` in a form a client could decode: compared case-
+    insensitively (hex digits of escapes, case-folding upstreams) in ``text`` and in every
+    form up to :data:`DECODE_ROUNDS` rounds of percent-decoding (each round both with and
+    without ``+`` read as a space: any subset of characters may be encoded, in either
+    case), and as base64 (standard and URL-safe, at every alignment) in each form."""
+    needles = [secret.casefold(), *(n.casefold() for n in _base64_forms(secret))]
+    forms = {text}
+    frontier = {text}
+    for _ in range(DECODE_ROUNDS):
+        frontier = {decoded for form in frontier
+                    for decoded in (urllib.parse.unquote(form, errors="replace"),
+                                    urllib.parse.unquote_plus(form, errors="replace"))} - forms
+        forms |= frontier
+    folded = [form.casefold() for form in forms]
+    return any(needle in form for needle in needles for form in folded)
+
+
+def _base64_forms(secret: str) -> list[str]:
+    """The base64 text of ``secret`` wherever it starts in a longer base64 string (the
+    characters that depend on the secret alone, at each of the three alignments), in
+    the standard and URL-safe alphabets; none for secrets too short to tell apart."""
+    import base64
+
+    data = secret.encode("utf-8")
+    out = []
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + data).decode("ascii")
+        core = encoded[(offset * 4 + 2) // 3:((offset + len(data)) // 3) * 4]
+        if len(core) >= 12:
+            out += [core, core.translate(str.maketrans("+/", "-_"))]
+    return out
+
+
+def _hide_in_query(url: str, secret: str, placeholder: str) -> str:
+    """A redirect's query parameter whose value, decoded, is the secret gets the
+    placeholder instead (the tool follows it through the route, which attaches the
+    secret again); any other form of the secret is left for :func:`_scrubbed` to refuse."""
+    base, mark, query = url.partition("?")
+    if not mark:
+        return url
+    query, hash_, fragment = query.partition("#")
+    pairs = []
+    for pair in query.split("&"):
+        key, eq, value = pair.partition("=")
+        forms = {value}
+        for _ in range(DECODE_ROUNDS):
+            forms |= {decode(form) for form in forms
+                      for decode in (urllib.parse.unquote, urllib.parse.unquote_plus)}
+        if secret in forms:
+            value = urllib.parse.quote(placeholder, safe="")
+        pairs.append(f"{key}{eq}{value}")
+    return f"{base}?{'&'.join(pairs)}{hash_}{fragment}"
 
 
 def _route_location(value: str, item: Credential, route: str) -> str:
@@ -489,6 +613,11 @@ class Routes:
     def _event(self, message: str) -> None:
         self.events.append(message)
         self._report(message)
+
+    @property
+    def port(self) -> int:
+        """The port the route server listens on, granted to the tool by compiling."""
+        return int(self.server.port)
 
     def start(self) -> None:
         self.server.start()
@@ -644,16 +773,6 @@ def serve_routes(fd: int) -> None:
 
 
 
-def grant_port(ruleset_fd: int, abi: int, port: int) -> None:
-    """Add a Landlock TCP connect rule for ``port`` to a ruleset not yet enforced (before
-    ABI 4 Landlock restricts no TCP at all, so there is nothing to grant)."""
-    from ..compile import abi as A
-    from ..linux import kernel
-
-    if A.net_handled(abi) and ruleset_fd >= 0:
-        kernel.add_port_rule(ruleset_fd, port, int(A.Net.CONNECT_TCP))
-
-
 def policy_error(policy: "Policy", exc: "CredentialError") -> "PolicyError":
     """A CredentialError found when a run starts, named like a policy error."""
     from ..errors import PolicyError
@@ -662,81 +781,43 @@ def policy_error(policy: "Policy", exc: "CredentialError") -> "PolicyError":
     return PolicyError(str(exc), source=policy.source, key=key)
 
 
-@contextmanager
-def launched(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str], None]]
-             ) -> Iterator[tuple["Compiled", "Command"]]:
-    """For ``sandlock run`` (:func:`sandlock.exec.launcher.run`): the route server of this run,
-    serving until the ``with`` ends; yields the compiled policy with the route's port
-    granted (Landlock, and ``network.connect`` for a connect gate) and the
-    credentials consumed, and the command with the tool's environment rewritten.
-
-    The acceptor thread starts before the tool is forked; it only waits in accept(2),
-    holding no lock the forked child could need, and nothing connects before the tool
-    exists."""
-    with serving(compiled, cmd, report) as (_routes, routed, routed_cmd):
-        yield routed, routed_cmd
-
-
-@contextmanager
-def serving(compiled: "Compiled", cmd: "Command", report: Optional[Callable[[str], None]],
+def prepare(policy: "Policy", report: Optional[Callable[[str], None]] = None,
             given: Optional[Mapping[str, str]] = None,
-            pins: Optional[Sequence[tuple[str, str]]] = None
-            ) -> Iterator[tuple[Routes, "Compiled", "Command"]]:
-    """:func:`launched`, also yielding the :class:`Routes` (`sandlock probe` serves its
-    canary as ``given`` secrets, with ``pins`` instead of the policy's ``hosts``)."""
-    from dataclasses import replace
-
+            pins: Optional[Sequence[tuple[str, str]]] = None, remote: bool = False) -> Routes:
+    """The route server of a policy with ``[credentials]``, listening but not yet serving,
+    for :func:`sandlock.compile.compiler.compile_policy`, which grants its port. Every
+    executor gets its routes here: `sandlock run` and `trace` (a thread of the launcher),
+    the API (``remote``: a process of its own, never the agent's), `sandlock probe`
+    (its canary as ``given`` secrets, with ``pins`` instead of the policy's ``hosts``).
+    ``given`` are secrets passed from Python; they take precedence over from_env and
+    from_file."""
     from ..policy.credentials import CredentialError
-    from ..policy.model import PortRange
-
-    policy = compiled.policy
-    try:
-        routes = Routes(policy.credentials, policy.paths,
-                        policy.network.hosts if pins is None else pins, os.environ,
-                        report or (lambda _message: None), given)
-    except CredentialError as exc:
-        raise policy_error(policy, exc) from None
-    with routes:
-        port = routes.server.port
-        grant_port(compiled.ruleset_fd, compiled.abi, port)
-        network = replace(policy.network, connect=(*policy.network.connect,
-                                                   PortRange(port, port)))
-        if network.allow:  # the tool's HTTP clients send the route's requests to the proxy
-            from ..policy.netrules import parse_rules
-
-            extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
-            network = replace(network, allow=(*network.allow, replace(
-                extra, where=f"allow[{len(network.allow)}]", text=f"credential routes {extra.text}")))
-        compiled.policy = replace(policy, credentials=(), network=network)
-        env = routes.session.environment(dict(cmd.env))
-        routes.start()
-        # type(cmd): a command like the caller's (this module sits beside the launcher)
-        yield routes, compiled, type(cmd)(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
-
-
-def for_sandbox(policy: "Policy", given: Optional[Mapping[str, str]]
-                ) -> tuple[Routes, "Policy"]:
-    """For :class:`sandlock.Sandbox`: the route server of the Sandbox's lifetime, serving
-    already from a process of its own (never the agent's), and the policy
-    to compile, with the route's port among its ``connect`` ports. ``given`` are the
-    secrets passed from Python; they take precedence over from_env and from_file."""
-    from dataclasses import replace
-
-    from ..policy.credentials import CredentialError
-    from ..policy.model import PortRange
 
     if given is not None and not (isinstance(given, Mapping) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in given.items())):
         raise TypeError(f"credentials must be a mapping of str to str, not {type(given).__name__}")
     try:
-        routes = Routes(policy.credentials, policy.paths, policy.network.hosts, os.environ,
-                        lambda _message: None, given, remote=True)
+        return Routes(policy.credentials, policy.paths,
+                      policy.network.hosts if pins is None else pins, os.environ,
+                      report or (lambda _message: None), given, remote=remote)
     except CredentialError as exc:
         raise policy_error(policy, exc) from None
-    port = routes.server.port
-    routes.start()
-    return routes, replace(policy, network=replace(
-        policy.network, connect=(*policy.network.connect, PortRange(port, port))))
+
+
+@contextmanager
+def serving(routes: Routes, cmd: "Command") -> Iterator["Command"]:
+    """One run of a compiled policy with routes (:func:`sandlock.exec.launcher.run`,
+    `sandlock probe`): the command with the tool's environment rewritten, the route
+    serving until the ``with`` ends (then stopped: its placeholders die with the run).
+
+    The acceptor thread starts before the tool is forked; it only waits in accept(2),
+    holding no lock the forked child could need, and nothing connects before the tool
+    exists."""
+    with routes:
+        env = routes.session.environment(dict(cmd.env))
+        routes.start()
+        # type(cmd): a command like the caller's (this module sits beside the launcher)
+        yield type(cmd)(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
 
 
 def call_session(routes: Routes, policy: "Policy", given: Mapping[str, str]) -> Session:

@@ -65,7 +65,12 @@ class DenyRule:
     glob: str
 
     def matches(self, method: str, path: str) -> bool:
-        return (self.method is None or self.method == method) and fnmatchcase(path, self.glob)
+        """Deny rules are read the way the loosest upstream could read the request: the
+        path case-insensitively (``/v1/ADMIN`` is ``/v1/admin*``), and a ``GET`` rule also
+        covers ``HEAD`` (servers answer HEAD with their GET handler)."""
+        return ((self.method is None or self.method == method
+                 or (self.method == "GET" and method == "HEAD"))
+                and fnmatchcase(path.lower(), self.glob.lower()))
 
 
 @dataclass(frozen=True)
@@ -331,9 +336,9 @@ def _valid_secret(secret: str, what: str, key: Sequence[Union[str, int]]) -> str
         raise CredentialError(f"{what} is empty", key)
     if len(secret) > MAX_SECRET:
         raise CredentialError(f"{what} is longer than {MAX_SECRET} bytes", key)
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in secret):
-        raise CredentialError(f"{what} contains control characters (it goes into an HTTP "
-                              "header or query)", key)
+    if any(not " " <= c <= "~" for c in secret):
+        raise CredentialError(f"{what} contains control characters or non-ASCII characters "
+                              "(it goes into an HTTP header or query)", key)
     return secret
 
 
@@ -412,6 +417,39 @@ def secrets_for(credentials: Sequence[Credential], grants: Sequence[Any],
     return out
 
 
+def effective(policy: Any, port: int) -> Any:
+    """The policy a run of ``policy`` (with ``[credentials]``) is compiled from, once its
+    route server listens on ``port``: the one computation of the grants credential
+    routes add, for every executor (`sandlock run`, `trace`, the API, `sandlock probe`),
+    applied before compiling so the Landlock rules and the seccomp filter agree on it.
+
+    - TCP connect to ``port`` (a ``connect`` entry: Landlock grants the port, and the
+      seccomp filter then allows inet stream sockets at all);
+    - with ``[network] allow``, ``127.0.0.1:PORT`` among the allowed hosts, since the
+      tool's HTTP clients send the route's requests through the proxy.
+
+    The credentials stay in the policy (the executor serves them; a policy holding them
+    is never stored in the compiled-policy cache, so no run's port outlives the run)."""
+    return with_loopback_port(policy, port, "credential routes")
+
+
+def with_loopback_port(policy: Any, port: int, why: str) -> Any:
+    """``policy`` granting TCP connect to ``port`` on loopback: a ``connect`` entry and,
+    under ``[network] allow``, an allowed ``127.0.0.1:PORT`` whose text names ``why``."""
+    from dataclasses import replace
+
+    from .model import PortRange
+
+    network = replace(policy.network, connect=(*policy.network.connect, PortRange(port, port)))
+    if network.allow:
+        from .netrules import parse_rules
+
+        extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
+        network = replace(network, allow=(*network.allow, replace(
+            extra, where=f"allow[{len(network.allow)}]", text=f"{why} {extra.text}")))
+    return replace(policy, network=network)
+
+
 def tool_environment(credentials: Sequence[Credential], env: Mapping[str, str],
                      secrets: Mapping[str, str], placeholders: Mapping[str, str],
                      base_urls: Mapping[str, str]) -> dict[str, str]:
@@ -442,6 +480,7 @@ def explain(credentials: Sequence[Credential]) -> list[dict[str, Any]]:
         "tool_gets": {k: v for k, v in (("placeholder in", c.env),
                                         ("route URL in", c.base_url_env)) if v},
         "grant": "TCP connect to the route's 127.0.0.1 port, chosen when the run starts "
-                 "(granted for that run only)",
+                 "(granted for that run only: a Landlock port rule, and TCP sockets in the "
+                 "seccomp filter)",
         "verify": c.ca_file or "system trust store",
     } for c in credentials]

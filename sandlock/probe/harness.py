@@ -963,9 +963,16 @@ def _launch(policy: Policy, harness: Harness, executor: str = "launcher"
     caller = dict(os.environ)
     caller[ENV_CANARY] = harness.canary
     command = launcher.prepare_command(policy, argv, caller_env=caller)
-    compiled = compiler.compile_policy(_with_echo(policy, harness.cfg))
+    policy = _with_echo(policy, harness.cfg)
+    routes = _routes(policy, harness)
     try:
-        with _routes(compiled, command, harness) as (compiled, command):
+        compiled = compiler.compile_policy(policy, routes)
+    except BaseException:
+        if routes is not None:
+            routes.stop()
+        raise
+    try:
+        with _serving(compiled, command) as command:
             command = launcher.Command(command.executable, (*argv, json.dumps(harness.cfg)),
                                        command.env, command.cwd)
             return _spawn(compiled, command, executor)
@@ -977,37 +984,41 @@ def _with_echo(policy: Policy, cfg: Mapping[str, Any]) -> Policy:
     """``policy`` with TCP connect to the harness's echo server, if it has one."""
     if "credential" not in cfg:
         return policy
-    port = cfg["credential"]["echo"]
-    network = replace(policy.network, connect=(*policy.network.connect, PortRange(port, port)))
-    if network.allow:
-        from ..policy.netrules import parse_rules
+    from ..policy.credentials import with_loopback_port
 
-        extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
-        network = replace(network, allow=(*network.allow, replace(
-            extra, where=f"allow[{len(network.allow)}]", text=f"probe echo server {extra.text}")))
-    return replace(policy, network=network)
+    return with_loopback_port(policy, cfg["credential"]["echo"], "probe echo server")  # type: ignore[no-any-return]
+
+
+def _routes(policy: Policy, harness: Harness) -> Any:
+    """The policy's credential routes (:func:`sandlock.net.routes.prepare`, as for
+    `sandlock run`), with the harness's canary as every secret (never a real one:
+    from_env and from_file are not read) and every upstream host pinned to 127.0.0.1
+    (the probe sends nothing off the machine); None without credentials."""
+    credentials = policy.credentials
+    if not credentials:
+        return None
+    from ..net.routes import prepare
+
+    given = {item.name: harness.credential_secret for item in credentials}
+    routes = prepare(policy, None, given, [(item.host, "127.0.0.1") for item in credentials])
+    harness.cfg["credential"]["routes"] = [{
+        "name": item.name, "url": routes.server.base_url(item.name), "header": item.header,
+        "query": item.query, "placeholder": routes.session.placeholders[item.name],
+    } for item in credentials]
+    return routes
 
 
 @contextmanager
-def _routes(compiled: compiler.Compiled, command: launcher.Command, harness: Harness
-            ) -> Iterator[tuple[compiler.Compiled, launcher.Command]]:
-    """The policy's credential routes, as `sandlock run` serves them, with the harness's
-    canary as every secret (never a real one: from_env and from_file are not read) and
-    every upstream host pinned to 127.0.0.1 (the probe sends nothing off the machine)."""
-    credentials = compiled.policy.credentials
-    if not credentials:
-        yield compiled, command
+def _serving(compiled: compiler.Compiled, command: launcher.Command
+             ) -> Iterator[launcher.Command]:
+    """The command as `sandlock run` serves its routes (:func:`sandlock.net.routes.serving`)."""
+    if compiled.routes is None:
+        yield command
         return
     from ..net.routes import serving
 
-    given = {item.name: harness.credential_secret for item in credentials}
-    pins = [(item.host, "127.0.0.1") for item in credentials]
-    with serving(compiled, command, None, given, pins) as (routes, routed, routed_cmd):
-        harness.cfg["credential"]["routes"] = [{
-            "name": item.name, "url": routes.server.base_url(item.name), "header": item.header,
-            "query": item.query, "placeholder": routes.session.placeholders[item.name],
-        } for item in credentials]
-        yield routed, routed_cmd
+    with serving(compiled.routes, command) as routed:
+        yield routed
 
 
 def _spawn(compiled: compiler.Compiled, command: launcher.Command, executor: str = "launcher"

@@ -1,0 +1,472 @@
+"""Credential routes under attack: the secret never comes back to the tool, the rules
+cannot be read differently by the upstream, and every executor grants the route.
+
+The route server is the real one (:class:`sandlock.net.routes.RouteServer`), in this
+process for the HTTP-level attacks (so a guard can be switched off for the positive
+control), speaking TLS to a real loopback upstream started here; the grant is tested
+through the real CLI and API on the real kernel.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import socket
+import ssl
+import subprocess
+import textwrap
+import urllib.parse
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from conftest import PYTHON, require_abi, run_confined, sandlock, write_policy
+from test_credentials import CLIENT, Recorder, Server
+
+from sandlock.errors import SetupError
+from sandlock.net import routes as R
+from sandlock.policy import credentials as C
+from sandlock.policy.model import loads_policy
+
+#: A secret with characters every URL encoder treats differently ('/', '+', '=', '~',
+#: space, '!'), so each way of re-encoding it gives another text.
+SECRET = "sk-Te/st+=~ !" + secrets.token_hex(12)
+HOST = "api.internal.test"
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A certificate for api.internal.test and localhost (the latter needs no pin)."""
+    import shutil
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("the openssl CLI is needed to make a test certificate")
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-subj", f"/CN={HOST}", "-addext",
+                    f"subjectAltName=DNS:{HOST},DNS:localhost", "-days", "2"],
+                   check=True, capture_output=True)
+    os.chmod(directory, 0o755)
+    os.chmod(cert, 0o644)
+    return cert, key
+
+
+def _lower_hex(text: str) -> str:
+    return "".join(f"%{b:02x}" for b in text.encode())
+
+
+class Leaker(Recorder):
+    """An upstream that returns the secret it was sent, in the form ``/v1/leak/<form>``
+    asks for; any other path answers 200 as :class:`Recorder` does."""
+
+    def do_HEAD(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        if not url.path.startswith("/v1/leak/"):
+            super()._handle()
+            return
+        self._record()
+        server: Any = self.server
+        secret = (urllib.parse.parse_qs(url.query).get("key", [""])[0]
+                  or self.headers.get("Authorization", "").removeprefix("Bearer "))
+        here = f"https://{HOST}:{server.port}/v1/landed"
+        form = url.path.rsplit("/", 1)[1]
+        locations = {
+            "raw": f"{here}?key={secret}",
+            "quoted": f"{here}?key={urllib.parse.quote(secret, safe='')}",
+            "lower": f"{here}?key={_lower_hex(secret)}",
+            "plus": f"{here}?{urllib.parse.urlencode({'key': secret, 'x': '1'}, safe='/')}",
+            "double": f"{here}?key={urllib.parse.quote(urllib.parse.quote(secret, safe=''))}",
+            "partial": f"{here}?key={_lower_hex(secret[:3])}{secret[3:]}",
+            "path": f"{here}/{urllib.parse.quote(secret, safe='')}",
+            "other": f"http://127.0.0.1:{server.other}/x?token={urllib.parse.quote(secret)}",
+        }
+        headers = {
+            "header": {"X-Debug": "seen " + urllib.parse.quote_plus(secret)},
+            "base64": {"X-Echo": base64.b64encode(f"user:{secret}".encode()).decode()},
+            "cookie": {"Set-Cookie": f"s={urllib.parse.quote(secret).lower()}; Path=/"},
+        }
+        if form in locations:
+            self._send(302, b"", {"Location": locations[form]})
+        elif form in headers:
+            self._send(200, b"ok\n", headers[form])
+        elif form == "status":
+            self.send_response(200, f"OK {secret}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif form == "status-encoded":
+            self.send_response(200, f"OK {_lower_hex(secret)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif form == "interim":
+            self.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </s?k=%s>; rel=preload\r\n\r\n"
+                             % urllib.parse.quote(secret, safe="").encode())
+            self._send(200, b"ok\n")
+        else:
+            self._send(404, b"")
+
+
+class LeakServer(Server):
+    def __init__(self, context: Any = None) -> None:
+        super().__init__(context)
+        self.RequestHandlerClass = Leaker
+
+
+def _serve(server: Server) -> Iterator[Server]:
+    import threading
+
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def other() -> Iterator[Server]:
+    yield from _serve(Server())
+
+
+@pytest.fixture
+def upstream(certificate: tuple[Path, Path], other: Server) -> Iterator[Server]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    for server in _serve(LeakServer(context)):
+        server.other = other.port
+        yield server
+
+
+def _credential(upstream: Server, cert: Path, **table: Any) -> C.Credential:
+    return C.parse_one("api", {"upstream": f"https://{HOST}:{upstream.port}/v1",
+                               "ca_file": str(cert), **table})
+
+
+@pytest.fixture
+def route(upstream: Server, certificate: tuple[Path, Path]) -> Iterator[Any]:
+    """``route(**table)``: a route server of this process for that credential table (the
+    upstream pinned to loopback), serving ``SECRET``; (server, placeholder)."""
+    started: list[R.RouteServer] = []
+
+    def make(**table: Any) -> tuple[R.RouteServer, str]:
+        server = R.RouteServer([_credential(upstream, certificate[0], **table)],
+                               [(HOST, "127.0.0.1")], lambda _message: None)
+        started.append(server)
+        session = server.session({"api": SECRET})
+        server.start()
+        return server, session.placeholders["api"]
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def ask(server: R.RouteServer, request: bytes) -> tuple[int, str]:
+    """Send raw bytes to the route (as a tool can); (status, the whole response)."""
+    with socket.create_connection(server.address, timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    text = data.decode("latin-1")
+    return int(text.split(" ", 2)[1]), text
+
+
+def holds_secret(text: str) -> bool:
+    """Whether ``text`` gives the secret to a client that decodes it (written apart from
+    the route's own check): raw, any rounds of percent-decoding, any case, base64."""
+    forms = {text}
+    for _ in range(3):
+        forms |= {urllib.parse.unquote_plus(f) for f in forms} | {urllib.parse.unquote(f)
+                                                                   for f in forms}
+    b64 = base64.b64encode(f"user:{SECRET}".encode()).decode()
+    return any(SECRET.lower() in f.lower() or b64 in f for f in forms)
+
+
+def head_of(response: str) -> str:
+    return response.partition("\r\n\r\n")[0]
+
+
+# ----------------------------------------------------------------------------
+# 4. The secret never comes back in the response head, in any encoding
+
+LOCATION_FORMS = ("raw", "quoted", "lower", "plus", "double", "partial", "path", "other")
+HEADER_FORMS = ("header", "base64", "cookie", "status", "status-encoded", "interim")
+
+
+@pytest.mark.parametrize("form", LOCATION_FORMS + HEADER_FORMS)
+def test_the_secret_never_returns_in_the_response_head(
+        route: Any, upstream: Server, form: str) -> None:
+    server, placeholder = route(query="key")
+    status, response = ask(server, f"GET /api/v1/leak/{form}?key={placeholder} HTTP/1.1\r\n"
+                                   "Host: x\r\n\r\n".encode())
+    assert upstream.seen and "key=" in upstream.seen[-1]["path"]  # the upstream got it
+    assert not holds_secret(response), response
+    if form in ("raw", "quoted", "lower", "plus", "double", "partial"):
+        # a redirect on the upstream carrying the key: back into the route, with the
+        # placeholder, which the route replaces again when the tool follows it
+        assert status == 302, response
+        location = next(line for line in response.split("\r\n")
+                        if line.lower().startswith("location:"))
+        assert server.base_url("api") + "/v1/landed?" in location
+        assert urllib.parse.quote(placeholder, safe="") in location, location
+    elif form == "other":  # another host: left for the tool, with the placeholder
+        assert status == 302 and f"token={placeholder}" in response, response
+    elif form == "status":
+        assert status == 200 and f"OK {placeholder}" in response
+    else:
+        assert status == 502, response
+        assert "carries the secret" in response
+
+
+@pytest.mark.parametrize("form", ("quoted", "lower", "plus", "double", "header", "status-encoded",
+                                  "interim"))
+def test_positive_control_the_secret_returns_with_the_scrub_switched_off(
+        route: Any, monkeypatch: pytest.MonkeyPatch, form: str) -> None:
+    monkeypatch.setattr(R, "_scrubbed", lambda what, text, secret, placeholder: text)
+    monkeypatch.setattr(R, "_hide_in_query", lambda url, secret, placeholder: url)
+    server, placeholder = route(query="key")
+    _status, response = ask(server, f"GET /api/v1/leak/{form}?key={placeholder} HTTP/1.1\r\n"
+                                    "Host: x\r\n\r\n".encode())
+    assert holds_secret(head_of(response)) or form == "interim" and holds_secret(response)
+
+
+@pytest.mark.parametrize("form", ("header", "base64", "status-encoded"))
+def test_a_header_credential_is_scrubbed_alike(
+        route: Any, upstream: Server, form: str) -> None:
+    server, placeholder = route()
+    status, response = ask(server, f"GET /api/v1/leak/{form} HTTP/1.1\r\nHost: x\r\n"
+                                   f"Authorization: Bearer {placeholder}\r\n\r\n".encode())
+    assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert status == 502 and not holds_secret(response), response
+
+
+def test_the_scrub_finds_every_encoding() -> None:
+    """Pure: the forms an upstream may use, and texts that are not the secret."""
+    secret = SECRET
+    found = [secret, urllib.parse.quote(secret, safe=""), _lower_hex(secret),
+             urllib.parse.quote_plus(secret), urllib.parse.quote(urllib.parse.quote(secret)),
+             secret.upper(), base64.b64encode(f"u:{secret}".encode()).decode(),
+             base64.urlsafe_b64encode(f"ab{secret}".encode()).decode(),
+             "x=" + urllib.parse.urlencode({"k": secret}, safe="/")]
+    assert all(R._carries(text, secret) for text in found)
+    assert not any(R._carries(text, secret) for text in
+                   ("", "sk-Te", secret[:-1] + "#", urllib.parse.quote(secret[1:])))
+
+
+# ----------------------------------------------------------------------------
+# 5. Request targets are canonical, rewrite headers refused, deny rules read loosely
+
+DENY = {"deny": ["/v1/chat/admin*", "DELETE /v1/*"]}
+#: (what, request line target, extra header lines): each asks the upstream for a denied
+#: path or method while the checked path or method is another.
+ATTACKS = [
+    ("double slash", "/api/v1/chat//admin", ""),
+    ("dot-dot with path parameter", "/api/v1/chat/x/..;/admin", ""),
+    ("path parameter", "/api/v1/chat;x/admin", ""),
+    ("method override header", "/api/v1/chat/x", "X-HTTP-Method-Override: DELETE\r\n"),
+    ("X-HTTP-Method", "/api/v1/chat/x", "X-HTTP-Method: DELETE\r\n"),
+    ("X-Method-Override", "/api/v1/chat/x", "X-Method-Override: DELETE\r\n"),
+    ("method override parameter", "/api/v1/chat/x?_method=DELETE", ""),
+    ("original URL", "/api/v1/x", "X-Original-URL: /v1/chat/admin\r\n"),
+    ("rewrite URL", "/api/v1/x", "X-Rewrite-URL: /v1/chat/admin\r\n"),
+    ("underscore twin", "/api/v1/x", "X_Original_URL: /v1/chat/admin\r\n"),
+    ("underscore real ip", "/api/v1/x", "X_Real_IP: 127.0.0.1\r\n"),
+    ("forwarded host", "/api/v1/x", "X-Forwarded-Host: admin.internal\r\n"),
+    ("forwarded", "/api/v1/x", "Forwarded: host=admin.internal\r\n"),
+    ("real ip", "/api/v1/x", "X-Real-IP: 127.0.0.1\r\n"),
+    ("upper case", "/api/v1/chat/ADMIN", ""),
+    ("raw tab", "/api/v1/x\t/v1/chat/admin", ""),
+    ("encoded letter", "/api/v1/chat/%61dmin", ""),
+    ("double-encoded letter", "/api/v1/chat/%2561dmin", ""),
+    ("encoded slash", "/api/v1/chat%2fadmin", ""),
+    ("encoded dot segment", "/api/v1/chat/x/%2e%2e/admin", ""),
+    ("encoded semicolon", "/api/v1/chat%3bx/admin", ""),
+    ("encoded NUL", "/api/v1/chat/admin%00", ""),
+    ("non-ASCII", "/api/v1/chat/\u00e4dmin", ""),
+    ("fragment", "/api/v1/x#f", ""),
+]
+
+
+def _request(target: str, extra: str, placeholder: str, method: str = "GET") -> bytes:
+    return (f"{method} {target} HTTP/1.1\r\nHost: x\r\n{extra}"
+            f"Authorization: Bearer {placeholder}\r\n\r\n").encode("utf-8")
+
+
+@pytest.mark.parametrize("what,target,extra", ATTACKS, ids=[a[0] for a in ATTACKS])
+def test_a_denied_request_in_disguise_never_gets_the_secret(
+        route: Any, upstream: Server, what: str, target: str,
+        extra: str) -> None:
+    server, placeholder = route(**DENY)
+    status, response = ask(server, _request(target, extra, placeholder))
+    # answered by the route itself (an upstream that cannot parse it answers 400 too)
+    assert status in (400, 403) and "sandlock route: " in response, response
+    assert upstream.seen == [], (what, upstream.seen)
+
+
+def test_positive_control_allowed_requests_get_the_secret(
+        route: Any, upstream: Server) -> None:
+    server, placeholder = route(**DENY)
+    for target, extra in (("/api/v1/chat/x?limit=2", ""), ("/api/v1/chat/a%20b", ""),
+                          ("/api/v1/chat/x", "X-Request-Id: 1\r\n")):
+        status, response = ask(server, _request(target, extra, placeholder))
+        assert status == 200, response
+    assert [seen["path"] for seen in upstream.seen] == ["/v1/chat/x?limit=2", "/v1/chat/a%20b",
+                                                        "/v1/chat/x"]
+    assert all(seen["headers"]["Authorization"] == f"Bearer {SECRET}" for seen in upstream.seen)
+    status, _ = ask(server, _request("/api/v1/chat/admin", "", placeholder))
+    assert status == 403  # the rule itself
+
+
+#: Attacks the upstream here (http.server) reads as a request of its own; the others
+#: (a NUL, a tab, non-ASCII, a fragment) are refused because other servers may.
+UNGUARDED = [a for a in ATTACKS if a[0] not in ("encoded NUL", "non-ASCII", "raw tab", "fragment")]
+
+
+@pytest.mark.parametrize("what,target,extra", UNGUARDED, ids=[a[0] for a in UNGUARDED])
+def test_positive_control_each_disguise_reaches_the_upstream_unguarded(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch,
+        what: str, target: str, extra: str) -> None:
+    """With the target check, the header check and the loose deny match switched off,
+    each attack is forwarded with the secret: the test above refuses real bypasses."""
+    def loose(target: str) -> tuple[str, str, str]:
+        raw, _, query = target.partition("?")
+        name, _, rest = raw[1:].partition("/")
+        return name, "/" + rest, query
+
+    monkeypatch.setattr(R, "_checked_target", loose)
+    monkeypatch.setattr(R, "_check_request_headers", lambda headers: None)
+    monkeypatch.setattr(R, "_decoded_path", lambda path: path)
+    monkeypatch.setattr(C.DenyRule, "matches", lambda rule, method, path: (
+        rule.method in (None, method) and __import__("fnmatch").fnmatchcase(path, rule.glob)))
+    server, placeholder = route(**DENY)
+    status, response = ask(server, _request(target, extra, placeholder))
+    assert status == 200, (what, response)
+    assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {SECRET}"
+
+
+def test_deny_rules_read_the_path_in_any_case_and_get_covers_head() -> None:
+    item = C.parse_one("api", {"upstream": "https://a.test/v1",
+                               "deny": ["/v1/chat/admin*", "GET /v1/files*"]})
+    assert item.check("POST", "/v1/chat/ADMIN")[0] is False
+    assert item.check("HEAD", "/v1/files/1")[0] is False
+    assert item.check("POST", "/v1/files/1")[0] is True
+    assert item.check("POST", "/v1/chat/x")[0] is True
+
+
+@pytest.mark.parametrize("secret", ["sk-\u00e9", "sk-\x7f"])
+def test_a_secret_must_be_printable_ascii(secret: str) -> None:
+    item = C.parse_one("api", {"upstream": "https://a.test/v1"})
+    with pytest.raises(C.CredentialError, match="non-ASCII"):
+        C.secrets_for([item], [], {}, {"api": secret})
+
+
+# ----------------------------------------------------------------------------
+# 6. Every executor grants the route before compiling: `sandlock run` of the README's
+#    shape (credentials, no [network]) works, `explain` says what runs
+
+
+LLM = """\
+version = 1
+extends = ["python"]
+[filesystem]
+read = ["{work}"]
+{network}[env]
+pass = ["PATH"]
+[credentials.api]
+upstream = "https://localhost:{port}/v1"
+from_env = "TEST_API_KEY"
+env = "TEST_API_KEY"
+base_url_env = "TEST_BASE_URL"
+ca_file = "{ca}"
+methods = ["POST"]
+paths = ["/v1/chat/*"]
+"""
+
+
+def llm_policy(tmp_path: Path, upstream: Server, cert: Path, network: bool | str,
+               other: Server) -> Path:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    section = f"[network]\nconnect = [{other.port}]\n" if network else ""
+    if network == "allow":
+        section = '[network]\nallow = ["localhost:1"]\n'
+
+    return write_policy(tmp_path, LLM.format(work=work, port=upstream.port, ca=cert,
+                                             network=section), name="llm.toml")
+
+
+CHAT = CLIENT + textwrap.dedent("""
+    print(json.dumps(call("POST", BASE + "/chat/completions", body=b"{}")[:2]))
+""")
+
+
+@pytest.mark.parametrize("network", [False, True], ids=["no-network-section", "network-section"])
+def test_sandlock_run_grants_the_route_before_compiling(
+        tmp_path: Path, upstream: Server, other: Server, certificate: tuple[Path, Path],
+        network: bool) -> None:
+    require_abi(4, "the route's TCP port grant")
+    policy = llm_policy(tmp_path, upstream, certificate[0], network, other)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "TEST_API_KEY": SECRET, "XDG_CACHE_HOME": str(cache)}
+    env.pop("SANDLOCK_NO_CACHE", None)
+    for _ in range(2):  # the second run would be the cached one: never cached, each its port
+        out = run_confined(policy, [PYTHON, "-c", CHAT], env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == [200, "ok POST /v1/chat/completions\n"], out.stderr
+    assert [seen["headers"]["Authorization"] for seen in upstream.seen] == [f"Bearer {SECRET}"] * 2
+    stored = cache / "sandlock" / "policies"
+    assert not stored.is_dir() or not any(stored.iterdir())  # no entry holds a run's port
+    # control: the same policy without [credentials] is cached here
+    policy.write_text(policy.read_text().partition("[credentials.api]")[0])
+    out = run_confined(policy, [PYTHON, "-c", "pass"], env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert stored.is_dir() and any(stored.iterdir())
+
+
+@pytest.mark.parametrize("network", [False, True, "allow"],
+                         ids=["no-network-section", "network-section", "host-allowlist"])
+def test_the_api_grants_the_route_before_compiling(
+        tmp_path: Path, upstream: Server, other: Server, certificate: tuple[Path, Path],
+        network: bool | str) -> None:
+    require_abi(4, "the route's TCP port grant")
+    from sandlock import Sandbox
+
+    policy = llm_policy(tmp_path, upstream, certificate[0], network, other)
+    with Sandbox(str(policy), credentials={"api": SECRET}) as box:
+        result = box.run([PYTHON, "-c", CHAT], capture_output=True, text=True, timeout=120)
+        granted = box.grants()["connect"]
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [200, "ok POST /v1/chat/completions\n"]
+    assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {SECRET}"
+    assert str(box._routes.server.port) in granted  # what the Sandbox says it grants
+
+
+def test_explain_shows_the_route_port_and_tcp_sockets(tmp_path: Path) -> None:
+    policy = write_policy(tmp_path, 'version = 1\n[credentials.openai]\n'
+                          'upstream = "https://api.openai.com/v1"\nfrom_env = "OPENAI_API_KEY"\n')
+    out = sandlock("explain", "--policy", str(policy), "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["network"]["connect"] == ["the credential route's port (chosen when the run "
+                                            "starts)"]
+    from sandlock.compile import seccomp
+
+    loaded = loads_policy(policy.read_text())
+    assert len(seccomp.plan(C.effective(loaded, 1))) == report["seccomp"]["rules"]
+    assert len(seccomp.plan(loaded)) != report["seccomp"]["rules"]  # TCP sockets allowed
+
+
+def test_a_policy_with_credentials_is_never_compiled_without_its_route(tmp_path: Path) -> None:
+    from sandlock.compile import compiler
+
+    loaded = loads_policy('version = 1\n[credentials.openai]\n'
+                          'upstream = "https://api.openai.com/v1"\n')
+    with pytest.raises(SetupError, match=r"route server listening before the policy is compiled"):
+        compiler.compile_policy(loaded)
