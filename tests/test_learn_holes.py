@@ -69,7 +69,11 @@ def _draft(events: Sequence[T.Event], allowed: T.Judge, tmp: Path, argv: Sequenc
 
 
 def _printable(text: str) -> str:
-    return getattr(T, "printable", repr)(text)
+    try:
+        from sandlock.trace.emit import printable
+    except ImportError:  # before the emitter existed
+        return repr(text)
+    return printable(text)
 
 
 def grants(text: str) -> dict[str, object]:
@@ -103,7 +107,7 @@ def test_draft_parses_to_exactly_the_grants_when_names_are_hostile(tmp_path: Pat
         events.append(T.Event("openat", (T.Target(str(path), str(path), "file"),), 0, program=prog))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    interp = bin_dir / 'in"ter\npreter #]'
+    interp = bin_dir / 'in"ter#]\\\x1b[0m\x7f'  # the kernel ends a #! path at a blank
     interp.write_text("")
     script = bin_dir / "scr\x1bipt\n\"~\", #"
     script.write_text(f"#!{interp}\n")
@@ -138,7 +142,8 @@ def test_draft_never_names_a_path_it_cannot_spell(tmp_path: Path) -> None:
     expands = data / "${home}"
     expands.write_text("")
     raw = os.fsdecode(bytes(data) + b"/bad\xff")
-    Path(os.fsencode(raw)).write_text("")
+    with open(os.fsencode(raw), "w"):
+        pass
     events = [T.Event("openat", (T.Target(p, p, "file"),), 0) for p in (str(expands), raw)]
     allowed = T.Judge(7, [(str(data), int(A.fs_read(7)), True)])
     text, warnings = _draft(events, allowed, tmp_path)
@@ -172,6 +177,7 @@ def test_learn_of_a_renamed_cat_grants_no_home(work: Path, home: Path, tmp_path:
 
 def test_trace_report_escapes_the_tools_names(work: Path, home: Path, tmp_path: Path) -> None:
     name = "x\x1b]0;owned\x07\nsandlock: trace: nothing refused"
+    (tmp_path / name).write_text(SECRET)
     policy = tmp_path / "p.toml"
     policy.write_text('version = 1\nextends = ["base"]\n[filesystem]\nexec = ["/bin/sh", "/usr/bin/cat"]\n')
     traced = cli(["trace", "--policy", str(policy), "--", "/bin/sh", "-c",
@@ -352,7 +358,7 @@ def test_learn_refuses_a_working_directory_holding_secrets(home: Path) -> None:
     learned = cli(["learn", "--", "/bin/cat", str(home / ".ssh" / "id_rsa")], home, home)
     assert learned.returncode == 125, learned.stderr
     assert SECRET not in learned.stdout + learned.stderr
-    assert ".ssh" in learned.stderr
+    assert "learn: the working directory" in learned.stderr
 
 
 # ----------------------------------------------------------------------------
