@@ -423,3 +423,23 @@ def test_api_trace_ends_with_a_fifo_interpreter(tmp_path: Path) -> None:
         pytest.fail("Sandbox.run(trace=True) hung on a FIFO named as #! interpreter")
     assert done.stdout.strip() == "EXITED 0 done 126", done.stdout + done.stderr
     assert time.monotonic() - started < 15
+
+
+def test_run_names_a_fifo_interpreter_without_opening_it(work: Path, home: Path,
+                                                         tmp_path: Path) -> None:
+    """`sandlock run`'s exec report reads the #! chain too (on EACCES), in the launcher;
+    the name it prints is the tool's text: escaped."""
+    fifo = work / "fi\x1b[2Jfo"
+    os.mkfifo(fifo)
+    script = work / "script"
+    script.write_text(f"#!{fifo}\n")
+    script.chmod(0o755)
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'version = 1\nextends = ["base"]\n[filesystem]\nexec = ["{script}"]\n')
+    try:
+        ran = cli(["run", "--policy", str(policy), "--", str(script)], work, home, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("sandlock run hung on a FIFO named as #! interpreter")
+    assert ran.returncode == 126, ran.stderr
+    assert "\x1b" not in ran.stderr
+    assert _printable(str(fifo)) in ran.stderr
