@@ -441,3 +441,20 @@ def test_run_names_a_fifo_interpreter_without_opening_it(work: Path, home: Path,
     assert ran.returncode == 126, ran.stderr
     assert "\x1b" not in ran.stderr
     assert _printable(str(fifo)) in ran.stderr
+
+
+def test_a_grant_holding_the_home_directory_is_warned(tmp_path: Path) -> None:
+    """Only a run allowed more than learn's own could write above HOME; if a draft
+    ever grants it, the grant says so."""
+    data = tmp_path / "data"
+    (data / "home").mkdir(parents=True)
+    new = data / "new"
+    events = [T.Event("openat", (T.Target(str(new), str(new), ""),), T.O_CREAT | 1)]
+    allowed = T.Judge(7, [("/", int(A.fs_read(7) | A.fs_write(7)), True)])
+    result = L.draft(events, 7, argv=["x"], cwd=str(tmp_path / "cwd"), tmpdir=str(tmp_path / "t"),
+                     home=str(data / "home"), allowed=allowed)
+    fs = grants(result.text)["filesystem"]
+    assert isinstance(fs, dict) and fs["write"] == [str(data)]
+    line = next(x for x in result.text.splitlines() if x.strip().startswith(f'"{data}"'))
+    assert f"WARNING: exposes {data / 'home'}" in line
+    assert any(f"exposes {data / 'home'}" in w for w in result.warnings)
