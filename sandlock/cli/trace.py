@@ -29,6 +29,11 @@ def say(message: str) -> None:
     _say_raw(printable(message))
 
 
+def _failed(exc: SandlockError) -> None:
+    """sandlock's own error, which may span lines; anything else in it escaped."""
+    _say_raw(printable(str(exc), lines=True))
+
+
 def _emit(report: Optional[str], text: str) -> None:
     """The report on stderr, or in a file (``-``: stdout)."""
     if report is None:
@@ -123,9 +128,9 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
             denials = Judge.for_policy(loaded, compiled.abi).denials(recorder.events)
             recorded, lost = len(recorder.events), recorder.lost
         if failure is not None:
-            say(str(failure))
+            _failed(failure)
     except SandlockError as exc:
-        say(str(exc))
+        _failed(exc)
         raise click.exceptions.Exit(int(exc.exit_code)) from None
     if as_json:
         _emit(report, json.dumps({"exit_code": code, "recorded": recorded, "unreadable": lost,
@@ -178,7 +183,7 @@ def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
         draft, code = learn_policy(list(command), extends=tuple(extends), timeout=timeout,
                                    report=say, allow_net=allow_net, allow_unix=allow_unix)
     except SandlockError as exc:
-        say(str(exc))
+        _failed(exc)
         raise click.exceptions.Exit(int(exc.exit_code)) from None
     if output is None:
         sys.stdout.write(draft.text)

@@ -34,10 +34,12 @@ def _escape(char: str) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-def printable(text: str) -> str:
+def printable(text: str, *, lines: bool = False) -> str:
     """``text`` with every non-printable character escaped (a lone surrogate, from a
-    name that is not UTF-8, included): one line, no terminal control."""
-    return "".join(c if c.isprintable() else _escape(c) for c in text)
+    name that is not UTF-8, included): one line, no terminal control. ``lines``: keep
+    newlines (sandlock's own multi-line errors; a tool's name in them is escaped where
+    it is written, as :func:`sandlock.trace.record.exec_refusals` does)."""
+    return "".join(c if c.isprintable() or (lines and c == "\n") else _escape(c) for c in text)
 
 
 def toml_string(text: str) -> str:
