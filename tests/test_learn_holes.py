@@ -458,3 +458,16 @@ def test_a_grant_holding_the_home_directory_is_warned(tmp_path: Path) -> None:
     line = next(x for x in result.text.splitlines() if x.strip().startswith(f'"{data}"'))
     assert f"WARNING: exposes {data / 'home'}" in line
     assert any(f"exposes {data / 'home'}" in w for w in result.warnings)
+
+
+def test_learn_runs_beside_names_no_policy_can_spell(work: Path, home: Path) -> None:
+    """A name that is not UTF-8, or holds ``${``, beside a secret (the recorded run's
+    policy lists the home directory entry by entry) stops no learn: it is left out
+    of the recorded run's policy (unreadable there), never misnamed."""
+    with open(os.fsencode(home) + b"/bad\xff", "w"):
+        pass
+    (home / "${home}").write_text("")
+    (home / 'line\n"~", #').write_text("")
+    learned = cli(["learn", "--", "/bin/true"], work, home)
+    assert learned.returncode == 0, learned.stderr
+    grants(learned.stdout)

@@ -1,14 +1,17 @@
 """`sandlock learn`: one recorded run under a permissive sandbox, then a draft policy.
 
-The recorded run is still confined (Landlock + seccomp, never more than the caller
-has): it may read and execute everything the caller can see except well-known
-secrets (:data:`SECRETS`), write only the working directory and a private TMPDIR,
-and use TCP, UDP and Unix sockets. Everything it touched is recorded by
-:class:`sandlock.trace.record.Recorder` (which only records), and :func:`draft` turns the
-record into TOML: what the built-in profiles already grant is folded into them,
-files are grouped by directory only where the directory is not a place of secrets
-or a whole system tree, and every grant says what it is for.
-"""
+The recorded run is confined as any run is (Landlock + seccomp, never more than the
+caller has), with wider file rights: it may read and execute everything the caller
+can see except well-known secrets (:func:`secrets`), and write only the working
+directory and a private TMPDIR. It has no network and no Unix socket unless the
+caller asks (``allow_net``, ``allow_unix``: :func:`recording_policy`). Everything it
+touched is recorded by :class:`sandlock.trace.record.Recorder` (which only records),
+and :func:`draft` turns the record into TOML: what was used is collected, the grants
+are chosen (what the built-in profiles already grant is folded into them, files are
+grouped by directory only where the directory is not a place of secrets or a whole
+system tree, every grant says what it is for, and one that exposes more than files
+says so in a WARNING), then rendered through :mod:`sandlock.trace.emit`, the only
+way a name the tool chose reaches the text."""
 
 from __future__ import annotations
 
