@@ -174,7 +174,8 @@ def test_learn_of_a_renamed_cat_grants_no_home(work: Path, home: Path, tmp_path:
 
 
 def test_trace_report_escapes_the_tools_names(work: Path, home: Path, tmp_path: Path) -> None:
-    name = "x\x1b]0;owned\x07\nsandlock: trace: nothing refused"
+    name = 'x"\x1b]0;owned\x07\nsandlock: trace: nothing refused\\'
+    path = tmp_path / name
     (tmp_path / name).write_text(SECRET)
     policy = tmp_path / "p.toml"
     policy.write_text('version = 1\nextends = ["base"]\n[filesystem]\nexec = ["/bin/sh", "/usr/bin/cat"]\n')
@@ -183,7 +184,10 @@ def test_trace_report_escapes_the_tools_names(work: Path, home: Path, tmp_path: 
     assert traced.returncode == 0, traced.stderr
     ours = [line for line in traced.stderr.splitlines() if line.startswith("sandlock: trace:")]
     assert "\x1b" not in traced.stderr
-    assert any(_printable(str(tmp_path / name)) in line for line in ours), traced.stderr
+    denied = [line for line in ours if line.startswith("sandlock: trace: denied read")]
+    assert len(denied) == 1 and _printable(str(path)) in denied[0], traced.stderr
+    grant = denied[0].split(" -> [filesystem] ", 1)[1]  # a TOML line naming exactly the file
+    assert tomllib.loads(grant.replace(" += ", " = ", 1)) == {"read": str(path)}
     assert not any(line.startswith("sandlock: trace: nothing refused") for line in ours)
 
 
