@@ -25,6 +25,7 @@ from sandlock.trace import record as T
 from sandlock.trace.learn import cover
 
 SANDLOCK = str(Path(sys.executable).with_name("sandlock"))
+REPO = Path(__file__).resolve().parent.parent
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted"
 
 pytestmark = pytest.mark.skipif(T.supported() is not None, reason=str(T.supported()))
@@ -35,7 +36,11 @@ def cli(args: Sequence[str], cwd: Path, home: Path, timeout: float = 120
     """The installed entry point (not ``python -m``, which would put ``cwd`` on the
     import path and so make it a directory no policy may write)."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
-    return subprocess.run([SANDLOCK, *args], cwd=cwd, env=env, capture_output=True, text=True,
+    entry = [SANDLOCK]
+    if not os.path.exists(SANDLOCK):  # the source tree (-P: not the working directory)
+        entry = [sys.executable, "-P", "-m", "sandlock"]
+        env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([*entry, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -61,10 +66,11 @@ def policy(directory: Path, body: str, name: str = "strict.toml") -> Path:
     return path
 
 
-def learn_then_run(work: Path, home: Path, argv: Sequence[str]) -> tuple[Path, str]:
+def learn_then_run(work: Path, home: Path, argv: Sequence[str], options: Sequence[str] = ()
+                   ) -> tuple[Path, str]:
     """`learn` then `run` of ``argv``; returns the draft's path and text."""
     out = work.parent / "learned.toml"
-    learned = cli(["learn", "-o", str(out), "--", *argv], work, home)
+    learned = cli(["learn", *options, "-o", str(out), "--", *argv], work, home)
     assert learned.returncode == 0, learned.stderr
     text = out.read_text()
     assert ".ssh" not in text.replace("# ", "")  # not granted (a comment may name it)
@@ -281,7 +287,8 @@ def test_curl(work: Path, home: Path, server: int) -> None:
     traced = cli(["trace", "--policy", str(strict), "--", "curl", "-sS", url], work, home)
     assert traced.returncode != 0
     assert f"denied connect TCP port {server} -> [network] connect += [{server}]" in traced.stderr
-    learned, text = learn_then_run(work, home, ["curl", "-sS", "-o", "/dev/null", url])
+    learned, text = learn_then_run(work, home, ["curl", "-sS", "-o", "/dev/null", url],
+                                   ["--allow-net"])
     assert f"connect = [{server}]" in text
     secret_refused(learned, work, home, ["curl", "-sS", f"file://{home}/.ssh/id_rsa"])
 

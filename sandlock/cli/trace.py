@@ -15,10 +15,23 @@ from typing import Any, Optional
 import click
 
 from ..errors import ExitCode, SandlockError
-from .launch import load_full, parse_vars, prepared, say
+from ..trace.emit import command as shell_command
+from ..trace.emit import printable
+from .launch import load_full, parse_vars, prepared
+from .launch import say as _say_raw
 from .paths import PathArg
 
 _CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+def say(message: str) -> None:
+    """One line on stderr, escaped: trace and learn messages name the tool's files."""
+    _say_raw(printable(message))
+
+
+def _failed(exc: SandlockError) -> None:
+    """sandlock's own error, which may span lines; anything else in it escaped."""
+    _say_raw(printable(str(exc), lines=True))
 
 
 def _emit(report: Optional[str], text: str) -> None:
@@ -115,9 +128,9 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
             denials = Judge.for_policy(loaded, compiled.abi).denials(recorder.events)
             recorded, lost = len(recorder.events), recorder.lost
         if failure is not None:
-            say(str(failure))
+            _failed(failure)
     except SandlockError as exc:
-        say(str(exc))
+        _failed(exc)
         raise click.exceptions.Exit(int(exc.exit_code)) from None
     if as_json:
         _emit(report, json.dumps({"exit_code": code, "recorded": recorded, "unreadable": lost,
@@ -142,16 +155,25 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
               help="Built-in profile or policy file the draft extends (repeatable; default: "
                    "whichever built-in profiles cover what was used).")
 @click.option("--timeout", help="Wall-clock limit of the recorded run, e.g. 5m.")
+@click.option("--allow-net", is_flag=True,
+              help="Let the recorded run use the network: TCP connect and bind on any port, "
+                   "and UDP (without it: none).")
+@click.option("--allow-unix", is_flag=True,
+              help="Let the recorded run connect to Unix sockets (without it: none). They "
+                   "reach your ssh-agent (it signs with your keys), the Docker daemon and the "
+                   "D-Bus session bus (`systemd-run --user` runs anything unconfined).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
-          command: Sequence[str]) -> None:
+def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str], allow_net: bool,
+          allow_unix: bool, command: Sequence[str]) -> None:
     """Run COMMAND once with recording, under a permissive sandbox, and write a draft policy.
 
     The recorded run may read and execute what you can, except secrets (~/.ssh,
     ~/.gnupg, ~/.aws, ~/.config/gcloud, sandlock's caches, /etc/shadow); it may write
-    only the working directory and a private TMPDIR. The draft grants what was used,
+    only the working directory and a private TMPDIR; it has no network and no Unix
+    sockets unless --allow-net / --allow-unix. The draft grants what was used,
     grouped by directory where that stays tight, with a comment per grant and a
-    warning for each grant broader than what was used. Review it, then use it with
+    WARNING for each grant broader than what was used or that exposes more than
+    files (also printed on stderr). Review it, then use it with
     `sandlock run --policy FILE -- COMMAND`.
     """
     from ..trace.learn import learn_policy
@@ -159,20 +181,23 @@ def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
     try:
         _check_support()
         draft, code = learn_policy(list(command), extends=tuple(extends), timeout=timeout,
-                                   report=say)
+                                   report=say, allow_net=allow_net, allow_unix=allow_unix)
     except SandlockError as exc:
-        say(str(exc))
+        _failed(exc)
         raise click.exceptions.Exit(int(exc.exit_code)) from None
     if output is None:
-        sys.stdout.write(draft)
+        sys.stdout.write(draft.text)
     else:
         try:
-            _write_file(output, draft)
+            _write_file(output, draft.text)
         except OSError as exc:
             say(f"cannot write {output!r}: {exc.strerror or exc}")
             raise click.exceptions.Exit(ExitCode.LAUNCHER) from None
-        say(f"learn: draft policy written to {output}; review it, then "
-            f"`sandlock run --policy {output} -- {' '.join(command)}`")
+    for warning in draft.warnings:
+        say(f"learn: {warning}")
+    if output is not None:
+        run = shell_command(["sandlock", "run", "--policy", output, "--", *command])
+        say(f"learn: draft policy written to {output}; review it, then `{run}`")
     if code:
         say(f"learn: the command exited with {code} during the recorded run: the draft covers "
             "only what it did before that")

@@ -43,6 +43,7 @@ from ..linux.kernel import (
 )
 from ..linux.notify import Listener
 from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
+from .emit import Unspellable, policy_path, printable
 
 if TYPE_CHECKING:
     from ..policy.model import Policy
@@ -304,47 +305,85 @@ def _socket_type(tid: int, fdnum: int) -> int:
 # Interpreters of an executable (ELF PT_INTERP, #!)
 
 
+#: The most of an executable :func:`interpreters` reads: the ``#!`` line, or the ELF
+#: header, its program headers and the PT_INTERP string (offsets beyond are ignored).
+READ_LIMIT = 64 * 1024
+
+
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of ``path`` if it is a regular file, else -1.
+
+    The path is the tool's (a ``#!`` line it wrote): a FIFO would block the open (and
+    the recorder with it), a device's open can act. So the file's type is checked
+    before the open and again on the descriptor, the open never waits (O_NONBLOCK),
+    never takes a terminal (O_NOCTTY) and follows no link swapped in meanwhile
+    (O_NOFOLLOW on the resolved path)."""
+    try:
+        real = os.path.realpath(path)
+        if not stat.S_ISREG(os.lstat(real).st_mode):
+            return -1
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return -1
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return -1
+
+
 def interpreters(path: str, depth: int = 0) -> list[tuple[str, str]]:
     """(interpreter, why) the kernel also opens for exec when ``path`` is executed:
-    the ELF loader (PT_INTERP) or the ``#!`` line, recursively (binfmt_script)."""
+    the ELF loader (PT_INTERP) or the ``#!`` line, recursively (binfmt_script).
+    Reads at most :data:`READ_LIMIT` bytes of a regular file (:func:`_open_regular`)."""
     if depth > 4:
         return []
+    fd = _open_regular(path)
+    if fd < 0:
+        return []
+
+    def read(offset: int, size: int) -> bytes:
+        if offset < 0 or size <= 0 or offset >= READ_LIMIT:
+            return b""
+        return os.pread(fd, min(size, READ_LIMIT - offset), offset)
+
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(256)
-            if head.startswith(b"#!"):
-                line = head[2:].split(b"\n", 1)[0].strip()
-                if not line:
-                    return []
-                interp = os.fsdecode(line.split()[0])
-                why = f"#! interpreter of {path}"
-                return [(interp, why), *interpreters(interp, depth + 1)]
-            if head[:4] != b"\x7fELF" or len(head) < 64:
+        head = read(0, 256)
+        if head.startswith(b"#!"):
+            line = head[2:].split(b"\n", 1)[0].strip()
+            if not line:
                 return []
-            wide, little = head[4] == 2, head[5] == 1
-            end = "<" if little else ">"
+            interp = os.fsdecode(line.split()[0])
+            why = f"#! interpreter of {path}"
+            return [(interp, why), *interpreters(interp, depth + 1)]
+        if head[:4] != b"\x7fELF" or len(head) < 64:
+            return []
+        wide, little = head[4] == 2, head[5] == 1
+        end = "<" if little else ">"
+        if wide:
+            phoff, = struct.unpack_from(end + "Q", head, 32)
+            phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+        else:
+            phoff, = struct.unpack_from(end + "I", head, 28)
+            phentsize, phnum = struct.unpack_from(end + "HH", head, 42)
+        for index in range(min(phnum, 64)):
+            entry = read(phoff + index * phentsize, phentsize)
+            if len(entry) < (56 if wide else 32) or struct.unpack_from(end + "I", entry)[0] != 3:
+                continue
             if wide:
-                phoff, = struct.unpack_from(end + "Q", head, 32)
-                phentsize, phnum = struct.unpack_from(end + "HH", head, 54)
+                offset, = struct.unpack_from(end + "Q", entry, 8)
+                size, = struct.unpack_from(end + "Q", entry, 32)
             else:
-                phoff, = struct.unpack_from(end + "I", head, 28)
-                phentsize, phnum = struct.unpack_from(end + "HH", head, 42)
-            for index in range(min(phnum, 64)):
-                handle.seek(phoff + index * phentsize)
-                entry = handle.read(phentsize)
-                if len(entry) < (56 if wide else 32) or struct.unpack_from(end + "I", entry)[0] != 3:
-                    continue
-                if wide:
-                    offset, = struct.unpack_from(end + "Q", entry, 8)
-                    size, = struct.unpack_from(end + "Q", entry, 32)
-                else:
-                    offset, = struct.unpack_from(end + "I", entry, 4)
-                    size, = struct.unpack_from(end + "I", entry, 16)
-                handle.seek(offset)
-                interp = os.fsdecode(handle.read(min(size, PATH_MAX)).rstrip(b"\0"))
-                return [(interp, f"ELF interpreter of {path}")] if interp else []
+                offset, = struct.unpack_from(end + "I", entry, 4)
+                size, = struct.unpack_from(end + "I", entry, 16)
+            interp = os.fsdecode(read(offset, min(size, PATH_MAX)).rstrip(b"\0"))
+            return [(interp, f"ELF interpreter of {path}")] if interp else []
     except (OSError, struct.error):
         pass
+    finally:
+        os.close(fd)
     return []
 
 
@@ -476,9 +515,10 @@ class Denial:
     line: str = ""
 
     def __str__(self) -> str:
+        """One line, the tool's names escaped (:func:`sandlock.trace.emit.printable`)."""
         what = self.path if self.port < 0 else f"TCP port {self.port}"
         why = f" ({self.detail})" if self.detail else ""
-        return f"denied {self.right} {what}{why} -> [{self.section}] {self.line}"
+        return printable(f"denied {self.right} {what}{why} -> [{self.section}] {self.line}")
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"right": self.right, "section": self.section, "grant": self.line}
@@ -507,7 +547,10 @@ def grant_line(need: Need) -> tuple[str, str]:
     if path.startswith("/proc/self"):
         path = "/proc"  # a tool's own /proc entry has a new number on every run
     key = {"read": "read", "exec": "exec"}.get(need.right, "write")
-    return "filesystem", f'{key} += "{path}"'
+    try:
+        return "filesystem", f"{key} += {policy_path(path)}"
+    except Unspellable as exc:
+        return "filesystem", f"(no policy line: {exc})"
 
 
 @dataclass
@@ -591,6 +634,12 @@ def exec_refusals_under(ruleset_fd: int, executable: str, cwd: Optional[str] = N
     return data.decode(errors="replace")
 
 
+def _exec_refusal(path: str, why: str, grant: str) -> str:
+    """One refused file of an exec chain, escaped: a ``#!`` line is the tool's text."""
+    line = grant_line(Need("exec", path, int(A.Fs.EXECUTE | A.Fs.READ_FILE)))[1]
+    return printable(f"{path} ({why}) has no {grant} grant: [filesystem] {line}")
+
+
 def exec_refusals(chain: Sequence[tuple[str, str]]) -> str:
     """Which file of an exec ``chain`` (the command, then its interpreters) this (confined)
     process may not read or execute, asked of Landlock itself: each file is opened for reading, then passed to
@@ -610,7 +659,7 @@ def exec_refusals(chain: Sequence[tuple[str, str]]) -> str:
             os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
         except OSError as exc:
             if exc.errno == errno.EACCES:
-                found.append(f'{path} ({why}) has no read or exec grant: [filesystem] exec += "{path}"')
+                found.append(_exec_refusal(path, why, "read or exec"))
                 continue
         if many is None:
             continue
@@ -618,5 +667,5 @@ def exec_refusals(chain: Sequence[tuple[str, str]]) -> str:
             os.execve(path, many, {})
         except OSError as exc:
             if exc.errno == errno.EACCES:
-                found.append(f'{path} ({why}) has no exec grant: [filesystem] exec += "{path}"')
+                found.append(_exec_refusal(path, why, "exec"))
     return "; ".join(found)

@@ -1,0 +1,80 @@
+"""The one way text a recorded tool controls leaves `trace` and `learn`.
+
+File names, executable names and ``#!`` lines are the tool's: a name holding a
+newline, a quote or an escape sequence must stay one name wherever it goes.
+
+- :func:`printable`: terminal output and TOML comments; every character that is not
+  printable (controls, escape sequences, bidirectional overrides, line separators,
+  undecodable bytes) is written as a backslash escape.
+- :func:`toml_string`: a TOML basic string (https://toml.io/en/v1.0.0#string) that
+  the policy loader reads back as exactly ``text``; :class:`Unspellable` when no
+  policy can name it (see :func:`policy_path`).
+- :func:`toml_comment`: ``# `` and :func:`printable` text.
+- Command lines: :func:`command` (``shlex.join``), then :func:`printable`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Sequence
+
+_SHORT = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+class Unspellable(ValueError):
+    """A name no policy can hold (a policy names it, the loader reads something else)."""
+
+
+def _escape(char: str) -> str:
+    if char in _SHORT:
+        return _SHORT[char]
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str, *, lines: bool = False) -> str:
+    """``text`` with every non-printable character escaped (a lone surrogate, from a
+    name that is not UTF-8, included): one line, no terminal control. ``lines``: keep
+    newlines (sandlock's own multi-line errors; a tool's name in them is escaped where
+    it is written, as :func:`sandlock.trace.record.exec_refusals` does)."""
+    return "".join(c if c.isprintable() or (lines and c == "\n") else _escape(c) for c in text)
+
+
+def toml_string(text: str) -> str:
+    """A TOML basic string holding exactly ``text`` (no raw control character in it)."""
+    out = ['"']
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char in _SHORT:
+            out.append(_SHORT[char])
+        elif char.isprintable():
+            out.append(char)
+        elif 0xD800 <= ord(char) <= 0xDFFF:  # an undecodable byte (os.fsdecode)
+            raise Unspellable(f"{printable(text)} is not UTF-8")
+        else:
+            code = ord(char)
+            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def policy_path(path: str) -> str:
+    """The TOML string of a path a policy grants: :class:`Unspellable` when the policy
+    loader would read another path from it (it expands ``${...}`` and a leading ``~``,
+    :func:`sandlock.policy.model._expand`) or TOML cannot hold it."""
+    if "${" in path or path.startswith("~") or not path.startswith("/"):
+        raise Unspellable(f"{printable(path)} would be read as another path")
+    return toml_string(path)
+
+
+def toml_comment(text: str) -> str:
+    """A TOML comment (to the end of its line) holding ``text``, escaped."""
+    return "# " + printable(text)
+
+
+def command(argv: Sequence[str]) -> str:
+    """A command line a shell reads back as ``argv`` (shown with :func:`printable`)."""
+    return shlex.join(argv)

@@ -1,0 +1,477 @@
+"""Attacks on `sandlock learn` and `sandlock trace` by the tool they record, on the real kernel.
+
+1. Tool-controlled names (file, executable, ``#!`` line) never reach the draft, its
+   comments or the terminal unescaped: the draft parses to exactly the grants used.
+2. The suggested command line is shell-quoted: pasted, the whole command runs confined.
+3. The recorded run reaches no Unix socket outside it (ssh-agent's stand-in here) and
+   no network unless asked (``--allow-unix``, ``--allow-net``); a draft that grants
+   ``unix``, ``udp`` or ``/proc`` says what it exposes in a WARNING.
+8. The recorder never opens a ``#!`` interpreter that is not a regular file (a FIFO
+   would hang it), in the CLI and through the API.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import pytest
+import tomllib
+
+from sandlock.compile import abi as A
+from sandlock.trace import emit
+from sandlock.trace import learn as L
+from sandlock.trace import record as T
+
+REPO = Path(__file__).resolve().parent.parent
+SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted"
+
+pytestmark = pytest.mark.skipif(T.supported() is not None, reason=str(T.supported()))
+
+
+def cli(args: Sequence[str], cwd: Path, home: Path, timeout: float = 60
+        ) -> subprocess.CompletedProcess[str]:
+    """The CLI as a separate process (``-P``: the working directory is not put on the
+    import path, so it is not a directory the package is loaded from)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-P", "-m", "sandlock", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    (path / ".ssh").mkdir(parents=True)
+    (path / ".ssh" / "id_rsa").write_text(SECRET)
+    return path
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+def _draft(events: Sequence[T.Event], allowed: T.Judge, tmp: Path, argv: Sequence[str] = ("x",)
+           ) -> tuple[str, list[str]]:
+    """(text, warnings) of :func:`sandlock.trace.learn.draft` for ``events``."""
+    result = L.draft(events, 7, argv=argv, cwd=str(tmp / "cwd"), tmpdir=str(tmp / "tmp"),
+                     home=str(tmp / "home"), allowed=allowed)
+    return result.text, result.warnings
+
+
+def _printable(text: str) -> str:
+    return emit.printable(text)
+
+
+def grants(text: str) -> dict[str, object]:
+    """The draft, parsed as the policy loader parses it."""
+    return tomllib.loads(text)
+
+
+# ----------------------------------------------------------------------------
+# 1. Names a tool controls, in the draft
+
+
+NASTY = ["new\nline", 'quo"te', "hash#mark", "close]bracket", "back\\slash", "ctl\x01\x7f",
+         "esc\x1b[2J\x1b]0;title\x07", 'tilde\n"~",  #', "bidi\u202etxt", "tab\there",
+         "cr\rreturn", "dollar$sign"]
+
+
+def test_draft_parses_to_exactly_the_grants_when_names_are_hostile(tmp_path: Path) -> None:
+    """Every hostile name, as a file read, an executable, a #! interpreter, a program
+    name and a refused access: the draft parses, and grants exactly what was used."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for index in range(80):  # never "tight": each file is its own grant
+        (data / f"filler{index}").write_text("")
+    files = []
+    events = []
+    for name in NASTY:
+        path = data / name
+        path.write_text("x")
+        files.append(str(path))
+        prog = str(tmp_path / name)  # the program that read it (a comment names it)
+        events.append(T.Event("openat", (T.Target(str(path), str(path), "file"),), 0, program=prog))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    interp = bin_dir / 'in"ter#]\\\x1b[0m\x7f'  # the kernel ends a #! path at a blank
+    interp.write_text("")
+    script = bin_dir / "scr\x1bipt\n\"~\", #"
+    script.write_text(f"#!{interp}\n")
+    events.append(T.Event("execve", (T.Target(str(script), str(script), "file"),), 0))
+    refused = tmp_path / "refused\n\"~\",\x1b[31m"
+    refused.write_text("")
+    events.append(T.Event("openat", (T.Target(str(refused), str(refused), "file"),), 0,
+                          program="/x/pro\ngram"))
+    rights = int(A.fs_read(7) | A.Fs.EXECUTE)
+    allowed = T.Judge(7, [(str(data), rights, True), (str(bin_dir), rights, True)])
+    argv = ["sh", "-c", "a | b > 'c'\n\x1b[2J"]
+    text, _ = _draft(events, allowed, tmp_path, argv)
+    parsed = grants(text)
+    fs = parsed["filesystem"]
+    assert isinstance(fs, dict)
+    assert sorted(fs["read"]) == sorted(files)
+    assert sorted(fs["exec"]) == sorted([str(script), str(interp)])
+    assert "write" not in fs and "network" not in parsed
+    assert parsed["description"] == "learned from: " + shlex.join(argv)
+    for line in text.splitlines():  # no control character, in grants or comments
+        assert line.isprintable(), repr(line)
+    assert f"not granted: read {_printable(str(refused))}" in text
+
+
+def test_draft_never_names_a_path_it_cannot_spell(tmp_path: Path) -> None:
+    """A policy expands ``${...}``, and cannot hold a name that is not UTF-8: such a
+    file is left out (and said), never granted under another name."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for index in range(80):
+        (data / f"filler{index}").write_text("")
+    expands = data / "${home}"
+    expands.write_text("")
+    raw = os.fsdecode(bytes(data) + b"/bad\xff")
+    with open(os.fsencode(raw), "w"):
+        pass
+    events = [T.Event("openat", (T.Target(p, p, "file"),), 0) for p in (str(expands), raw)]
+    allowed = T.Judge(7, [(str(data), int(A.fs_read(7)), True)])
+    text, warnings = _draft(events, allowed, tmp_path)
+    parsed = grants(text)
+    fs = parsed.get("filesystem", {})
+    assert isinstance(fs, dict) and "read" not in fs
+    assert text.count("cannot be named in a policy") == 2
+
+
+def test_learn_of_a_renamed_cat_grants_no_home(work: Path, home: Path, tmp_path: Path) -> None:
+    """The attack: the recorded tool runs cat under a name that breaks the comment line."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "data.txt").write_text("data\n")
+    name = 'cat\n    "~",  #'
+    tool = (f'cp /bin/cat "$(printf "cat\\n    \\"~\\",  #")"; '
+            f'./"$(printf "cat\\n    \\"~\\",  #")" {shlex.quote(str(outside / "data.txt"))}')
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", "/bin/sh", "-c", tool], work, home)
+    assert learned.returncode == 0, learned.stderr
+    assert (work / name).exists()
+    text = out.read_text()
+    fs = grants(text)["filesystem"]
+    assert isinstance(fs, dict)
+    # what cp and the renamed cat read, no more (no "~": the name stayed in its comment)
+    assert set(fs["read"]) <= {str(outside / "data.txt"), "/proc/filesystems", "/usr/bin/cat"}, text
+    assert str(outside / "data.txt") in fs["read"]
+    ran = cli(["run", "--policy", str(out), "--", "/bin/cat", str(home / ".ssh" / "id_rsa")],
+              work, home)
+    assert SECRET not in ran.stdout + ran.stderr
+
+
+def test_trace_report_escapes_the_tools_names(work: Path, home: Path, tmp_path: Path) -> None:
+    name = 'x"\x1b]0;owned\x07\nsandlock: trace: nothing refused\\'
+    path = tmp_path / name
+    (tmp_path / name).write_text(SECRET)
+    policy = tmp_path / "p.toml"
+    policy.write_text('version = 1\nextends = ["base"]\n[filesystem]\nexec = ["/bin/sh", "/usr/bin/cat"]\n')
+    traced = cli(["trace", "--policy", str(policy), "--", "/bin/sh", "-c",
+                  f"cat {shlex.quote(str(tmp_path / name))} 2>/dev/null; true"], work, home)
+    assert traced.returncode == 0, traced.stderr
+    ours = [line for line in traced.stderr.splitlines() if line.startswith("sandlock: trace:")]
+    assert "\x1b" not in traced.stderr
+    denied = [line for line in ours if line.startswith("sandlock: trace: denied read")]
+    assert len(denied) == 1 and _printable(str(path)) in denied[0], traced.stderr
+    grant = denied[0].split(" -> [filesystem] ", 1)[1]  # a TOML line naming exactly the file
+    assert tomllib.loads(grant.replace(" += ", " = ", 1)) == {"read": str(path)}
+    assert not any(line.startswith("sandlock: trace: nothing refused") for line in ours)
+
+
+# ----------------------------------------------------------------------------
+# 2. The suggested command line
+
+
+def test_learn_suggests_a_quoted_command(work: Path, home: Path, tmp_path: Path) -> None:
+    out = tmp_path / "my draft.toml"
+    argv = ["/bin/sh", "-c", "echo a | cat > out.txt; echo $HOME"]
+    learned = cli(["learn", "-o", str(out), "--", *argv], work, home)
+    assert learned.returncode == 0, learned.stderr
+    said = next(line for line in learned.stderr.splitlines() if "draft policy written" in line)
+    suggested = said.split("`")[1]
+    assert shlex.split(suggested) == ["sandlock", "run", "--policy", str(out), "--", *argv]
+    header = next(line for line in out.read_text().splitlines() if "--policy THIS_FILE" in line)
+    assert shlex.split(header.split("--policy THIS_FILE --", 1)[1]) == argv
+
+
+# ----------------------------------------------------------------------------
+# 3. What the recorded run reaches
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[Path, list[bytes]]]:
+    """A stand-in for ssh-agent: a Unix socket server outside every grant of the run
+    (mode 0777, so only the sandbox can keep a tool out), which records what it got."""
+    sock_dir = tmp_path / "agent"
+    sock_dir.mkdir()
+    path = sock_dir / "agent.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    path.chmod(0o777)
+    server.listen(4)
+    server.settimeout(0.2)
+    got: list[bytes] = []
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    got.append(conn.recv(64))
+                    conn.sendall(b"signed")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path, got
+    done.set()
+    thread.join()
+    server.close()
+
+
+def _dial(path: Path) -> list[str]:
+    code = textwrap.dedent(f"""\
+        import socket, sys
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect({str(path)!r})
+            s.sendall(b"sign this")
+            print("AGENT:", s.recv(16))
+        except OSError as exc:
+            print("REFUSED:", exc)
+        """)
+    return ["/usr/bin/python3", "-c", code]
+
+
+def test_recorded_run_cannot_reach_an_agent_socket(work: Path, home: Path,
+                                                   agent: tuple[Path, list[bytes]]) -> None:
+    path, got = agent
+    learned = cli(["learn", "--", *_dial(path)], work, home)
+    assert learned.returncode == 0, learned.stderr
+    assert "REFUSED:" in learned.stdout + learned.stderr, learned.stdout + learned.stderr
+    assert got == []
+    assert "unix = true" not in learned.stdout
+
+
+def test_allow_unix_reaches_it_and_the_draft_warns(work: Path, home: Path,
+                                                   agent: tuple[Path, list[bytes]]) -> None:
+    """Positive control: the same tool, the user having asked for Unix sockets."""
+    path, got = agent
+    learned = cli(["learn", "--allow-unix", "--", *_dial(path)], work, home)
+    assert learned.returncode == 0, learned.stderr
+    assert "AGENT: b'signed'" in learned.stdout
+    assert got == [b"sign this"]
+    draft = learned.stdout[learned.stdout.index("# Draft"):]
+    assert grants(draft)["network"] == {"unix": True}
+    line = next(x for x in draft.splitlines() if x.startswith("unix = true"))
+    assert "WARNING" in line and "ssh-agent" in line
+    assert any("WARNING" in x and "unix" in x and "ssh-agent" in x
+               for x in learned.stderr.splitlines())
+
+
+@pytest.fixture
+def tcp_server() -> Iterator[tuple[int, list[bytes]]]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.settimeout(0.2)
+    got: list[bytes] = []
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                got.append(b"connected")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1], got
+    done.set()
+    thread.join()
+    listener.close()
+
+
+def _tcp(port: int) -> list[str]:
+    code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 5).close()\n"
+            "    print('CONNECTED')\nexcept OSError as exc:\n    print('REFUSED:', exc)\n")
+    return ["/usr/bin/python3", "-c", code]
+
+
+def test_recorded_run_has_no_network_unless_asked(work: Path, home: Path,
+                                                  tcp_server: tuple[int, list[bytes]]) -> None:
+    port, got = tcp_server
+    learned = cli(["learn", "--", *_tcp(port)], work, home)
+    assert "REFUSED:" in learned.stdout, learned.stdout + learned.stderr
+    time.sleep(0.3)
+    assert got == []
+    asked = cli(["learn", "--allow-net", "--", *_tcp(port)], work, home)  # positive control
+    assert "CONNECTED" in asked.stdout, asked.stdout + asked.stderr
+    draft = asked.stdout[asked.stdout.index("# Draft"):]
+    assert grants(draft)["network"] == {"connect": [port]}
+
+
+def test_learn_help_names_the_options() -> None:
+    helped = subprocess.run([sys.executable, "-P", "-m", "sandlock", "learn", "--help"],
+                            capture_output=True, text=True, env={"PYTHONPATH": str(REPO)})
+    assert "--allow-unix" in helped.stdout and "--allow-net" in helped.stdout
+    assert "ssh-agent" in helped.stdout
+
+
+def test_draft_warns_for_unix_udp_and_proc(tmp_path: Path) -> None:
+    events = [T.Event("socket", family=1, sock_type=1), T.Event("socket", family=2, sock_type=2),
+              T.Event("openat", (T.Target("/proc/1234/status", "/proc/1234/status", "file"),), 0)]
+    allowed = T.Judge(7, [("/", int(A.fs_read(7)), True)])
+    text, warnings = _draft(events, allowed, tmp_path)
+    parsed = grants(text)
+    assert parsed["network"] == {"udp": True, "unix": True}
+    assert parsed["filesystem"] == {"read": ["/proc"]}
+    for key in ("udp = true", "unix = true", '"/proc"'):
+        line = next(x for x in text.splitlines() if x.strip().startswith(key))
+        assert "WARNING" in line, line
+    assert len(warnings) == 3
+    assert all(w.startswith("WARNING") for w in warnings)
+
+
+def test_learn_refuses_a_working_directory_holding_secrets(home: Path) -> None:
+    """The recorded run may write its working directory: in HOME, that is ~/.ssh."""
+    learned = cli(["learn", "--", "/bin/cat", str(home / ".ssh" / "id_rsa")], home, home)
+    assert learned.returncode == 125, learned.stderr
+    assert SECRET not in learned.stdout + learned.stderr
+    assert "learn: the working directory" in learned.stderr
+
+
+# ----------------------------------------------------------------------------
+# 8. A #! interpreter that is not a regular file
+
+FIFO_TOOL = ('mkfifo fifo && printf "#!%s/fifo\\n" "$PWD" > script && chmod +x script && '
+             './script; echo "done $?"')
+
+
+def test_interpreters_never_open_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    script = tmp_path / "script"
+    script.write_text(f"#!{fifo}\n")
+    found: list[Optional[list[tuple[str, str]]]] = [None]
+    thread = threading.Thread(target=lambda: found.__setitem__(0, T.interpreters(str(script))),
+                              daemon=True)
+    thread.start()
+    thread.join(5)
+    alive = thread.is_alive()
+    if alive:  # release the old code's blocked open
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert not alive
+    assert found[0] == [(str(fifo), f"#! interpreter of {script}")]
+    assert T.interpreters(str(fifo)) == []
+
+
+def test_trace_ends_with_a_fifo_interpreter(work: Path, home: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "p.toml"
+    policy.write_text('version = 1\nextends = ["base"]\n[filesystem]\n'
+                      'exec = ["/bin", "/usr/bin"]\nwrite = ["${cwd}"]\n[limits]\ntimeout = "10s"\n')
+    started = time.monotonic()
+    try:
+        traced = cli(["trace", "--policy", str(policy), "--", "/bin/sh", "-c", FIFO_TOOL],
+                     work, home, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("sandlock trace hung on a FIFO named as #! interpreter")
+    assert time.monotonic() - started < 15
+    assert traced.returncode == 0, traced.stderr
+    assert "done 126" in traced.stdout
+
+
+def test_api_trace_ends_with_a_fifo_interpreter(tmp_path: Path) -> None:
+    """Through the API, in a child process (on the old code its fork server hangs)."""
+    code = textwrap.dedent(f"""\
+        import os
+        from sandlock import Sandbox
+        os.chdir({str(tmp_path)!r})
+        policy = {{"version": 1, "extends": ["base"],
+                  "filesystem": {{"exec": ["/bin", "/usr/bin"], "write": ["${{cwd}}"]}}}}
+        with Sandbox(policy) as box:
+            r = box.run(["/bin/sh", "-c", {FIFO_TOOL!r}], capture_output=True, text=True,
+                        trace=True, timeout=3)
+        print(r.outcome.name, r.returncode, r.stdout.strip(), flush=True)
+        os._exit(0)
+        """)
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
+                              timeout=30, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    except subprocess.TimeoutExpired:
+        pytest.fail("Sandbox.run(trace=True) hung on a FIFO named as #! interpreter")
+    assert done.stdout.strip() == "EXITED 0 done 126", done.stdout + done.stderr
+    assert time.monotonic() - started < 15
+
+
+def test_run_names_a_fifo_interpreter_without_opening_it(work: Path, home: Path,
+                                                         tmp_path: Path) -> None:
+    """`sandlock run`'s exec report reads the #! chain too (on EACCES), in the launcher;
+    the name it prints is the tool's text: escaped."""
+    fifo = work / "fi\x1b[2Jfo"
+    os.mkfifo(fifo)
+    script = work / "script"
+    script.write_text(f"#!{fifo}\n")
+    script.chmod(0o755)
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'version = 1\nextends = ["base"]\n[filesystem]\nexec = ["{script}"]\n')
+    try:
+        ran = cli(["run", "--policy", str(policy), "--", str(script)], work, home, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("sandlock run hung on a FIFO named as #! interpreter")
+    assert ran.returncode == 126, ran.stderr
+    assert "\x1b" not in ran.stderr
+    assert _printable(str(fifo)) in ran.stderr
+
+
+def test_a_grant_holding_the_home_directory_is_warned(tmp_path: Path) -> None:
+    """Only a run allowed more than learn's own could write above HOME; if a draft
+    ever grants it, the grant says so."""
+    data = tmp_path / "data"
+    (data / "home").mkdir(parents=True)
+    new = data / "new"
+    events = [T.Event("openat", (T.Target(str(new), str(new), ""),), T.O_CREAT | 1)]
+    allowed = T.Judge(7, [("/", int(A.fs_read(7) | A.fs_write(7)), True)])
+    result = L.draft(events, 7, argv=["x"], cwd=str(tmp_path / "cwd"), tmpdir=str(tmp_path / "t"),
+                     home=str(data / "home"), allowed=allowed)
+    fs = grants(result.text)["filesystem"]
+    assert isinstance(fs, dict) and fs["write"] == [str(data)]
+    line = next(x for x in result.text.splitlines() if x.strip().startswith(f'"{data}"'))
+    assert f"WARNING: exposes {data / 'home'}" in line
+    assert any(f"exposes {data / 'home'}" in w for w in result.warnings)
+
+
+def test_learn_runs_beside_names_no_policy_can_spell(work: Path, home: Path) -> None:
+    """A name that is not UTF-8, or holds ``${``, beside a secret (the recorded run's
+    policy lists the home directory entry by entry) stops no learn: it is left out
+    of the recorded run's policy (unreadable there), never misnamed."""
+    with open(os.fsencode(home) + b"/bad\xff", "w"):
+        pass
+    (home / "${home}").write_text("")
+    (home / 'line\n"~", #').write_text("")
+    learned = cli(["learn", "--", "/bin/true"], work, home)
+    assert learned.returncode == 0, learned.stderr
+    grants(learned.stdout)
