@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import IS_ROOT, REPO, require_abi
+from conftest import IS_ROOT, PYTHON, REPO, require_abi
 
+import sandlock
 from sandlock import PACKAGE_DIR
 from sandlock.compile import grants
 
@@ -185,3 +186,31 @@ def test_a_mount_of_the_state_directory(guard: bool, tmp_path: Path) -> None:
         assert result["api"].startswith("refused: ") and "state directory" in result["api"]
     else:
         assert result["api"] == "planted"
+
+
+# ---------------------------------------------------------------------------
+# Inside an import-path directory (no mount needed)
+
+
+def test_a_write_grant_inside_an_import_path_directory(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``E/sitecustomize`` of an import-path entry ``E``, granted write: the tool adds
+    ``__init__.py`` and the next launcher imports it at start-up, before any sandbox."""
+    imports = tmp_path / "imports"
+    (imports / "sitecustomize").mkdir(parents=True)  # a namespace package: no code
+    marker = tmp_path / "ran-before-the-sandbox"
+    plant = ["-c", "import sys; open(sys.argv[1], 'w').write(f'open({sys.argv[2]!r}, \"w\")')",
+             str(imports / "sitecustomize" / "__init__.py"), str(marker)]
+    monkeypatch.syspath_prepend(str(imports))
+    policy = {"extends": ["python"], "filesystem": {"write": [str(imports / "sitecustomize")]}}
+    with pytest.raises(sandlock.PolicyError, match="lies inside .*import path"):
+        sandlock.Sandbox(policy)
+    assert not (imports / "sitecustomize" / "__init__.py").exists()
+    # The positive control: without the check the tool plants, the next launcher runs it.
+    monkeypatch.setattr(grants.WriteCheck, "check", lambda *_: None)
+    with sandlock.Sandbox(policy) as box:
+        assert box.run([PYTHON, *plant]).returncode == 0
+    env = dict(os.environ, PYTHONPATH=f"{REPO}:{imports}")
+    subprocess.run([sys.executable, "-m", "sandlock", "run", "--policy", "base", "--",
+                    "/usr/bin/true"], env=env, capture_output=True, timeout=60)
+    assert marker.exists()
