@@ -25,7 +25,9 @@ import subprocess
 import sys
 from typing import Any
 
-PYTHON = "/usr/bin/python3"
+#: Named without a link, as the policies below: in a user namespace "/" belongs to no
+#: mapped user, so sandlock follows no link there (/lib, /bin) and no profile would do.
+PYTHON = os.path.realpath("/usr/bin/python3")
 WRITE = "import sys; open(sys.argv[1], 'w').write('planted by a tool\\n')"
 
 
@@ -35,7 +37,7 @@ def plant_api(args: dict[str, Any]) -> str:
 
     if not args["guard"]:
         grants.WriteCheck.check_mounts = lambda *_: None  # type: ignore[method-assign]
-    policy = {"extends": ["python"], "filesystem": {"write": [args["grant"]]}}
+    policy = {"filesystem": {"read": ["/usr"], "write": [args["grant"]], "exec": ["/usr"]}}
     try:
         with sandlock.Sandbox(policy) as box:
             box.run([PYTHON, "-c", WRITE, args["target"]], capture_output=True)
@@ -55,7 +57,8 @@ def planted(args: dict[str, Any]) -> bool:
 def write_policy(args: dict[str, Any]) -> str:
     policy = os.path.join(args["cache_home"], "policy.toml")
     with open(policy, "w") as handle:
-        handle.write(f'version = 1\nextends = ["python"]\n[filesystem]\nwrite = ["{args["grant"]}"]\n')
+        handle.write(f'version = 1\n[filesystem]\nread = ["/usr"]\nwrite = ["{args["grant"]}"]\n'
+                     'exec = ["/usr"]\n')
     return policy
 
 
