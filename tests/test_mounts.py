@@ -30,6 +30,7 @@ from conftest import IS_ROOT, PYTHON, REPO, require_abi
 import sandlock
 from sandlock import PACKAGE_DIR
 from sandlock.compile import grants
+from sandlock.compile.abi import WRITE_RIGHTS
 
 ATTACKS = Path(__file__).resolve().parent / "mount_attacks.py"
 
@@ -214,3 +215,30 @@ def test_a_write_grant_inside_an_import_path_directory(tmp_path: Path,
     subprocess.run([sys.executable, "-m", "sandlock", "run", "--policy", "base", "--",
                     "/usr/bin/true"], env=env, capture_output=True, timeout=60)
     assert marker.exists()
+
+
+# ---------------------------------------------------------------------------
+# Reading mountinfo
+
+
+def test_mountinfo_paths_are_unescaped() -> None:
+    line = (b"36 35 98:0 /my\\040dir\\134x /mnt/a\\011b\\012c rw,noatime master:1 - ext3 "
+            b"/dev/root rw,errors=continue\n"
+            b"37 35 0:4 net:[4026531840] /run/netns/x rw shared:2 - nsfs nsfs rw\n")
+    mounts = grants.parse_mounts(line)
+    assert mounts[36].device == "98:0" and mounts[36].root == "/my dir\\x"
+    assert mounts[36].point == "/mnt/a\tb\nc"
+    assert mounts[37].root == "net:[4026531840]"  # not a directory: judged only if it matters
+
+
+@pytest.mark.parametrize("data", [b"36 35 98:0 / /mnt rw\n", b"x 35 98:0 / /mnt rw - a b c d\n"])
+def test_a_mountinfo_line_that_cannot_be_read_is_refused(data: bytes) -> None:
+    with pytest.raises(grants.Unjudgeable, match="cannot read"):
+        grants.parse_mounts(data)
+
+
+def test_a_write_grant_is_refused_when_the_mounts_cannot_be_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grants, "MOUNTINFO", str(tmp_path / "missing"))
+    with pytest.raises(grants.GrantError, match="cannot read .*whose mounts it cannot check"):
+        grants.check_rules([(str(tmp_path), int(WRITE_RIGHTS))], int(WRITE_RIGHTS), ())

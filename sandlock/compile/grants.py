@@ -320,11 +320,17 @@ def read_mounts() -> dict[int, Mount]:
             chunks.append(chunk)
     finally:
         os.close(fd)
+    return parse_mounts(b"".join(chunks))
+
+
+def parse_mounts(data: bytes) -> dict[int, Mount]:
+    """The mounts of mountinfo text ``data`` by mount id; Unjudgeable if a line is not
+    as proc(5) describes it."""
     mounts = {}
-    for line in b"".join(chunks).splitlines():
+    for line in data.splitlines():
         # id parent major:minor root point options [optional fields...] - type source super
         fields = line.split(b" ")
-        if len(fields) < 10 or b"-" not in fields[6:]:
+        if len(fields) < 10 or b"-" not in fields[6:] or not fields[0].isdigit():
             raise Unjudgeable(f"{MOUNTINFO} has a line sandlock cannot read: {line[:200]!r}")
         mounts[int(fields[0])] = Mount(fields[2].decode("ascii", "replace"),
                                        _unescape(fields[3]), _unescape(fields[4]))
@@ -475,8 +481,11 @@ class WriteCheck:
         device, inner = _position(got.fd, mounts)
         reached: list[tuple[Optional[Mount], str, str]] = [(None, device, inner)]
         if got.is_dir:
-            here = os.readlink(f"/proc/self/fd/{got.fd}")
-            own = _mount_id(got.fd)
+            try:
+                here = os.readlink(f"/proc/self/fd/{got.fd}")
+                own = _mount_id(got.fd)
+            except OSError as exc:
+                raise Unjudgeable(f"cannot tell where the grant is mounted: {exc}") from None
             reached += [(m, m.device, m.root) for key, m in mounts.items()
                         if key != own and _within(m.point, here)]
         devices = {p[4][0] for p in self._protected if p[4] is not None}
