@@ -10,6 +10,7 @@ other process and dies with it. Argument: a JSON object with
 - ``behind``: the same file as seen at ``source`` (what a later run would find);
 - ``grant``: the write grant of the policy (``workspace``, or ``point`` itself);
 - ``guard``: false to switch the mount check off (the positive control);
+- ``cover``: mount a tmpfs over it, so that the mount of ``source`` is hidden;
 - ``cli``: also run `sandlock run` before the mount (its compiled policy is cached in
   ``cache_home``) and after it: a cache hit, then the command itself.
 
@@ -114,6 +115,8 @@ def main() -> None:
     else:
         os.makedirs(args["point"], exist_ok=True)
     subprocess.run(["mount", "--bind", args["source"], args["point"]], check=True)
+    if args.get("cover"):  # hidden under another mount: found in mountinfo, not at its point
+        subprocess.run(["mount", "-t", "tmpfs", "cover", args["point"]], check=True)
     try:
         out["api"] = plant_api(args)
         if args.get("cli"):
@@ -124,6 +127,8 @@ def main() -> None:
     finally:
         if planted(args) and not is_file:
             os.unlink(args["behind"])
+        if args.get("cover"):
+            subprocess.run(["umount", args["point"]], check=True)
         subprocess.run(["umount", args["point"]], check=True)
     print(json.dumps(out))
 

@@ -56,7 +56,8 @@ def protected_dirs() -> set[str]:
 
 
 def attack(tmp_path: Path, source: str, behind: str, *, point: str = "mnt", grant: str = "",
-           guard: bool = True, cli: bool = False, env: dict[str, str] | None = None) -> Any:
+           guard: bool = True, cli: bool = False, cover: bool = False,
+           env: dict[str, str] | None = None) -> Any:
     """Mount ``source`` at workspace/``point`` and have a tool write ``behind`` through it."""
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
@@ -67,7 +68,7 @@ def attack(tmp_path: Path, source: str, behind: str, *, point: str = "mnt", gran
     target = str(mount / relative) if relative else str(mount)
     args = {"source": source, "point": str(mount), "target": target, "behind": behind,
             "workspace": str(workspace), "grant": grant or str(workspace), "guard": guard,
-            "cli": cli, "cache_home": str(cache_home)}
+            "cli": cli, "cover": cover, "cache_home": str(cache_home)}
     done = subprocess.run([*_namespace(), sys.executable, str(ATTACKS), json.dumps(args)],
                           capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
                           env=env)
@@ -175,6 +176,16 @@ def test_a_mount_of_an_import_path_directory(guard: bool, tmp_path: Path) -> Non
         assert result["api"].startswith("refused: ") and "import path" in result["api"], result
     else:
         assert result["api"] == "planted"
+
+
+def test_a_hidden_mount_is_judged_by_its_mount_point(tmp_path: Path) -> None:
+    """A mount of the import-path directory covered by a tmpfs: it cannot be opened where
+    it is mounted, so its mount point's name decides (refused, though hidden)."""
+    env, imports, _ = user_env(tmp_path)
+    result = attack(tmp_path, str(imports), str(imports / "sitecustomize.py"), cover=True,
+                    env=env)
+    assert result["api"].startswith("refused: ") and "import path" in result["api"], result
+    assert f"'{tmp_path}/ws/mnt'" in result["api"]
 
 
 @pytest.mark.parametrize("guard", [True, False])

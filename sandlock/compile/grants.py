@@ -392,7 +392,6 @@ def _ancestry(path: str, mounts: dict[int, Mount]) -> tuple[
             if parent == probe:
                 return None, set(), None
             probe = parent
-    ids: set[tuple[int, int]] = set()
     try:
         info = os.fstat(fd)
         if probe == path:
@@ -404,8 +403,22 @@ def _ancestry(path: str, mounts: dict[int, Mount]) -> tuple[
             # into another directory, which is the one a grant must not cover.
             real = os.readlink(f"/proc/self/fd/{fd}")
             os.close(fd)
+            fd = -1
             fd = os.open(os.path.dirname(real) or "/", _DIR)
-            info = os.fstat(fd)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return own, _up(fd), position
+
+
+def _up(fd: int) -> set[tuple[int, int]]:
+    """Ids of directory ``fd`` and of every directory above it, walking ``..`` from
+    descriptors (across mount points, as the kernel's path walk and Landlock do).
+    Closes ``fd``."""
+    ids: set[tuple[int, int]] = set()
+    try:
+        info = os.fstat(fd)
         while True:
             ids.add((info.st_dev, info.st_ino))
             try:
@@ -421,7 +434,54 @@ def _ancestry(path: str, mounts: dict[int, Mount]) -> tuple[
                 break
     finally:
         os.close(fd)
-    return own, ids, position
+    return ids
+
+
+def _exposures(mounts: dict[int, Mount],
+               protected: Sequence[tuple[str, str, Optional[tuple[str, str]]]]
+               ) -> list[tuple[int, Mount, str, Optional[set[tuple[int, int]]]]]:
+    """(mount id, mount, how it reaches a protected object, ids of its root and every
+    directory above its mount point, or None if that mount cannot be opened at its
+    mount point) for every mount that shows a protected object or lies inside one: a
+    write grant on any of those directories reaches the protected object through it.
+    The ids come from descriptors (the mount opened at its point, checked to be that
+    mount); a mount hidden under another, or renamed away, is judged by its name."""
+    out: list[tuple[int, Mount, str, Optional[set[tuple[int, int]]]]] = []
+    for key, mount in mounts.items():
+        how = _reaches(mount.device, mount.root, protected)
+        if how is None:
+            continue
+        try:
+            fd = os.open(mount.point, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            out.append((key, mount, how, None))
+            continue
+        try:
+            here = _mount_id(fd) == key and S_ISDIR(os.fstat(fd).st_mode)
+        except (OSError, ValueError, Unjudgeable):
+            here = False
+        if not here:
+            os.close(fd)
+            out.append((key, mount, how, None))
+            continue
+        out.append((key, mount, how, _up(fd)))
+    return out
+
+
+def _reaches(device: str, tree: str,
+             protected: Sequence[tuple[str, str, Optional[tuple[str, str]]]]) -> Optional[str]:
+    """How the tree ``tree`` of the filesystem ``device`` reaches a protected object
+    ((path, what, position) each), or None when it reaches none."""
+    for where, what, position in protected:
+        if position is None or position[0] != device:
+            continue
+        if not tree.startswith("/"):
+            return f"shows {tree!r}, which sandlock cannot place beside {where!r}, {what}"
+        if _within(position[1], tree):
+            return f"shows {where!r}, {what}"
+        if _within(tree, position[1]):
+            return f"lies inside {where!r}, {what}"
+    return None
 
 
 class WriteCheck:
@@ -436,6 +496,7 @@ class WriteCheck:
                                              set[tuple[int, int]],
                                              Optional[tuple[str, str]]]]] = None
         self._mounts: dict[int, Mount] = {}
+        self._exposures: list[tuple[int, Mount, str, Optional[set[tuple[int, int]]]]] = []
         self._proc = os.stat("/proc").st_dev if os.path.isdir("/proc") else None
         self._modules: dict[tuple[int, int], str] = {}
 
@@ -458,6 +519,9 @@ class WriteCheck:
                 self._protected = [(where, what, *_ancestry(where, self._mounts))
                                    for where, what in protected(self._policy_files,
                                                                 self._modules)]
+                self._exposures = _exposures(self._mounts, [(where, what, position) for
+                                                            where, what, _, _, position
+                                                            in self._protected])
         except Unjudgeable as exc:
             raise GrantError(path, f"{exc}: sandlock refuses a write grant whose mounts it "
                                    "cannot check") from None
@@ -480,42 +544,37 @@ class WriteCheck:
                                    "cannot check") from None
 
     def check_mounts(self, path: str, got: Resolved) -> None:
-        """Refuse ``got`` if a tree it reaches in its filesystem, or through a mount below
-        it, holds a protected object or lies inside one (module comment above)."""
+        """Refuse ``got`` if the tree it is in its filesystem, or a mount below it, holds
+        a protected object or lies inside one (the comment above :class:`Mount`)."""
         assert self._protected is not None
-        mounts = self._mounts
-        device, inner = _position(got.fd, mounts)
-        reached: list[tuple[Optional[Mount], str, str]] = [(None, device, inner)]
-        if got.is_dir:
-            try:
-                here = os.readlink(f"/proc/self/fd/{got.fd}")
-                own = _mount_id(got.fd)
-            except OSError as exc:
-                raise Unjudgeable(f"cannot tell where the grant is mounted: {exc}") from None
-            reached += [(m, m.device, m.root) for key, m in mounts.items()
-                        if key != own and _within(m.point, here)]
-        devices = {p[4][0] for p in self._protected if p[4] is not None}
-        for mount, device, tree in reached:
-            if device not in devices:
-                continue
-            if not tree.startswith("/"):
-                raise Unjudgeable(f"the mount at {mount.point if mount else path!r} shows "
-                                  f"{tree!r} of device {device}, not a directory")
-            for where, what, _, _, position in self._protected:
-                if position is None or position[0] != device:
-                    continue
-                if _within(position[1], tree):
-                    how = f"shows {where!r}, {what}"
-                elif _within(tree, position[1]):
-                    how = f"lies inside {where!r}, {what}"
-                else:
-                    continue
-                via = (f"the mount at {mount.point!r} below this write grant (of {tree!r} on "
-                       f"device {device})" if mount else
-                       f"this write grant (which is {tree!r} on device {device}, through a mount)")
+        device, tree = _position(got.fd, self._mounts)
+        how = _reaches(device, tree, [(where, what, position) for where, what, _, _, position
+                                      in self._protected])
+        if how is not None:
+            raise GrantError(path, (
+                f"this write grant, {tree!r} of the filesystem on device {device} (through a "
+                f"mount), {how}: a tool could write there and change what a later sandlock "
+                "run trusts. Grant a directory outside it"))
+        if not got.is_dir:
+            return
+        here = own = None
+        for key, mount, how, above in self._exposures:
+            if above is not None:
+                below = got.chain[-1] in above
+            else:  # a mount that cannot be opened where it is mounted: judged by name
+                if here is None:
+                    try:
+                        here = os.readlink(f"/proc/self/fd/{got.fd}")
+                        own = _mount_id(got.fd)
+                    except OSError as exc:
+                        raise Unjudgeable(f"cannot tell where the grant is: {exc}") from None
+                below = key != own and _within(mount.point, here)
+            if below:
                 raise GrantError(path, (
-                    f"{via} {how}: a tool could write there and change what a later sandlock "
-                    "run trusts. Unmount it, or grant a directory without such a mount"))
+                    f"the mount at {mount.point!r} below this write grant (of {mount.root!r} "
+                    f"on device {mount.device}) {how}: a tool could write there through the "
+                    "mount and change what a later sandlock run trusts. Unmount it, or grant "
+                    "a directory without such a mount"))
 
 
 def _module_files() -> dict[tuple[int, int], str]:
