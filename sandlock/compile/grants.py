@@ -445,7 +445,8 @@ def _exposures(mounts: dict[int, Mount],
     mount point) for every mount that shows a protected object or lies inside one: a
     write grant on any of those directories reaches the protected object through it.
     The ids come from descriptors (the mount opened at its point, checked to be that
-    mount); a mount hidden under another, or renamed away, is judged by its name."""
+    mount); a mount of a file (``..`` leads nowhere from a file), a mount hidden under
+    another, or one renamed away, is judged by its mount point's name instead."""
     out: list[tuple[int, Mount, str, Optional[set[tuple[int, int]]]]] = []
     for key, mount in mounts.items():
         how = _reaches(mount.device, mount.root, protected)
