@@ -16,14 +16,16 @@ model"):
    when it is, contains, or lies inside: sandlock's state directories (every place a
    later run may look for them), the policy files this run was built from, sandlock's
    installation (its package, the Python it runs on, the single-file binary and its
-   unpacked program). A write grant that contains a directory of sandlock's import
-   path is refused too (a planted module or ``.pth`` file would run in the next
-   launcher). Directories under the system directories cannot be granted write,
-   since rule 1 trusts the links there.
+   unpacked program), a directory of its import path (a planted module, package or
+   ``.pth`` file would run in the next launcher). Directories under the system
+   directories cannot be granted write, since rule 1 trusts the links there.
 
 Facts about the objects come from ``fstat`` of descriptors; ancestors are found by
-walking ``..`` from a descriptor, so a bind mount or a symlinked home cannot hide
-that a grant reaches a protected directory.
+walking ``..`` from a descriptor, so a symlinked home cannot hide that a grant
+reaches a protected directory. A second mount of a protected tree (a bind mount of
+the venv below a workspace) is found from the mount table: each protected object and
+each grant is placed in its filesystem, and a mount that shows one is located by
+descriptor (see :class:`Mount`).
 """
 
 from __future__ import annotations
