@@ -119,15 +119,15 @@ def cli(scene: Scene, policy: Path, argv: Sequence[str], *, env: Optional[dict[s
         **variables: str) -> subprocess.CompletedProcess[str]:
     """`sandlock run` as the agent would call it: a new process with the scene's env.
 
-    Every launcher runs in the scene's root, which no policy grants: ``python -m`` puts
-    its working directory on sandlock's import path."""
+    Every launcher runs in the scene's root with ``-P``: ``python -m`` would put that
+    working directory on sandlock's import path, inside which no write is granted."""
     return subprocess.run(cli_args(scene, policy, argv, **variables), capture_output=True,
                           text=True, cwd=scene.root, env=env or scene.env, timeout=30,
                           check=False)
 
 
 def cli_args(scene: Scene, policy: Path, argv: Sequence[str], **variables: str) -> list[str]:
-    args = [sys.executable, "-m", "sandlock", "run", "--policy", str(policy)]
+    args = [sys.executable, "-P", "-m", "sandlock", "run", "--policy", str(policy)]
     for name, value in {"ws": str(scene.ws), **variables}.items():
         args += ["--var", f"{name}={value}"]
     return [*args, "--", *argv]
@@ -196,7 +196,7 @@ def attempt(scene: Scene, policy: Path, argv: Sequence[str], via: str,
     if via == "cli":
         done = cli(scene, policy, argv, env=env, **variables)
         return Ran(refused(done), done.returncode, done.stdout, done.stderr)
-    ran = subprocess.run([sys.executable, "-c", API_RUNNER, str(policy),
+    ran = subprocess.run([sys.executable, "-P", "-c", API_RUNNER, str(policy),
                           json.dumps({"ws": str(scene.ws), **variables}), *argv],
                          capture_output=True, text=True, cwd=scene.root, env=env or scene.env,
                          timeout=30, check=False)
@@ -422,7 +422,7 @@ def test_entry_planted_for_a_policy_never_run(scene: Scene) -> None:
     done = cli(scene, benign, victim_argv(scene))
     assert_confined(done.stdout, done.stderr, done.returncode)
     strict = policy_file(scene, "strict.toml", STRICT)
-    known = subprocess.run([sys.executable, "-c", PRECOMPUTE, str(strict), ALLOW_ALL_BPF.hex(),
+    known = subprocess.run([sys.executable, "-P", "-c", PRECOMPUTE, str(strict), ALLOW_ALL_BPF.hex(),
                             f"ws={scene.ws}"], capture_output=True, text=True, cwd=scene.root,
                            env=scene.env, timeout=30, check=True).stdout
     entry = json.loads(known)
@@ -544,7 +544,7 @@ def test_race_on_the_write_grant_check(scene: Scene) -> None:
         probe = f"echo x > {target}/sandlock-race-$$ && echo ESCAPED"
     stop = scene.ws / "stop"
     racer = subprocess.Popen(
-        [sys.executable, "-m", "sandlock", "run", "--policy",
+        [sys.executable, "-P", "-m", "sandlock", "run", "--policy",
          str(policy_file(scene, "racer.toml", WS_WRITER)), "--var", f"ws={scene.ws}", "--",
          PYTHON, "-c", RACER, str(out), str(link), str(stop)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=scene.root, env=scene.env)

@@ -16,14 +16,16 @@ model"):
    when it is, contains, or lies inside: sandlock's state directories (every place a
    later run may look for them), the policy files this run was built from, sandlock's
    installation (its package, the Python it runs on, the single-file binary and its
-   unpacked program). A write grant that contains a directory of sandlock's import
-   path is refused too (a planted module or ``.pth`` file would run in the next
-   launcher). Directories under the system directories cannot be granted write,
-   since rule 1 trusts the links there.
+   unpacked program), a directory of its import path (a planted module, package or
+   ``.pth`` file would run in the next launcher). Directories under the system
+   directories cannot be granted write, since rule 1 trusts the links there.
 
 Facts about the objects come from ``fstat`` of descriptors; ancestors are found by
-walking ``..`` from a descriptor, so a bind mount or a symlinked home cannot hide
-that a grant reaches a protected directory.
+walking ``..`` from a descriptor, so a symlinked home cannot hide that a grant
+reaches a protected directory. A second mount of a protected tree (a bind mount of
+the venv below a workspace) is found from the mount table: each protected object and
+each grant is placed in its filesystem, and a mount that shows one is located by
+descriptor (see :class:`Mount`).
 """
 
 from __future__ import annotations
@@ -202,30 +204,32 @@ def _state_dirs() -> list[str]:
 
 
 def protected(policy_files: Iterable[str],
-              modules: Optional[dict[tuple[int, int], str]] = None) -> list[tuple[str, str, bool]]:
-    """(path, what it is, whether a grant inside it is refused too) for everything a
-    later run trusts, each path once (the strictest reason kept). Paths may be missing:
-    a grant that covers where one would be created is refused as well. ``modules``:
-    :func:`_module_files`, when the caller has it already."""
-    out = [(p, "sandlock's state directory", True) for p in _state_dirs()]
-    out += [(p, "a policy file this run is built from", True) for p in policy_files]
-    out.append((PACKAGE_DIR, "sandlock's installation", True))
+              modules: Optional[dict[tuple[int, int], str]] = None) -> list[tuple[str, str]]:
+    """(path, what it is) for everything a later run trusts, each path once (the first
+    reason kept). A write grant on it, above it or inside it is refused. Paths may be
+    missing: a grant that covers where one would be created is refused as well.
+    ``modules``: :func:`_module_files`, when the caller has it already.
+
+    Inside a directory of the import path too: a tool that may write ``E/json`` (or
+    ``E/sitecustomize``) of an entry ``E`` makes it a package by adding ``__init__.py``,
+    which the next launcher imports instead of the standard library's (or at start-up)."""
+    out = [(p, "sandlock's state directory") for p in _state_dirs()]
+    out += [(p, "a policy file this run is built from") for p in policy_files]
+    out.append((PACKAGE_DIR, "sandlock's installation"))
     for prefix in dict.fromkeys((sys.prefix, sys.exec_prefix, sys.base_prefix)):
-        out.append((prefix, "the Python installation sandlock runs on", True))
+        out.append((prefix, "the Python installation sandlock runs on"))
     if sys.executable:
-        out.append((os.path.realpath(sys.executable), "the Python interpreter sandlock runs on",
-                    True))
+        out.append((os.path.realpath(sys.executable), "the Python interpreter sandlock runs on"))
     bundle = getattr(sys, "_MEIPASS", None)
     if bundle:
-        out.append((bundle, "the single-file binary's unpacked program", True))
+        out.append((bundle, "the single-file binary's unpacked program"))
     stub = os.environ.get(ENV_STUB, "")
     if os.path.isabs(stub):
-        out.append((stub, "the single-file sandlock binary", True))
+        out.append((stub, "the single-file sandlock binary"))
     # Where the modules this process runs were loaded from (_ancestry opens each through
     # its links; the module files themselves are checked by WriteCheck, by inode).
     loaded = {os.path.dirname(f) for f in (modules or _module_files()).values()}
-    out += [(d, "a directory sandlock's own modules were loaded from", False)
-            for d in sorted(loaded)]
+    out += [(d, "a directory sandlock's own modules were loaded from") for d in sorted(loaded)]
     entries = list(sys.path)
     try:
         import site
@@ -240,17 +244,145 @@ def protected(policy_files: Iterable[str],
         where = os.path.abspath(entry or ".")
         hint = "" if entry else "; `python -m sandlock` and `python -c` put the working directory there"
         out.append((where, "a directory on sandlock's import path (a module planted there "
-                    f"would run in the next launcher{hint})", False))
-    unique: dict[str, tuple[str, str, bool]] = {}
-    for found in out:
-        if found[0] not in unique or found[2] and not unique[found[0]][2]:
-            unique[found[0]] = found
-    return list(unique.values())
+                    f"would run in the next launcher{hint})"))
+    unique: dict[str, str] = {}
+    for where, what in out:
+        unique.setdefault(where, what)
+    return list(unique.items())
 
 
-def _ancestry(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]]]:
+# ----------------------------------------------------------------------------
+# Mounts: the other ways to reach what sandlock trusts
+#
+# A Landlock rule on a directory covers every mount below it, and a bind mount shows
+# one directory of a filesystem at a second place: a mount of the venv below a granted
+# workspace is the venv, though walking ``..`` from the venv never meets the workspace.
+# So each protected object and each write grant is placed in its filesystem (the
+# device of its superblock and its path from that filesystem's root), and a grant is
+# refused when one of the trees it reaches (its own, and the root of every mount below
+# it) holds a protected object or lies inside one.
+
+MOUNTINFO = "/proc/self/mountinfo"
+#: A bound on mountinfo (about 150 bytes a mount): a namespace with more mounts than
+#: that is refused rather than judged from part of its table.
+MAX_MOUNTINFO = 16 << 20
+FS_ENCODING = sys.getfilesystemencoding()  # as os.fsdecode, without its cost per field
+
+
+class Mount:
+    """One line of mountinfo (proc(5)): ``device`` the superblock's "major:minor",
+    ``root`` the directory of that filesystem the mount shows, ``point`` where it is
+    mounted in this process's view."""
+
+    __slots__ = ("device", "root", "point")
+
+    def __init__(self, device: str, root: str, point: str) -> None:
+        self.device = device
+        self.root = root
+        self.point = point
+
+
+class Unjudgeable(Exception):
+    """What the mounts are cannot be known here (the reason): the grant is refused."""
+
+
+def _unescape(field: bytes) -> str:
+    r"""A mountinfo path: the kernel writes space, tab, newline and backslash as
+    ``\ooo`` (octal; fs/proc_namespace.c, mangle)."""
+    if b"\\" in field:
+        out = bytearray()
+        index = 0
+        while index < len(field):
+            code = field[index + 1:index + 4]
+            if field[index] == 0x5C and len(code) == 3 and all(0x30 <= c <= 0x37 for c in code):
+                out.append(int(code, 8))
+                index += 4
+            else:
+                out.append(field[index])
+                index += 1
+        field = bytes(out)
+    return field.decode(FS_ENCODING, "surrogateescape")
+
+
+def read_mounts() -> dict[int, Mount]:
+    """Every mount of this process's namespace, by mount id, from one bounded read."""
+    try:
+        fd = os.open(MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Unjudgeable(f"cannot read {MOUNTINFO}: {exc.strerror}") from None
+    try:
+        chunks = []
+        size = 0
+        while True:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_MOUNTINFO:
+                raise Unjudgeable(f"{MOUNTINFO} is larger than {MAX_MOUNTINFO} bytes")
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return parse_mounts(b"".join(chunks))
+
+
+def parse_mounts(data: bytes) -> dict[int, Mount]:
+    """The mounts of mountinfo text ``data`` by mount id; Unjudgeable if a line is not
+    as proc(5) describes it."""
+    mounts = {}
+    for line in data.splitlines():
+        # id parent major:minor root point options [optional fields...] - type source super
+        fields = line.split(b" ")
+        if len(fields) < 10 or b"-" not in fields[6:] or not fields[0].isdigit():
+            raise Unjudgeable(f"{MOUNTINFO} has a line sandlock cannot read: {line[:200]!r}")
+        mounts[int(fields[0])] = Mount(fields[2].decode("ascii", "replace"),
+                                       _unescape(fields[3]), _unescape(fields[4]))
+    return mounts
+
+
+def _within(inner: str, outer: str) -> bool:
+    """Whether path ``inner`` is ``outer`` or lies below it (both absolute, normalised)."""
+    return outer == "/" or inner == outer or inner.startswith(outer + "/")
+
+
+def _join(base: str, tail: str) -> str:
+    tail = tail.strip("/")
+    return base if not tail else base.rstrip("/") + "/" + tail
+
+
+def _mount_id(fd: int) -> int:
+    """The id of the mount ``fd`` is on (proc(5), /proc/pid/fdinfo)."""
+    info = os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(info, 4096)
+    finally:
+        os.close(info)
+    start = data.find(b"\nmnt_id:") + 8
+    if start < 8:
+        raise Unjudgeable(f"/proc/self/fdinfo/{fd} names no mount")
+    return int(data[start:data.find(b"\n", start)])
+
+
+def _position(fd: int, mounts: dict[int, Mount]) -> tuple[str, str]:
+    """(superblock, path from that filesystem's root) of the object open as ``fd``: its
+    mount (from the descriptor) shows ``root`` at ``point``; the object lies below."""
+    try:
+        mount = mounts.get(_mount_id(fd))
+        here = os.readlink(f"/proc/self/fd/{fd}")
+    except (OSError, ValueError) as exc:
+        raise Unjudgeable(f"cannot tell which mount {fd} is on: {exc}") from None
+    if mount is None or not mount.root.startswith("/") or not here.startswith("/"):
+        raise Unjudgeable(f"{here!r} is on a mount sandlock does not know")
+    if not _within(here, mount.point):
+        raise Unjudgeable(f"{here!r} does not lie below its mount point {mount.point!r}")
+    return mount.device, _join(mount.root, here[len(mount.point):])
+
+
+def _ancestry(path: str, mounts: dict[int, Mount]) -> tuple[
+        Optional[tuple[int, int]], set[tuple[int, int]], Optional[tuple[str, str]]]:
     """(the object's own id or None if missing, ids of its nearest existing directory
-    and every ancestor of that, found by walking ``..`` from descriptors)."""
+    and every ancestor of that, found by walking ``..`` from descriptors, and where the
+    object is or would be created in its filesystem (:func:`_position`))."""
     own = None
     probe = path
     while True:
@@ -260,20 +392,35 @@ def _ancestry(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]
         except OSError:
             parent = os.path.dirname(probe)
             if parent == probe:
-                return None, set()
+                return None, set(), None
             probe = parent
-    ids: set[tuple[int, int]] = set()
     try:
         info = os.fstat(fd)
         if probe == path:
             own = (info.st_dev, info.st_ino)
+        device, inner = _position(fd, mounts)
+        position = (device, _join(inner, path[len(probe):]))
         if not S_ISDIR(info.st_mode):
             # The directory that really holds the file: the name may be a symbolic link
             # into another directory, which is the one a grant must not cover.
             real = os.readlink(f"/proc/self/fd/{fd}")
             os.close(fd)
+            fd = -1
             fd = os.open(os.path.dirname(real) or "/", _DIR)
-            info = os.fstat(fd)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    return own, _up(fd), position
+
+
+def _up(fd: int) -> set[tuple[int, int]]:
+    """Ids of directory ``fd`` and of every directory above it, walking ``..`` from
+    descriptors (across mount points, as the kernel's path walk and Landlock do).
+    Closes ``fd``."""
+    ids: set[tuple[int, int]] = set()
+    try:
+        info = os.fstat(fd)
         while True:
             ids.add((info.st_dev, info.st_ino))
             try:
@@ -289,18 +436,70 @@ def _ancestry(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]
                 break
     finally:
         os.close(fd)
-    return own, ids
+    return ids
+
+
+def _exposures(mounts: dict[int, Mount],
+               protected: Sequence[tuple[str, str, Optional[tuple[str, str]]]]
+               ) -> list[tuple[int, Mount, str, Optional[set[tuple[int, int]]]]]:
+    """(mount id, mount, how it reaches a protected object, ids of its root and every
+    directory above its mount point, or None if that mount cannot be opened at its
+    mount point) for every mount that shows a protected object or lies inside one: a
+    write grant on any of those directories reaches the protected object through it.
+    The ids come from descriptors (the mount opened at its point, checked to be that
+    mount); a mount of a file (``..`` leads nowhere from a file), a mount hidden under
+    another, or one renamed away, is judged by its mount point's name instead."""
+    out: list[tuple[int, Mount, str, Optional[set[tuple[int, int]]]]] = []
+    for key, mount in mounts.items():
+        how = _reaches(mount.device, mount.root, protected)
+        if how is None:
+            continue
+        try:
+            fd = os.open(mount.point, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            out.append((key, mount, how, None))
+            continue
+        try:
+            here = _mount_id(fd) == key and S_ISDIR(os.fstat(fd).st_mode)
+        except (OSError, ValueError, Unjudgeable):
+            here = False
+        if not here:
+            os.close(fd)
+            out.append((key, mount, how, None))
+            continue
+        out.append((key, mount, how, _up(fd)))
+    return out
+
+
+def _reaches(device: str, tree: str,
+             protected: Sequence[tuple[str, str, Optional[tuple[str, str]]]]) -> Optional[str]:
+    """How the tree ``tree`` of the filesystem ``device`` reaches a protected object
+    ((path, what, position) each), or None when it reaches none."""
+    for where, what, position in protected:
+        if position is None or position[0] != device:
+            continue
+        if not tree.startswith("/"):
+            return f"shows {tree!r}, which sandlock cannot place beside {where!r}, {what}"
+        if _within(position[1], tree):
+            return f"shows {where!r}, {what}"
+        if _within(tree, position[1]):
+            return f"lies inside {where!r}, {what}"
+    return None
 
 
 class WriteCheck:
     """Refuses write grants that reach anything a later run trusts, or a forbidden place.
 
-    What is protected is looked up once, on the first write grant checked."""
+    What is protected, and the mounts, are looked up once, on the first write grant
+    checked."""
 
     def __init__(self, policy_files: Iterable[str]) -> None:
         self._policy_files = tuple(policy_files)
-        self._protected: Optional[list[tuple[str, str, bool, Optional[tuple[int, int]],
-                                             set[tuple[int, int]]]]] = None
+        self._protected: Optional[list[tuple[str, str, Optional[tuple[int, int]],
+                                             set[tuple[int, int]],
+                                             Optional[tuple[str, str]]]]] = None
+        self._mounts: dict[int, Mount] = {}
+        self._exposures: list[tuple[int, Mount, str, Optional[set[tuple[int, int]]]]] = []
         self._proc = os.stat("/proc").st_dev if os.path.isdir("/proc") else None
         self._modules: dict[tuple[int, int], str] = {}
 
@@ -316,24 +515,69 @@ class WriteCheck:
                 f"write access to the directory {real!r} is never allowed: sandlock trusts the "
                 f"symbolic links in system directories ({', '.join(SYSTEM_DIRS)}); grant the "
                 "files the tool must change instead"))
-        if self._protected is None:
-            self._modules = _module_files()
-            self._protected = [(where, what, inside, *_ancestry(where))
-                               for where, what, inside in protected(self._policy_files,
-                                                                    self._modules)]
+        try:
+            if self._protected is None:
+                self._mounts = read_mounts()
+                self._modules = _module_files()
+                self._protected = [(where, what, *_ancestry(where, self._mounts))
+                                   for where, what in protected(self._policy_files,
+                                                                self._modules)]
+                self._exposures = _exposures(self._mounts, [(where, what, position) for
+                                                            where, what, _, _, position
+                                                            in self._protected])
+        except Unjudgeable as exc:
+            raise GrantError(path, f"{exc}: sandlock refuses a write grant whose mounts it "
+                                   "cannot check") from None
         if got.chain[-1] in self._modules:
             raise GrantError(path, (
                 f"this write grant is {self._modules[got.chain[-1]]!r}, a module sandlock itself "
                 "runs: a tool could change what a later sandlock run executes before any sandbox"))
-        for where, what, inside, own, ancestors in self._protected:
+        for where, what, own, ancestors, _ in self._protected:
             covers = got.is_dir and got.chain[-1] in ancestors
-            within = inside and own is not None and own in got.chain
-            if covers or within:
+            if covers or own is not None and own in got.chain:
                 how = "covers" if covers else "lies inside"
                 raise GrantError(path, (
                     f"this write grant {how} {where!r}, {what}: a tool could change what a "
                     "later sandlock run trusts and so weaken or switch off its sandbox. "
                     "Grant a narrower directory, or move that one out of the granted tree"))
+        try:
+            self.check_mounts(path, got)
+        except Unjudgeable as exc:
+            raise GrantError(path, f"{exc}: sandlock refuses a write grant whose mounts it "
+                                   "cannot check") from None
+
+    def check_mounts(self, path: str, got: Resolved) -> None:
+        """Refuse ``got`` if the tree it is in its filesystem, or a mount below it, holds
+        a protected object or lies inside one (the comment above :class:`Mount`)."""
+        assert self._protected is not None
+        device, tree = _position(got.fd, self._mounts)
+        how = _reaches(device, tree, [(where, what, position) for where, what, _, _, position
+                                      in self._protected])
+        if how is not None:
+            raise GrantError(path, (
+                f"this write grant, {tree!r} of the filesystem on device {device} (through a "
+                f"mount), {how}: a tool could write there and change what a later sandlock "
+                "run trusts. Grant a directory outside it"))
+        if not got.is_dir:
+            return
+        here = own = None
+        for key, mount, how, above in self._exposures:
+            if above is not None:
+                below = got.chain[-1] in above
+            else:  # a mount that cannot be opened where it is mounted: judged by name
+                if here is None:
+                    try:
+                        here = os.readlink(f"/proc/self/fd/{got.fd}")
+                        own = _mount_id(got.fd)
+                    except OSError as exc:
+                        raise Unjudgeable(f"cannot tell where the grant is: {exc}") from None
+                below = key != own and _within(mount.point, here)
+            if below:
+                raise GrantError(path, (
+                    f"the mount at {mount.point!r} below this write grant (of {mount.root!r} "
+                    f"on device {mount.device}) {how}: a tool could write there through the "
+                    "mount and change what a later sandlock run trusts. Unmount it, or grant "
+                    "a directory without such a mount"))
 
 
 def _module_files() -> dict[tuple[int, int], str]:
