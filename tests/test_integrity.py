@@ -333,12 +333,11 @@ FORGER = textwrap.dedent("""\
 #: The attacker's arithmetic, done from the sandlock source it can read: the entry a
 #: run of argv[1] (with variables argv[2:]) will look up, forged, well formed (this
 #: version's layout). Run with the victim's environment and working directory (they
-#: are part of the key); ``sys.path[0]`` is made what ``python -m sandlock`` sees. The
+#: are part of the key); under ``-P`` its ``sys.path`` is the victim's (``python -P -m``). The
 #: attacker cannot compute the keyed tag: it writes zeros there. Prints the entry's
 #: file name and its bytes.
 PRECOMPUTE = textwrap.dedent("""\
-    import json, marshal, os, sys
-    sys.path[0] = os.getcwd()
+    import json, marshal, sys
     from sandlock.compile import cache as fastpath
     from sandlock.compile.abi import FILE_ONLY, WRITE_RIGHTS
     variables = dict(pair.split("=", 1) for pair in sys.argv[3:])
