@@ -86,6 +86,9 @@ class _Call:
     denials: tuple["Denial", ...] = ()  #: from a ``D`` report (``trace=True`` only)
     #: The call's own credential placeholders (``credentials=``), forgotten when it ends.
     session: Any = None
+    #: A supervisor took the call and may have started the command (sandlock-exec's ``T``):
+    #: if it vanishes, the command was killed with it, not "not started".
+    taken = False
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -129,6 +132,11 @@ class _Call:
             self.denials += _denials(rest)
         elif kind == b"X" and self.cmd is not None:  # the child's own pre-exec report
             self.failure = setup_failure(self.cmd, rest)
+        elif self.status is None and self.failure is None and self.taken:
+            # The supervisor took the call (its T) and vanished: the command was started
+            # and died with it (PR_SET_PDEATHSIG): killed, never "not started".
+            self.status = (ExitCode.SIGNAL_BASE + 9, 9, False)
+            self.deadline = min(self.deadline or float("inf"), _now() + _LOST_GRACE)
         elif self.status is None and self.failure is None:
             self.failure = SetupError("the sandbox supervisor died before reporting how the "
                                       "call ended (a sandlock helper process was killed)")
@@ -204,7 +212,8 @@ class _NativeCall(_Call):
                  stdio: Sequence[int], timeout: Optional[float], report_start: bool) -> None:
         self.cmd = cmd
         try:
-            sock = nativeexec.spawn(compiled, cmd, stdio, timeout, report_start)
+            sock = nativeexec.spawn(compiled, cmd, stdio, timeout, report_start,
+                                    None if timeout is None else timeout + _GRACE)
         except OSError as exc:  # EAGAIN (RLIMIT_NPROC), ENOMEM: as the fork server reports it
             sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             peer.close()
@@ -213,6 +222,7 @@ class _NativeCall(_Call):
                                       " runs commands through the fork server instead)")
             return
         super().__init__(sock)
+        self.taken = True
         with _native_lock:
             _native_calls.add(self)
 
