@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -144,3 +143,53 @@ def test_a_killed_idle_supervisor_fails_no_call(tmp_path: Path, native: None) ->
             if not result.ok:
                 failed.append(result)
     assert not failed, f"{len(failed)} of 60 calls failed: {failed[0]}"
+
+
+# ----------------------------------------------------------------------------
+# The `sandlock run` launcher
+
+
+NO_GROUP = """\
+version = 1
+extends = ["base"]
+[filesystem]
+write = ["${workspace}"]
+exec = ["/usr/bin"]
+[env]
+pass = ["PATH"]
+"""
+
+
+@pytest.mark.parametrize("target", ["launcher", "group"])
+@pytest.mark.parametrize("policy", ["no-cgroup", "processes"])
+def test_killing_the_launcher_leaves_no_tool_process(
+        tmp_path: Path, marker: str, target: str, policy: str) -> None:
+    """kill -9 of `sandlock run` (its pid, or its whole process group) while the tool and
+    a setsid'd daemon of it run: neither survives it."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    if policy == "processes":
+        path = POLICIES / "shell.toml"  # [limits] processes: a pids cgroup where allowed
+    else:
+        path = tmp_path / "policy.toml"
+        path.write_text(NO_GROUP)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "sandlock", "run", "--policy", str(path), "--var",
+         f"workspace={workspace}", "--timeout", "60", "--", "/bin/sh", "-c",
+         daemon_script(marker)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert eventually(lambda: len(marked(marker)) == 2 or launcher.poll() is not None, 30)
+        assert launcher.poll() is None, launcher.communicate()
+        if target == "group":
+            os.killpg(launcher.pid, signal.SIGKILL)
+        else:
+            launcher.kill()
+        launcher.wait(30)
+        assert eventually(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait(30)
+        assert launcher.stderr is not None
+        launcher.stderr.close()
