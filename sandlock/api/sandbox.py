@@ -270,55 +270,6 @@ def _check_timeout(timeout: Any) -> Optional[float]:
     return seconds
 
 
-#: setrlimit's largest value (rlim_t as the kernel and Python's resource module take it).
-_MAX_RLIMIT = 2**63 - 1
-
-
-#: Below this much address space no program is loaded at all: the kernel kills it
-#: with SIGSEGV inside execve (measured: /bin/true needs ~3 MB, python3 ~10 MB).
-_MIN_MEMORY = 1 << 20
-
-
-def _check_limits(policy: Policy) -> None:
-    """A size the kernel cannot take is an error, not a silently saturated limit; a
-    memory limit under which nothing can start is an error, not a tool "killed by
-    signal 11"."""
-    from ..errors import PolicyError
-
-    for key in ("memory", "file_size", "open_files", "processes"):
-        value = getattr(policy.limits, key)
-        if value is not None and value > _MAX_RLIMIT:
-            raise PolicyError(f"{value} is larger than the largest limit the kernel "
-                              f"takes ({_MAX_RLIMIT})", source=policy.source,
-                              key=f"limits.{key}")
-    memory = policy.limits.memory
-    if memory is not None and memory < _MIN_MEMORY:
-        raise PolicyError(f"{memory} bytes of address space: no program can start under "
-                          f"less than {_MIN_MEMORY} (1MiB; most need 10MiB or more)",
-                          source=policy.source, key="limits.memory")
-
-
-def _compile(policy: Policy) -> compiler.Compiled:
-    """compiler.compile_policy, with a descriptor shortage named as such (libseccomp,
-    the ruleset and the cgroup each need one; EMFILE is not a missing library)."""
-    import errno
-
-    try:
-        return compiler.compile_policy(policy)
-    except OSError as exc:
-        if exc.errno not in (errno.EMFILE, errno.ENFILE):
-            raise
-        cause: BaseException = exc
-    except SandlockError as exc:
-        context = exc.__cause__ or exc.__context__
-        if not (isinstance(context, OSError) and context.errno in (errno.EMFILE, errno.ENFILE)):
-            raise
-        cause = context
-    raise SetupError(f"cannot compile {policy.source}: no file descriptor left ({cause}); "
-                     "raise RLIMIT_NOFILE (ulimit -n) or close descriptors") from None
-
-
-
 def _working_directory() -> str:
     """The caller's working directory; a SetupError (not FileNotFoundError) once it was
     deleted, as `sandlock run` reports it."""
@@ -358,7 +309,6 @@ class Sandbox:
             loaded = loaded.with_compat(Compat.BEST_EFFORT)
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
-        _check_limits(loaded)
         if loaded.network.allow:
             from ..net.connect import check_support
 
@@ -370,7 +320,7 @@ class Sandbox:
             self._routes, loaded = for_sandbox(loaded, credentials)
         self.policy = loaded
         try:
-            self._compiled = _compile(loaded)
+            self._compiled = compiler.compile_policy(loaded)
         except BaseException:
             if self._routes is not None:
                 self._routes.stop()

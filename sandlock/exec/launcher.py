@@ -190,7 +190,8 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
                 break
     except BaseException as exc:  # noqa: BLE001 - must never return into the caller's code
         if errw >= 0:
-            message = f"setup\0{getattr(exc, 'errno', 0) or 0}\0watchdog: {exc}"
+            why = _fork_failure(exc) if isinstance(exc, OSError) else f"watchdog: {exc}"
+            message = f"setup\0{getattr(exc, 'errno', 0) or 0}\0{why}"
             os.write(errw, message.encode(errors="replace"))
     finally:
         try:
@@ -201,6 +202,17 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
                 reap_descendants()
         finally:
             os._exit(0 if status >= 0 else ExitCode.LAUNCHER)
+
+
+def _fork_failure(exc: OSError) -> str:
+    """What a failed fork means for the user: EAGAIN is their RLIMIT_NPROC."""
+    import errno
+
+    if exc.errno == errno.EAGAIN:
+        from ..compile.compiler import process_shortage
+
+        return process_shortage()
+    return f"cannot fork: {exc.strerror or exc}"
 
 
 def _has_children() -> bool:
@@ -370,11 +382,13 @@ class Starting:
                 self.report, reportw = os.pipe2(os.O_CLOEXEC)
             launcher = os.getpid()
             self.pid = os.fork()
-        except BaseException:
+        except BaseException as exc:
             for fd in (self.errr, errw, self.report, reportw):
                 if fd >= 0:
                     os.close(fd)
             self.discard_group()
+            if isinstance(exc, OSError):
+                raise SetupError(_fork_failure(exc)) from None
             raise
         if self.pid == 0:  # pragma: no cover - runs in the child, which never returns
             os.close(self.errr)
