@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import POLICIES, eventually, require_abi, require_native
+from conftest import POLICIES, eventually, parent, require_abi, require_native
 
 import sandlock
 from sandlock.exec import native as nativeexec
@@ -120,6 +120,24 @@ def test_killing_the_native_helpers_group_loses_no_call(
     assert eventually(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"
 
 
+def test_a_call_whose_supervisor_is_killed_is_reported_killed(tmp_path: Path, marker: str,
+                                                             native: None) -> None:
+    """kill -9 of the supervisor of a running call: the command had started, so the call
+    is reported killed (SIGKILL), not "not started"; its daemon does not survive."""
+    with sandlock.Sandbox("shell", vars={"workspace": str(tmp_path)}, timeout=30) as box:
+        thread, outcome = _in_thread(lambda: box.run(["/bin/sh", "-c", daemon_script(marker)]))
+        assert eventually(lambda: len(marked(marker)) == 2, 30), marked(marker)
+        supervisors = {parent(pid) for pid in marked(marker)}
+        assert len(supervisors) == 1, supervisors  # the subreaper of the call's tree
+        os.kill(supervisors.pop(), signal.SIGKILL)
+        thread.join(60)
+        assert not thread.is_alive()
+    result = outcome.get("value")
+    assert isinstance(result, sandlock.Result), outcome
+    assert result.outcome is sandlock.Outcome.SIGNALLED and result.signal == signal.SIGKILL, result
+    assert eventually(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"
+
+
 def _idle_supervisor(server: nativeexec.Server) -> int:
     """The server's only child once no call runs: its idle supervisor."""
     found: list[int] = []
@@ -193,3 +211,70 @@ def test_killing_the_launcher_leaves_no_tool_process(
         launcher.wait(30)
         assert launcher.stderr is not None
         launcher.stderr.close()
+
+
+def _run_tool(tmp_path: Path, script: str, abi: str | None) -> subprocess.CompletedProcess[str]:
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    env = dict(os.environ)
+    extra = []
+    if abi is not None:
+        env["SANDLOCK_ABI"] = abi
+        extra = ["--best-effort"]
+    return subprocess.run(
+        [sys.executable, "-m", "sandlock", "run", *extra, "--policy", str(POLICIES / "shell.toml"),
+         "--var", f"workspace={workspace}", "--timeout", "20", "--", "/bin/sh", "-c", script],
+        capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_the_tool_cannot_kill_or_stop_its_watchdog(tmp_path: Path, marker: str) -> None:
+    """The watchdog (the tool's parent) is outside the tool's Landlock domain: at ABI 6
+    the signal scope refuses the tool's SIGKILL and SIGSTOP to it (EPERM)."""
+    require_abi(6, "the signal scope")
+    result = _run_tool(tmp_path, 'kill -STOP $PPID; echo "stop=$?"; kill -9 $PPID; echo "kill=$?"',
+                       None)
+    assert result.returncode == 0, result.stderr
+    assert "stop=1" in result.stdout and "kill=1" in result.stdout, result.stdout
+
+
+def test_below_abi_6_a_killed_watchdog_still_leaves_no_tool_process(tmp_path: Path,
+                                                                     marker: str) -> None:
+    """Positive control of the test above, and what holds without the signal scope: the
+    tool kills its watchdog (it can), yet its daemon does not survive the run: the tool
+    dies with its parent (PR_SET_PDEATHSIG) and the launcher, the subreaper above, reaps
+    the rest."""
+    script = f"setsid -f sleep {marker}; kill -9 $PPID; exec sleep {marker}"
+    result = _run_tool(tmp_path, script, "5")
+    # 137, not 124 after the timeout: the watchdog died, and the tool with it
+    assert result.returncode == 128 + signal.SIGKILL, (result.returncode, result.stderr)
+    assert eventually(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"
+
+
+AGENT = """
+import sys, sandlock
+with sandlock.Sandbox("shell", vars={"workspace": sys.argv[1]}, timeout=60) as box:
+    box.run(["/bin/sh", "-c", sys.argv[2]])
+"""
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "fork-server"])
+def test_killing_the_agent_leaves_no_tool_process(tmp_path: Path, marker: str,
+                                                  native: str) -> None:
+    """kill -9 of the agent (the API's caller) in the middle of a run."""
+    if native == "1":
+        require_native()
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, str(tmp_path), daemon_script(marker)],
+                             env={**os.environ, "SANDLOCK_NATIVE": native},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert eventually(lambda: len(marked(marker)) == 2 or agent.poll() is not None, 30)
+        assert agent.poll() is None, agent.communicate()
+        agent.kill()
+        agent.wait(30)
+        assert eventually(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+        agent.wait(30)
+        assert agent.stderr is not None
+        agent.stderr.close()
