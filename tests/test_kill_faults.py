@@ -278,3 +278,20 @@ def test_killing_the_agent_leaves_no_tool_process(tmp_path: Path, marker: str,
         agent.wait(30)
         assert agent.stderr is not None
         agent.stderr.close()
+
+
+def test_a_request_is_taken_only_when_a_supervisor_says_so() -> None:
+    """What ``spawn`` reads from a call's socket before it returns: ``T`` (consumed) or a
+    refusal (left for the caller) mean taken; an end without either means the request
+    was lost unread, and is sent again."""
+    import socket
+
+    for said, taken, left in ((b"T", True, b""), (b"F 125 SetupError\nno", True, b"F 125"),
+                              (b"", False, b"")):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with ours, theirs:
+            if said:
+                theirs.send(said)
+            theirs.close()
+            assert nativeexec._taken(ours, 5) is taken, said
+            assert ours.recv(5, socket.MSG_DONTWAIT) == left
