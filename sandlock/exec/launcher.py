@@ -158,20 +158,22 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
     status = -1
     orphaned = False
     try:
-        os.setpgid(0, 0)
-        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)  # the tool's to receive
+        # Only what must precede the tool comes before the fork (the launcher waits for
+        # the tool's exec): the subreaper, so that no orphan of the tool escapes.
         kernel.set_child_subreaper()
-        watched = os.pidfd_open(launcher)
-        if os.getppid() != launcher:  # the launcher died before the pidfd: nobody to serve
-            os._exit(ExitCode.LAUNCHER)
         ctx.parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the tool's process, which never returns
             os.close(report)
-            os.close(watched)
             _child(steps, ctx, errw, body)
         os.close(errw)
         errw = -1
+        os.setpgid(0, 0)
+        watched = os.pidfd_open(launcher)
+        # The launcher's signals (blocked by run() until its handlers exist) stay blocked
+        # here: they are the tool's to receive, forwarded by the launcher.
+        if os.getppid() != launcher:  # the launcher died before the pidfd: end the run
+            raise ProcessLookupError("the launcher is gone")
         if group is not None and group.procs_fd >= 0:  # the tool's to join, not ours
             os.close(group.procs_fd)
             group.procs_fd = -1
@@ -189,6 +191,7 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
                 orphaned = True  # the launcher is gone: the run is over, the group ours
                 break
     except BaseException as exc:  # noqa: BLE001 - must never return into the caller's code
+        orphaned = orphaned or isinstance(exc, ProcessLookupError)
         if errw >= 0:
             why = _fork_failure(exc) if isinstance(exc, OSError) else f"watchdog: {exc}"
             message = f"setup\0{getattr(exc, 'errno', 0) or 0}\0{why}"
