@@ -16,6 +16,10 @@ reported gap, refused in strict mode for root).
 
 A failure before exec travels to the parent over a close-on-exec pipe, so the
 parent can tell "could not start" (125/126/127) from "ran and failed".
+
+:func:`run` forks the tool from a watchdog (:func:`_watchdog`): the subreaper of the
+tool's tree, in a process group of its own, which kills that tree when the launcher
+dies, however it dies.
 """
 
 from __future__ import annotations
