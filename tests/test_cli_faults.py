@@ -280,3 +280,84 @@ def test_run_in_process_leaves_no_descriptor_behind(tmp_path: Path) -> None:
         for _ in range(5):
             assert launch.main_run(args) == 0
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+# ----------------------------------------------------------------------------
+# Limits nothing can start under, and a caller short of descriptors or processes
+
+
+TOO_SMALL = [("memory", '"1"'), ("memory", '"4KiB"'), ("memory", '"512KiB"'),
+             ("memory", '"7MiB"'), ("open_files", "1"), ("open_files", "3")]
+
+
+@pytest.mark.parametrize(("key", "value"), TOO_SMALL)
+def test_a_limit_nothing_can_start_under_is_refused_alike(tmp_path: Path, key: str,
+                                                          value: str) -> None:
+    """`run` used to exit 139 (memory "1"), 127 (512KiB) or run a tool that could not
+    load, while `validate` said ok: run, validate and the API give one message."""
+    import sandlock
+
+    policy = write_policy(tmp_path, f'version = 1\nextends = ["base"]\n[limits]\n{key} = {value}\n')
+    run = cli("run", "--policy", str(policy), "--", "true")
+    check = cli("validate", str(policy))
+    assert_clean(run, ExitCode.LAUNCHER)
+    assert_clean(check, ExitCode.LAUNCHER)
+    message = run.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"sandlock: {policy}:4: limits.{key}: "), run.stderr
+    assert ("8MiB" if key == "memory" else "fewer than 4") in message, message
+    assert check.stderr.strip().splitlines()[-1] == message
+    with pytest.raises(sandlock.PolicyError) as caught:
+        sandlock.Sandbox(str(policy))
+    assert f"sandlock: {caught.value}" == message
+
+
+def test_the_smallest_limits_taken_still_start_a_program(tmp_path: Path) -> None:
+    """Positive control: at the minimums a program starts and exits 0."""
+    policy = write_policy(tmp_path, 'version = 1\nextends = ["base"]\n[filesystem]\n'
+                                    'exec = ["/usr/bin"]\n[limits]\nmemory = "8MiB"\nopen_files = 4\n')
+    assert_clean(cli("run", "--policy", str(policy), "--", "/bin/true"), 0)
+
+
+def test_a_policy_object_below_the_minimum_is_refused_by_the_compiler() -> None:
+    """A Policy built without the loader meets the same check when compiled."""
+    import dataclasses
+
+    import sandlock
+    from sandlock.compile import compiler
+    from sandlock.policy.model import policy_from_dict
+
+    policy = policy_from_dict({"extends": ["base"]})
+    small = dataclasses.replace(policy, limits=dataclasses.replace(policy.limits, memory=4096))
+    with pytest.raises(sandlock.PolicyError, match="limits.memory: .*8MiB"):
+        compiler.compile_policy(small)
+
+
+def _with_rlimit(which: int, value: int) -> None:
+    memory_cap()
+    resource.setrlimit(which, (value, resource.getrlimit(which)[1]))
+
+
+@pytest.mark.parametrize("nofile", [6, 7])
+def test_a_caller_short_of_descriptors_is_told_so(tmp_path: Path, nofile: int) -> None:
+    """RLIMIT_NOFILE too low used to read "libseccomp is not available"."""
+    policy = write_policy(tmp_path, 'version = 1\nextends = ["base"]\n')
+    result = subprocess.run([*PYTHON, "run", "--policy", str(policy), "--", "true"],
+                            capture_output=True, text=True, timeout=60, cwd="/",
+                            env={**os.environ, "SANDLOCK_NO_CACHE": "1"},
+                            preexec_fn=lambda: _with_rlimit(resource.RLIMIT_NOFILE, nofile))
+    assert_clean(result, ExitCode.LAUNCHER)
+    assert "libseccomp" not in result.stderr, result.stderr
+    assert "RLIMIT_NOFILE (ulimit -n) is" in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(IS_ROOT, reason="RLIMIT_NPROC does not bind root (CAP_SYS_RESOURCE)")
+def test_a_caller_at_its_process_limit_is_told_so(tmp_path: Path) -> None:
+    """RLIMIT_NPROC reached used to read "libseccomp is not available"."""
+    policy = write_policy(tmp_path, 'version = 1\nextends = ["base"]\n')
+    result = subprocess.run([*PYTHON, "run", "--policy", str(policy), "--", "true"],
+                            capture_output=True, text=True, timeout=60, cwd="/",
+                            env={**os.environ, "SANDLOCK_NO_CACHE": "1"},
+                            preexec_fn=lambda: _with_rlimit(resource.RLIMIT_NPROC, 1))
+    assert_clean(result, ExitCode.LAUNCHER)
+    assert "libseccomp" not in result.stderr, result.stderr
+    assert "RLIMIT_NPROC (ulimit -u) is 1" in result.stderr, result.stderr

@@ -86,6 +86,9 @@ class _Call:
     denials: tuple["Denial", ...] = ()  #: from a ``D`` report (``trace=True`` only)
     #: The call's own credential placeholders (``credentials=``), forgotten when it ends.
     session: Any = None
+    #: A supervisor took the call and may have started the command (sandlock-exec's ``T``):
+    #: if it vanishes, the command was killed with it, not "not started".
+    taken = False
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -129,6 +132,11 @@ class _Call:
             self.denials += _denials(rest)
         elif kind == b"X" and self.cmd is not None:  # the child's own pre-exec report
             self.failure = setup_failure(self.cmd, rest)
+        elif self.status is None and self.failure is None and self.taken:
+            # The supervisor took the call (its T) and vanished: the command was started
+            # and died with it (PR_SET_PDEATHSIG): killed, never "not started".
+            self.status = (ExitCode.SIGNAL_BASE + 9, 9, False)
+            self.deadline = min(self.deadline or float("inf"), _now() + _LOST_GRACE)
         elif self.status is None and self.failure is None:
             self.failure = SetupError("the sandbox supervisor died before reporting how the "
                                       "call ended (a sandlock helper process was killed)")
@@ -204,7 +212,8 @@ class _NativeCall(_Call):
                  stdio: Sequence[int], timeout: Optional[float], report_start: bool) -> None:
         self.cmd = cmd
         try:
-            sock = nativeexec.spawn(compiled, cmd, stdio, timeout, report_start)
+            sock = nativeexec.spawn(compiled, cmd, stdio, timeout, report_start,
+                                    None if timeout is None else timeout + _GRACE)
         except OSError as exc:  # EAGAIN (RLIMIT_NPROC), ENOMEM: as the fork server reports it
             sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             peer.close()
@@ -213,6 +222,7 @@ class _NativeCall(_Call):
                                       " runs commands through the fork server instead)")
             return
         super().__init__(sock)
+        self.taken = True
         with _native_lock:
             _native_calls.add(self)
 
@@ -260,55 +270,6 @@ def _check_timeout(timeout: Any) -> Optional[float]:
     return seconds
 
 
-#: setrlimit's largest value (rlim_t as the kernel and Python's resource module take it).
-_MAX_RLIMIT = 2**63 - 1
-
-
-#: Below this much address space no program is loaded at all: the kernel kills it
-#: with SIGSEGV inside execve (measured: /bin/true needs ~3 MB, python3 ~10 MB).
-_MIN_MEMORY = 1 << 20
-
-
-def _check_limits(policy: Policy) -> None:
-    """A size the kernel cannot take is an error, not a silently saturated limit; a
-    memory limit under which nothing can start is an error, not a tool "killed by
-    signal 11"."""
-    from ..errors import PolicyError
-
-    for key in ("memory", "file_size", "open_files", "processes"):
-        value = getattr(policy.limits, key)
-        if value is not None and value > _MAX_RLIMIT:
-            raise PolicyError(f"{value} is larger than the largest limit the kernel "
-                              f"takes ({_MAX_RLIMIT})", source=policy.source,
-                              key=f"limits.{key}")
-    memory = policy.limits.memory
-    if memory is not None and memory < _MIN_MEMORY:
-        raise PolicyError(f"{memory} bytes of address space: no program can start under "
-                          f"less than {_MIN_MEMORY} (1MiB; most need 10MiB or more)",
-                          source=policy.source, key="limits.memory")
-
-
-def _compile(policy: Policy, routes: Any = None) -> compiler.Compiled:
-    """compiler.compile_policy, with a descriptor shortage named as such (libseccomp,
-    the ruleset and the cgroup each need one; EMFILE is not a missing library)."""
-    import errno
-
-    try:
-        return compiler.compile_policy(policy, routes)
-    except OSError as exc:
-        if exc.errno not in (errno.EMFILE, errno.ENFILE):
-            raise
-        cause: BaseException = exc
-    except SandlockError as exc:
-        context = exc.__cause__ or exc.__context__
-        if not (isinstance(context, OSError) and context.errno in (errno.EMFILE, errno.ENFILE)):
-            raise
-        cause = context
-    raise SetupError(f"cannot compile {policy.source}: no file descriptor left ({cause}); "
-                     "raise RLIMIT_NOFILE (ulimit -n) or close descriptors") from None
-
-
-
 def _working_directory() -> str:
     """The caller's working directory; a SetupError (not FileNotFoundError) once it was
     deleted, as `sandlock run` reports it."""
@@ -348,7 +309,6 @@ class Sandbox:
             loaded = loaded.with_compat(Compat.BEST_EFFORT)
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
-        _check_limits(loaded)
         if loaded.network.allow:
             from ..net.connect import check_support
 
@@ -361,7 +321,7 @@ class Sandbox:
             self._routes = prepare(loaded, None, credentials, remote=True)
             self._routes.start()
         try:
-            self._compiled = _compile(loaded, self._routes)
+            self._compiled = compiler.compile_policy(loaded, self._routes)
         except BaseException:
             if self._routes is not None:
                 self._routes.stop()

@@ -156,10 +156,64 @@ def process_failure(policy: Policy, gap: ruleset.Gap) -> KernelSupportError:
     )
 
 
+#: Descriptors compiling needs at once beside the caller's: libseccomp's lookup runs
+#: ``ldconfig -p`` through a pipe, the ruleset and each grant hold one while building.
+SPARE_FDS = 8
+
+
+def process_shortage() -> str:
+    """Why a fork failed with EAGAIN: the caller's RLIMIT_NPROC (ENOMEM reads otherwise)."""
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    return (f"cannot start a process: RLIMIT_NPROC (ulimit -u) is {soft} and this user has "
+            "reached it; raise it or end some of the user's processes")
+
+
+def caller_shortage() -> Optional[str]:
+    """What the caller has run out of, if anything: descriptors (RLIMIT_NOFILE) or
+    processes (RLIMIT_NPROC). Asked only once compiling failed, so that a shortage is
+    named as such, never as a missing library or a bad policy."""
+    import errno
+
+    held: list[int] = []
+    try:
+        for _ in range(SPARE_FDS):
+            held.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            return (f"too few file descriptors: RLIMIT_NOFILE (ulimit -n) is {soft} with "
+                    f"{soft - len(held)} in use, and sandlock needs {SPARE_FDS} free; raise "
+                    "it or close descriptors")
+    finally:
+        for fd in held:
+            os.close(fd)
+    try:  # vfork + exec: nothing of the caller is copied
+        pid = os.posix_spawn("/bin/true", ["true"], {})
+    except OSError as exc:
+        return process_shortage() if exc.errno == errno.EAGAIN else None
+    os.waitpid(pid, 0)
+    return None
+
+
 def compile_policy(policy: Policy, routes: Optional[Routes] = None) -> Compiled:
     """Check kernel support, build the Landlock ruleset and the seccomp BPF.
 
-    A policy with ``[credentials]`` is compiled with its route server already listening
+    A policy with ``[credentials]`` needs ``routes`` (:func:`_compile_routed`).
+    A caller out of descriptors or processes gets a SetupError that says so (libseccomp's
+    lookup, the ruleset and the grants fail in ways that would read as something else)."""
+    from ..errors import SandlockError, SetupError
+
+    try:
+        return _compile_routed(policy, routes)
+    except (OSError, SandlockError) as exc:
+        why = caller_shortage()
+        if why is None:
+            raise
+        raise SetupError(f"cannot compile {policy.source}: {why}") from exc
+
+
+def _compile_routed(policy: Policy, routes: Optional[Routes]) -> Compiled:
+    """A policy with ``[credentials]`` is compiled with its route server already listening
     (``routes``, :func:`sandlock.net.routes.prepare`): its grants
     (:func:`sandlock.policy.credentials.effective`) are added here, before the ruleset
     and the filter are built, for every executor alike; the Compiled carries the routes."""
@@ -178,9 +232,10 @@ def compile_policy(policy: Policy, routes: Optional[Routes] = None) -> Compiled:
 
 
 def _compile(policy: Policy) -> Compiled:
-    from ..policy.model import Compat
+    from ..policy.model import Compat, check_limits
     from . import ruleset, seccomp
 
+    check_limits(policy)
     why = kernel.seccomp_supported()
     if why:
         raise KernelSupportError(f"seccomp filters are unavailable: {why}")

@@ -16,6 +16,10 @@ reported gap, refused in strict mode for root).
 
 A failure before exec travels to the parent over a close-on-exec pipe, so the
 parent can tell "could not start" (125/126/127) from "ran and failed".
+
+:func:`run` forks the tool from a watchdog (:func:`_watchdog`): the subreaper of the
+tool's tree, in a process group of its own, which kills that tree when the launcher
+dies, however it dies.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ if TYPE_CHECKING:
     from ..trace.record import Recorder
 
 
+#: Seconds a launcher waits for its watchdog's report once the tool was killed, before
+#: it kills the watchdog too (one the tool stopped, below Landlock ABI 6).
+WATCHDOG_GRACE = 2.0
 #: Off unless scripts/measure_fork_exec.py sets it: a pipe to which each child writes
 #: three CLOCK_MONOTONIC nanosecond stamps (parent before fork, child after fork,
 #: child just before execve), so the child's own path can be timed from outside.
@@ -138,15 +145,105 @@ def _child(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
         os._exit(ExitCode.LAUNCHER)
 
 
+def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
+              body: Optional[Callable[[], None]], report: int, launcher: int,
+              group: Optional[cgroups.Group]) -> None:
+    """The forked watchdog between the launcher and the tool: never returns.
+
+    It leads a process group of its own (a kill of the launcher's group does not reach
+    it) and is the child subreaper of the tool's tree (the tool's daemons are
+    re-parented to it, whoever dies above). It forks the tool (:func:`_child`), writes
+    the tool's pid then its wait status to ``report``, and once the tool has exited or
+    the launcher has died (its pidfd is readable, however it died: SIGKILL included)
+    kills and reaps every process left (the run's pids cgroup at once where there is
+    one), then exits. It runs no Python beyond this loop: every module it uses was
+    imported by the launcher before the fork.
+    """
+    status = -1
+    orphaned = False
+    try:
+        # Only what must precede the tool comes before the fork (the launcher waits for
+        # the tool's exec): the subreaper, so that no orphan of the tool escapes.
+        kernel.set_child_subreaper()
+        ctx.parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the tool's process, which never returns
+            os.close(report)
+            _child(steps, ctx, errw, body)
+        os.close(errw)
+        errw = -1
+        os.setpgid(0, 0)
+        watched = os.pidfd_open(launcher)
+        # The launcher's signals (blocked by run() until its handlers exist) stay blocked
+        # here: they are the tool's to receive, forwarded by the launcher.
+        if os.getppid() != launcher:  # the launcher died before the pidfd: end the run
+            raise ProcessLookupError("the launcher is gone")
+        if group is not None and group.procs_fd >= 0:  # the tool's to join, not ours
+            os.close(group.procs_fd)
+            group.procs_fd = -1
+        os.write(report, pid.to_bytes(4, "little", signed=True))
+        tool = os.pidfd_open(pid)
+        poller = select.poll()
+        poller.register(watched, select.POLLIN)
+        poller.register(tool, select.POLLIN)
+        while status < 0:
+            ready = {fd for fd, _ in poller.poll()}
+            if tool in ready:
+                status = os.waitpid(pid, 0)[1]
+                os.write(report, status.to_bytes(4, "little", signed=True))
+            elif watched in ready:
+                orphaned = True  # the launcher is gone: the run is over, the group ours
+                break
+    except BaseException as exc:  # noqa: BLE001 - must never return into the caller's code
+        orphaned = orphaned or isinstance(exc, ProcessLookupError)
+        if errw >= 0:
+            why = _fork_failure(exc) if isinstance(exc, OSError) else f"watchdog: {exc}"
+            message = f"setup\0{getattr(exc, 'errno', 0) or 0}\0{why}"
+            os.write(errw, message.encode(errors="replace"))
+    finally:
+        try:
+            if group is not None and orphaned:
+                group.close()  # the whole tree at once, a fork bomb included; and nobody
+                # else will remove the group (a launcher alive kills it once told the status)
+            if _has_children():
+                reap_descendants()
+        finally:
+            os._exit(0 if status >= 0 else ExitCode.LAUNCHER)
+
+
+def _fork_failure(exc: OSError) -> str:
+    """What a failed fork means for the user: EAGAIN is their RLIMIT_NPROC."""
+    import errno
+
+    if exc.errno == errno.EAGAIN:
+        from ..compile.compiler import process_shortage
+
+        return process_shortage()
+    return f"cannot fork: {exc.strerror or exc}"
+
+
+def _has_children() -> bool:
+    """Whether this process has a child, zombie or alive (one waitid, not a /proc read)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)  # None: none exited yet
+    except ChildProcessError:
+        return False
+    return True
+
+
 class Child:
     """A confined process started by :func:`spawn`."""
 
     def __init__(self, pid: int, spared: frozenset[int] = frozenset(),
-                 group: Optional[cgroups.Group] = None) -> None:
+                 group: Optional[cgroups.Group] = None,
+                 watchdog: Optional[tuple[int, int]] = None) -> None:
         self.pid = pid
         self.spared = spared  #: the caller's own children, never killed when reaping
         self.group = group  #: the run's pids cgroup: killed and removed when reaped
-        self.pidfd = os.pidfd_open(pid)
+        #: (pid, report fd) of the run's watchdog (:func:`_watchdog`), the tool's parent;
+        #: None when the tool is this process's own child.
+        self.watchdog = watchdog
+        self.pidfd = os.pidfd_open(pid) if watchdog is None else watchdog[1]
         self.returncode: Optional[int] = None
         self.timed_out = False
         self.signal: Optional[int] = None
@@ -169,7 +266,10 @@ class Child:
         return self.returncode
 
     def _reap(self) -> None:
-        _, status = os.waitpid(self.pid, 0)
+        if self.watchdog is None:
+            _, status = os.waitpid(self.pid, 0)
+        else:
+            status = self._watchdog_status()
         code = os.waitstatus_to_exitcode(status)
         if code < 0:
             self.signal = -code
@@ -183,6 +283,27 @@ class Child:
         if self.group is not None:
             self.group.close()
             self.group = None
+
+    def _watchdog_status(self) -> int:
+        """The tool's wait status as its watchdog reports it, once the watchdog has
+        killed what was left and exited. A watchdog that dies without reporting (killed)
+        took the tool with it (PR_SET_PDEATHSIG): SIGKILL; its orphans came back to this
+        process (a subreaper), which reaps them."""
+        assert self.watchdog is not None
+        pid, report = self.watchdog
+        data = b""
+        poller = select.poll()
+        poller.register(report, select.POLLIN)
+        while len(data) < 4:
+            if not poller.poll(int(WATCHDOG_GRACE * 1000)):
+                os.kill(pid, signal.SIGKILL)  # stopped: the tree is ours to end
+                continue
+            chunk = os.read(report, 4 - len(data))
+            if not chunk:
+                break
+            data += chunk
+        os.waitpid(pid, 0)
+        return int.from_bytes(data, "little", signed=True) if len(data) == 4 else int(signal.SIGKILL)
 
     def send_signal(self, signum: int) -> None:
         """Signal the command's process group (it is the leader of its own session)."""
@@ -221,9 +342,11 @@ class Starting:
     def __init__(self, compiled: Compiled, cmd: Command, *, stdio: tuple[int, int, int],
                  hook: Optional[Callable[[], None]] = None,
                  body: Optional[Callable[[], None]] = None,
-                 steps: Optional[tuple[spec.Step, ...]] = None) -> None:
+                 steps: Optional[tuple[spec.Step, ...]] = None, watchdog: bool = False) -> None:
         """``steps``: the child's steps as a request carried them (checked by the
-        caller); by default :func:`spec.child_steps` for ``compiled`` and ``cmd``."""
+        caller); by default :func:`spec.child_steps` for ``compiled`` and ``cmd``.
+        ``watchdog``: fork the tool from a watchdog (:func:`_watchdog`) that kills its
+        whole tree if this process dies."""
         # fsencode, not encode: argv and environment are bytes on Linux, and Python keeps
         # bytes that are not UTF-8 as surrogate escapes.
         env = {os.fsencode(k): os.fsencode(v) for k, v in cmd.env}
@@ -259,17 +382,30 @@ class Starting:
         if TIMING_FD >= 0:
             global _fork_stamp
             _fork_stamp = time.monotonic_ns()
+        self.report = -1
+        reportw = -1
         try:
+            if watchdog:
+                self.report, reportw = os.pipe2(os.O_CLOEXEC)
+            launcher = os.getpid()
             self.pid = os.fork()
-        except BaseException:
-            os.close(self.errr)
-            os.close(errw)
+        except BaseException as exc:
+            for fd in (self.errr, errw, self.report, reportw):
+                if fd >= 0:
+                    os.close(fd)
             self.discard_group()
+            if isinstance(exc, OSError):
+                raise SetupError(_fork_failure(exc)) from None
             raise
         if self.pid == 0:  # pragma: no cover - runs in the child, which never returns
             os.close(self.errr)
+            if watchdog:
+                os.close(self.report)
+                _watchdog(steps, ctx, errw, body, reportw, launcher, self.group)
             _child(steps, ctx, errw, body)
         os.close(errw)
+        if reportw >= 0:
+            os.close(reportw)
         if self.group is not None:  # the child holds its copy until exec (close-on-exec)
             os.close(self.group.procs_fd)
             self.group.procs_fd = -1
@@ -289,13 +425,22 @@ class Starting:
         finally:
             os.close(self.errr)
             self.errr = -1
+        watchdog = None
+        if self.report >= 0:  # the watchdog's first report: the tool's pid
+            watchdog = (self.pid, self.report)
+            tool = os.read(self.report, 4) if not report else b""
+            if len(tool) < 4 and not report:
+                report = b"setup\0" + b"0\0" + b"the watchdog of the run died"
         if report:
             os.waitpid(self.pid, 0)
+            if self.report >= 0:
+                os.close(self.report)
             self.discard_group()
             from .wire import setup_failure
 
             raise setup_failure(self.cmd, report, self.ruleset_fd)
-        child = Child(self.pid, self.spared, self.group)
+        pid = self.pid if watchdog is None else int.from_bytes(tool, "little", signed=True)
+        child = Child(pid, self.spared, self.group, watchdog)
         self.group = None  # the Child's now
         return child
 
@@ -371,7 +516,8 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS) if forward_signals else None
     previous = {}
     try:
-        starting = Starting(compiled, cmd, stdio=(-1, -1, -1), hook=hook if hooks else None)
+        starting = Starting(compiled, cmd, stdio=(-1, -1, -1), hook=hook if hooks else None,
+                            watchdog=True)
         if recorder is not None:
             recorder.start()  # before confirm(): the child's own execve is notified
         child = starting.confirm()

@@ -174,8 +174,13 @@ atexit.register(shutdown)
 
 
 def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optional[float],
-          report_start: bool) -> socket.socket:
+          report_start: bool, wait: Optional[float] = None) -> socket.socket:
     """Start one call; return the caller's end of its socket (closing it kills the call).
+
+    Returns once a supervisor has taken the request (it says ``T`` just before it forks
+    the command): a request lost before that (its idle supervisor was killed) never ran
+    and is submitted again, so such a kill never fails a call. ``wait`` bounds that
+    wait (seconds; the call's deadline).
 
     Raises OSError if the server cannot be started or reached, ValueError for an
     argument or environment string that cannot be passed to execve (as posix_spawn).
@@ -202,10 +207,28 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
         args += ["-p", str(limit), "-g", f"{version}:{base}", "-G", relative]
     args += ["--", cmd.executable, *cmd.argv]  # the path to exec, then argv (argv[0] too)
     data = wire.native_request(steps, args, cmd.env)
+    for _ in range(SUBMIT_TRIES):
+        ours = _submit_once(compiled.bpf, data, fds, wait)
+        if ours is not None:
+            return ours
+    raise OSError(errno.EPIPE, f"{SUBMIT_TRIES} requests to the sandlock-exec server were lost "
+                  "before any supervisor took them (its processes are being killed)")
+
+
+#: How often a request lost before a supervisor took it (the idle supervisor was killed)
+#: is submitted again: the command never ran, so sending it again is safe.
+SUBMIT_TRIES = 5
+
+
+def _submit_once(bpf: bytes, data: bytes, fds: Sequence[int],
+                 wait: Optional[float]) -> Optional[socket.socket]:
+    """Submit one request and wait until a supervisor has taken it (its ``T``, or a
+    refusal); None if the call's socket ended first: the request was lost (the idle
+    supervisor that received it, or the whole server, was killed) and nothing ran."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         # The filter travels as the socket's first message: no per-Sandbox state to keep.
-        ours.send(compiled.bpf)
+        ours.send(bpf)
         try:
             get().submit(data, [theirs.fileno(), *fds])
         except _Gone:
@@ -213,12 +236,39 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
                 get().submit(data, [theirs.fileno(), *fds])  # restarted once
             except _Gone as exc:
                 raise OSError(errno.EPIPE, f"the sandlock-exec server is gone: {exc}") from None
+        theirs.close()  # the supervisor's copy is the only one: its death is our EOF
+        if _taken(ours, wait):
+            return ours
     except BaseException:
         ours.close()
         raise
     finally:
         theirs.close()
-    return ours
+    ours.close()
+    return None
+
+
+def _taken(sock: socket.socket, wait: Optional[float]) -> bool:
+    """Whether a supervisor took the request on ``sock``: it said ``T`` (consumed here)
+    or refused it (an ``F``, left for the caller). A supervisor that stops answering
+    (``wait`` seconds, the call's own deadline) counts as taken: the caller's deadline
+    ends the call."""
+    import select
+
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(None if wait is None else int(wait * 1000) + 1):
+        return True
+    try:
+        first = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    if first == b"T":
+        sock.recv(16)
+        return True
+    return first != b""
 
 
 def implements() -> frozenset[str]:

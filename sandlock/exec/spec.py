@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 #: The version of the step language and of the request wire (:mod:`sandlock.exec.wire`).
 #: A helper speaking another version is an error, never a fallback.
-VERSION = 2
+VERSION = 3
 
 CGROUP = "cgroup"      #: join the run's pids cgroup: first, so that everything is counted
 SESSION = "session"    #: setsid(): the child leads its own session and process group

@@ -14,6 +14,8 @@ message (:func:`check_hello`); a mismatch is an error, never a fallback.
 Reports, from a call's supervisor on the call's socket (made by the supervisors,
 decoded by :func:`sandlock.api.sandbox._Call.receive`):
 
+    T                                    (sandlock-exec) the supervisor took the request: from
+                                         here the command may run; without it, never started
     S pid                                the command has exec'd (popen)
     E returncode signal timed_out pid    it ended
     F exit_code ErrorName\\nmessage      the supervisor failed (before or instead of a run)

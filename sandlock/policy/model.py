@@ -47,6 +47,13 @@ MAX_SIZE = 1 << 60
 MAX_DURATION = 10**9
 #: Largest count a limit may name.
 MAX_COUNT = 1 << 62
+#: Smallest ``[limits] memory`` (RLIMIT_AS, bytes): below about 3 MiB the dynamic loader
+#: cannot even map libc (measured: ``/bin/true`` and ``/bin/sh`` need ~3 MiB, python3
+#: ~10 MiB), and the tool dies in execve (SIGSEGV, or 127 from the loader).
+MIN_MEMORY = 8 << 20
+#: Smallest ``[limits] open_files`` (RLIMIT_NOFILE): stdio and one descriptor for the
+#: loader to open each library with; with fewer no dynamically linked program starts.
+MIN_OPEN_FILES = 4
 
 
 class Access(str, enum.Enum):
@@ -250,6 +257,25 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+def _memory(value: object) -> int:
+    """``[limits] memory``: a size no smaller than MIN_MEMORY."""
+    size = parse_size(value)
+    if size < MIN_MEMORY:
+        raise _Bad(f"{_shown(value)} of address space is below the smallest memory limit, "
+                   f"8MiB ({MIN_MEMORY} bytes): no program can start under about 3MiB (the "
+                   "loader maps libc into it), and most need 64MiB or more")
+    return size
+
+
+def _open_files(value: object) -> int:
+    """``[limits] open_files``: a count no smaller than MIN_OPEN_FILES."""
+    number = _count(value)
+    if number < MIN_OPEN_FILES:
+        raise _Bad(f"{number} open files is too few: no program can start with fewer than "
+                   f"{MIN_OPEN_FILES} (its standard streams and one for the loader)")
+    return number
+
+
 def _count(value: object) -> int:
     number: int = _expect(value, int, "a positive integer")
     if number <= 0:
@@ -438,12 +464,26 @@ SCHEMA: dict[str, Validator | dict[str, Validator]] = {
     "scope": {"signals": _boolean, "abstract_unix": _boolean},
     "env": {"pass": _env_pass, "set": _env_set},
     "limits": {
-        "timeout": parse_duration, "cpu": _cpu_seconds, "memory": parse_size,
-        "processes": _count, "open_files": _count, "file_size": parse_size,
+        "timeout": parse_duration, "cpu": _cpu_seconds, "memory": _memory,
+        "processes": _count, "open_files": _open_files, "file_size": parse_size,
     },
     "syscalls": {"deny": _syscall_names, "allow": _syscall_names},
     "credentials": _credentials,
 }
+
+
+def check_limits(policy: Policy) -> None:
+    """Check the limits of a ``Policy`` built without the loader (the API takes one)
+    with the very validators of its keys: a PolicyError naming the key, as loading says."""
+    checks = SCHEMA["limits"]
+    assert isinstance(checks, dict)
+    for key, check in checks.items():
+        value = getattr(policy.limits, key)
+        if value is not None and key != "timeout":  # a float of seconds, checked by its users
+            try:
+                check(value)
+            except _Bad as bad:
+                raise PolicyError(str(bad), source=policy.source, key=f"limits.{key}") from None
 
 
 # ----------------------------------------------------------------------------

@@ -45,7 +45,8 @@
  *
  * Supervisor, per call: fd 0-2 the command's stdio, 3 the call socket, 4 the ruleset.
  * First message in is the seccomp BPF. Messages out (sandlock/exec/wire.py
- * format): "S pid", "E returncode signal timed_out pid", "F 125 SetupError\nmessage"
+ * format): "T" (taken: sent just before the command is forked; a call whose socket
+ * ends without it never started, and the caller submits it again), "S pid", "E returncode signal timed_out pid", "F 125 SetupError\nmessage"
  * (the supervisor failed), "X stage\0errno\0msg" (the child failed before exec;
  * launcher._setup_failure decodes it). Messages in: "K" kill the tree, "s N" send
  * signal N to the command's process group; EOF (the caller closed its end or died)
@@ -110,7 +111,7 @@ struct cap_data { unsigned int effective, permitted, inheritable; };
 #define RULESET 4
 #define LAUNCHER_FAILED 125 /* sandlock.errors.ExitCode.LAUNCHER */
 #define MAX_STEPS 64
-#define WIRE_VERSION 2 /* sandlock/exec/spec.py VERSION */
+#define WIRE_VERSION 3 /* sandlock/exec/spec.py VERSION */
 #define REQUEST_MAX (64 * 1024) /* nativeexec.INLINE_LIMIT stays below: more goes in a memfd */
 #define MAX_FDS 6               /* call socket, stdin, stdout, stderr, ruleset, memfd */
 
@@ -497,6 +498,7 @@ static void supervise(char **command) {
     /* vfork: no copy of even this small process's page tables. The child only makes
      * syscalls on its own stack and ends in execve or _exit; each step it takes acts on
      * per-task or copied state (no CLONE_FS/FILES/SIGHAND), never on this process's. */
+    say("T", 1); /* from here on the command may run: the caller no longer resubmits */
     pid_t parent = getpid(), pid = vfork();
     if (pid < 0) {
         int err = errno;
@@ -730,7 +732,11 @@ static void wait_for_request(void) {
     size_t len;
     while ((nfds = receive(fds, &len, &flags, 0)) == 0) {}
     if (nfds < 0) _exit(0); /* EOF: the caller closed the control socket, or died */
-    prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0); /* from here on, the call outlives the server */
+    /* From here on the call outlives the server: no death signal, and a process group of
+     * its own, so that a kill of the server's group (kill -9 -PGID) does not take this
+     * supervisor, the subreaper of the call's tree, with it. */
+    prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+    setpgid(0, 0);
     send(notes[1], "", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     serve_call(fds, nfds, len, flags);
 }
