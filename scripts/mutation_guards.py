@@ -32,6 +32,7 @@ CREDENTIALS = "tests/test_credentials.py::"
 ATTACKS = "tests/test_credential_attacks.py::"
 LEARN = "tests/test_learn_holes.py::"
 MOUNTS = "tests/test_mounts.py::"
+KILLS = "tests/test_kill_faults.py::"
 
 GUARDS: tuple[Guard, ...] = (
     Guard("cache entry tag", "sandlock/compile/cache.py",
@@ -242,4 +243,33 @@ GUARDS: tuple[Guard, ...] = (
           "                below = False",
           (MOUNTS + "test_a_hidden_mount_is_judged_by_its_mount_point",
            MOUNTS + "test_a_mount_of_one_protected_file_is_refused")),
+    Guard("watchdog of sandlock run", "sandlock/exec/launcher.py",
+          "                            watchdog=True)",
+          "                            watchdog=False)",
+          (KILLS + "test_killing_the_launcher_leaves_no_tool_process",)),
+    Guard("watchdog: notices the launcher's death", "sandlock/exec/launcher.py",
+          "        poller.register(watched, select.POLLIN)",
+          "        pass",
+          (KILLS + "test_killing_the_launcher_leaves_no_tool_process",)),
+    Guard("native supervisors in their own process group", "sandlock/exec/helper/sandlock_exec.c",
+          "    setpgid(0, 0);",
+          "    ;",
+          (KILLS + "test_killing_the_native_helpers_group_loses_no_call",)),
+    Guard("native: a request is taken only when a supervisor says so", "sandlock/exec/native.py",
+          "    return first != b\"\"",
+          "    return True",
+          (KILLS + "test_a_request_is_taken_only_when_a_supervisor_says_so",)),
+    Guard("API: a call a killed supervisor took is reported killed", "sandlock/api/sandbox.py",
+          "        elif self.status is None and self.failure is None and self.taken:",
+          "        elif self.status is None and self.failure is None and False:",
+          (KILLS + "test_a_call_whose_supervisor_is_killed_is_reported_killed",)),
+    Guard("limits: the smallest memory limit", "sandlock/policy/model.py",
+          "    if size < MIN_MEMORY:",
+          "    if False:",
+          ("tests/test_cli_faults.py::test_a_limit_nothing_can_start_under_is_refused_alike",)),
+    Guard("limits: checked when compiling a Policy object", "sandlock/compile/compiler.py",
+          "    check_limits(policy)\n",
+          "",
+          ("tests/test_cli_faults.py::"
+           "test_a_policy_object_below_the_minimum_is_refused_by_the_compiler",)),
 )
