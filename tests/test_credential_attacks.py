@@ -457,9 +457,10 @@ def test_explain_shows_the_route_port_and_tcp_sockets(tmp_path: Path) -> None:
     assert report["network"]["connect"] == ["the credential route's port (chosen when the run "
                                             "starts)"]
     from sandlock.compile import seccomp
+    from sandlock.policy.model import effective
 
     loaded = loads_policy(policy.read_text())
-    assert len(seccomp.plan(C.effective(loaded, 1))) == report["seccomp"]["rules"]
+    assert len(seccomp.plan(effective(loaded, 1))) == report["seccomp"]["rules"]
     assert len(seccomp.plan(loaded)) != report["seccomp"]["rules"]  # TCP sockets allowed
 
 

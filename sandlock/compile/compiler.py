@@ -224,7 +224,7 @@ def _compile_routed(policy: Policy, routes: Optional[Routes]) -> Compiled:
 
         raise SetupError(f"{policy.source}: [credentials] needs its route server listening "
                          "before the policy is compiled (sandlock.net.routes.prepare)")
-    from ..policy.credentials import effective
+    from ..policy.model import effective
 
     compiled = _compile(effective(policy, routes.port))
     compiled.routes = routes

@@ -98,7 +98,7 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
     # those of `sandlock run`.
     run = policy
     if policy.credentials:
-        from ..policy.credentials import effective
+        from ..policy.model import effective
 
         run = effective(policy, 1)
     plan = seccomp.plan(run)

@@ -202,9 +202,12 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
             os.write(errw, message.encode(errors="replace"))
     finally:
         try:
-            if group is not None and orphaned:
-                group.close()  # the whole tree at once, a fork bomb included; and nobody
-                # else will remove the group (a launcher alive kills it once told the status)
+            if group is not None:  # the whole tree at once, a fork bomb included, before
+                # reaping (one by one, a bomb that forks at its cap would never be done)
+                if orphaned:
+                    group.close()  # and nobody else will remove the group
+                else:
+                    group.kill()  # the launcher removes it once told the status
             if _has_children():
                 reap_descendants()
         finally:

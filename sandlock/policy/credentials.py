@@ -417,39 +417,6 @@ def secrets_for(credentials: Sequence[Credential], grants: Sequence[Any],
     return out
 
 
-def effective(policy: Any, port: int) -> Any:
-    """The policy a run of ``policy`` (with ``[credentials]``) is compiled from, once its
-    route server listens on ``port``: the one computation of the grants credential
-    routes add, for every executor (`sandlock run`, `trace`, the API, `sandlock probe`),
-    applied before compiling so the Landlock rules and the seccomp filter agree on it.
-
-    - TCP connect to ``port`` (a ``connect`` entry: Landlock grants the port, and the
-      seccomp filter then allows inet stream sockets at all);
-    - with ``[network] allow``, ``127.0.0.1:PORT`` among the allowed hosts, since the
-      tool's HTTP clients send the route's requests through the proxy.
-
-    The credentials stay in the policy (the executor serves them; a policy holding them
-    is never stored in the compiled-policy cache, so no run's port outlives the run)."""
-    return with_loopback_port(policy, port, "credential routes")
-
-
-def with_loopback_port(policy: Any, port: int, why: str) -> Any:
-    """``policy`` granting TCP connect to ``port`` on loopback: a ``connect`` entry and,
-    under ``[network] allow``, an allowed ``127.0.0.1:PORT`` whose text names ``why``."""
-    from dataclasses import replace
-
-    from .model import PortRange
-
-    network = replace(policy.network, connect=(*policy.network.connect, PortRange(port, port)))
-    if network.allow:
-        from .netrules import parse_rules
-
-        extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
-        network = replace(network, allow=(*network.allow, replace(
-            extra, where=f"allow[{len(network.allow)}]", text=f"{why} {extra.text}")))
-    return replace(policy, network=network)
-
-
 def tool_environment(credentials: Sequence[Credential], env: Mapping[str, str],
                      secrets: Mapping[str, str], placeholders: Mapping[str, str],
                      base_urls: Mapping[str, str]) -> dict[str, str]:

@@ -472,6 +472,37 @@ SCHEMA: dict[str, Validator | dict[str, Validator]] = {
 }
 
 
+def effective(policy: Policy, port: int) -> Policy:
+    """The policy a run of ``policy`` (with ``[credentials]``) is compiled from, once its
+    route server listens on ``port``: the one computation of the grants credential
+    routes add, for every executor (`sandlock run`, `trace`, the API, `sandlock probe`),
+    applied before compiling so the Landlock rules and the seccomp filter agree on it.
+
+    - TCP connect to ``port`` (a ``connect`` entry: Landlock grants the port, and the
+      seccomp filter then allows inet stream sockets at all);
+    - with ``[network] allow``, ``127.0.0.1:PORT`` among the allowed hosts, since the
+      tool's HTTP clients send the route's requests through the proxy.
+
+    The credentials stay in the policy (the executor serves them; a policy holding them
+    is never stored in the compiled-policy cache, so no run's port outlives the run)."""
+    return with_loopback_port(policy, port, "credential routes")
+
+
+def with_loopback_port(policy: Policy, port: int, why: str) -> Policy:
+    """``policy`` granting TCP connect to ``port`` on loopback: a ``connect`` entry and,
+    under ``[network] allow``, an allowed ``127.0.0.1:PORT`` whose text names ``why``."""
+    from dataclasses import replace
+
+    network = replace(policy.network, connect=(*policy.network.connect, PortRange(port, port)))
+    if network.allow:
+        from .netrules import parse_rules
+
+        extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
+        network = replace(network, allow=(*network.allow, replace(
+            extra, where=f"allow[{len(network.allow)}]", text=f"{why} {extra.text}")))
+    return replace(policy, network=network)
+
+
 def check_limits(policy: Policy) -> None:
     """Check the limits of a ``Policy`` built without the loader (the API takes one)
     with the very validators of its keys: a PolicyError naming the key, as loading says."""

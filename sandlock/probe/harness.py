@@ -984,9 +984,9 @@ def _with_echo(policy: Policy, cfg: Mapping[str, Any]) -> Policy:
     """``policy`` with TCP connect to the harness's echo server, if it has one."""
     if "credential" not in cfg:
         return policy
-    from ..policy.credentials import with_loopback_port
+    from ..policy.model import with_loopback_port
 
-    return with_loopback_port(policy, cfg["credential"]["echo"], "probe echo server")  # type: ignore[no-any-return]
+    return with_loopback_port(policy, cfg["credential"]["echo"], "probe echo server")
 
 
 def _routes(policy: Policy, harness: Harness) -> Any:
