@@ -169,7 +169,7 @@ def compile_policy(policy: Policy) -> Compiled:
         raise process_failure(policy, refused[0])
     if policy.syscalls.allow or policy.syscalls.deny:
         seccomp.check_names(policy)
-    bpf = seccomp.bpf_for(seccomp.plan(policy))
+    bpf = seccomp.bpf_for(seccomp.plan(policy, abi))
     fd = build_rules(policy, plan)
     rlimits = clamp_to_hard_limits(rlimits_for(policy.limits))
     return Compiled(policy, abi, plan.gaps + caller, fd, bpf, rlimits)

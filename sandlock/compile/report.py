@@ -89,7 +89,7 @@ def kernel_report() -> dict[str, Any]:
 
 def explain_policy(policy: Policy) -> dict[str, Any]:
     abi = ruleset.detect_abi()
-    plan = seccomp.plan(policy)
+    plan = seccomp.plan(policy, abi)
     denied = sorted({rule.syscall for rule in plan if not rule.args and rule.syscall != "clone3"})
     limits = {k: v for k, v in vars(policy.limits).items() if v is not None}
     gaps = (*ruleset.gaps(policy, abi), *ruleset.caller_gaps(policy))
