@@ -51,10 +51,15 @@ class Compiled:
     """
 
     cgroup: Optional[cgroups.Base] = None
+    #: Each run needs the signal gate (:mod:`sandlock.linux.signalgate`), the substitute
+    #: for Landlock's signal scope below ABI 6; the attribute exists only then (so the
+    #: compiled-policy cache, which does not reproduce it, never keeps such a policy).
+    signal_gate = False
 
     def __init__(self, policy: Policy, abi: int, gaps: tuple[ruleset.Gap, ...], ruleset_fd: int,
                  bpf: bytes, rlimits: tuple[tuple[int, int], ...],
-                 cgroup: Optional[cgroups.Base] | str = DISCOVER) -> None:
+                 cgroup: Optional[cgroups.Base] | str = DISCOVER, *,
+                 signal_gate: bool = False) -> None:
         self.policy = policy
         self.abi = abi
         self.gaps = gaps
@@ -62,6 +67,8 @@ class Compiled:
         self.bpf = bpf
         self.rlimits = rlimits
         self._fprog, self._keep = kernel.make_fprog(bpf)
+        if signal_gate:
+            self.signal_gate = True
         if process_limit(rlimits) is not None:
             self.cgroup = cgroups.find()[0] if cgroup == DISCOVER else cgroup  # type: ignore[assignment]
 
@@ -154,6 +161,7 @@ def process_failure(policy: Policy, gap: ruleset.Gap) -> KernelSupportError:
 def compile_policy(policy: Policy) -> Compiled:
     """Check kernel support, build the Landlock ruleset and the seccomp BPF."""
     from ..policy.model import Compat
+    from . import abi as A
     from . import ruleset, seccomp
 
     why = kernel.seccomp_supported()
@@ -161,8 +169,19 @@ def compile_policy(policy: Policy) -> Compiled:
         raise KernelSupportError(f"seccomp filters are unavailable: {why}")
     abi = ruleset.detect_abi()
     plan = ruleset.plan(policy, abi)
-    if plan.gaps and policy.compat is Compat.STRICT:
-        raise strict_failure(policy, abi, plan.gaps)
+    gate = any(s.protection == "signal scope" for s in plan.substitutes)
+    gaps = plan.gaps
+    if gate:
+        from ..linux import signalgate
+
+        why_not = signalgate.supported()
+        if why_not:  # the substitute cannot run here: the signal scope is a gap after all
+            gate = False
+            gaps += (ruleset.Gap("signal scope", A.SCOPE_SINCE,
+                                 "the tool can signal every process of the same user",
+                                 f"Landlock ABI {A.SCOPE_SINCE}, or the signal gate: {why_not}"),)
+    if gaps and policy.compat is Compat.STRICT:
+        raise strict_failure(policy, abi, gaps)
     caller = ruleset.caller_gaps(policy)
     refused = [gap for gap in caller if gap.strict]
     if refused and policy.compat is Compat.STRICT:
@@ -172,7 +191,7 @@ def compile_policy(policy: Policy) -> Compiled:
     bpf = seccomp.bpf_for(seccomp.plan(policy, abi))
     fd = build_rules(policy, plan)
     rlimits = clamp_to_hard_limits(rlimits_for(policy.limits))
-    return Compiled(policy, abi, plan.gaps + caller, fd, bpf, rlimits)
+    return Compiled(policy, abi, gaps + caller, fd, bpf, rlimits, signal_gate=gate)
 
 
 def build_rules(policy: Policy, plan: ruleset.Plan) -> int:

@@ -69,6 +69,8 @@ def substitutes(policy: Policy, abi: int) -> tuple[Substitute, ...]:
     fs, out = A.fs_handled(abi), []
     if fs and not fs & A.Fs.TRUNCATE:
         out.append(Substitute("truncate restriction", A.fs_since(A.Fs.TRUNCATE), TRUNCATE_HOW))
+    if fs and policy.scope.signals and not A.scopes_known(abi) & A.Scope.SIGNAL:
+        out.append(Substitute("signal scope", A.SCOPE_SINCE, SIGNAL_HOW))
     return tuple(out)
 
 

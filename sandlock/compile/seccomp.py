@@ -234,6 +234,23 @@ def truncate_rules() -> list[Rule]:
     return rules
 
 
+#: fcntl(2) F_SETOWN_EX (owner in memory, a thread or a group); ioctl(2) FIOSETOWN and
+#: SIOCSPGRP (asm-generic/sockios.h: F_SETOWN by another route, the owner in memory).
+F_SETOWN_EX, FIOSETOWN, SIOCSPGRP = 15, 0x8901, 0x8902
+
+
+def signal_rules() -> list[Rule]:
+    """The policy filter's half of the signal gate (:mod:`sandlock.linux.signalgate`), the
+    substitute for Landlock's signal scope before ABI 6: setsid(2) is refused so every
+    process of the tool stays in the session its first process leads; kill(-1) (every
+    process the caller may signal) is refused; so are the SIGIO/SIGURG owner settings
+    whose owner sits in memory the gate could only read racily (F_SETOWN_EX, FIOSETOWN,
+    SIOCSPGRP); F_SETOWN itself goes to the gate."""
+    return [Rule("setsid"), Rule("kill", args=(_eq32(0, LOW32),)),
+            Rule("fcntl", args=(_eq32(1, F_SETOWN_EX),)),
+            Rule("ioctl", args=(_eq32(1, FIOSETOWN),)), Rule("ioctl", args=(_eq32(1, SIOCSPGRP),))]
+
+
 def plan(policy: Policy, abi: int = NEWEST_ABI) -> tuple[Rule, ...]:
     """The rules of the filter for ``policy`` on Landlock ABI ``abi``: pure data, no
     kernel involved. ``abi`` decides the substitutes for protections it lacks
@@ -246,6 +263,8 @@ def plan(policy: Policy, abi: int = NEWEST_ABI) -> tuple[Rule, ...]:
     rules += _plant_rules()
     if substituted(policy, abi, "truncate restriction"):
         rules += truncate_rules()
+    if substituted(policy, abi, "signal scope"):
+        rules += signal_rules()
     if "memfd_create" not in allow:
         # (flags & MFD_NOEXEC_SEAL) == 0: an executable memfd. ENOSYS, as on kernels before
         # memfd (3.17): programs then fall back to a file, whose execution Landlock decides.

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from typing import Callable, Mapping, Optional, Sequence
 
     from ..compile.compiler import Compiled
+    from ..linux.signalgate import SignalGate, Signals
     from ..net.connect import Mediation
     from ..policy.model import Policy
     from ..trace.record import Recorder
@@ -354,6 +355,11 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
                _mediation: Optional[Mediation], recorder: Optional[Recorder]) -> Child:
     hooks = [h.in_child for h in (recorder, _mediation) if h is not None]  # recorder first:
     # the mediation filter refuses new listeners
+    # -- the signal gate (substitute for Landlock's signal scope below ABI 6) ----------
+    signals, gate = signal_gate(compiled.signal_gate, recorder, _mediation)
+    if gate is not None:
+        hooks.append(gate.in_child)
+    # -- end of the signal gate ---------------------------------------------------------
 
     def hook() -> None:
         for each in hooks:
@@ -365,6 +371,10 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
     previous = {}
     try:
         starting = Starting(compiled, cmd, stdio=(-1, -1, -1), hook=hook if hooks else None)
+        if signals is not None:  # the signal gate: the tool's session is its first process
+            signals.session = starting.pid
+            if gate is not None:
+                gate.start()
         if recorder is not None:
             recorder.start()  # before confirm(): the child's own execve is notified
         child = starting.confirm()
@@ -376,6 +386,10 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
                     previous[signum] = signal.signal(signum, lambda n, _f: child.send_signal(n))
             except ValueError:  # not the main thread: only it may handle signals
                 pass
+    except BaseException:
+        if gate is not None:
+            gate.stop()
+        raise
     finally:
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -387,4 +401,25 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
             signal.signal(signum, handler)
         if child.returncode is None:
             child.kill_tree()
+        if gate is not None:
+            gate.stop()
     return child
+
+
+def signal_gate(needed: bool, *listeners: object) -> tuple[Optional[Signals],
+                                                           Optional[SignalGate]]:
+    """The signal gate of a run whose policy needs it (``Compiled.signal_gate``): its
+    handler, carried by the run's first other listener (recorder, connect gate) if it has
+    one (a process may have only one), else a listener of its own, returned as well.
+    The executor sets ``session`` to the child's pid right after fork."""
+    if not needed:
+        return None, None
+    from ..linux.signalgate import SignalGate, Signals
+
+    signals = Signals()
+    for each in listeners:
+        carrier = getattr(each, "gate", each)  # the connect gate of a Mediation
+        if carrier is not None:
+            carrier.gate_signals(signals)  # type: ignore[attr-defined]
+            return signals, None
+    return signals, SignalGate(signals)

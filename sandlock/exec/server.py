@@ -418,7 +418,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
             raise SandlockError("a Python call reached a command supervisor")
         child = taken
         failure = ""
-        recorder = None
+        recorder = gate = None
         if child is None:
             spare = None
             compiled = _compiled(request, fds[4] if request["ruleset"] else -1)
@@ -431,9 +431,17 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
                     hook = _listener_hook(request, fds)
                     if recorder is not None:  # recorder first: the mediation filter
                         hook = _hooks(recorder.in_child, hook)  # refuses new listeners
+                    # the signal gate (Landlock ABI < 6): on the recorder's listener if any
+                    signals, gate = launcher.signal_gate(bool(request.get("signals")), recorder)
+                    if gate is not None:
+                        hook = _hooks(hook, gate.in_child)
                     steps = _steps(request, compiled, cmd, hook is not None)
                     starting = launcher.Starting(compiled, cmd, stdio=(stdin, stdout, stderr),
                                                  hook=hook, steps=steps)
+                    if signals is not None:
+                        signals.session = starting.pid
+                        if gate is not None:
+                            gate.start()
                     if recorder is not None:
                         recorder.start()  # before confirm(): the child's execve is notified
                     child = starting.confirm()
@@ -468,6 +476,8 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
         if child.pidfd >= 0:
             child._reap()  # ended early (see _watch): reap it, and anything it left
     finally:
+        if gate is not None:
+            gate.stop()
         if recorder is not None:
             recorder.__exit__()  # stops it unless _send_denials did
         if spare is not None:
