@@ -158,10 +158,29 @@ def process_failure(policy: Policy, gap: ruleset.Gap) -> KernelSupportError:
     )
 
 
+def effective(plan: ruleset.Plan) -> tuple[tuple[ruleset.Gap, ...], tuple[ruleset.Substitute, ...]]:
+    """The plan's gaps and substitutes once this kernel's support for each substitute is
+    known: the signal gate needs seccomp user notification; without it the signal scope
+    is a gap after all. What `sandlock run` enforces and what `explain` says."""
+    from . import abi as A
+    from . import ruleset
+
+    gaps, substitutes = plan.gaps, plan.substitutes
+    if any(s.protection == "signal scope" for s in substitutes):
+        from ..linux import signalgate
+
+        why_not = signalgate.supported()
+        if why_not:
+            substitutes = tuple(s for s in substitutes if s.protection != "signal scope")
+            gaps += (ruleset.Gap("signal scope", A.SCOPE_SINCE,
+                                 "the tool can signal every process of the same user",
+                                 f"Landlock ABI {A.SCOPE_SINCE}, or the signal gate: {why_not}"),)
+    return gaps, substitutes
+
+
 def compile_policy(policy: Policy) -> Compiled:
     """Check kernel support, build the Landlock ruleset and the seccomp BPF."""
     from ..policy.model import Compat
-    from . import abi as A
     from . import ruleset, seccomp
 
     why = kernel.seccomp_supported()
@@ -169,17 +188,8 @@ def compile_policy(policy: Policy) -> Compiled:
         raise KernelSupportError(f"seccomp filters are unavailable: {why}")
     abi = ruleset.detect_abi()
     plan = ruleset.plan(policy, abi)
-    gate = any(s.protection == "signal scope" for s in plan.substitutes)
-    gaps = plan.gaps
-    if gate:
-        from ..linux import signalgate
-
-        why_not = signalgate.supported()
-        if why_not:  # the substitute cannot run here: the signal scope is a gap after all
-            gate = False
-            gaps += (ruleset.Gap("signal scope", A.SCOPE_SINCE,
-                                 "the tool can signal every process of the same user",
-                                 f"Landlock ABI {A.SCOPE_SINCE}, or the signal gate: {why_not}"),)
+    gaps, substitutes = effective(plan)
+    gate = any(s.protection == "signal scope" for s in substitutes)
     if gaps and policy.compat is Compat.STRICT:
         raise strict_failure(policy, abi, gaps)
     caller = ruleset.caller_gaps(policy)
