@@ -218,7 +218,7 @@ def _confined(tmp_path: Path, abi: int, monkeypatch: pytest.MonkeyPatch, argv: l
         """, name="signals.toml")
     if not gate:
         monkeypatch.setattr(seccomp, "signal_rules", lambda: [])
-        monkeypatch.setattr(launcher, "signal_gate", lambda *_: (None, None))
+        monkeypatch.setattr(launcher, "_own_gate", lambda _c, _s, _b, hook: (None, hook))
     policy = load_policy(str(policy_file), {})
     with compiler.compile_policy(policy) as compiled:
         assert compiled.signal_gate

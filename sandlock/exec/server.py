@@ -263,7 +263,8 @@ def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
     wire = request["cgroup"]
     base = None if wire is None else cgroups.Base(*wire)
     return compiler.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
-                             request["bpf"], tuple(request["rlimits"]), base)
+                             request["bpf"], tuple(request["rlimits"]), base,
+                             signal_gate=request.get("signals") is True)
 
 
 def _steps(request: dict[str, Any], compiled: Any, cmd: Any, notify: bool) -> Any:
@@ -418,7 +419,7 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
             raise SandlockError("a Python call reached a command supervisor")
         child = taken
         failure = ""
-        recorder = gate = None
+        recorder = None
         if child is None:
             spare = None
             compiled = _compiled(request, fds[4] if request["ruleset"] else -1)
@@ -431,17 +432,13 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
                     hook = _listener_hook(request, fds)
                     if recorder is not None:  # recorder first: the mediation filter
                         hook = _hooks(recorder.in_child, hook)  # refuses new listeners
-                    # the signal gate (Landlock ABI < 6): on the recorder's listener if any
-                    signals, gate = launcher.signal_gate(bool(request.get("signals")), recorder)
-                    if gate is not None:
-                        hook = _hooks(hook, gate.in_child)
-                    steps = _steps(request, compiled, cmd, hook is not None)
+                    # the signal gate (Landlock ABI < 6): on the recorder's listener if
+                    # any, else Starting gives the child one of its own
+                    signals = launcher.carry_signals(compiled.signal_gate, recorder)
+                    steps = _steps(request, compiled, cmd,
+                                   hook is not None or compiled.signal_gate)
                     starting = launcher.Starting(compiled, cmd, stdio=(stdin, stdout, stderr),
-                                                 hook=hook, steps=steps)
-                    if signals is not None:
-                        signals.session = starting.pid
-                        if gate is not None:
-                            gate.start()
+                                                 hook=hook, steps=steps, signals=signals)
                     if recorder is not None:
                         recorder.start()  # before confirm(): the child's execve is notified
                     child = starting.confirm()
@@ -476,8 +473,6 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
         if child.pidfd >= 0:
             child._reap()  # ended early (see _watch): reap it, and anything it left
     finally:
-        if gate is not None:
-            gate.stop()
         if recorder is not None:
             recorder.__exit__()  # stops it unless _send_denials did
         if spare is not None:
