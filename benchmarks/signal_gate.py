@@ -72,7 +72,7 @@ def main() -> None:
         kinds = {"ABI 5 (signal gate)": (5, True), "ABI 7 (Landlock scope, cached)": (7, True),
                  "ABI 7, cache off": (7, False)}
         times: dict[str, list[float]] = {k: [] for k in kinds}
-        for kind, (abi, cache) in kinds.items():
+        for abi, cache in kinds.values():
             _sandlock(policy, ["/usr/bin/true"], abi, cache)  # warm up (and fill the cache)
         for _ in range(args.runs):
             for kind, (abi, cache) in kinds.items():
