@@ -358,3 +358,31 @@ def test_signal_gate_in_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         with pytest.raises(KernelSupportError, match="signal gate"):
             box.call(os.getpid)
     assert not _dead(victim)
+
+
+def test_signal_gate_on_a_cache_hit(tmp_path: Path, victim: subprocess.Popen[bytes]) -> None:
+    """The compiled-policy cache keeps the gate: the second run, read back from the cache
+    without parsing the policy, refuses the signal as the first did."""
+    import json
+    import sys
+
+    require_abi(5, "pretending ABI 5")
+    script = _program(tmp_path, SIGNAL_ATTACKS["kill"])
+    policy = write_policy(tmp_path, f"""\
+        version = 1
+        extends = ["python"]
+        [filesystem]
+        read = ["{tmp_path}"]
+        """, name="signals.toml")
+    env = {k: v for k, v in _abi_env(5).items() if k != "SANDLOCK_NO_CACHE"}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    runner = ("import json, sys\nfrom sandlock.cli import launch\ncode = launch.main_run(sys.argv[1:])\n"
+              "sys.stderr.write('\\n' + json.dumps([code, 'sandlock.policy.model' in sys.modules]))")
+    seen = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", runner, "--policy", str(policy), "--", PYTHON,
+                               str(script), str(victim.pid)], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        seen.append(json.loads(done.stderr.rpartition("\n")[2]))
+    assert seen == [[errno.EPERM, True], [errno.EPERM, False]]  # a miss, then a hit
+    assert not _dead(victim)

@@ -52,8 +52,7 @@ class Compiled:
 
     cgroup: Optional[cgroups.Base] = None
     #: Each run needs the signal gate (:mod:`sandlock.linux.signalgate`), the substitute
-    #: for Landlock's signal scope below ABI 6; the attribute exists only then (so the
-    #: compiled-policy cache, which does not reproduce it, never keeps such a policy).
+    #: for Landlock's signal scope below ABI 6 (an instance attribute only then).
     signal_gate = False
 
     def __init__(self, policy: Policy, abi: int, gaps: tuple[ruleset.Gap, ...], ruleset_fd: int,
