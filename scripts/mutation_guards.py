@@ -33,6 +33,7 @@ ATTACKS = "tests/test_credential_attacks.py::"
 LEARN = "tests/test_learn_holes.py::"
 MOUNTS = "tests/test_mounts.py::"
 KILLS = "tests/test_kill_faults.py::"
+SUBST = "tests/test_substitutes.py::"
 
 GUARDS: tuple[Guard, ...] = (
     Guard("cache entry tag", "sandlock/compile/cache.py",
@@ -244,8 +245,8 @@ GUARDS: tuple[Guard, ...] = (
           (MOUNTS + "test_a_hidden_mount_is_judged_by_its_mount_point",
            MOUNTS + "test_a_mount_of_one_protected_file_is_refused")),
     Guard("watchdog of sandlock run", "sandlock/exec/launcher.py",
-          "                            watchdog=True)",
-          "                            watchdog=False)",
+          "                            signals=signals, watchdog=True)",
+          "                            signals=signals, watchdog=False)",
           (KILLS + "test_killing_the_launcher_leaves_no_tool_process",)),
     Guard("watchdog: notices the launcher's death", "sandlock/exec/launcher.py",
           "        poller.register(watched, select.POLLIN)",
@@ -272,4 +273,39 @@ GUARDS: tuple[Guard, ...] = (
           "",
           ("tests/test_cli_faults.py::"
            "test_a_policy_object_below_the_minimum_is_refused_by_the_compiler",)),
+    Guard("truncate substitute below Landlock ABI 3", "sandlock/compile/seccomp.py",
+          "        rules += truncate_rules()",
+          "        pass",
+          (SUBST + "test_truncate_refused_below_abi_3[truncate-2]",
+           SUBST + "test_truncate_refused_below_abi_3[open_rdonly_trunc-1]")),
+    Guard("signal gate: setsid refused below Landlock ABI 6", "sandlock/compile/seccomp.py",
+          "        rules += signal_rules()",
+          "        pass",
+          (SUBST + "test_setsid_refused_below_abi_6",)),
+    Guard("signal gate: the target's session", "sandlock/linux/signalgate.py",
+          "            if session != own:",
+          "            if False:",
+          (SUBST + "test_signal_outside_refused[kill-5]",
+           SUBST + "test_signal_outside_refused[kill_pgid-5]")),
+    Guard("signal gate: installed for the run", "sandlock/exec/launcher.py",
+          "    if not compiled.signal_gate or signals is not None or body is not None:",
+          "    if True:",
+          (SUBST + "test_signal_outside_refused[kill-5]",
+           SUBST + "test_signal_cli_strict_runs_and_refuses[5]")),
+    Guard("signal gate: tgkill to another process", "sandlock/linux/signalgate.py",
+          "            return CONTINUE if first == caller else (-errno.EPERM, 0)",
+          "            return CONTINUE",
+          (SUBST + "test_signal_outside_refused[tgkill-5]",)),
+    Guard("signal gate: F_SETOWN to another process", "sandlock/linux/signalgate.py",
+          "            return CONTINUE if _s32(args[2]) == caller else (-errno.EPERM, 0)",
+          "            return CONTINUE",
+          (SUBST + "test_signal_outside_refused[f_setown_sigio-5]",)),
+    Guard("signal gate: the API routes gated runs to the fork server", "sandlock/api/sandbox.py",
+          "and \"trace\" not in fields and not compiled.signal_gate:",
+          "and \"trace\" not in fields:",
+          (SUBST + "test_signal_gate_in_the_api[5]",)),
+    Guard("signal gate: kept by the compiled-policy cache", "sandlock/compile/cache.py",
+          "self.bpf, self.rlimits, self.cgroup, signal_gate=self.signal_gate)",
+          "self.bpf, self.rlimits, self.cgroup)",
+          (SUBST + "test_signal_gate_on_a_cache_hit",)),
 )

@@ -11,7 +11,7 @@ import pytest
 
 from sandlock.compile import abi as A
 from sandlock.compile.abi import Fs, Net, Scope
-from sandlock.compile.ruleset import ENV_ABI, detect_abi, gaps, plan
+from sandlock.compile.ruleset import ENV_ABI, detect_abi, gaps, plan, substitutes
 from sandlock.errors import LandlockError
 from sandlock.linux import kernel
 from sandlock.policy.model import Access, Network, PathRule, Policy, PortRange, Scopes
@@ -179,11 +179,11 @@ def gap_names(policy: Policy, abi: int) -> list[str]:
 
 @pytest.mark.parametrize("abi, expected", [
     (0, ["filesystem confinement", "signal scope"]),
-    (1, ["truncate restriction", "signal scope"]),
-    (2, ["truncate restriction", "signal scope"]),
-    (3, ["signal scope"]),
-    (4, ["signal scope"]),
-    (5, ["signal scope"]),
+    (1, []),  # the truncate restriction and the signal scope have substitutes below 3 and 6
+    (2, []),
+    (3, []),
+    (4, []),
+    (5, []),
     (6, []),
     (7, []),
 ])
@@ -192,7 +192,7 @@ def test_gaps_of_the_default_policy(abi: int, expected: list[str]) -> None:
 
 
 @pytest.mark.parametrize("abi, expected", [
-    (0, ["filesystem confinement"]), (1, ["truncate restriction"]), (2, ["truncate restriction"]),
+    (0, ["filesystem confinement"]), (1, []), (2, []),
     (3, []), (4, []), (5, []), (6, []), (7, []),
 ])
 def test_gaps_without_scopes(abi: int, expected: list[str]) -> None:
@@ -224,7 +224,12 @@ def test_gap_abstract_unix_scope_only_matters_with_unix_sockets(abi: int) -> Non
 
 @pytest.mark.parametrize("abi", ABIS)
 def test_gap_signal_scope(abi: int) -> None:
-    assert ("signal scope" in gap_names(Policy(scope=Scopes(True, False)), abi)) == (abi < 6)
+    """Below ABI 6 the signal gate substitutes for the scope (a gap only without Landlock,
+    or when the compiler finds the gate unsupported here)."""
+    policy = Policy(scope=Scopes(True, False))
+    assert ("signal scope" in gap_names(policy, abi)) == (abi == 0)
+    assert ("signal scope" in [s.protection for s in substitutes(policy, abi)]) == (0 < abi < 6)
+    assert "signal scope" not in [s.protection for s in substitutes(Policy(scope=Scopes(False, False)), 3)]
 
 
 @pytest.mark.parametrize("abi", ABIS)
@@ -238,11 +243,16 @@ def test_gap_device_ioctl(abi: int) -> None:
 
 
 @pytest.mark.parametrize("abi", [1, 2])
-def test_gap_truncate(abi: int) -> None:
-    (gap,) = gaps(NOTHING, abi)
-    assert (gap.protection, gap.needs_abi) == ("truncate restriction", 3)
-    assert str(gap) == ("truncate restriction (needs Landlock ABI 3): files outside the write "
-                        "paths can be truncated with truncate(2)")
+def test_truncate_substitute(abi: int) -> None:
+    """Without the truncate right the seccomp substitute covers it: not a gap
+    (tests/test_substitutes.py attacks it on the real kernel)."""
+    assert gaps(NOTHING, abi) == ()
+    (sub,) = substitutes(NOTHING, abi)
+    assert (sub.protection, sub.needs_abi) == ("truncate restriction", 3)
+    assert str(sub).startswith("truncate restriction (Landlock ABI 3+ enforces it): substitute: "
+                               "seccomp: truncate(2) by path")
+    assert all(not substitutes(NOTHING, newer) for newer in range(3, A.NEWEST_ABI + 1))
+    assert substitutes(NOTHING, 0) == ()
 
 
 def test_gap_messages_say_what_is_lost() -> None:

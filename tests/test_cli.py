@@ -18,7 +18,7 @@ from conftest import ABI, POLICIES, require_abi, run_confined, sandlock, write_p
 from sandlock import __version__
 from sandlock.cli import launch
 from sandlock.cli.main import cli
-from sandlock.compile.ruleset import ENV_ABI
+from sandlock.compile.ruleset import ENV_ABI, SIGNAL_HOW
 from sandlock.errors import PolicyError
 from sandlock.policy.model import load_policy
 
@@ -157,8 +157,13 @@ def test_explain_json_not_enforced_under_abi_3(tmp_path: Path) -> None:
     assert report["not_enforced"] == [
         ("TCP port restriction (needs Landlock ABI 4): TCP connect/bind is possible to and on any "
          "port, not only the granted ones"),
-        "signal scope (needs Landlock ABI 6): the tool can signal every process of the same user",
     ]
+    # below ABI 6 the signal scope has its substitute, the signal gate
+    assert [(p["protection"], p["enforced_by"].split(":")[0]) for p in report["protections"]] == [
+        ("filesystem confinement", "Landlock (ABI 1+)"), ("truncate restriction", "Landlock (ABI 3+)"),
+        ("TCP port restriction", "not enforced"), ("signal scope", "substitute")]
+    assert report["substitutes"] == [f"signal scope (Landlock ABI 6+ enforces it): substitute: "
+                                     f"{SIGNAL_HOW}"]
 
 
 def test_explain_text_without_description(tmp_path: Path) -> None:
@@ -185,7 +190,16 @@ def test_explain_text_under_abi_3(tmp_path: Path) -> None:
                     env={ENV_ABI: "3"})
     assert result.exit_code == 0
     assert "kernel Landlock ABI: 3" in result.stdout
-    assert ("NOT enforced on this kernel:\n  - signal scope (needs Landlock ABI 6)"
+    assert f"signal scope: substitute: {SIGNAL_HOW}\n" in result.stdout
+    assert "truncate restriction: Landlock (ABI 3+)\n" in result.stdout
+    assert "Everything this policy relies on is enforced on this kernel." in result.stdout
+    tcp = write_policy(tmp_path, """\
+        version = 1
+        [network]
+        connect = [443]
+    """)
+    result = invoke("explain", "--policy", str(tcp), env={ENV_ABI: "3"})
+    assert ("NOT enforced on this kernel:\n  - TCP port restriction (needs Landlock ABI 4)"
             in result.stdout)
     assert "strict mode: `sandlock run` will refuse to start with this policy here." in result.stdout
 
@@ -458,24 +472,35 @@ def run_read_file(workspace: Path, target: Path, abi: int, *extra: str
     return result.returncode, result.stdout, result.stderr.splitlines()
 
 
-SIGNAL_GAP = ("signal scope (needs Landlock ABI 6): the tool can signal every process of the "
-              "same user")
-TRUNCATE_GAP = ("truncate restriction (needs Landlock ABI 3): files outside the write paths can "
-                "be truncated with truncate(2)")
-
-
-def gap_lines(abi: int) -> list[str]:
-    return ([TRUNCATE_GAP] if abi < 3 else []) + [SIGNAL_GAP]
+TCP_GAP = ("TCP port restriction (needs Landlock ABI 4): TCP connect/bind is possible to and on "
+           "any port, not only the granted ones")
 
 
 @pytest.mark.parametrize("abi", [1, 2, 3, 4, 5])
-def test_strict_refuses_on_an_older_abi(workspace: Path, abi: int) -> None:
+def test_strict_runs_on_an_older_abi(workspace: Path, abi: int) -> None:
+    """The truncate restriction (below ABI 3) and the signal scope (below ABI 6) have
+    substitutes (tests/test_substitutes.py attacks them): a shipped profile runs strict."""
     require_abi(abi, f"pretending ABI {abi}")
     code, out, err = run_read_file(workspace, workspace / "notes.md", abi)
-    assert (code, out) == (125, "")
-    assert err == [
-        f"sandlock: this kernel (Landlock ABI {abi}) cannot enforce what {READ_FILE} relies on:",
-        *[f"  - {line}" for line in gap_lines(abi)],
+    assert (code, out, err) == (0, "hello from the workspace\n", [])
+
+
+@pytest.mark.parametrize("abi", [1, 2, 3])
+def test_strict_refuses_what_has_no_substitute(tmp_path: Path, workspace: Path, abi: int) -> None:
+    """TCP port rules below ABI 4 have none: strict mode still refuses."""
+    require_abi(abi, f"pretending ABI {abi}")
+    policy = write_policy(tmp_path, f"""\
+        extends = ["{READ_FILE}"]
+        [network]
+        connect = [443]
+    """)
+    result = run_confined(policy, ["cat", str(workspace / "notes.md")],
+                          variables={"workspace": str(workspace)},
+                          env=env_with(**{ENV_ABI: str(abi)}))
+    assert (result.returncode, result.stdout) == (125, "")
+    assert result.stderr.splitlines() == [
+        f"sandlock: this kernel (Landlock ABI {abi}) cannot enforce what {policy} relies on:",
+        f"  - {TCP_GAP}",
         ("Refusing to run. Use a newer kernel, remove the grant that needs it, or accept the gap "
          'with --best-effort (or compat = "best-effort" in the policy).'),
     ]
@@ -485,11 +510,7 @@ def test_strict_refuses_on_an_older_abi(workspace: Path, abi: int) -> None:
 def test_best_effort_warns_and_still_confines(workspace: Path, outside: Path, abi: int) -> None:
     require_abi(abi, f"pretending ABI {abi}")
     code, out, err = run_read_file(workspace, workspace / "notes.md", abi, "--best-effort")
-    assert (code, out) == (0, "hello from the workspace\n")
-    assert err == [
-        f"sandlock: warning: NOT enforced for this caller on this kernel (Landlock ABI {abi}):",
-        *[f"sandlock: warning:   - {line}" for line in gap_lines(abi)],
-    ]
+    assert (code, out, err) == (0, "hello from the workspace\n", [])  # nothing left unenforced
     code, out, err = run_read_file(workspace, outside / "secret.txt", abi, "--best-effort")
     assert (code, out) == (1, "")
     assert any("Permission denied" in line for line in err)
@@ -513,10 +534,7 @@ def test_best_effort_in_the_policy_file(workspace: Path, tmp_path: Path) -> None
     result = run_confined(policy, ["cat", str(workspace / "notes.md")],
                           variables={"workspace": str(workspace)}, env=env_with(**{ENV_ABI: "3"}))
     assert (result.returncode, result.stdout) == (0, "hello from the workspace\n")
-    assert result.stderr.splitlines() == [
-        "sandlock: warning: NOT enforced for this caller on this kernel (Landlock ABI 3):",
-        f"sandlock: warning:   - {SIGNAL_GAP}",
-    ]
+    assert result.stderr.splitlines() == []  # the signal scope has its substitute at ABI 3
 
 
 @pytest.mark.parametrize("value, message", [

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from ..compile import compiler
+from ..compile.abi import SCOPE_SINCE
 from ..errors import (
     CallError,
     ExecError,
@@ -279,6 +280,19 @@ def _working_directory() -> str:
         raise SetupError("the working directory no longer exists (it was deleted); pass cwd= "
                          "or change to an existing directory") from None
 
+def _check_signal_gate(kind: str, mediation: Optional[Mediation]) -> None:
+    """The signal gate (:mod:`sandlock.linux.signalgate`) runs in the fork server's command
+    supervisor; ``call()`` (its spares) and ``[network] allow`` (whose listener is the
+    mediator's) do not carry it yet: refused rather than run without the signal scope."""
+    what = ("call()" if kind != "exec" else "[network] allow" if mediation is not None else "")
+    if what:
+        raise KernelSupportError(
+            f"{what} on this kernel (Landlock ABI below {SCOPE_SINCE}) would run without the "
+            "signal scope: its substitute, the signal gate, is not carried there yet (it is "
+            "for run()/popen() and `sandlock run`); use a kernel with Landlock ABI "
+            f"{SCOPE_SINCE}+, or [scope] signals = false with best-effort to accept the gap")
+
+
 class Sandbox:
     """A compiled policy: every :meth:`run`, :meth:`popen` or :meth:`call` is a new,
     separately confined process. Thread-safe; close it (or use ``with``) to release
@@ -479,8 +493,12 @@ class Sandbox:
         try:
             compiled = self._compiled
             limit = self.policy.limits.timeout if timeout is None else timeout
+            if compiled.signal_gate:  # the signal scope's substitute below Landlock ABI 6
+                _check_signal_gate(kind, mediation)
+                fields["signals"] = True  # run by the fork server's supervisor
             if kind == "exec" and self._native and nativeexec.enabled() and mediation is None \
-                    and "trace" not in fields:  # a traced call's recorder is Python's
+                    and "trace" not in fields and not compiled.signal_gate:
+                # a traced call's recorder is Python's; so is the signal gate
                 native = _NativeCall(compiled, cmd, stdio, limit, bool(fields.get("report_start")))
                 native.deadline = None if limit is None else _now() + limit + _GRACE
                 return native
@@ -493,7 +511,8 @@ class Sandbox:
             if kind == "exec":  # a call's spare takes spec.child_steps in its supervisor
                 fields["steps"] = spec.encode(spec.child_steps(
                     compiled, cmd, in_group=compiled.run_group_limit() is not None,
-                    notify=mediation is not None or bool(fields.get("trace"))))
+                    notify=mediation is not None or bool(fields.get("trace"))
+                    or compiled.signal_gate))
             request = {
                 "version": spec.VERSION, "kind": kind, "exe": cmd.executable, "argv": list(cmd.argv),
                 "env": list(cmd.env), "cwd": cmd.cwd, "bpf": compiled.bpf,

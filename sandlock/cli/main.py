@@ -144,6 +144,8 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
               f"{', '.join(report['seccomp']['denied'])}; denied with some arguments (set-id "
               f"modes, namespaces, terminal injection, other processes, unexecutable memfds, "
               f"socket kinds not granted): {', '.join(report['seccomp']['conditional'])}")
+    for item in report["protections"]:
+        out.print(f"{item['protection']}: {item['enforced_by']}")
     for line in report["refused_grants"]:
         out.print(f"REFUSED: `sandlock run` will not start with this grant: {line}",
                   markup=False, highlight=False)

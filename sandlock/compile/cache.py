@@ -86,7 +86,7 @@ KNOWN_FIELDS = {
 }
 #: Attributes of compiler.Compiled the cached path reproduces.
 KNOWN_COMPILED = {"policy", "abi", "gaps", "ruleset_fd", "bpf", "rlimits", "_fprog", "_keep",
-                  "cgroup"}
+                  "cgroup", "signal_gate"}
 
 
 class _Limits:
@@ -172,6 +172,10 @@ class Entry:
         self.warnings: tuple[str, ...] = tuple(value["warnings"])
         self.bpf: bytes = value["bpf"]
         self.rlimits: tuple[tuple[int, int], ...] = tuple(value["rlimits"])
+        #: The run needs the signal gate (Landlock ABI < 6, sandlock.linux.signalgate).
+        self.signal_gate = value["signal_gate"]
+        if type(self.signal_gate) is not bool:
+            raise ValueError("bad signal_gate")
         self.policy_files = (policy_file, *(where for kind, where, _ in value["layers"]
                                             if kind == "file"))
         #: The pids cgroup base found when the entry was compiled (a ``processes`` limit
@@ -200,7 +204,7 @@ class Entry:
                                   write_rights, self.policy_files)
         # Gaps are kept as their one-line descriptions: Compiled.warnings prints str(gap).
         return Compiled(self.policy, abi, self.warnings, fd,  # type: ignore[arg-type]
-                        self.bpf, self.rlimits, self.cgroup)
+                        self.bpf, self.rlimits, self.cgroup, signal_gate=self.signal_gate)
 
 
 class Lookup:
@@ -478,6 +482,7 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
                  int(FILE_ONLY), int(WRITE_RIGHTS)),
         "warnings": tuple(compiled.warnings),
         "bpf": bytes(compiled.bpf),
+        "signal_gate": compiled.signal_gate,
         "rlimits": tuple((int(r), int(v)) for r, v in compiled.rlimits),
         "env": (tuple(policy.env.passed), tuple(policy.env.set)),
         "timeout": policy.limits.timeout,

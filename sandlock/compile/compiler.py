@@ -56,10 +56,14 @@ class Compiled:
     #: listening on the port this Compiled grants; None without credentials. An instance
     #: attribute only when set (the compiled-policy cache never holds one).
     routes: Optional[Routes] = None
+    #: Each run needs the signal gate (:mod:`sandlock.linux.signalgate`), the substitute
+    #: for Landlock's signal scope below ABI 6 (an instance attribute only then).
+    signal_gate = False
 
     def __init__(self, policy: Policy, abi: int, gaps: tuple[ruleset.Gap, ...], ruleset_fd: int,
                  bpf: bytes, rlimits: tuple[tuple[int, int], ...],
-                 cgroup: Optional[cgroups.Base] | str = DISCOVER) -> None:
+                 cgroup: Optional[cgroups.Base] | str = DISCOVER, *,
+                 signal_gate: bool = False) -> None:
         self.policy = policy
         self.abi = abi
         self.gaps = gaps
@@ -67,6 +71,8 @@ class Compiled:
         self.bpf = bpf
         self.rlimits = rlimits
         self._fprog, self._keep = kernel.make_fprog(bpf)
+        if signal_gate:
+            self.signal_gate = True
         if process_limit(rlimits) is not None:
             self.cgroup = cgroups.find()[0] if cgroup == DISCOVER else cgroup  # type: ignore[assignment]
 
@@ -231,6 +237,26 @@ def _compile_routed(policy: Policy, routes: Optional[Routes]) -> Compiled:
     return compiled
 
 
+def enforced(plan: ruleset.Plan) -> tuple[tuple[ruleset.Gap, ...], tuple[ruleset.Substitute, ...]]:
+    """The plan's gaps and substitutes once this kernel's support for each substitute is
+    known: the signal gate needs seccomp user notification; without it the signal scope
+    is a gap after all. What `sandlock run` enforces and what `explain` says."""
+    from . import abi as A
+    from . import ruleset
+
+    gaps, substitutes = plan.gaps, plan.substitutes
+    if any(s.protection == "signal scope" for s in substitutes):
+        from ..linux import signalgate
+
+        why_not = signalgate.supported()
+        if why_not:
+            substitutes = tuple(s for s in substitutes if s.protection != "signal scope")
+            gaps += (ruleset.Gap("signal scope", A.SCOPE_SINCE,
+                                 "the tool can signal every process of the same user",
+                                 f"Landlock ABI {A.SCOPE_SINCE}, or the signal gate: {why_not}"),)
+    return gaps, substitutes
+
+
 def _compile(policy: Policy) -> Compiled:
     from ..policy.model import Compat, check_limits
     from . import ruleset, seccomp
@@ -241,18 +267,20 @@ def _compile(policy: Policy) -> Compiled:
         raise KernelSupportError(f"seccomp filters are unavailable: {why}")
     abi = ruleset.detect_abi()
     plan = ruleset.plan(policy, abi)
-    if plan.gaps and policy.compat is Compat.STRICT:
-        raise strict_failure(policy, abi, plan.gaps)
+    gaps, substitutes = enforced(plan)
+    gate = any(s.protection == "signal scope" for s in substitutes)
+    if gaps and policy.compat is Compat.STRICT:
+        raise strict_failure(policy, abi, gaps)
     caller = ruleset.caller_gaps(policy)
     refused = [gap for gap in caller if gap.strict]
     if refused and policy.compat is Compat.STRICT:
         raise process_failure(policy, refused[0])
     if policy.syscalls.allow or policy.syscalls.deny:
         seccomp.check_names(policy)
-    bpf = seccomp.bpf_for(seccomp.plan(policy))
+    bpf = seccomp.bpf_for(seccomp.plan(policy, abi))
     fd = build_rules(policy, plan)
     rlimits = clamp_to_hard_limits(rlimits_for(policy.limits))
-    return Compiled(policy, abi, plan.gaps + caller, fd, bpf, rlimits)
+    return Compiled(policy, abi, gaps + caller, fd, bpf, rlimits, signal_gate=gate)
 
 
 def build_rules(policy: Policy, plan: ruleset.Plan) -> int:

@@ -65,6 +65,16 @@ def kernel_report() -> dict[str, Any]:
     notif = why is None and kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF)
     features.append({"feature": "seccomp user notification", "available": notif,
                      "detail": "SECCOMP_RET_USER_NOTIF"})
+    from ..linux import signalgate
+
+    truncate = bool(A.fs_handled(used) & A.Fs.TRUNCATE)
+    features.append({"feature": "truncate restriction", "available": why is None or truncate,
+                     "detail": "Landlock" if truncate else f"substitute: {ruleset.TRUNCATE_HOW}"})
+    scoped = bool(A.scopes_known(used) & A.Scope.SIGNAL)
+    gate_why = signalgate.supported()
+    features.append({"feature": "signal scope", "available": scoped or gate_why is None,
+                     "detail": "Landlock" if scoped else f"substitute: {ruleset.SIGNAL_HOW}"
+                     if gate_why is None else f"not enforced: {gate_why}"})
     from ..linux import cgroups
 
     base, why = cgroups.find()
@@ -101,10 +111,13 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         from ..policy.model import effective
 
         run = effective(policy, 1)
-    plan = seccomp.plan(run)
+    plan = seccomp.plan(run, abi)
     denied = sorted({rule.syscall for rule in plan if not rule.args and rule.syscall != "clone3"})
     limits = {k: v for k, v in vars(policy.limits).items() if v is not None}
-    gaps = (*ruleset.gaps(run, abi), *ruleset.caller_gaps(run))
+    from .compiler import enforced
+
+    landlock_gaps, substitutes = enforced(ruleset.plan(run, abi))
+    gaps = (*landlock_gaps, *ruleset.caller_gaps(run))
     return {
         "source": policy.source,
         "description": policy.description,
@@ -127,11 +140,43 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
                     "conditional": sorted({rule.syscall for rule in plan if rule.args}
                                           | ({"clone3"} if any(r.syscall == "clone3" for r in plan)
                                              else set()))},
+        "protections": _protections(policy, abi, gaps, substitutes),
+        "substitutes": [str(sub) for sub in substitutes],
         "not_enforced": [str(gap) for gap in gaps],
         "refused_in_strict": [str(gap) for gap in gaps if gap.strict],
         "refused_grants": _refused_grants(policy, abi),
         **({"credentials": _credentials(policy)} if policy.credentials else {}),
     }
+
+
+#: The protections Landlock gives from some ABI on, with that ABI: what `explain` lists.
+_PROTECTIONS = (("filesystem confinement", 1), ("truncate restriction", A.fs_since(A.Fs.TRUNCATE)),
+                ("TCP port restriction", A.NET_SINCE),
+                ("device ioctl restriction", A.fs_since(A.Fs.IOCTL_DEV)),
+                ("signal scope", A.SCOPE_SINCE), ("abstract unix socket scope", A.SCOPE_SINCE))
+
+
+def _protections(policy: Policy, abi: int, gaps: tuple[ruleset.Gap, ...],
+                 substitutes: tuple[ruleset.Substitute, ...]) -> list[dict[str, str]]:
+    """Per protection, what enforces it here: "Landlock (ABI N+)", "substitute: ...",
+    or "not enforced: ..." (a gap). Protections a policy does not rely on (a TCP rule
+    without TCP grants, a scope the policy switches off) are left out unless a gap names them."""
+    out = []
+    relied = {"TCP port restriction": policy.network.tcp, "signal scope": policy.scope.signals,
+              "abstract unix socket scope": policy.scope.abstract_unix and policy.network.unix}
+    for name, since in _PROTECTIONS:
+        gap = next((g for g in gaps if g.protection == name), None)
+        sub = next((s for s in substitutes if s.protection == name), None)
+        if gap is not None:
+            how = f"not enforced: {gap.consequence}"
+        elif sub is not None:
+            how = f"substitute: {sub.how}"
+        elif not relied.get(name, True) or since > abi:
+            continue  # not relied on, or (devices) no grant that needs it
+        else:
+            how = f"Landlock (ABI {since}+)"
+        out.append({"protection": name, "enforced_by": how})
+    return out
 
 
 def _credentials(policy: Policy) -> list[dict[str, Any]]:

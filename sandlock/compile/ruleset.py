@@ -43,6 +43,43 @@ class Gap:
 
 
 @dataclass(frozen=True)
+class Substitute:
+    """A protection this Landlock ABI lacks that sandlock enforces another way, without
+    privilege or namespaces (docs/design.md "Substitutes for older Landlock ABIs")."""
+
+    protection: str
+    needs_abi: int
+    how: str
+
+    def __str__(self) -> str:
+        return f"{self.protection} (Landlock ABI {self.needs_abi}+ enforces it): substitute: {self.how}"
+
+
+#: How each substitute enforces its protection (what `explain` and `check` say).
+TRUNCATE_HOW = ("seccomp: truncate(2) by path and open(2) with O_TRUNC without write access "
+                "are refused (EPERM); ftruncate(2) on a descriptor opened for writing works")
+SIGNAL_HOW = ("seccomp user notification: the supervisor lets a signal through only to a "
+              "process of the tool's own session (setsid() refused inside the tool)")
+
+
+def substitutes(policy: Policy, abi: int) -> tuple[Substitute, ...]:
+    """Protections ``policy`` relies on that Landlock ABI ``abi`` lacks and that a
+    substitute enforces instead (the kernel's support for the substitute itself is the
+    compiler's check). None without Landlock at all: then nothing is confined anyway."""
+    fs, out = A.fs_handled(abi), []
+    if fs and not fs & A.Fs.TRUNCATE:
+        out.append(Substitute("truncate restriction", A.fs_since(A.Fs.TRUNCATE), TRUNCATE_HOW))
+    if fs and policy.scope.signals and not A.scopes_known(abi) & A.Scope.SIGNAL:
+        out.append(Substitute("signal scope", A.SCOPE_SINCE, SIGNAL_HOW))
+    return tuple(out)
+
+
+def substituted(policy: Policy, abi: int, protection: str) -> bool:
+    """Whether ``protection`` is enforced by a substitute for ``policy`` on ``abi``."""
+    return any(s.protection == protection for s in substitutes(policy, abi))
+
+
+@dataclass(frozen=True)
 class Plan:
     abi: int
     handled_fs: int
@@ -51,6 +88,7 @@ class Plan:
     paths: tuple[tuple[str, int], ...]  #: (path, rights for a directory at that path)
     ports: tuple[tuple[int, int], ...]  #: (port, Net rights)
     gaps: tuple[Gap, ...]
+    substitutes: tuple[Substitute, ...] = ()
 
 
 def access_rights(access: Access, abi: int, *, sockets: bool) -> int:
@@ -68,9 +106,8 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
     if not fs:
         out.append(Gap("filesystem confinement", 1,
                        "Landlock is unavailable: every file the user can reach is reachable"))
-    elif not fs & A.Fs.TRUNCATE:
-        out.append(Gap("truncate restriction", A.fs_since(A.Fs.TRUNCATE),
-                       "files outside the write paths can be truncated with truncate(2)"))
+    # Without the truncate right (ABI 1-2) the seccomp substitute refuses truncation
+    # (substitutes()): not a gap.
     if not net and policy.network.tcp:
         out.append(Gap("TCP port restriction", A.NET_SINCE,
                        "TCP connect/bind is possible to and on any port, not only the granted ones"))
@@ -79,7 +116,8 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
                                        for r in policy.paths):
         out.append(Gap("device ioctl restriction", A.fs_since(A.Fs.IOCTL_DEV),
                        "ioctl(2) on granted devices is not restricted"))
-    if not scopes & A.Scope.SIGNAL and policy.scope.signals:
+    if not scopes & A.Scope.SIGNAL and policy.scope.signals \
+            and not substituted(policy, abi, "signal scope"):
         out.append(Gap("signal scope", A.SCOPE_SINCE,
                        "the tool can signal every process of the same user"))
     if not scopes & A.Scope.ABSTRACT_UNIX_SOCKET and policy.scope.abstract_unix and policy.network.unix:
@@ -150,7 +188,8 @@ def plan(policy: Policy, abi: int) -> Plan:
         wanted |= A.Scope.ABSTRACT_UNIX_SOCKET
     scoped = wanted & A.scopes_known(abi)
     return Plan(abi, int(A.fs_handled(abi)), int(A.net_handled(abi)), int(scoped),
-                tuple(merged.items()), tuple(sorted(ports.items())), gaps(policy, abi))
+                tuple(merged.items()), tuple(sorted(ports.items())), gaps(policy, abi),
+                substitutes(policy, abi))
 
 
 def detect_abi() -> int:

@@ -27,6 +27,7 @@ from typing import Any, Callable
 from ..errors import PolicyError, SeccompError
 from ..linux.syscalls import MACHINE, TABLES
 from ..policy.model import Network, Policy
+from .abi import NEWEST_ABI
 
 # Comparison operators, as in libseccomp's enum scmp_compare.
 NE, LT, LE, EQ, GE, GT, MASKED_EQ = 1, 2, 3, 4, 5, 6, 7
@@ -210,12 +211,60 @@ def _plant_rules() -> list[Rule]:
     return rules
 
 
-def plan(policy: Policy) -> tuple[Rule, ...]:
-    """The rules of the filter for ``policy``: pure data, no kernel involved."""
+#: open(2) flags (asm-generic/fcntl.h): the access mode and truncation.
+O_ACCMODE, O_TRUNC = os.O_ACCMODE, os.O_TRUNC
+
+
+def truncate_rules() -> list[Rule]:
+    """The substitute for Landlock's truncate right (ABI 3) on ABI 1-2, where Landlock
+    checks neither truncate(2) nor what O_TRUNC does at open(2).
+
+    truncate(2) by path is refused whole: it names a file seccomp cannot see (tools
+    truncate with open + ftruncate(2), which stays allowed: it needs a descriptor opened
+    for writing, and opening for writing is what Landlock checks). open/openat with
+    O_TRUNC are refused when the access mode is O_RDONLY (Landlock then checks only
+    READ_FILE) or 3 (no access: Landlock checks nothing, the kernel still truncates with
+    the user's write permission); with O_WRONLY or O_RDWR Landlock checks WRITE_FILE.
+    creat(2) is O_WRONLY; openat2 is refused whole already (:func:`_plant_rules`).
+    One masked comparison per rule: the access mode and O_TRUNC are low bits.
+    """
+    rules = [Rule("truncate")]
+    rules += [Rule(name, args=(Cmp(flags, MASKED_EQ, mode | O_TRUNC, O_ACCMODE | O_TRUNC),))
+              for name, (flags, _) in OPEN_FLAGS_MODE.items() for mode in (os.O_RDONLY, O_ACCMODE)]
+    return rules
+
+
+#: fcntl(2) F_SETOWN_EX (owner in memory, a thread or a group); ioctl(2) FIOSETOWN and
+#: SIOCSPGRP (asm-generic/sockios.h: F_SETOWN by another route, the owner in memory).
+F_SETOWN_EX, FIOSETOWN, SIOCSPGRP = 15, 0x8901, 0x8902
+
+
+def signal_rules() -> list[Rule]:
+    """The policy filter's half of the signal gate (:mod:`sandlock.linux.signalgate`), the
+    substitute for Landlock's signal scope before ABI 6: setsid(2) is refused so every
+    process of the tool stays in the session its first process leads; kill(-1) (every
+    process the caller may signal) is refused; so are the SIGIO/SIGURG owner settings
+    whose owner sits in memory the gate could only read racily (F_SETOWN_EX, FIOSETOWN,
+    SIOCSPGRP); F_SETOWN itself goes to the gate."""
+    return [Rule("setsid"), Rule("kill", args=(_eq32(0, LOW32),)),
+            Rule("fcntl", args=(_eq32(1, F_SETOWN_EX),)),
+            Rule("ioctl", args=(_eq32(1, FIOSETOWN),)), Rule("ioctl", args=(_eq32(1, SIOCSPGRP),))]
+
+
+def plan(policy: Policy, abi: int = NEWEST_ABI) -> tuple[Rule, ...]:
+    """The rules of the filter for ``policy`` on Landlock ABI ``abi``: pure data, no
+    kernel involved. ``abi`` decides the substitutes for protections it lacks
+    (:func:`sandlock.compile.ruleset.substitutes`)."""
+    from .ruleset import substituted
+
     allow = set(policy.syscalls.allow) - set(NEVER_ALLOW)
     names = [n for n in DEFAULT_DENY if n not in allow] + list(policy.syscalls.deny)
     rules = [Rule(name) for name in dict.fromkeys(names)]
     rules += _plant_rules()
+    if substituted(policy, abi, "truncate restriction"):
+        rules += truncate_rules()
+    if substituted(policy, abi, "signal scope"):
+        rules += signal_rules()
     if "memfd_create" not in allow:
         # (flags & MFD_NOEXEC_SEAL) == 0: an executable memfd. ENOSYS, as on kernels before
         # memfd (3.17): programs then fall back to a file, whose execution Landlock decides.

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from typing import Callable, Mapping, Optional, Sequence
 
     from ..compile.compiler import Compiled
+    from ..linux.signalgate import SignalGate, Signals
     from ..net.connect import Mediation
     from ..policy.model import Policy
     from ..trace.record import Recorder
@@ -250,6 +251,8 @@ class Child:
         self.returncode: Optional[int] = None
         self.timed_out = False
         self.signal: Optional[int] = None
+        #: The signal gate's own listener (Landlock ABI < 6): stopped once the tree is gone.
+        self.gate: Optional[SignalGate] = None
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Wait for the command, kill its whole tree on timeout, return the exit code."""
@@ -286,6 +289,9 @@ class Child:
         if self.group is not None:
             self.group.close()
             self.group = None
+        if self.gate is not None:
+            self.gate.stop()
+            self.gate = None
 
     def _watchdog_status(self) -> int:
         """The tool's wait status as its watchdog reports it, once the watchdog has
@@ -327,13 +333,14 @@ class Child:
 
 def spawn(compiled: Compiled, cmd: Command, *, stdin: int = -1, stdout: int = -1,
           stderr: int = -1, hook: Optional[Callable[[], None]] = None,
-          body: Optional[Callable[[], None]] = None) -> Child:
+          body: Optional[Callable[[], None]] = None, signals: Optional[Signals] = None) -> Child:
     """Fork a confined child running ``cmd``. Raises on any failure before exec.
 
     ``body``, if given, runs in the confined child instead of execve (it must end
     with ``os._exit``): the fork server's Python calls use the very same steps.
     """
-    return Starting(compiled, cmd, stdio=(stdin, stdout, stderr), hook=hook, body=body).confirm()
+    return Starting(compiled, cmd, stdio=(stdin, stdout, stderr), hook=hook, body=body,
+                    signals=signals).confirm()
 
 
 class Starting:
@@ -345,9 +352,12 @@ class Starting:
     def __init__(self, compiled: Compiled, cmd: Command, *, stdio: tuple[int, int, int],
                  hook: Optional[Callable[[], None]] = None,
                  body: Optional[Callable[[], None]] = None,
-                 steps: Optional[tuple[spec.Step, ...]] = None, watchdog: bool = False) -> None:
+                 steps: Optional[tuple[spec.Step, ...]] = None,
+                 signals: Optional[Signals] = None, watchdog: bool = False) -> None:
         """``steps``: the child's steps as a request carried them (checked by the
         caller); by default :func:`spec.child_steps` for ``compiled`` and ``cmd``.
+        ``signals``: the signal gate's handler when another listener of the run carries it
+        (:func:`carry_signals`); else a policy that needs the gate gets its own here.
         ``watchdog``: fork the tool from a watchdog (:func:`_watchdog`) that kills its
         whole tree if this process dies."""
         # fsencode, not encode: argv and environment are bytes on Linux, and Python keeps
@@ -370,12 +380,18 @@ class Starting:
             self.discard_group()
             raise
         in_group = self.group is not None
+        self.gate, hook = _own_gate(compiled, signals, body, hook)
+        if self.gate is not None:
+            signals = self.gate.signals
         if steps is None:
             steps = spec.child_steps(compiled, cmd, in_group=in_group, notify=hook is not None,
                                      exec_=body is None)
         elif any(s[0] == spec.CGROUP for s in steps) != in_group:
             self.discard_group()
             raise SetupError("malformed request: the cgroup step and the run's pids cgroup disagree")
+        elif any(s[0] == spec.NOTIFY for s in steps) != (hook is not None):
+            self.discard_group()
+            raise SetupError("malformed request: the notify step and the run's listeners disagree")
         group_fd = -1 if self.group is None else self.group.procs_fd
         ctx = engine.Context(parent=os.getpid(), group_fd=group_fd,
                              stdio=stdio, ruleset_fd=compiled.ruleset_fd, fprog=compiled._fprog,
@@ -409,6 +425,8 @@ class Starting:
         os.close(errw)
         if reportw >= 0:
             os.close(reportw)
+        if self.gate is not None:
+            self.gate.start()
         if self.group is not None:  # the child holds its copy until exec (close-on-exec)
             os.close(self.group.procs_fd)
             self.group.procs_fd = -1
@@ -439,11 +457,14 @@ class Starting:
             if self.report >= 0:
                 os.close(self.report)
             self.discard_group()
+            if self.gate is not None:
+                self.gate.stop()
             from .wire import setup_failure
 
             raise setup_failure(self.cmd, report, self.ruleset_fd)
         pid = self.pid if watchdog is None else int.from_bytes(tool, "little", signed=True)
         child = Child(pid, self.spared, self.group, watchdog)
+        child.gate, self.gate = self.gate, None  # the Child's now, as the group
         self.group = None  # the Child's now
         return child
 
@@ -509,6 +530,9 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
                _mediation: Optional[Mediation], recorder: Optional[Recorder]) -> Child:
     hooks = [h.in_child for h in (recorder, _mediation) if h is not None]  # recorder first:
     # the mediation filter refuses new listeners
+    # the signal gate (Landlock ABI < 6) rides on the recorder's or the connect gate's
+    # listener; without either, Starting gives the child a listener of its own
+    signals = carry_signals(compiled.signal_gate, recorder, _mediation)
 
     def hook() -> None:
         for each in hooks:
@@ -520,7 +544,7 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
     previous = {}
     try:
         starting = Starting(compiled, cmd, stdio=(-1, -1, -1), hook=hook if hooks else None,
-                            watchdog=True)
+                            signals=signals, watchdog=True)
         if recorder is not None:
             recorder.start()  # before confirm(): the child's own execve is notified
         child = starting.confirm()
@@ -544,3 +568,47 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
         if child.returncode is None:
             child.kill_tree()
     return child
+
+
+# -- the signal gate: the substitute for Landlock's signal scope below ABI 6 -------------
+
+
+def carry_signals(needed: bool, *listeners: object) -> Optional[Signals]:
+    """The signal gate's handler, put on the run's first other listener (a recorder, or
+    the connect gate of a Mediation): a process may have only one listener. None when the
+    run needs no gate or has no other listener (then :class:`Starting` makes the gate a
+    listener of its own). Before fork."""
+    from ..linux.notify import Listener
+
+    carriers = [getattr(each, "gate", each) for each in listeners if each is not None]
+    if not needed or not carriers:
+        return None
+    from ..linux.signalgate import Signals
+
+    signals = Signals()
+    carrier = carriers[0]
+    assert isinstance(carrier, Listener)
+    carrier.gate_signals(signals)
+    return signals
+
+
+def _own_gate(compiled: Compiled, signals: Optional[Signals], body: object,
+              hook: Optional[Callable[[], None]]
+              ) -> tuple[Optional[SignalGate], Optional[Callable[[], None]]]:
+    """A listener of its own for a command whose policy needs the gate and whose caller
+    put it on no other listener (``signals`` None); ``hook`` then installs it as well.
+    Not for a Python call's spare (``body``): the API refuses call() under the gate."""
+    if not compiled.signal_gate or signals is not None or body is not None:
+        return None, hook
+    from ..linux.signalgate import SignalGate, Signals
+
+    gate = SignalGate(Signals())
+    if hook is None:
+        return gate, gate.in_child
+    first = hook
+
+    def both() -> None:
+        first()
+        gate.in_child()
+
+    return gate, both

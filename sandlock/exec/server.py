@@ -263,7 +263,8 @@ def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
     wire = request["cgroup"]
     base = None if wire is None else cgroups.Base(*wire)
     return compiler.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
-                             request["bpf"], tuple(request["rlimits"]), base)
+                             request["bpf"], tuple(request["rlimits"]), base,
+                             signal_gate=request.get("signals") is True)
 
 
 def _steps(request: dict[str, Any], compiled: Any, cmd: Any, notify: bool) -> Any:
@@ -431,9 +432,13 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
                     hook = _listener_hook(request, fds)
                     if recorder is not None:  # recorder first: the mediation filter
                         hook = _hooks(recorder.in_child, hook)  # refuses new listeners
-                    steps = _steps(request, compiled, cmd, hook is not None)
+                    # the signal gate (Landlock ABI < 6): on the recorder's listener if
+                    # any, else Starting gives the child one of its own
+                    signals = launcher.carry_signals(compiled.signal_gate, recorder)
+                    steps = _steps(request, compiled, cmd,
+                                   hook is not None or compiled.signal_gate)
                     starting = launcher.Starting(compiled, cmd, stdio=(stdin, stdout, stderr),
-                                                 hook=hook, steps=steps)
+                                                 hook=hook, steps=steps, signals=signals)
                     if recorder is not None:
                         recorder.start()  # before confirm(): the child's execve is notified
                     child = starting.confirm()

@@ -228,6 +228,15 @@ def take_fd(tid: int, target: int) -> int:
         os.close(pidfd)
 
 
+def pidfd_send_signal(pidfd: int, signum: int, info: Optional[bytes] = None) -> int:
+    """pidfd_send_signal(2) (Linux 5.1) with an optional ``siginfo_t`` copy; 0 or -errno
+    (https://man7.org/linux/man-pages/man2/pidfd_send_signal.2.html)."""
+    buf = None if info is None else ctypes.create_string_buffer(info, 128)
+    if _syscall(NR["pidfd_send_signal"], pidfd, signum, buf, 0) == 0:
+        return 0
+    return -ctypes.get_errno()
+
+
 def socket_option(fd: int, option: int) -> int:
     """An integer ``SOL_SOCKET`` option of the socket ``fd`` (SO_TYPE, SO_DOMAIN...),
     without wrapping the descriptor in a socket object."""

@@ -18,16 +18,21 @@ import select
 import socket
 import struct
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from . import kernel
 from .kernel import NOTIF_ID_VALID, NOTIF_RECV, NOTIF_SEND, NOTIF_SIZE, RESP_FORMAT
+
+if TYPE_CHECKING:
+    from .signalgate import Signals
 
 
 class Listener:
     """Subclasses define :meth:`_notified` and :attr:`name` (of the thread)."""
 
     name = "sandlock-notify"
+    #: The signal gate's handler when this listener also carries it (:meth:`gate_signals`).
+    signals: Optional[Signals] = None
 
     def __init__(self, bpf: bytes) -> None:
         self.notify_bpf = bpf
@@ -36,6 +41,15 @@ class Listener:
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread: Optional[threading.Thread] = None
         self.listener = -1
+
+    def gate_signals(self, signals: Signals) -> None:
+        """Also answer the signal gate's calls (:mod:`sandlock.linux.signalgate`): its
+        filter goes first in this listener's program. One listener for both, because
+        the kernel gives a process only one (has_duplicate_listener() in
+        kernel/seccomp.c refuses a second with EBUSY). Before fork only."""
+        self.signals = signals
+        self.notify_bpf = signals.prefix + self.notify_bpf
+        self._prog, self._keep = kernel.make_fprog(self.notify_bpf)
 
     @property
     def child_end(self) -> int:
@@ -106,6 +120,9 @@ class Listener:
         ident, tid = struct.unpack_from("=QI", buf, 0)
         nr, = struct.unpack_from("=i", buf, 16)
         args = struct.unpack_from("=6Q", buf, 32)
+        if self.signals is not None and nr in self.signals.numbers:
+            self.signals.notified(self, ident, tid, nr, args)
+            return
         self._notified(ident, tid, nr, args)
 
     def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:

@@ -36,6 +36,9 @@ TABLES: dict[str, dict[str, int]] = {
         "rename": 82, "renameat": 264, "renameat2": 316, "rmdir": 84, "seccomp": 317, "setns": 308,
         "socket": 41, "symlink": 88, "symlinkat": 266, "truncate": 76, "umount2": 166,
         "unlink": 87, "unlinkat": 263, "unshare": 272, "userfaultfd": 323,
+        # the signal gate (sandlock.linux.signalgate)
+        "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129,
+        "rt_tgsigqueueinfo": 297, "fcntl": 72, "setsid": 112,
     },
     "aarch64": {
         "add_key": 217, "bind": 200, "bpf": 280, "chroot": 51, "clone": 220, "clone3": 435,
@@ -48,6 +51,9 @@ TABLES: dict[str, dict[str, int]] = {
         "pidfd_send_signal": 424, "process_vm_readv": 270, "ptrace": 117, "renameat": 38,
         "renameat2": 276, "seccomp": 277, "setns": 268, "socket": 198, "symlinkat": 36,
         "truncate": 45, "umount2": 39, "unlinkat": 35, "unshare": 97, "userfaultfd": 282,
+        # the signal gate (sandlock.linux.signalgate)
+        "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138,
+        "rt_tgsigqueueinfo": 240, "fcntl": 25, "setsid": 157,
     },
 }
 

@@ -1066,7 +1066,8 @@ def _run_launcher(compiled: compiler.Compiled, command: launcher.Command,
         command = mediation.command(command)
     try:
         child = launcher.spawn(compiled, command, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
-                               hook=None if mediation is None else mediation.in_child)
+                               hook=None if mediation is None else mediation.in_child,
+                               signals=launcher.carry_signals(compiled.signal_gate, mediation))
         if mediation is not None:
             mediation.start()
         child.wait(RUN_TIMEOUT)  # reaps every descendant, daemons included
