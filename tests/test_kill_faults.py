@@ -213,38 +213,41 @@ def test_killing_the_launcher_leaves_no_tool_process(
         launcher.stderr.close()
 
 
-def _run_tool(tmp_path: Path, script: str, abi: str | None) -> subprocess.CompletedProcess[str]:
+def _run_tool(tmp_path: Path, script: str, scope: bool = True) -> subprocess.CompletedProcess[str]:
+    """``script`` under the shell profile; ``scope=False``: a policy that gives up the
+    signal scope (no Landlock scope, no signal gate: the tool may signal the user's
+    processes), accepted with --best-effort."""
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
-    env = dict(os.environ)
-    extra = []
-    if abi is not None:
-        env["SANDLOCK_ABI"] = abi
+    policy, extra = POLICIES / "shell.toml", []
+    if not scope:
+        policy = tmp_path / "unscoped.toml"
+        policy.write_text(f'version = 1\nextends = ["{POLICIES / "shell.toml"}"]\n'
+                          "[scope]\nsignals = false\n")
         extra = ["--best-effort"]
     return subprocess.run(
-        [sys.executable, "-m", "sandlock", "run", *extra, "--policy", str(POLICIES / "shell.toml"),
+        [sys.executable, "-m", "sandlock", "run", *extra, "--policy", str(policy),
          "--var", f"workspace={workspace}", "--timeout", "20", "--", "/bin/sh", "-c", script],
-        capture_output=True, text=True, env=env, timeout=60)
+        capture_output=True, text=True, timeout=60)
 
 
 def test_the_tool_cannot_kill_or_stop_its_watchdog(tmp_path: Path, marker: str) -> None:
-    """The watchdog (the tool's parent) is outside the tool's Landlock domain: at ABI 6
-    the signal scope refuses the tool's SIGKILL and SIGSTOP to it (EPERM)."""
-    require_abi(6, "the signal scope")
-    result = _run_tool(tmp_path, 'kill -STOP $PPID; echo "stop=$?"; kill -9 $PPID; echo "kill=$?"',
-                       None)
+    """The watchdog (the tool's parent) is outside the tool's sandbox: the signal scope
+    (Landlock at ABI 6, the signal gate below) refuses the tool's SIGKILL and SIGSTOP to
+    it (EPERM)."""
+    result = _run_tool(tmp_path, 'kill -STOP $PPID; echo "stop=$?"; kill -9 $PPID; echo "kill=$?"')
     assert result.returncode == 0, result.stderr
     assert "stop=1" in result.stdout and "kill=1" in result.stdout, result.stdout
 
 
-def test_below_abi_6_a_killed_watchdog_still_leaves_no_tool_process(tmp_path: Path,
-                                                                     marker: str) -> None:
+def test_without_the_signal_scope_a_killed_watchdog_still_leaves_no_tool_process(
+        tmp_path: Path, marker: str) -> None:
     """Positive control of the test above, and what holds without the signal scope: the
     tool kills its watchdog (it can), yet its daemon does not survive the run: the tool
     dies with its parent (PR_SET_PDEATHSIG) and the launcher, the subreaper above, reaps
     the rest."""
     script = f"setsid -f sleep {marker}; kill -9 $PPID; exec sleep {marker}"
-    result = _run_tool(tmp_path, script, "5")
+    result = _run_tool(tmp_path, script, scope=False)
     # 137, not 124 after the timeout: the watchdog died, and the tool with it
     assert result.returncode == 128 + signal.SIGKILL, (result.returncode, result.stderr)
     assert eventually(lambda: not marked(marker), 15), f"survivors: {marked(marker)}"

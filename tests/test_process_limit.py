@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -104,6 +105,26 @@ class Outer:
         return self.group.members(), subgroups
 
     def close(self) -> None:
+        """Kill and remove the groups the run left inside the cap (a run that failed or
+        hung leaves its own group there: with cgroup v1 the cap's kill does not reach a
+        nested group), then the cap itself."""
+        for where, _, _ in sorted(os.walk(self.group.path), key=lambda w: -len(w[0])):
+            if where == self.group.path:
+                continue
+            for _ in range(1000):
+                with open(os.path.join(where, "cgroup.procs")) as procs:
+                    pids = [int(line) for line in procs if line.strip()]
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            try:
+                os.rmdir(where)
+            except OSError:
+                pass
         self.group.close()
 
 

@@ -141,6 +141,7 @@ SHAPE: dict[str, Any] = {
     "env": ([str], [(str, str)]),
     "timeout": frozenset({type(None), float, int}),
     "cgroup": object,  # only compared with what the caller finds now
+    "signal_gate": bool,
 }
 
 
