@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, require_tool
 
 ELF = b"\x7fELF"
 HELPER = "sandlock/exec/helper/sandlock-exec"
@@ -19,7 +19,9 @@ pytestmark = pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="n
 
 
 def build(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``pip wheel`` of a clean copy of the checkout (no helper built in it), offline."""
+    """``pip wheel`` of a clean copy of the checkout (no helper built in it), offline:
+    with the system's setuptools, which needs the wheel package before 70.1 (Debian 12: 66)."""
+    require_tool("python3:wheel")
     source = tmp_path / "src"
     shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
         ".git", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".mypy_cache",
