@@ -72,6 +72,11 @@ fresh_root() {  # fresh_root DIR: Debian minbase + python3, mounts, resolver, th
     mount --rbind /sys "$dir/sys" && mount --make-rslave "$dir/sys"
     mount --rbind /dev "$dir/dev" && mount --make-rslave "$dir/dev"
     cp /etc/resolv.conf "$dir/etc/resolv.conf"
+    # This network's trust: where the host's pip is told to trust a CA bundle (a proxy's),
+    # a new machine here would be too. Beside the system store, which apt may rewrite.
+    if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+        cp "$PIP_CERT" "$dir/etc/host-network-ca.crt"
+    fi
 }
 
 copy_tree() {  # copy_tree DEST: the files of this checkout (as a clone has them)
@@ -84,12 +89,16 @@ copy_tree() {  # copy_tree DEST: the files of this checkout (as a clone has them
     fi
 }
 
-# What a newcomer types: the install command, the README's first example, the test command.
-NEWCOMER="cd ~/sandlock && $INSTALL
-cd \"\$(mktemp -d)\" && echo 'hello from the workspace' > notes.md && $FIRST
+# What a newcomer types: the install command, the README's first example, the test command
+# (each line stops the run if it fails: sh -e does not stop inside an && list).
+NEWCOMER="cd ~/sandlock && { $INSTALL; } || exit 1
+cd \"\$(mktemp -d)\" && echo 'hello from the workspace' > notes.md && { $FIRST; } || exit 1
 cd ~/sandlock && $TEST"
 ENV=(HOME PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
      SANDLOCK_EXPECT_TOOLS=1 SANDLOCK_EXPECT_NATIVE=1 "SANDLOCK_EXPECT_ABI=${SANDLOCK_EXPECT_ABI:-}")
+if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
+    ENV+=(PIP_CERT=/etc/host-network-ca.crt)
+fi
 
 as_root() {
     local dir="$WORK/root"
