@@ -34,7 +34,7 @@ IS_ROOT = os.geteuid() == 0
 #: tables and plans, the package layout, the wheel build. They are marked ``any_user``,
 #: so the unprivileged CI pass leaves them out (``-m "not any_user"``); every other test
 #: runs as root and as an ordinary user.
-ANY_USER = frozenset({"test_abi", "test_layout", "test_packaging", "test_policy_fuzz",
+ANY_USER = frozenset({"test_abi", "test_install", "test_layout", "test_packaging", "test_policy_fuzz",
                       "test_seccomp_plan"})
 
 
