@@ -95,7 +95,8 @@ NEWCOMER="cd ~/sandlock && { $INSTALL; } || exit 1
 cd \"\$(mktemp -d)\" && echo 'hello from the workspace' > notes.md && { $FIRST; } || exit 1
 cd ~/sandlock && $TEST"
 ENV=(HOME PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
-     SANDLOCK_EXPECT_TOOLS=1 SANDLOCK_EXPECT_NATIVE=1 "SANDLOCK_EXPECT_ABI=${SANDLOCK_EXPECT_ABI:-}")
+     SANDLOCK_EXPECT_TOOLS=1 SANDLOCK_EXPECT_NATIVE=1 "SANDLOCK_EXPECT_ABI=${SANDLOCK_EXPECT_ABI:-}"
+     PYTEST_ADDOPTS=-rs)  # the log says why each skipped test skipped
 if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
     ENV+=(PIP_CERT=/etc/host-network-ca.crt)
 fi
