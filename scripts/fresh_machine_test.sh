@@ -72,6 +72,7 @@ fresh_root() {  # fresh_root DIR: Debian minbase + python3, mounts, resolver, th
     mount --rbind /sys "$dir/sys" && mount --make-rslave "$dir/sys"
     mount --rbind /dev "$dir/dev" && mount --make-rslave "$dir/dev"
     cp /etc/resolv.conf "$dir/etc/resolv.conf"
+    echo "127.0.1.1 $(hostname)" >> "$dir/etc/hosts"  # as a Debian install writes it (sudo asks)
     # This network's trust: where the host's pip is told to trust a CA bundle (a proxy's),
     # a new machine here would be too. Beside the system store, which apt may rewrite.
     if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
@@ -124,13 +125,18 @@ as_user() {
         /usr/bin/env -i "${ENV[@]/#HOME/HOME=/home/newcomer}" /bin/sh -ec "$NEWCOMER"
 }
 
-for who in "${@:-root user}"; do
-    for one in $who; do
-        case "$one" in
-            root) as_root ;;
-            user) as_user ;;
-            *) echo "usage: $0 [root|user]..." >&2; exit 2 ;;
-        esac
+main() {
+    local who one
+    for who in "${@:-root user}"; do
+        for one in $who; do
+            case "$one" in
+                root) as_root ;;
+                user) as_user ;;
+                *) echo "usage: $0 [root|user]..." >&2; exit 2 ;;
+            esac
+        done
     done
-done
-echo "fresh machine: passed (${TIMES[*]/%/;})"
+    echo "fresh machine: passed (${TIMES[*]/%/;})"
+}
+
+main "$@"; exit  # read whole before it runs: an edit of this file meanwhile changes nothing
