@@ -72,7 +72,10 @@ fresh_root() {  # fresh_root DIR: Debian minbase + python3, mounts, resolver, th
     mount --rbind /sys "$dir/sys" && mount --make-rslave "$dir/sys"
     mount --rbind /dev "$dir/dev" && mount --make-rslave "$dir/dev"
     cp /etc/resolv.conf "$dir/etc/resolv.conf"
-    echo "127.0.1.1 $(hostname)" >> "$dir/etc/hosts"  # as a Debian install writes it (sudo asks)
+    if [ ! -e "$dir/etc/hosts" ]; then  # as the Debian installer writes it (sudo asks for the name)
+        printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' \
+            "$(hostname)" > "$dir/etc/hosts"
+    fi
     # This network's trust: where the host's pip is told to trust a CA bundle (a proxy's),
     # a new machine here would be too. Beside the system store, which apt may rewrite.
     if [ -n "${PIP_CERT:-}" ] && [ -f "$PIP_CERT" ]; then
