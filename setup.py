@@ -36,6 +36,9 @@ def _bdist_wheel() -> Optional[type]:
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join("sandlock", "exec", "helper", "sandlock_exec.c")
 TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-exec")
+#: The system packages (scripts/install.sh installs them); COMPILERS: what the build runs.
+PACKAGES = os.path.join("scripts", "system-packages.txt")
+COMPILERS = ("cc", "musl-gcc")
 
 
 #: bubblewrap's warning set, and all warnings are errors: the helper confines every command
@@ -81,11 +84,23 @@ def compile_helper(out_dir: str) -> None:
             os.chmod(target, 0o755)
             return
         errors.append(f"{' '.join(command)}:\n{built.stderr.strip()}")
-    raise SystemExit(
-        f"sandlock: cannot compile {SOURCE}, the native helper of the Python API "
-        f"({'; '.join(errors) if errors else 'no C compiler found'}).\n"
-        "Install a C compiler (Debian: gcc, and musl-tools for the faster static build), or set "
-        f"{ENV_NO_NATIVE}=1 to install without it (the API then uses its fork server).")
+    raise SystemExit("\n".join([
+        f"sandlock: cannot compile {SOURCE}, the native helper of the Python API", *errors,
+        f"sandlock: {ENV_NO_NATIVE}=1 installs without it (the API then uses its fork server)",
+        # Last, so that it is the line a reader sees above pip's own: what to do.
+        f"sandlock: {'the C compiler failed (above)' if errors else 'no C compiler found'}; "
+        f"Debian/Ubuntu: {compiler_install_command()}"]))
+
+
+def compiler_install_command() -> str:
+    """``sudo apt-get install ...`` with the packages of scripts/system-packages.txt that
+    provide the compilers (the one list); its README step when the list is not here."""
+    try:
+        with open(os.path.join(HERE, PACKAGES), encoding="utf-8") as handle:
+            rows = [line.split() for line in handle if line.strip() and not line.startswith("#")]
+    except OSError:
+        return "scripts/install.sh from a checkout (README: Install and run)"
+    return "sudo apt-get install " + " ".join(row[0] for row in rows if row[2] in COMPILERS)
 
 
 class BuildPy(build_py):

@@ -1,12 +1,16 @@
 """Shared fixtures: run the real CLI on the real kernel, and kernel-feature gates.
 
 Kernel-dependent tests skip with a stated reason when the kernel lacks a feature,
-unless SANDLOCK_EXPECT_ABI names an ABI the machine must have: then they fail.
+unless SANDLOCK_EXPECT_ABI names an ABI the machine must have: then they fail. Tests of
+an optional tool (git, curl, ip, ...) skip when it is not installed, naming its package
+from scripts/system-packages.txt, unless SANDLOCK_EXPECT_TOOLS=1 (CI): then they fail.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -30,7 +34,7 @@ IS_ROOT = os.geteuid() == 0
 #: tables and plans, the package layout, the wheel build. They are marked ``any_user``,
 #: so the unprivileged CI pass leaves them out (``-m "not any_user"``); every other test
 #: runs as root and as an ordinary user.
-ANY_USER = frozenset({"test_abi", "test_layout", "test_packaging", "test_policy_fuzz",
+ANY_USER = frozenset({"test_abi", "test_install", "test_layout", "test_packaging", "test_policy_fuzz",
                       "test_seccomp_plan"})
 
 
@@ -111,6 +115,51 @@ def require_abi(minimum: int, what: str) -> None:
     if expected and int(expected) >= minimum:
         pytest.fail(f"{message}, but SANDLOCK_EXPECT_ABI={expected}")
     pytest.skip(message)
+
+
+#: The system packages the project and its tests need: scripts/install.sh, scripts/test.sh
+#: and .ci/run install them from this list.
+SYSTEM_PACKAGES = REPO / "scripts" / "system-packages.txt"
+
+
+def package_of(tool: str) -> str:
+    """The package of scripts/system-packages.txt that provides ``tool`` (third column)."""
+    for line in SYSTEM_PACKAGES.read_text().splitlines():
+        fields = line.split()
+        if fields and not line.startswith("#") and fields[2] == tool:
+            return fields[0]
+    raise LookupError(f"{tool}: no package of {SYSTEM_PACKAGES.name} provides it: add one")
+
+
+@functools.lru_cache(maxsize=None)
+def _find_tool(tool: str) -> Optional[str]:
+    if tool.startswith("python3:"):
+        module = tool.split(":", 1)[1]
+        found = subprocess.run([PYTHON, "-c", f"import {module}"], capture_output=True)
+        return PYTHON if found.returncode == 0 else None
+    return shutil.which(tool)
+
+
+def require_tool(tool: str) -> str:
+    """The path of ``tool`` (a command on PATH, or python3:MODULE, a module the system
+    python3 imports); skip without it, naming its package (or fail, when
+    SANDLOCK_EXPECT_TOOLS=1 says scripts/test.sh or CI installed every one)."""
+    package = package_of(tool)
+    found = _find_tool(tool)
+    if found is not None:
+        return found
+    message = f"{tool} is not installed (Debian/Ubuntu package {package}; scripts/test.sh installs it)"
+    if os.environ.get("SANDLOCK_EXPECT_TOOLS") == "1":
+        pytest.fail(f"{message}, but SANDLOCK_EXPECT_TOOLS=1")
+    pytest.skip(message)
+
+
+def readable_by(uid: int, path: object) -> bool:
+    """Whether ``uid`` (with no group) can reach and read ``path``: a test that drops
+    root reads its interpreter, the venv and the checkout afterwards."""
+    done = subprocess.run([PYTHON, "-c", "import os, sys; os.listdir(sys.argv[1])", str(path)],
+                          user=uid, group=uid, extra_groups=[], capture_output=True)
+    return done.returncode == 0
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from conftest import require_tool
 
 from sandlock import Outcome, Sandbox
 from sandlock.errors import KernelSupportError
@@ -155,9 +155,7 @@ def test_trace_must_be_a_bool(cat: Sandbox) -> None:
 
 
 def test_git_log_names_its_missing_grant(tmp_path: Path, secret: Path) -> None:
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("git is not installed")
+    git = require_tool("git")
     home = secret.parent.parent
     repo = tmp_path / "repo"
     env = {**os.environ, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
-from conftest import POLICIES, PYTHON, python_probe, require_abi, run_confined, write_policy
+from conftest import POLICIES, PYTHON, python_probe, require_abi, require_tool, run_confined, write_policy
 
 PROBE = """\
 import errno, os, socket, sys
@@ -237,9 +237,8 @@ def test_no_network_grant_means_no_inet_socket(tmp_path: Path) -> None:
         assert attempt(tmp_path, body) == "EPERM", family
 
 
-@pytest.mark.skipif(not Path("/usr/bin/curl").exists(),
-                    reason="https_client grants curl, which is not installed")
 def test_https_client_reaches_port_443_only(tmp_path: Path, listeners: tuple[int, int]) -> None:
+    require_tool("curl")  # https_client grants it
     require_abi(4, "TCP port rules")
     policy = write_policy(tmp_path, f"""\
         version = 1

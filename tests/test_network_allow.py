@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import pytest
-from conftest import PYTHON, require_abi, run_confined, write_policy
+from conftest import PYTHON, require_abi, require_tool, run_confined, write_policy
 
 from sandlock.errors import PolicyError
 from sandlock.policy import netrules
@@ -281,9 +281,7 @@ def needs_kernel() -> None:
 
 
 def needs_curl() -> str:
-    if CURL is None:
-        pytest.skip("curl is not installed")
-    return CURL
+    return require_tool("curl")
 
 
 def py(policy: Path, *parts: str) -> subprocess.CompletedProcess[str]:
@@ -887,9 +885,8 @@ def test_this_hosts_own_addresses_count_as_local() -> None:
     """Every address `ip -o addr` lists (non-loopback ones included) is refused for a
     name that is not pinned or allowed by address."""
     rules = NetRules(parse_rules(["api.example.test"], "allow"), (), ())
-    listed = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True)
-    if listed.returncode != 0:
-        pytest.skip("`ip -o addr` is not available")
+    listed = subprocess.run([require_tool("ip"), "-o", "addr"], capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
     import ipaddress
 
     addresses = [ipaddress.ip_address(line.split()[3].split("/")[0])
@@ -902,6 +899,7 @@ def test_this_hosts_own_addresses_count_as_local() -> None:
 def test_a_global_address_of_this_host_is_local() -> None:
     """In a network namespace of its own, give lo a global address: a public name
     resolving to it must be refused (it leads to this host's services)."""
+    require_tool("ip")
     code = textwrap.dedent("""
         import ipaddress, subprocess
         from sandlock.policy.netrules import NetRules, parse_rules

@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, package_of, require_tool
 
 ELF = b"\x7fELF"
 HELPER = "sandlock/exec/helper/sandlock-exec"
@@ -19,7 +19,9 @@ pytestmark = pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="n
 
 
 def build(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``pip wheel`` of a clean copy of the checkout (no helper built in it), offline."""
+    """``pip wheel`` of a clean copy of the checkout (no helper built in it), offline:
+    with the system's setuptools, which needs the wheel package before 70.1 (Debian 12: 66)."""
+    require_tool("python3:wheel")
     source = tmp_path / "src"
     shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
         ".git", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".mypy_cache",
@@ -67,4 +69,16 @@ def test_a_helper_that_cannot_be_compiled_fails_the_build(tmp_path: Path) -> Non
     built = build(tmp_path, CC="/bin/false")
     assert built.returncode != 0
     assert "cannot compile" in built.stderr and "SANDLOCK_NO_NATIVE=1" in built.stderr, built.stderr
+    assert not list((tmp_path / "wheels").glob("*.whl"))
+
+
+def test_without_a_compiler_the_last_line_says_what_to_install(tmp_path: Path) -> None:
+    """The line a reader sees last of the build's output (above pip's own) is what to do."""
+    (tmp_path / "empty").mkdir()
+    built = build(tmp_path, PATH=str(tmp_path / "empty"))  # no cc, no musl-gcc
+    assert built.returncode != 0
+    output = [line.strip() for line in built.stderr.splitlines() if line.strip()]
+    last = output[output.index("[end of output]") - 1]
+    packages = " ".join(package_of(compiler) for compiler in ("cc", "musl-gcc"))
+    assert last == f"sandlock: no C compiler found; Debian/Ubuntu: sudo apt-get install {packages}", last
     assert not list((tmp_path / "wheels").glob("*.whl"))

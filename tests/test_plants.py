@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import plant_attacks
 import pytest
-from conftest import PYTHON, require_abi, run_confined, write_policy
+from conftest import PYTHON, require_abi, require_tool, run_confined, write_policy
 
 import sandlock
 
@@ -129,9 +129,7 @@ def test_the_chmod_command_cannot_set_the_bit(tmp_path: Path, workspace: Path) -
 
 
 def test_setfattr_cannot_set_a_file_capability(tmp_path: Path, workspace: Path) -> None:
-    setfattr = "/usr/bin/setfattr"
-    if not os.path.exists(setfattr):
-        pytest.skip("setfattr (package attr) is not installed")
+    setfattr = require_tool("setfattr")
     target = workspace / "tool"
     target.write_text("x")
     policy = write_policy(tmp_path, f"""\

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, require_abi
+from conftest import REPO, require_abi, require_tool
 
 MARKED = re.compile(r"<!-- readme-test: (sh|toml|python) -->\n```(\w+)\n(.*?)\n```\n", re.S)
 BLOCKS = [(kind, lang, body) for kind, lang, body in MARKED.findall((REPO / "README.md").read_text())]
@@ -32,6 +32,11 @@ ENV = {"PATH": f"{BIN}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
 DOCS = [REPO / "README.md", *(REPO / "docs" / name for name in ("design.md", "benchmarks.md", "history.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 TEST_COMMAND = "python -m pytest -q -p no:cacheprovider tests"
+#: The README's one command for the whole suite: it installs what the tests need, then
+#: runs TEST_COMMAND.
+TEST_SCRIPT = "scripts/test.sh"
+#: Commands of the examples that a machine may lack (scripts/system-packages.txt).
+OPTIONAL_TOOLS = ("git",)
 
 
 @pytest.fixture
@@ -62,6 +67,9 @@ def test_readme_block_runs(kind: str, body: str, tmp_path: Path) -> None:
     def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=120)
 
+    for tool in OPTIONAL_TOOLS:
+        if re.search(rf"(^|[\s;&|(]){tool}\s", body, re.M):
+            require_tool(tool)
     if kind == "sh":
         results = [run(["sh", "-e", "-c", body])]
     elif kind == "toml":
@@ -95,7 +103,8 @@ def test_the_moved_parts_are_linked_from_the_readme() -> None:
 
 
 def test_the_test_command_is_the_one_ci_runs() -> None:
-    assert f"\n{TEST_COMMAND}\n" in (REPO / "README.md").read_text()
+    assert f"\n{TEST_SCRIPT}\n" in (REPO / "README.md").read_text()
+    assert f"\n{TEST_COMMAND} \"$@\"\n" in (REPO / TEST_SCRIPT).read_text()
     assert f"\n{TEST_COMMAND}\n" in (REPO / ".ci" / "run").read_text()
 
 

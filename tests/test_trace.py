@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import pytest
+from conftest import require_tool
 
 from sandlock.compile import abi as A
 from sandlock.linux import kernel
@@ -200,9 +200,7 @@ def test_learn_never_grants_a_listed_home_or_its_keys(work: Path, home: Path) ->
 
 
 def test_git(work: Path, home: Path) -> None:
-    git = shutil.which("git")
-    if git is None:
-        pytest.skip("git is not installed")
+    git = require_tool("git")
     repo = work
     env = {**os.environ, "HOME": str(home), "GIT_CONFIG_NOSYSTEM": "1"}
     subprocess.run([git, "init", "-q", str(repo)], check=True, env=env)
@@ -220,9 +218,7 @@ def test_git(work: Path, home: Path) -> None:
 
 
 def test_cc(work: Path, home: Path) -> None:
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
+    cc = require_tool("cc")
     (work / "hello.c").write_text('#include <stdio.h>\nint main(void){puts("hi");return 0;}\n')
     strict = policy(work, f'extends = ["base"]\n[filesystem]\nexec = ["{cc}"]\n'
                           'read = ["/usr/include"]\nwrite = ["${cwd}"]\n'
@@ -278,9 +274,7 @@ def server() -> Iterator[int]:
 
 
 def test_curl(work: Path, home: Path, server: int) -> None:
-    curl = shutil.which("curl")
-    if curl is None:
-        pytest.skip("curl is not installed")
+    curl = require_tool("curl")
     url = f"http://127.0.0.1:{server}/"
     strict = policy(work, f'extends = ["base"]\n[filesystem]\nexec = ["{curl}"]\n'
                           '[network]\nconnect = [1]\n')
@@ -294,9 +288,7 @@ def test_curl(work: Path, home: Path, server: int) -> None:
 
 
 def test_rg(work: Path, home: Path) -> None:
-    rg = shutil.which("rg")
-    if rg is None:
-        pytest.skip("ripgrep is not installed")
+    rg = require_tool("rg")
     (work / "notes.txt").write_text("needle\n")
     strict = policy(work, f'extends = ["base"]\n[filesystem]\nexec = ["{rg}"]\n')
     traced = cli(["trace", "--policy", str(strict), "--", "rg", "needle", "."], work, home)
