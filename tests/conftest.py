@@ -162,6 +162,26 @@ def readable_by(uid: int, path: object) -> bool:
     return done.returncode == 0
 
 
+#: The private key planted in :func:`home`: no confined tool may ever print it.
+PLANTED_KEY = "-----BEGIN OPENSSH PRIVATE KEY----- planted"
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A temporary HOME with a planted private key (:data:`PLANTED_KEY`)."""
+    path = tmp_path / "home"
+    (path / ".ssh").mkdir(parents=True)
+    (path / ".ssh" / "id_rsa").write_text(PLANTED_KEY)
+    return path
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"

@@ -25,6 +25,7 @@ from typing import Iterator, Optional, Sequence
 
 import pytest
 import tomllib
+from conftest import PLANTED_KEY
 
 from sandlock.compile import abi as A
 from sandlock.trace import emit
@@ -32,7 +33,7 @@ from sandlock.trace import learn as L
 from sandlock.trace import record as T
 
 REPO = Path(__file__).resolve().parent.parent
-SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted"
+SECRET = PLANTED_KEY
 
 pytestmark = pytest.mark.skipif(T.supported() is not None, reason=str(T.supported()))
 
@@ -46,19 +47,6 @@ def cli(args: Sequence[str], cwd: Path, home: Path, timeout: float = 60
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    (path / ".ssh").mkdir(parents=True)
-    (path / ".ssh" / "id_rsa").write_text(SECRET)
-    return path
-
-
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
 
 
 def _draft(events: Sequence[T.Event], allowed: T.Judge, tmp: Path, argv: Sequence[str] = ("x",)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 import pytest
-from conftest import require_tool
+from conftest import PLANTED_KEY, require_tool
 
 from sandlock.compile import abi as A
 from sandlock.linux import kernel
@@ -26,7 +26,7 @@ from sandlock.trace.learn import cover
 
 SANDLOCK = str(Path(sys.executable).with_name("sandlock"))
 REPO = Path(__file__).resolve().parent.parent
-SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted"
+SECRET = PLANTED_KEY
 
 pytestmark = pytest.mark.skipif(T.supported() is not None, reason=str(T.supported()))
 
@@ -44,20 +44,6 @@ def cli(args: Sequence[str], cwd: Path, home: Path, timeout: float = 120
                           timeout=timeout)
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """A temporary HOME with a planted private key."""
-    path = tmp_path / "home"
-    (path / ".ssh").mkdir(parents=True)
-    (path / ".ssh" / "id_rsa").write_text(SECRET)
-    return path
-
-
-@pytest.fixture
-def work(tmp_path: Path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
 
 
 def policy(directory: Path, body: str, name: str = "strict.toml") -> Path:

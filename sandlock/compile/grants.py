@@ -37,6 +37,7 @@ from stat import S_ISDIR, S_ISLNK
 from .. import PACKAGE_DIR
 from ..errors import LandlockError, SandlockError
 from ..linux import kernel
+from ..policy.readfile import read_bounded
 
 TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
 if TYPE_CHECKING:
@@ -311,19 +312,12 @@ def read_mounts() -> dict[int, Mount]:
     except OSError as exc:
         raise Unjudgeable(f"cannot read {MOUNTINFO}: {exc.strerror}") from None
     try:
-        chunks = []
-        size = 0
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_MOUNTINFO:
-                raise Unjudgeable(f"{MOUNTINFO} is larger than {MAX_MOUNTINFO} bytes")
-            chunks.append(chunk)
+        data = read_bounded(fd, MAX_MOUNTINFO)
     finally:
         os.close(fd)
-    return parse_mounts(b"".join(chunks))
+    if data is None:
+        raise Unjudgeable(f"{MOUNTINFO} is larger than {MAX_MOUNTINFO} bytes")
+    return parse_mounts(data)
 
 
 def parse_mounts(data: bytes) -> dict[int, Mount]:

@@ -32,16 +32,24 @@ def read_policy_bytes(path: str, dir_fd: Optional[int] = None, flags: int = 0) -
     try:
         if not S_ISREG(os.fstat(fd).st_mode):
             raise OSError(0, "not a regular file", path)
-        chunks = []
-        size = 0
-        while True:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > MAX_BYTES:
-                raise FileTooLarge(0, f"larger than {MAX_BYTES} bytes", path)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        data = read_bounded(fd, MAX_BYTES)
+        if data is None:
+            raise FileTooLarge(0, f"larger than {MAX_BYTES} bytes", path)
+        return data
     finally:
         os.close(fd)
+
+
+def read_bounded(fd: int, limit: int) -> Optional[bytes]:
+    """All that ``fd`` gives until end of file, or None once it gives more than ``limit``
+    bytes (a file that grows without end is never read whole into memory)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
