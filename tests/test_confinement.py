@@ -527,8 +527,9 @@ def test_pretended_older_kernel_still_confines_files_and_network(tmp_path: Path,
                           env={**os.environ, "SANDLOCK_ABI": str(abi)}, extra=["--best-effort"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[:4] == ["EACCES", "EACCES", "OK", "EPERM"]
-    if abi < 6:  # ABI 6 lacks only audit logging: nothing to warn about
-        assert f"Landlock ABI {abi}" in result.stderr and "signal scope" in result.stderr
+    # What the ABI lacks that this policy relies on has a substitute (the signal gate
+    # below 6, the truncate rule below 3): nothing is reported as not enforced.
+    assert "NOT enforced" not in result.stderr, result.stderr
     assert not (outside / "new").exists()
 
 

@@ -69,9 +69,15 @@ def attack(tmp_path: Path, source: str, behind: str, *, point: str = "mnt", gran
     args = {"source": source, "point": str(mount), "target": target, "behind": behind,
             "workspace": str(workspace), "grant": grant or str(workspace), "guard": guard,
             "cli": cli, "cover": cover, "cache_home": str(cache_home)}
+    # The sandlock this test imports, not another installed copy: its installation is
+    # what the attack mounts.
+    run_env = dict(os.environ if env is None else env)
+    paths = run_env.get("PYTHONPATH", "").split(os.pathsep)
+    if str(REPO) not in paths:
+        run_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), *paths]))
     done = subprocess.run([*_namespace(), sys.executable, str(ATTACKS), json.dumps(args)],
                           capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
-                          env=env)
+                          env=run_env)
     assert done.returncode == 0, done.stderr
     if behind != source:  # the attack script removed what the tool planted
         assert not os.path.exists(behind), behind
