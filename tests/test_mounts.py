@@ -259,3 +259,22 @@ def test_a_write_grant_is_refused_when_the_mounts_cannot_be_read(
     monkeypatch.setattr(grants, "MOUNTINFO", str(tmp_path / "missing"))
     with pytest.raises(grants.GrantError, match="cannot read .*whose mounts it cannot check"):
         grants.check_rules([(str(tmp_path), int(WRITE_RIGHTS))], int(WRITE_RIGHTS), ())
+
+
+def test_the_mount_around_a_chroot_is_placed_from_the_root() -> None:
+    """In a chroot the mount that holds the root is not in mountinfo (its mount point lies
+    outside the root): objects on it are placed from the root, compared with each other,
+    and never ruled out against a mount of the same filesystem placed from the
+    filesystem's root (the chroot's place in it is unknown)."""
+    fd = os.open("/tmp", os.O_PATH | os.O_CLOEXEC)
+    try:
+        device, tree = grants._position(fd, {})  # no mount known, as in a chroot
+    finally:
+        os.close(fd)
+    assert tree == grants.ROOT_FRAME + "/tmp"
+    protected = [("/x/p", "a protected tree", (device, grants.ROOT_FRAME + "/x/p"))]
+    assert (grants._reaches(device, grants.ROOT_FRAME + "/x", protected) or "").startswith("shows")
+    assert (grants._reaches(device, grants.ROOT_FRAME + "/x/p/q", protected) or "").startswith("lies inside")
+    assert grants._reaches(device, grants.ROOT_FRAME + "/y", protected) is None
+    assert "cannot place" in (grants._reaches(device, "/srv/elsewhere", protected) or "")
+    assert grants._reaches("0:999", "/srv/elsewhere", protected) is None

@@ -268,6 +268,9 @@ MOUNTINFO = "/proc/self/mountinfo"
 #: that is refused rather than judged from part of its table.
 MAX_MOUNTINFO = 16 << 20
 FS_ENCODING = sys.getfilesystemencoding()  # as os.fsdecode, without its cost per field
+#: Marks a position given from this process's root rather than from its filesystem's
+#: root (:func:`_position`, for the mount around a chroot's root).
+ROOT_FRAME = "root:"
 
 
 class Mount:
@@ -365,6 +368,16 @@ def _position(fd: int, mounts: dict[int, Mount]) -> tuple[str, str]:
         here = os.readlink(f"/proc/self/fd/{fd}")
     except (OSError, ValueError) as exc:
         raise Unjudgeable(f"cannot tell which mount {fd} is on: {exc}") from None
+    if mount is None and here.startswith("/"):
+        # Not in mountinfo: the mount around this process's root, whose mount point lies
+        # outside it (a chroot; the kernel lists only mounts reachable from the root). The
+        # object is placed by its path from the root, in a frame of its own (ROOT_FRAME):
+        # :func:`_reaches` compares it only with objects of that frame.
+        try:
+            info = os.fstat(fd)
+        except OSError as exc:
+            raise Unjudgeable(f"cannot tell which mount {fd} is on: {exc}") from None
+        return f"{os.major(info.st_dev)}:{os.minor(info.st_dev)}", ROOT_FRAME + here
     if mount is None or not mount.root.startswith("/") or not here.startswith("/"):
         raise Unjudgeable(f"{here!r} is on a mount sandlock does not know")
     if not _within(here, mount.point):
@@ -472,11 +485,20 @@ def _reaches(device: str, tree: str,
     for where, what, position in protected:
         if position is None or position[0] != device:
             continue
-        if not tree.startswith("/"):
+        theirs = position[1]
+        if tree.startswith(ROOT_FRAME) != theirs.startswith(ROOT_FRAME):
+            # One placed from this process's root, the other from the filesystem's: the
+            # root's place in its filesystem is unknown, so neither can be ruled out.
+            return (f"is on the filesystem of {where!r}, {what}, and sandlock cannot place "
+                    f"the two (the mount around this process's root is not in {MOUNTINFO}: "
+                    "a chroot)")
+        mine = tree.removeprefix(ROOT_FRAME)
+        theirs = theirs.removeprefix(ROOT_FRAME)
+        if not mine.startswith("/"):
             return f"shows {tree!r}, which sandlock cannot place beside {where!r}, {what}"
-        if _within(position[1], tree):
+        if _within(theirs, mine):
             return f"shows {where!r}, {what}"
-        if _within(tree, position[1]):
+        if _within(mine, theirs):
             return f"lies inside {where!r}, {what}"
     return None
 

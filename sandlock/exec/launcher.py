@@ -577,12 +577,12 @@ def carry_signals(needed: bool, *listeners: object) -> Optional[Signals]:
     """The signal gate's handler, put on the run's first other listener (a recorder, or
     the connect gate of a Mediation): a process may have only one listener. None when the
     run needs no gate or has no other listener (then :class:`Starting` makes the gate a
-    listener of its own). Before fork."""
-    from ..linux.notify import Listener
-
+    listener of its own). Before fork. (Nothing is imported for a run that needs no gate:
+    this is on every `sandlock run`'s path.)"""
     carriers = [getattr(each, "gate", each) for each in listeners if each is not None]
     if not needed or not carriers:
         return None
+    from ..linux.notify import Listener
     from ..linux.signalgate import Signals
 
     signals = Signals()
