@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -215,6 +217,54 @@ def test_v2_hierarchy_without_pids_names_the_cause(tmp_path: Path,
     none, why = found.stdout.splitlines()
     assert none == "None" and "does not offer the pids controller" in why, why
     assert "not mounted here" in why and str(v2) in why
+
+
+@pytest.fixture
+def user_dir() -> Iterator[Path]:
+    """A directory the user can reach (pytest's are root's, mode 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="sandlock-test-ctr-"))
+    os.chmod(path, 0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _as_user(uid: int, argv: list[str], cwd: str) -> list[str]:
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "env", "-C", cwd,
+            f"HOME={cwd}", *argv]
+
+
+@needs_v1_root
+@pytest.mark.parametrize("delegated", [True, False])
+def test_v1_container_cgroup_delegated_to_a_user(user_dir: Path, container: cgroups.Group,
+                                                 delegated: bool) -> None:
+    """An ordinary user in a container whose cgroup (bind-mounted, root not ``/``) is
+    delegated to it (chowned, with cgroup.procs): the limit holds for that user's runs.
+    Not delegated: the message names the owner and says it is not delegated."""
+    uid = 1001
+    if delegated:
+        for name in ("", "cgroup.procs", "tasks"):
+            os.chown(os.path.join(container.path, name), uid, uid)
+    tmp_path = user_dir
+    mount = str(tmp_path / "pids")
+    found = in_shape(container, mount, *_as_user(uid, [sys.executable, "-c", FIND], str(tmp_path)))
+    assert found.returncode == 0, found.stderr
+    base, why = found.stdout.splitlines()
+    if not delegated:
+        assert base == "None" and f"not writable by uid {uid}" in why and "not delegated" in why
+        assert "owned by uid 0" in why
+        return
+    assert base == str((1, mount, container.relative)), found.stdout
+    policy = write_policy(tmp_path, POLICY)
+    os.chmod(policy, 0o644)
+    result = in_shape(container, mount, *_as_user(uid, [
+        sys.executable, "-m", "sandlock", "run", "--policy", str(policy), "--", PYTHON, "-c",
+        SPAWN], str(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == LIMIT - 1  # per sandbox, not RLIMIT_NPROC's per user
+    assert "process limit" not in result.stderr
+    assert not [n for n in os.listdir(container.path) if n.startswith(cgroups.PREFIX)]
 
 
 def test_this_caller_is_told_the_real_cause() -> None:
