@@ -270,27 +270,59 @@ def _validate_file(path: Any, given: dict[str, str]) -> Iterator[tuple[str, list
 
 
 def _with_placeholders(load: Callable[[dict[str, str]], Any], source: str,
-                       given: dict[str, str]) -> Any:
-    """``load(variables)``; undefined variables become a placeholder directory."""
+                       given: dict[str, str], filled: dict[str, str] | None = None) -> Any:
+    """``load(variables)``; undefined variables become a placeholder directory (the
+    working directory), recorded in ``filled``. An error after a variable was filled
+    says which and with what: the placeholder, not the policy, may be the cause."""
     import re
 
     from ..errors import PolicyError
 
     given = dict(given)
+    filled = {} if filled is None else filled
     for _ in range(50):
         try:
             return load(given)
         except PolicyError as exc:
             match = re.search(r"undefined variable \$\{([A-Za-z_][A-Za-z0-9_]*)\}", str(exc))
             if not match:
-                raise
-            given[match.group(1)] = os.getcwd()
+                if not filled:
+                    raise
+                raise PolicyError(f"{exc.reason} ({placeholder_note(filled)})", source=exc.source,
+                                  key=exc.key, line=exc.line, column=exc.column) from None
+            given[match.group(1)] = filled[match.group(1)] = os.getcwd()
     raise PolicyError("too many undefined variables", source=source)
 
 
-def _load_for_validation(load_policy: Any, file: str, given: dict[str, str]) -> Any:
+def _needs_variables(file: str, filled: dict[str, str]) -> str:
+    """A profile's description and the variables it needs, when the working directory
+    could not stand in for them (``policies`` run from ``/``); "" if it has none."""
+    from pathlib import Path
+
+    from ..policy.model import _parse_text, _read
+
+    try:
+        description = _parse_text(_read(Path(file), file), file).get("description")
+    except SandlockError:
+        return ""
+    if not isinstance(description, str):
+        return ""
+    needs = ", ".join(f"--var {name}=DIR" for name in filled)
+    return (f"{description} (needs {needs}: the working directory "
+            f"{next(iter(filled.values()))!r} cannot stand in for it)")
+
+
+def placeholder_note(filled: dict[str, str]) -> str:
+    """What stood in for variables --var did not give."""
+    return "; ".join(f"${{{name}}} was not given (--var {name}=DIR); it defaulted to the working "
+                     f"directory {value!r}" for name, value in filled.items())
+
+
+def _load_for_validation(load_policy: Any, file: str, given: dict[str, str],
+                         filled: dict[str, str] | None = None) -> Any:
     """Load ``file``; undefined variables become a placeholder directory."""
-    return _with_placeholders(lambda v: load_policy(file, v, check_paths=False), file, given)
+    return _with_placeholders(lambda v: load_policy(file, v, check_paths=False), file, given,
+                              filled)
 
 
 @cli.command()
@@ -307,11 +339,14 @@ def policies(name: str | None) -> None:
     if name is None:
         rows = []
         for profile in builtin_profiles():
+            filled: dict[str, str] = {}
+            file = str(PROFILE_DIR / f"{profile}.toml")
             try:  # a tool policy's ${workspace} gets a placeholder, as in validate
-                description = _load_for_validation(load_policy, str(PROFILE_DIR / f"{profile}.toml"),
-                                                   {}).description
+                description = _load_for_validation(load_policy, file, {}, filled).description
             except SandlockError as exc:
                 description = f"(not loadable here: {exc})"
+                if filled:  # not broken: it needs a variable the working directory cannot be
+                    description = _needs_variables(file, filled) or description
             rows.append([profile, description])
         _table("built-in profiles (use with extends = [\"NAME\"])", ["name", "description"], rows)
         return

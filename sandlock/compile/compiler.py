@@ -245,6 +245,11 @@ def enforced(plan: ruleset.Plan) -> tuple[tuple[ruleset.Gap, ...], tuple[ruleset
     from . import ruleset
 
     gaps, substitutes = plan.gaps, plan.substitutes
+    if not A.fs_handled(plan.abi):  # no Landlock at all: say why, and what to do
+        gaps = tuple(ruleset.Gap(g.protection, g.needs_abi, f"{ruleset.landlock_missing()}: "
+                                 "every file the user can reach is reachable; "
+                                 f"{ruleset.NO_LANDLOCK_ADVICE}")
+                     if g.protection == "filesystem confinement" else g for g in gaps)
     if any(s.protection == "signal scope" for s in substitutes):
         from ..linux import signalgate
 

@@ -107,6 +107,35 @@ def _trusted_link(directory: str, dir_fd: int, link: os.stat_result) -> bool:
     return info.st_uid == 0 and not info.st_mode & 0o022 and link.st_uid == 0
 
 
+def _untrusted(what: str, target: str, directory: str, dir_fd: int,
+               link: os.stat_result) -> str:
+    """Why a link :func:`_trusted_link` refused is not followed, naming the real cause:
+    where it is, or which owner or mode of its system directory (or of the link) fails.
+    A container whose root file system belongs to its user is the usual case: ``/``
+    owned by that user lets a tool running as the user rename ``/lib`` and plant a link
+    in its place."""
+    head = f"{what} is a symbolic link (to {target!r})"
+    tail = ("; sandlock follows links only in system directories owned by root and "
+            "writable by no one else, so that a planted link cannot redirect a grant")
+    if not (directory == "/" or in_system_dir(directory)):
+        return (f"{head} in a directory a tool may be able to write{tail}: name the link's "
+                "target instead")
+    info = os.fstat(dir_fd)
+    if info.st_uid != 0:
+        why = (f"{directory!r} is owned by uid {info.st_uid}, not root: a process running as "
+               f"uid {info.st_uid} (a tool, when sandlock runs as that user, as in a container "
+               f"whose root file system belongs to its user) can rename or replace the link")
+        fix = f"make root own {directory!r} (chown root {directory}), or name the link's target"
+    elif info.st_mode & 0o022:
+        why = (f"{directory!r} is writable by its group or by others (mode "
+               f"{info.st_mode & 0o7777:04o}): any of them can replace the link")
+        fix = f"chmod go-w {directory}, or name the link's target"
+    else:
+        why = f"the link is owned by uid {link.st_uid}, not root: its owner can replace it"
+        fix = "make root own the link, or name its target"
+    return f"{head} in {directory!r}, and {why}{tail}: {fix} instead"
+
+
 def resolve(path: str) -> Resolved:
     """Open ``path`` (absolute) as :class:`Resolved`, following only trusted links.
 
@@ -152,11 +181,7 @@ def _resolve(path: str) -> Resolved:
                     if not _trusted_link(here, fd, info):
                         shown = os.path.join(here, name)
                         what = "it" if shown == path else repr(shown)
-                        raise GrantError(path, (
-                            f"{what} is a symbolic link (to {target!r}) in a directory a tool "
-                            "may be able to write; sandlock follows links only in system "
-                            "directories owned by root, so that a planted link cannot redirect "
-                            "a grant: name the link's target instead"))
+                        raise GrantError(path, _untrusted(what, target, here, fd, info))
                     if links > MAX_LINKS:
                         raise GrantError(path, "too many levels of symbolic links")
                     parts.extend(reversed([p for p in target.split("/") if p]))

@@ -40,10 +40,8 @@ def _userns() -> tuple[bool, str]:
 
 def kernel_report() -> dict[str, Any]:
     real = kernel.landlock_abi()
-    why_not = "" if real else os.strerror(kernel.landlock_errno())
     used = ruleset.detect_abi()
-    features = [{"feature": "Landlock", "available": bool(A.fs_handled(real)),
-                 "detail": f"ABI {real}" if real else f"unavailable: {why_not}"}]
+    features = _landlock_rows(real, used)
     newer = A.newer_than_known(real)
     if newer:  # rights a newer kernel added are neither handled nor denied: say so
         features.append({"feature": f"Landlock ABI {real} (newer than sandlock knows)",
@@ -64,7 +62,7 @@ def kernel_report() -> dict[str, Any]:
     features.append({"feature": "seccomp filters", "available": why is None, "detail": why or "yes"})
     notif = why is None and kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF)
     features.append({"feature": "seccomp user notification", "available": notif,
-                     "detail": "SECCOMP_RET_USER_NOTIF"})
+                     "detail": "SECCOMP_RET_USER_NOTIF" if notif else _no_notify(why)})
     from ..linux import signalgate
 
     truncate = bool(A.fs_handled(used) & A.Fs.TRUNCATE)
@@ -84,6 +82,7 @@ def kernel_report() -> dict[str, Any]:
                      else f"{why}; RLIMIT_NPROC instead: per user, and not binding root"
                      if os.getuid() != 0 else f"{why}; RLIMIT_NPROC does not bind root: "
                      "`processes` cannot be enforced for this caller"})
+    features.append(_nproc_row())
     from .cache import KEY_NAME
 
     keyed = kernel.user_keyring_secret(KEY_NAME) is not None
@@ -95,6 +94,73 @@ def kernel_report() -> dict[str, Any]:
     features.append({"feature": "unprivileged user namespaces", "available": userns, "detail": detail})
     return {"kernel": os.uname().release, "landlock_abi": real, "abi_in_use": used,
             "features": features}
+
+
+def _landlock_rows(real: int, used: int) -> list[dict[str, Any]]:
+    """The Landlock row, with the real cause when there is none (gVisor, not built, not
+    enabled at boot), and a row when SANDLOCK_ABI pretends an older kernel."""
+    rows: list[dict[str, Any]] = [{
+        "feature": "Landlock", "available": bool(A.fs_handled(real)),
+        "detail": f"ABI {real}" if real
+        else f"{ruleset.landlock_missing()}; {ruleset.NO_LANDLOCK_ADVICE}"}]
+    if used != real:
+        rows.append({"feature": "Landlock ABI in use", "available": bool(A.fs_handled(used)),
+                     "detail": f"ABI {used}: {ruleset.ENV_ABI}={os.environ.get(ruleset.ENV_ABI)} "
+                     "pretends an older kernel"
+                     if used else f"{ruleset.landlock_missing()}; {ruleset.NO_LANDLOCK_ADVICE}"})
+    return rows
+
+
+def _no_notify(seccomp_why: str | None) -> str:
+    """Why seccomp user notification is missing, and what goes without it."""
+    cause = (f"seccomp is unavailable ({seccomp_why})" if seccomp_why else
+             "seccomp(SECCOMP_GET_ACTION_AVAIL) refuses SECCOMP_RET_USER_NOTIF (Linux 5.0+; "
+             "a container's seccomp profile may refuse it)")
+    return (f"{cause}: without it the signal-scope substitute below ABI 6 and [network] allow "
+            "(host rules) cannot be enforced")
+
+
+def _nproc_row() -> dict[str, Any]:
+    """RLIMIT_NPROC against the threads this user already has (the kernel counts tasks
+    per real uid; https://man7.org/linux/man-pages/man2/getrlimit.2.html): a user at
+    its limit cannot start a tool at all. Root is not bound by it."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    feature = "processes this user may start (RLIMIT_NPROC, ulimit -u)"
+    if os.getuid() == 0:
+        return {"feature": feature, "available": True,
+                "detail": "root: RLIMIT_NPROC does not bind (only a pids cgroup limits it)"}
+    if soft == resource.RLIM_INFINITY:
+        return {"feature": feature, "available": True, "detail": "unlimited"}
+    have = _user_tasks(os.getuid())
+    if have >= soft:
+        from .compiler import process_shortage
+
+        return {"feature": feature, "available": False,
+                "detail": f"{process_shortage()} ({have} tasks counted)"}
+    return {"feature": feature, "available": True,
+            "detail": f"{soft - have} more (limit {soft}, this user has {have} tasks)"}
+
+
+def _user_tasks(uid: int) -> int:
+    """Threads whose real uid is ``uid`` (what RLIMIT_NPROC counts), from /proc."""
+    count = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/status") as handle:
+                status = handle.read()
+        except OSError:
+            continue
+        uids = next((line.split()[1:2] for line in status.splitlines()
+                     if line.startswith("Uid:")), [])
+        threads = next((line.split()[1:2] for line in status.splitlines()
+                        if line.startswith("Threads:")), ["1"])
+        if uids == [str(uid)]:
+            count += int(threads[0]) if threads[0].isdigit() else 1
+    return count
 
 
 #: How `explain` shows the port a credential route gets when a run starts.

@@ -192,6 +192,36 @@ def plan(policy: Policy, abi: int) -> Plan:
                 substitutes(policy, abi))
 
 
+#: gVisor's ``uname -v`` (google/gvisor pkg/sentry/syscalls/linux/linux64.go,
+#: _LINUX_VERSION): its user-space kernel implements no Landlock.
+GVISOR_VERSION = "#1 SMP Sun Jan 10 15:06:54 PST 2016"
+#: What to do without Landlock (the consequence of every message that says it is absent).
+NO_LANDLOCK_ADVICE = ("run the tool in a VM or on a host whose kernel has Landlock (Linux 5.13+, "
+                      "\"landlock\" in the lsm= boot parameter), or pass --best-effort to run it "
+                      "without filesystem confinement on purpose")
+
+
+def landlock_missing() -> str:
+    """Why no Landlock ABI is in use here: ``SANDLOCK_ABI=0`` pretending, gVisor (recognised
+    by its fixed ``uname -v``), or the kernel's answer to landlock_create_ruleset
+    (https://docs.kernel.org/userspace-api/landlock.html: ENOSYS built without it,
+    EOPNOTSUPP built but not enabled at boot)."""
+    import errno
+
+    real = kernel.landlock_abi()
+    err = kernel.landlock_errno()  # right after the call that set it
+    if real:
+        return (f"{ENV_ABI}={os.environ.get(ENV_ABI, '0')} pretends a kernel without Landlock "
+                f"(this kernel has Landlock ABI {real})")
+    if GVISOR_VERSION in os.uname().version:
+        return ("Landlock is not available in this kernel: this is gVisor (runsc), whose "
+                "kernel implements no Landlock")
+    why = {errno.ENOSYS: "the kernel was built without it (CONFIG_SECURITY_LANDLOCK)",
+           errno.EOPNOTSUPP: "it is built in but not enabled at boot (lsm=)"}.get(
+        err, os.strerror(err) if err else "landlock_create_ruleset is unknown on this architecture")
+    return f"Landlock is not available in this kernel: {why}"
+
+
 def detect_abi() -> int:
     """The kernel's Landlock ABI, lowered by ``SANDLOCK_ABI`` to pretend an older kernel."""
     real = kernel.landlock_abi()

@@ -76,23 +76,76 @@ def _read(path: str) -> str:
         return ""
 
 
-def mounts(mountinfo: str) -> tuple[Optional[str], Optional[str]]:
-    """(cgroup2 mount point, cgroup v1 mount point of the pids controller) from
-    /proc/self/mountinfo's text (https://docs.kernel.org/filesystems/proc.html)."""
-    v2 = v1 = None
+def _unescape(field: str) -> str:
+    """A mountinfo field with its octal escapes (``\\040`` space, ``\\011`` tab,
+    ``\\012`` newline, ``\\134`` backslash) decoded."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        code = field[i + 1:i + 4]
+        if field[i] == "\\" and len(code) == 3 and all(c in "01234567" for c in code):
+            out.append(chr(int(code, 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+class Mount:
+    """A cgroup mount from /proc/self/mountinfo: ``version`` 1 (a v1 hierarchy with the
+    pids controller) or 2; ``point`` where it is mounted; ``root`` the cgroup shown at
+    ``point``, as a path in this process's cgroup namespace (``/`` for a whole
+    hierarchy; ``/libpod_parent/...`` for a container's bind mount of its own cgroup;
+    ``/..`` above the namespace root); ``readonly`` mounted read-only."""
+
+    __slots__ = ("version", "point", "root", "readonly")
+
+    def __init__(self, version: int, point: str, root: str, readonly: bool) -> None:
+        self.version, self.point, self.root, self.readonly = version, point, root, readonly
+
+    def place(self, cgroup: str) -> Optional[str]:
+        """The directory of ``cgroup`` (a /proc/self/cgroup path) in this mount, or None
+        when the mount does not show it (it shows another cgroup, or its root lies
+        outside this cgroup namespace and cannot be placed)."""
+        if ".." in self.root.split("/"):
+            return None
+        root = self.root.rstrip("/")
+        if cgroup != self.root and not cgroup.startswith(root + "/"):
+            return None
+        return os.path.normpath(self.point + "/" + cgroup[len(root):].lstrip("/"))
+
+    def shows(self) -> str:
+        """How it is named in a reason."""
+        ro = ", read-only" if self.readonly else ""
+        kind = "cgroup v1 pids hierarchy" if self.version == 1 else "cgroup2 hierarchy"
+        return f"the {kind} mounted at {self.point} (root {self.root}{ro})"
+
+    def names(self, path: str) -> str:
+        """``path``, a directory of this mount, named with the mount."""
+        return self.shows() if path == self.point else f"{path} in {self.shows()}"
+
+
+def cgroup_mounts(mountinfo: str) -> list[Mount]:
+    """The cgroup2 mounts and the cgroup v1 mounts of the pids controller in
+    /proc/self/mountinfo's text (https://docs.kernel.org/filesystems/proc.html, 3.5:
+    ``id parent dev root point options [optional...] - type source super-options``)."""
+    found = []
     for line in mountinfo.splitlines():
-        fields = line.split()
-        if " - " not in line or len(fields) < 5:
+        before, sep, after_text = line.partition(" - ")
+        fields, after = before.split(), after_text.split()
+        if not sep or len(fields) < 6 or len(after) < 3:
             continue
-        after = line.split(" - ", 1)[1].split()
-        if len(after) < 3 or fields[3] != "/":  # a bind mount of a sub-cgroup: not a root
+        if after[0] == "cgroup2":
+            version = 2
+        elif after[0] == "cgroup" and "pids" in after[2].split(","):
+            version = 1
+        else:
             continue
-        point = fields[4].replace("\\040", " ")
-        if after[0] == "cgroup2" and v2 is None:
-            v2 = point
-        elif after[0] == "cgroup" and "pids" in after[2].split(",") and v1 is None:
-            v1 = point
-    return v2, v1
+        readonly = "ro" in fields[5].split(",") or "ro" in after[2].split(",")
+        found.append(Mount(version, _unescape(fields[4]), _unescape(fields[3]), readonly))
+    return found
 
 
 def own_cgroups(text: str) -> tuple[Optional[str], Optional[str]]:
@@ -108,43 +161,122 @@ def own_cgroups(text: str) -> tuple[Optional[str], Optional[str]]:
     return v2, v1
 
 
-def _join(mount: str, relative: str) -> str:
-    return os.path.normpath(mount + "/" + relative.lstrip("/"))
-
-
 def _gives_pids(directory: str) -> bool:
     return "pids" in _read(os.path.join(directory, "cgroup.subtree_control")).split()
 
 
-def _writable(path: str) -> bool:
-    return os.access(path, os.W_OK)
+def _writable(path: str, mount: Optional[Mount] = None) -> bool:
+    """Whether this caller may write ``path`` (root too is refused by a read-only mount)."""
+    return not (mount is not None and mount.readonly) and os.access(path, os.W_OK)
+
+
+def _not_writable(mount: Mount, path: str) -> str:
+    """Why this caller cannot create a cgroup in ``path`` (a directory of ``mount``)."""
+    if mount.readonly:
+        return (f"{mount.names(path)} is read-only: a container's default cgroup mount "
+                "(run the container with --privileged, or give it a writable cgroup mount)")
+    try:
+        owner = os.stat(path).st_uid
+    except OSError as exc:
+        return f"{mount.names(path)}: {exc.strerror}"
+    return (f"{mount.names(path)} is owned by uid {owner} and not writable by uid "
+            f"{os.geteuid()}: not delegated to this user (a delegated cgroup is one chowned "
+            "to the user, with its cgroup.procs)")
+
+
+def _outside(mount: Mount, cgroup: str) -> str:
+    if ".." in mount.root.split("/"):
+        return (f"{mount.shows()} was mounted outside this process's cgroup namespace: "
+                f"its cgroup {cgroup} cannot be placed in it")
+    return f"{mount.shows()} does not contain this process's cgroup {cgroup}"
+
+
+def _choose_v1(mounts: list[Mount], own: str) -> tuple[Optional[Base], list[str]]:
+    """cgroup v1 has no internal-process rule: the base is this process's own cgroup,
+    in the first mount that shows it writable."""
+    reasons = []
+    for mount in mounts:
+        where = mount.place(own)
+        if where is None:
+            reasons.append(_outside(mount, own))
+        elif _writable(where, mount):
+            return Base(1, where, own), []
+        else:
+            reasons.append(_not_writable(mount, where))
+    return None, reasons
+
+
+def _choose_v2(mount: Mount, own: str) -> tuple[Optional[Base], list[str]]:
+    where = mount.place(own)
+    if where is None:
+        return None, [_outside(mount, own)]
+    offered = _read(os.path.join(mount.point, "cgroup.controllers")).split()
+    if "pids" not in offered:
+        return None, [f"{mount.shows()} does not offer the pids controller (cgroup.controllers: "
+                      f"{' '.join(offered) or 'none'}; on a host with cgroup v1 the pids "
+                      "controller is bound to a v1 hierarchy)"]
+    if _gives_pids(where):
+        if _writable(where, mount):
+            return Base(2, where, own), []
+        return None, [_not_writable(mount, where)]
+    why = (f"this process's cgroup, {mount.names(where)}, does not give the pids "
+           "controller to its children (cgroup.subtree_control)")
+    parent_rel = os.path.dirname(own.rstrip("/")) or "/"
+    parent = mount.place(parent_rel) if own.rstrip("/") else None
+    if parent is None:
+        if own.rstrip("/") == "":
+            why += (": it is the root of this cgroup namespace (a container's own cgroup), "
+                    "and cgroup v2 lets a cgroup that holds processes give no controller to "
+                    "its children; move the container's processes into a child cgroup (e.g. "
+                    "/init) and write +pids to cgroup.subtree_control, or start the container "
+                    "with a delegated cgroup (sandlock never moves processes nor changes "
+                    "cgroup.subtree_control)")
+        else:
+            why += "; its parent is outside the mount"
+        return None, [why]
+    if not _gives_pids(parent):
+        return None, [why + f"; nor does its parent {parent}"]
+    for path in (parent, os.path.join(parent, "cgroup.procs")):
+        if not _writable(path, mount):
+            return None, [why + "; its parent gives it, but " + _not_writable(mount, path)]
+    return Base(2, parent, parent_rel), []
 
 
 def choose(mountinfo: str, cgroup: str) -> tuple[Optional[Base], str]:
     """The base for this caller, or None and why not. Pure but for reading and access
-    checks of the cgroup files named by its two arguments."""
-    v2_mount, v1_mount = mounts(mountinfo)
+    checks of the cgroup files named by its two arguments.
+
+    A mount's root need not be ``/``: a container sees its own cgroup bind-mounted
+    (cgroup v1: mountinfo root ``/libpod_parent/...``) or the root of its cgroup
+    namespace; this process's cgroup is placed through that root."""
+    mounts = cgroup_mounts(mountinfo)
     v2_path, v1_path = own_cgroups(cgroup)
     reasons = []
-    if v1_mount is not None and v1_path is not None:
-        own = _join(v1_mount, v1_path)
-        if _writable(own):
-            return Base(1, own, v1_path), ""
-        reasons.append(f"{own} (cgroup v1 pids) is not writable by this user")
-    if v2_mount is not None and v2_path is not None and "pids" in _read(
-            os.path.join(v2_mount, "cgroup.controllers")).split():
-        own = _join(v2_mount, v2_path)
-        if _gives_pids(own) and _writable(own):
-            return Base(2, own, v2_path), ""
-        parent, parent_rel = os.path.dirname(own), os.path.dirname(v2_path.rstrip("/")) or "/"
-        if (v2_path.rstrip("/") and _gives_pids(parent) and _writable(parent)
-                and _writable(os.path.join(parent, "cgroup.procs"))):
-            return Base(2, parent, parent_rel), ""
-        reasons.append(f"neither this process's cgroup {own} nor its parent gives the pids "
-                       "controller to a child this user may create and move processes into")
-    elif v1_mount is None:
-        reasons.append("no cgroup hierarchy has the pids controller")
-    return None, "; ".join(reasons)
+    v1_mounts = [m for m in mounts if m.version == 1]
+    if v1_path is not None:
+        if not v1_mounts:
+            reasons.append(f"this process is in the pids cgroup {v1_path} of a cgroup v1 "
+                           "hierarchy (/proc/self/cgroup) that is not mounted here")
+        base, why = _choose_v1(v1_mounts, v1_path)
+        if base is not None:
+            return base, ""
+        reasons += why
+    elif v1_mounts:
+        reasons.append("a cgroup v1 pids hierarchy is mounted but /proc/self/cgroup names no "
+                       "pids cgroup of this process")
+    if v1_path is None or not v1_mounts:
+        v2_mounts = [m for m in mounts if m.version == 2]
+        if v2_path is None or not v2_mounts:
+            if not reasons:
+                reasons.append("no cgroup hierarchy has the pids controller (no cgroup v1 pids "
+                               "hierarchy or cgroup2 hierarchy is mounted and named in "
+                               "/proc/self/cgroup)")
+        for mount in v2_mounts:
+            base, why = _choose_v2(mount, v2_path or "/")
+            if base is not None:
+                return base, ""
+            reasons += why
+    return None, "; ".join(dict.fromkeys(reasons))
 
 
 _found: Optional[tuple[int, Optional[Base], str]] = None
