@@ -14,9 +14,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import pytest
 from hypothesis import settings
@@ -82,6 +83,21 @@ def descendants(pid: int) -> list[int]:
     """Every descendant of the single-threaded process ``pid``."""
     children = children_of(pid)
     return children + [p for c in children for p in descendants(c)]
+
+
+def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``target`` in a daemon thread; the returned dict gets its ``value`` or ``error``."""
+    outcome: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            outcome["value"] = target()
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, outcome
 
 
 def eventually(predicate: Callable[[], object], limit: float = 10.0) -> bool:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import helper_tools
 import pytest
-from conftest import REPO, require_abi
+from conftest import REPO, in_thread, require_abi
 
 import sandlock
 from sandlock.errors import CallError, SetupError
@@ -100,20 +99,6 @@ def _wait_for(path: Path, within: float = 30.0) -> None:
         time.sleep(0.02)
 
 
-def _in_thread(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    outcome: dict[str, Any] = {}
-
-    def body() -> None:
-        try:
-            outcome["value"] = target()
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    return thread, outcome
-
-
 def _kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
@@ -125,7 +110,7 @@ def test_call_ends_and_its_daemon_dies_when_the_fork_server_dies(
     pidfile, ready = tmp_path / "daemon.pid", tmp_path / "ready"
     with sandlock.Sandbox({**policy, "filesystem": {"read": [TESTS], "write": [str(tmp_path)]}},
                           best_effort=True, timeout=5) as box:
-        thread, outcome = _in_thread(
+        thread, outcome = in_thread(
             lambda: box.call(helper_tools.daemon_on_stdout, str(pidfile), str(ready)))
         _wait_for(ready)
         _wait_for(pidfile)
@@ -154,7 +139,7 @@ def test_run_ends_and_its_daemon_dies_when_its_server_dies(
         pytest.skip("the native helper is not built")
     monkeypatch.setenv("SANDLOCK_NATIVE", "1" if native else "0")
     with sandlock.Sandbox("shell", vars={"workspace": str(tmp_path)}, timeout=5) as box:
-        thread, outcome = _in_thread(lambda: _run_daemon(box, tmp_path))
+        thread, outcome = in_thread(lambda: _run_daemon(box, tmp_path))
         _wait_for(tmp_path / "ready")
         daemon = int((tmp_path / "daemon.pid").read_text())
         _kill(nativeexec.get().pid if native else forkserver.get().pid)
@@ -183,7 +168,7 @@ def test_the_caller_keeps_its_own_deadline_when_the_supervisor_stops(
                 return asyncio.run(box.call_async(helper_tools.report_supervisor, str(pidfile)))
             return box.call(helper_tools.report_supervisor, str(pidfile))
 
-        thread, outcome = _in_thread(call)
+        thread, outcome = in_thread(call)
         _wait_for(pidfile)
         supervisor, tool = map(int, pidfile.read_text().split())
         os.kill(supervisor, signal.SIGSTOP)

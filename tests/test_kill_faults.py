@@ -16,12 +16,11 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import POLICIES, eventually, parent, require_abi, require_native
+from conftest import POLICIES, eventually, in_thread, parent, require_abi, require_native
 
 import sandlock
 from sandlock.exec import native as nativeexec
@@ -70,20 +69,6 @@ def daemon_script(mark: str) -> str:
     return f"setsid -f sleep {mark}; exec sleep {mark}"
 
 
-def _in_thread(target: Any) -> tuple[threading.Thread, dict[str, Any]]:
-    outcome: dict[str, Any] = {}
-
-    def body() -> None:
-        try:
-            outcome["value"] = target()
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    return thread, outcome
-
-
 # ----------------------------------------------------------------------------
 # The native helper (Sandbox.run)
 
@@ -106,7 +91,7 @@ def test_killing_the_native_helpers_group_loses_no_call(
         policy["limits"] = {"processes": processes}
     with sandlock.Sandbox(policy, vars={"workspace": str(tmp_path)}, timeout=3,
                           best_effort=True) as box:
-        calls = [_in_thread(lambda: box.run(["/bin/sh", "-c", daemon_script(marker)]))
+        calls = [in_thread(lambda: box.run(["/bin/sh", "-c", daemon_script(marker)]))
                  for _ in range(3)]
         assert eventually(lambda: len(marked(marker)) == 6, 30), marked(marker)
         os.killpg(nativeexec.get().pid, signal.SIGKILL)
@@ -125,7 +110,7 @@ def test_a_call_whose_supervisor_is_killed_is_reported_killed(tmp_path: Path, ma
     """kill -9 of the supervisor of a running call: the command had started, so the call
     is reported killed (SIGKILL), not "not started"; its daemon does not survive."""
     with sandlock.Sandbox("shell", vars={"workspace": str(tmp_path)}, timeout=30) as box:
-        thread, outcome = _in_thread(lambda: box.run(["/bin/sh", "-c", daemon_script(marker)]))
+        thread, outcome = in_thread(lambda: box.run(["/bin/sh", "-c", daemon_script(marker)]))
         assert eventually(lambda: len(marked(marker)) == 2, 30), marked(marker)
         supervisors = {parent(pid) for pid in marked(marker)}
         assert len(supervisors) == 1, supervisors  # the subreaper of the call's tree

@@ -26,7 +26,7 @@ from conftest import REPO, require_abi, sandlock, write_policy
 from sandlock.policy.model import PROFILE_DIR, builtin_profiles, load_policy
 
 PROFILES = {"base", "python", "read_file", "write_file", "shell", "python_runner", "https_client",
-            "git", "cc", "node", "venv", "tls", "tmpdir"}
+            "git", "cc", "node", "venv", "tls", "tmpdir", "sqlite3", "redis_cli", "psql", "chromium", "npm"}
 #: What the child sees of the caller's environment (the profiles pass what they need).
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": os.environ.get("HOME", "/")}
 
