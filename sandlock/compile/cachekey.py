@@ -136,7 +136,7 @@ def read_key(directory: int) -> tuple[Optional[bytes], Optional[str]]:
             return None, f"{info.st_nlink} links to it, not 1"
         if info.st_dev != os.fstat(directory).st_dev:
             return None, "on another filesystem than its directory"
-        data = os.pread(fd, KEY_BYTES + 1, 0)
+        data = os.pread(fd, KEY_BYTES, 0)
         if len(data) != KEY_BYTES:
             return None, f"read {len(data)} bytes, not {KEY_BYTES}"
         return data, None
