@@ -19,6 +19,8 @@ model"):
    unpacked program), a directory of its import path (a planted module, package or
    ``.pth`` file would run in the next launcher). Directories under the system
    directories cannot be granted write, since rule 1 trusts the links there.
+   Where the cache's key is a file (:mod:`sandlock.compile.cachekey`), a grant of
+   any right that reaches it is refused too (:class:`SecretCheck`).
 
 Facts about the objects come from ``fstat`` of descriptors; ancestors are found by
 walking ``..`` from a descriptor, so a symlinked home cannot hide that a grant
