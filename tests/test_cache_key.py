@@ -94,10 +94,11 @@ class Scene:
                         TEST_KEY_DIR=str(self.key_dir))
 
     def run(self, argv: list[str], refuse: str = "EPERM", policy: Path | None = None,
-            guard_off: str = "") -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+            guard_off: str = "", wrap: tuple[str, ...] | list[str] = ()
+            ) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
         """`sandlock run` of ``argv``; the keyring refused with errno ``refuse`` (or not
-        at all: ``refuse=""``)."""
-        prefix = [sys.executable, "-c", NO_KEYRING, refuse] if refuse else []
+        at all: ``refuse=""``); ``wrap``: a command line that runs the rest."""
+        prefix = [*wrap, *([sys.executable, "-c", NO_KEYRING, refuse] if refuse else [])]
         env = {**self.env, "TEST_GUARD_OFF": guard_off}
         args = ["--policy", str(policy or self.policy), "--var", f"ws={self.ws}", "--", *argv]
         done = subprocess.run([*prefix, sys.executable, "-c", RUNNER, *args], env=env,
@@ -257,6 +258,35 @@ def test_untrusted_key_file_turns_the_cache_off(scene: Scene, plant: str) -> Non
     assert line["available"] is False and "is not trusted" in str(line["detail"]), line
     # positive control: a key reader without the checks takes the forgery
     assert_widened(*scene.read_outside(guard_off="read_key"))
+
+
+def test_key_file_from_another_filesystem_is_not_trusted(scene: Scene, tmp_path: Path) -> None:
+    """A file bind-mounted over the key from another filesystem (here /dev/shm, in a
+    mount namespace of the test's own) is not the key sandlock made in its directory."""
+    if os.geteuid() != 0 or not Path("/usr/bin/unshare").exists():
+        pytest.skip("needs root and unshare(1) for a private bind mount")
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's directory")
+    scene.key_dir.mkdir(parents=True, mode=0o700)
+    scene.key.write_bytes(KNOWN)
+    scene.key.chmod(0o600)
+    scene.run(["cat", str(scene.ws / "notes.md")])
+    scene.forge(KNOWN)
+    source = shm / f"sandlock-test-key-{os.getpid()}"
+    source.write_bytes(KNOWN)
+    source.chmod(0o600)
+    try:
+        mount = ["/usr/bin/unshare", "-m", "--propagation", "private", "sh", "-c",
+                 'mount --bind "$0" "$1" && shift && exec "$@"', str(source), str(scene.key)]
+        done, info = scene.run(["cat", str(scene.outside / "secret.txt")], wrap=mount)
+        assert_confined(done, info)
+        assert info["parsed"] is True
+        # positive control: a key reader without the checks takes the forgery
+        assert_widened(*scene.run(["cat", str(scene.outside / "secret.txt")], wrap=mount,
+                                  guard_off="read_key"))
+    finally:
+        source.unlink()
 
 
 # ----------------------------------------------------------------------------

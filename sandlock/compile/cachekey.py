@@ -63,15 +63,15 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 def key_directory() -> Optional[str]:
     """The directory of the key file: ``.cache/sandlock`` in the euid's home from the
-    password database, or None if it has no entry there."""
+    password database, or None if it has no entry there or that home does not exist."""
     try:
         import pwd
 
         home = pwd.getpwuid(os.geteuid()).pw_dir
     except (ImportError, KeyError):
         return None
-    if not os.path.isabs(home):
-        return None
+    if not os.path.isabs(home) or not os.path.isdir(home):
+        return None  # never made here: a home that does not exist is no place for it
     return os.path.join(os.path.normpath(home), ".cache", "sandlock")
 
 
@@ -92,10 +92,12 @@ def secret(open_private_dir: Callable[..., Optional[int]]) -> tuple[Optional[byt
     why = f"the kernel keyring is refused here ({os.strerror(refused) if refused else 'unavailable'})"
     directory = key_directory()
     if directory is None:
-        return None, f"{why}, and uid {os.geteuid()} has no home directory in the password database"
+        return None, (f"{why}, and uid {os.geteuid()} has no existing home directory in the "
+                      "password database")
     fd = open_private_dir(directory, create=True, private_from=1)
     if fd is None:
-        return None, (f"{why}, and {directory!r} is not a private directory (owned by uid "
+        return None, (f"{why}, and {directory!r} cannot be opened or made as a private "
+                      f"directory (owned by uid "
                       f"{os.geteuid()}, no access for group or others, reached without a "
                       "symbolic link through directories only root or this uid can write)")
     try:
