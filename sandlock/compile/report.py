@@ -91,7 +91,7 @@ def kernel_report() -> dict[str, Any]:
     features.append({"feature": "compiled-policy cache (authenticated entries)",
                      "available": key is not None,
                      "detail": f"keyed BLAKE2b, key in {where}" if key is not None
-                     else f"off: {where}: every run parses its policy (slower, equally safe)"})
+                     else "off, every run parses its policy (slower, equally safe): " + where})
     userns, detail = _userns()
     features.append({"feature": "unprivileged user namespaces", "available": userns, "detail": detail})
     return {"kernel": os.uname().release, "landlock_abi": real, "abi_in_use": used,
