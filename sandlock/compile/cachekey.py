@@ -100,15 +100,16 @@ def secret(open_private_dir: Callable[..., Optional[int]]) -> tuple[Optional[byt
                       f"directory (owned by uid "
                       f"{os.geteuid()}, no access for group or others, reached without a "
                       "symbolic link through directories only root or this uid can write)")
+    where = os.path.join(directory, KEY_FILE)
     try:
         key, problem = read_key(fd)
         if key is None and problem is None:
-            problem = _create(fd)
-            if problem is None:
-                key, problem = read_key(fd)
+            made = _create(fd)
+            if made is not None:
+                return None, f"{why}, and the key file {where!r} cannot be made: {made}"
+            key, problem = read_key(fd)
     finally:
         os.close(fd)
-    where = os.path.join(directory, KEY_FILE)
     if key is None:
         return None, (f"{why}, and the key file {where!r} is not trusted: {problem or 'missing'}"
                       "; remove it and the next run makes a new one")
@@ -150,18 +151,19 @@ def read_key(directory: int) -> tuple[Optional[bytes], Optional[str]]:
 
 def _create(directory: int) -> Optional[str]:
     """Make a key and publish it as the key file unless one was published first; the
-    reason it failed, or None."""
+    reason it failed, or None. (Between the ``link`` and the ``unlink`` the key has two
+    links: a launcher reading it then runs once without the cache.)"""
     tmp = f".{KEY_FILE}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=directory)
     except OSError as exc:
-        return f"cannot create it ({exc.strerror})"
+        return str(exc.strerror)
     try:
         try:
             os.fchmod(fd, 0o600)  # exactly, whatever the umask
             if os.write(fd, os.urandom(KEY_BYTES)) != KEY_BYTES:
-                return "short write"
+                return "a short write"
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -172,7 +174,7 @@ def _create(directory: int) -> Optional[str]:
             pass  # another launcher published one first: use it
         return None
     except OSError as exc:
-        return f"cannot create it ({exc.strerror})"
+        return str(exc.strerror)
     finally:
         try:
             os.unlink(tmp, dir_fd=directory)
