@@ -34,6 +34,8 @@ LEARN = "tests/test_learn_holes.py::"
 MOUNTS = "tests/test_mounts.py::"
 KILLS = "tests/test_kill_faults.py::"
 SUBST = "tests/test_substitutes.py::"
+KEY = "tests/test_cache_key.py::"
+UNTRUSTED_KEY = KEY + "test_untrusted_key_file_turns_the_cache_off"
 
 GUARDS: tuple[Guard, ...] = (
     Guard("cache entry tag", "sandlock/compile/cache.py",
@@ -325,4 +327,37 @@ GUARDS: tuple[Guard, ...] = (
           ("tests/test_containers_cgroup.py::test_v1_container_cgroup_bind_mounted_is_used",
            "tests/test_containers_cgroup.py::test_v1_mount_root_places_the_cgroup",
            "tests/test_containers_cgroup.py::test_v2_delegated_container_cgroup_is_used")),
+    Guard("cache key file: no symbolic link", "sandlock/compile/cachekey.py",
+          "_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK",
+          "_READ = os.O_RDONLY | os.O_NONBLOCK",
+          (UNTRUSTED_KEY + "[symlink]",)),
+    Guard("cache key file: mode 0600", "sandlock/compile/cachekey.py",
+          "        if S_IMODE(info.st_mode) != 0o600:",
+          "        if False:",
+          (UNTRUSTED_KEY + "[group-readable]",)),
+    Guard("cache key file: owned by the euid", "sandlock/compile/cachekey.py",
+          "        if info.st_uid != os.geteuid():",
+          "        if False:",
+          (UNTRUSTED_KEY + "[other-owner]",)),
+    Guard("cache key file: exactly 32 bytes", "sandlock/compile/cachekey.py",
+          "        if info.st_size != KEY_BYTES:",
+          "        if False:",
+          (UNTRUSTED_KEY + "[longer]",)),
+    Guard("cache key file: one link", "sandlock/compile/cachekey.py",
+          "        if info.st_nlink != 1:",
+          "        if False:",
+          (UNTRUSTED_KEY + "[second-hard-link]",)),
+    Guard("cache key file: on its directory's filesystem", "sandlock/compile/cachekey.py",
+          "        if info.st_dev != os.fstat(directory).st_dev:",
+          "        if False:",
+          (KEY + "test_key_file_from_another_filesystem_is_not_trusted",)),
+    Guard("cache key file: no grant reaches it", "sandlock/compile/grants.py",
+          "                secrets.check(path, got)",
+          "                pass",
+          (KEY + "test_grant_that_reaches_the_key_is_refused",
+           KEY + "test_grant_that_reaches_a_key_file_is_refused_where_the_keyring_works")),
+    Guard("cache key file: out of reach wherever one exists", "sandlock/compile/cachekey.py",
+          "    if os.path.lexists(path) or kernel.user_keyring_secret(KEY_NAME) is None:",
+          "    if kernel.user_keyring_secret(KEY_NAME) is None:",
+          (KEY + "test_grant_that_reaches_a_key_file_is_refused_where_the_keyring_works",)),
 )

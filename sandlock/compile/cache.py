@@ -21,13 +21,14 @@ vanished in between is an error (exit 125), as it is without the cache.
 
 Trust: a tool may be able to write the cache directory (its policy may grant write
 on the home), so nothing read back is trusted unless it is authenticated. Each
-entry carries a keyed BLAKE2b tag over its payload, with a 256-bit key kept in the
-caller's kernel user keyring (:func:`sandlock.linux.kernel.user_keyring_secret`), which no
-tool can read: the seccomp filter refuses keyctl, add_key and request_key to every
-tool, and Landlock keeps tools from tracing the launcher that holds the key. An
-entry whose tag does not verify is ignored (then overwritten); without a keyring
-(some container profiles refuse keyctl) there is no cache at all, only the full
-path. Entries are unmarshalled only after their tag verified, and used only if they
+entry carries a keyed BLAKE2b tag over its payload, with a 256-bit key no tool can
+read (:mod:`sandlock.compile.cachekey`): kept in the caller's kernel user keyring
+(the seccomp filter refuses keyctl, add_key and request_key to every tool, and
+Landlock keeps tools from tracing the launcher that holds the key) or, where the
+keyring is refused (containers), in a private key file of the user's home that no
+grant may reach. An entry whose tag does not verify is ignored (then overwritten);
+without a trusted key there is no cache at all, only the full path. Entries are
+unmarshalled only after their tag verified, and used only if they
 have exactly the shape this version writes (:data:`SHAPE`): any other is a miss, never
 a crash. The Landlock ABI of an entry must be the one the kernel reports now. On a hit
 the policy paths are still resolved, checked and opened now
@@ -47,6 +48,8 @@ import sys
 
 from .. import PACKAGE_DIR, __version__
 from ..linux import kernel
+from . import cachekey
+from .cachekey import KEY_NAME as KEY_NAME  # the key's one definition is there
 
 TYPE_CHECKING = False  # typing costs milliseconds; this module exists to save them
 if TYPE_CHECKING:
@@ -58,8 +61,6 @@ if TYPE_CHECKING:
 FORMAT = 3
 MAGIC = b"sandlock-compiled-policy\x00%d\n" % FORMAT
 TAG_BYTES = 32
-#: The description of the cache key in the user keyring (see keyrings(7)).
-KEY_NAME = b"sandlock:policy-cache:v1"
 ENV_NO_CACHE = "SANDLOCK_NO_CACHE"
 BUILD_ID_FILE = "sandlock-build-id"  #: bundled by scripts/build_binary.sh
 MAX_ENTRIES = 256
@@ -357,7 +358,7 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
         key = _key(policy_file, text, variables, timeout, best_effort)
     except (OSError, ValueError):
         return None  # the full path will report it
-    secret = kernel.user_keyring_secret(KEY_NAME)
+    secret = cachekey.secret(open_private_dir)[0]
     if secret is None:
         return None
     directory = open_private_dir(_cache_path("policies"), create=True)

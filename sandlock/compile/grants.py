@@ -19,6 +19,8 @@ model"):
    unpacked program), a directory of its import path (a planted module, package or
    ``.pth`` file would run in the next launcher). Directories under the system
    directories cannot be granted write, since rule 1 trusts the links there.
+   Where the cache's key is a file (:mod:`sandlock.compile.cachekey`), a grant of
+   any right that reaches it is refused too (:class:`SecretCheck`).
 
 Facts about the objects come from ``fstat`` of descriptors; ancestors are found by
 walking ``..`` from a descriptor, so a symlinked home cannot hide that a grant
@@ -534,6 +536,11 @@ class WriteCheck:
     What is protected, and the mounts, are looked up once, on the first write grant
     checked."""
 
+    #: The grants this checks, and what a tool could do through one that reaches a
+    #: protected object (in the refusals).
+    GRANT = "write grant"
+    HARM = "change what a later sandlock run trusts"
+
     def __init__(self, policy_files: Iterable[str]) -> None:
         self._policy_files = tuple(policy_files)
         self._protected: Optional[list[tuple[str, str, Optional[tuple[int, int]],
@@ -556,13 +563,20 @@ class WriteCheck:
                 f"write access to the directory {real!r} is never allowed: sandlock trusts the "
                 f"symbolic links in system directories ({', '.join(SYSTEM_DIRS)}); grant the "
                 "files the tool must change instead"))
+        self.check_reach(path, got)
+
+    def _trusted(self) -> list[tuple[str, str]]:
+        self._modules = _module_files()
+        return protected(self._policy_files, self._modules)
+
+    def check_reach(self, path: str, got: Resolved) -> None:
+        """Raise GrantError if ``got`` is, covers or lies inside a protected object, or
+        reaches one through a mount."""
         try:
             if self._protected is None:
                 self._mounts = read_mounts()
-                self._modules = _module_files()
                 self._protected = [(where, what, *_ancestry(where, self._mounts))
-                                   for where, what in protected(self._policy_files,
-                                                                self._modules)]
+                                   for where, what in self._trusted()]
                 self._exposures = _exposures(self._mounts, [(where, what, position) for
                                                             where, what, _, _, position
                                                             in self._protected])
@@ -578,8 +592,8 @@ class WriteCheck:
             if covers or own is not None and own in got.chain:
                 how = "covers" if covers else "lies inside"
                 raise GrantError(path, (
-                    f"this write grant {how} {where!r}, {what}: a tool could change what a "
-                    "later sandlock run trusts and so weaken or switch off its sandbox. "
+                    f"this {self.GRANT} {how} {where!r}, {what}: a tool could {self.HARM} "
+                    "and so weaken or switch off its sandbox. "
                     "Grant a narrower directory, or move that one out of the granted tree"))
         try:
             self.check_mounts(path, got)
@@ -596,9 +610,9 @@ class WriteCheck:
                                       in self._protected])
         if how is not None:
             raise GrantError(path, (
-                f"this write grant, {tree!r} of the filesystem on device {device} (through a "
-                f"mount), {how}: a tool could write there and change what a later sandlock "
-                "run trusts. Grant a directory outside it"))
+                f"this {self.GRANT}, {tree!r} of the filesystem on device {device} (through a "
+                f"mount), {how}: a tool could {self.HARM} through it. Grant a directory "
+                "outside it"))
         if not got.is_dir:
             return
         here = own = None
@@ -615,10 +629,39 @@ class WriteCheck:
                 below = key != own and _within(mount.point, here)
             if below:
                 raise GrantError(path, (
-                    f"the mount at {mount.point!r} below this write grant (of {mount.root!r} "
-                    f"on device {mount.device}) {how}: a tool could write there through the "
-                    "mount and change what a later sandlock run trusts. Unmount it, or grant "
-                    "a directory without such a mount"))
+                    f"the mount at {mount.point!r} below this {self.GRANT} (of {mount.root!r} "
+                    f"on device {mount.device}) {how}: a tool could {self.HARM} through the "
+                    "mount. Unmount it, or grant a directory without such a mount"))
+
+
+class SecretCheck(WriteCheck):
+    """Refuses any grant, of any right, that reaches a secret a later run relies on: the
+    cache key where it is kept in a file (:func:`sandlock.compile.cachekey.exposed`);
+    reading it is enough to forge what a later run trusts. No other check: a grant
+    of this kind that reaches nothing secret is the caller's to judge."""
+
+    GRANT = "grant"
+    HARM = "read it and forge what a later sandlock run trusts"
+
+    def __init__(self, secrets: list[tuple[str, str]]) -> None:
+        super().__init__(())
+        self._secrets = secrets
+
+    def _trusted(self) -> list[tuple[str, str]]:
+        return self._secrets
+
+    def check(self, path: str, got: Resolved) -> None:
+        if self._secrets:  # none: nothing to look up (the mounts)
+            self.check_reach(path, got)
+
+
+def _secrets() -> list[tuple[str, str]]:
+    """(path, what it is) of every secret no grant may reach, now."""
+    from .cachekey import exposed
+
+    key = exposed()
+    return [] if key is None else [(key, "the key that authenticates sandlock's "
+                                         "compiled-policy cache (kept in a file here)")]
 
 
 def _module_files() -> dict[tuple[int, int], str]:
@@ -643,11 +686,16 @@ def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
     the caller asks for the next one (one descriptor at a time, however many paths: a
     policy may name thousands). Raises GrantError or OSError."""
     checker = WriteCheck(policy_files)
+    secrets: Optional[SecretCheck] = None
     for path, rights in paths:
         got = resolve(path)
         try:
             if rights & write_rights:
                 checker.check(path, got)
+            else:
+                if secrets is None:
+                    secrets = SecretCheck(_secrets())
+                secrets.check(path, got)
             yield got, rights
         finally:
             got.close()

@@ -83,13 +83,14 @@ def kernel_report() -> dict[str, Any]:
                      if os.getuid() != 0 else f"{why}; RLIMIT_NPROC does not bind root: "
                      "`processes` cannot be enforced for this caller"})
     features.append(_nproc_row())
-    from .cache import KEY_NAME
+    from . import cachekey
+    from .cache import open_private_dir
 
-    keyed = kernel.user_keyring_secret(KEY_NAME) is not None
-    features.append({"feature": "compiled-policy cache (key in the kernel user keyring)",
-                     "available": keyed, "detail": "entries authenticated with keyed BLAKE2b"
-                     if keyed else "keyctl refused here: every run parses its policy (slower, "
-                     "equally safe)"})
+    key, where = cachekey.secret(open_private_dir)
+    features.append({"feature": "compiled-policy cache (authenticated entries)",
+                     "available": key is not None,
+                     "detail": f"keyed BLAKE2b, key in {where}" if key is not None
+                     else "off, every run parses its policy (slower, equally safe): " + where})
     userns, detail = _userns()
     features.append({"feature": "unprivileged user namespaces", "available": userns, "detail": detail})
     return {"kernel": os.uname().release, "landlock_abi": real, "abi_in_use": used,

@@ -1,0 +1,194 @@
+"""The key that authenticates the compiled-policy cache (:mod:`sandlock.compile.cache`).
+
+Entries are only as safe as this key is secret: whoever reads it can forge an entry
+that widens a later run. Two stores, the first that works:
+
+1. **The caller's kernel user keyring** (keyrings(7),
+   :func:`sandlock.linux.kernel.user_keyring_secret`): no tool can reach it, since the
+   seccomp filter refuses keyctl, add_key and request_key to every tool.
+2. **A key file**, where the keyring is refused (containers: runc gives a fresh
+   session keyring where reading the user keyring fails, Docker's profile answers
+   keyctl/add_key with EPERM, podman's add_key with ENOSYS). It is
+   ``<home>/.cache/sandlock/key``, ``<home>`` the effective uid's home directory from
+   the password database (never HOME or XDG_CACHE_HOME: every run of this uid,
+   whatever its environment, must agree on the one place no tool may reach).
+   Nothing keeps a tool from reading a file but Landlock, so, wherever a key file is
+   the store (or one exists), a grant of any right that reaches it, above it, or
+   through a mount, is refused (:func:`exposed`, :class:`sandlock.compile.grants.SecretCheck`);
+   write grants there were refused already (a state directory,
+   :func:`sandlock.compile.grants.protected`, lists that directory for every HOME).
+
+The file is trusted only if every check holds, each on a descriptor, never a name
+opened twice: its directory reached from ``/`` without following a link, owned by the
+euid with no access for group or others, every directory above it owned by root or the
+euid and writable by no one else (:func:`sandlock.compile.cache.open_private_dir`); the
+file opened in that directory with ``O_NOFOLLOW`` (a planted symbolic link is refused,
+not followed) and ``O_NONBLOCK`` (a FIFO cannot hang the launcher), then ``fstat``: a
+regular file, owned by the euid, mode exactly 0600, exactly 32 bytes, one link (a hard
+link elsewhere would be a second name a grant could reach), on its directory's
+filesystem (a file bind-mounted over the key from elsewhere would come from a tree the
+grant checks place apart). Any failure means no cache (every run compiles its policy:
+slower, equally safe) and ``sandlock check`` says why; a bad file is never repaired
+or replaced automatically, since it may be an attack to report. A missing key is made
+from ``os.urandom`` under a temporary name (``O_CREAT|O_EXCL``, 0600) and published
+with ``link``, which never replaces a key another launcher published first (both then
+read the one that won).
+
+What this does not cover: a same-uid process that is not confined can read the file
+(as it can read the user keyring); a tool confined by something else, or by a sandlock
+that predates the protected state directories, could have planted a key before it
+existed (no check on a file of the same uid can tell who wrote it: remove the file to
+make a new key).
+"""
+
+from __future__ import annotations
+
+import os
+from stat import S_IMODE, S_ISREG
+
+from ..linux import kernel
+
+TYPE_CHECKING = False  # typing costs milliseconds; the cache exists to save them
+if TYPE_CHECKING:
+    from typing import Callable, Optional
+
+#: The description of the cache key in the user keyring (see keyrings(7)).
+KEY_NAME = b"sandlock:policy-cache:v1"
+KEY_BYTES = 32
+KEY_FILE = "key"
+#: Where the store is named in ``sandlock check``.
+KEYRING = "the kernel user keyring"
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def key_directory() -> Optional[str]:
+    """The directory of the key file: ``.cache/sandlock`` in the euid's home from the
+    password database, or None if it has no entry there or that home does not exist."""
+    try:
+        import pwd
+
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+    except (ImportError, KeyError):
+        return None
+    if not os.path.isabs(home) or not os.path.isdir(home):
+        return None  # never made here: a home that does not exist is no place for it
+    return os.path.join(os.path.normpath(home), ".cache", "sandlock")
+
+
+def key_path() -> Optional[str]:
+    directory = key_directory()
+    return None if directory is None else os.path.join(directory, KEY_FILE)
+
+
+def secret(open_private_dir: Callable[..., Optional[int]]) -> tuple[Optional[bytes], str]:
+    """(the cache key, where it is kept) or (None, why there is no cache).
+    ``open_private_dir``: :func:`sandlock.compile.cache.open_private_dir`."""
+    key = kernel.user_keyring_secret(KEY_NAME)
+    if key is not None:
+        return key, KEYRING
+    import ctypes
+
+    refused = ctypes.get_errno()
+    why = f"the kernel keyring is refused here ({os.strerror(refused) if refused else 'unavailable'})"
+    directory = key_directory()
+    if directory is None:
+        return None, (f"{why}, and uid {os.geteuid()} has no existing home directory in the "
+                      "password database")
+    fd = open_private_dir(directory, create=True, private_from=1)
+    if fd is None:
+        return None, (f"{why}, and {directory!r} cannot be opened or made as a private "
+                      f"directory (owned by uid "
+                      f"{os.geteuid()}, no access for group or others, reached without a "
+                      "symbolic link through directories only root or this uid can write)")
+    where = os.path.join(directory, KEY_FILE)
+    try:
+        key, problem = read_key(fd)
+        if key is None and problem is None:
+            made = _create(fd)
+            if made is not None:
+                return None, f"{why}, and the key file {where!r} cannot be made: {made}"
+            key, problem = read_key(fd)
+    finally:
+        os.close(fd)
+    if key is None:
+        return None, (f"{why}, and the key file {where!r} is not trusted: {problem or 'missing'}"
+                      "; remove it and the next run makes a new one")
+    return key, f"the key file {where!r} ({why}; no grant may reach it)"
+
+
+def read_key(directory: int) -> tuple[Optional[bytes], Optional[str]]:
+    """(the key in ``directory``'s key file, None) if every check holds; (None, why not)
+    if one fails; (None, None) if there is no key file."""
+    try:
+        fd = os.open(KEY_FILE, _READ, dir_fd=directory)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:  # ELOOP: a symbolic link; EACCES, ENXIO...
+        return None, f"cannot open it without following a link ({exc.strerror})"
+    try:
+        info = os.fstat(fd)
+        if not S_ISREG(info.st_mode):
+            return None, "not a regular file"
+        if info.st_uid != os.geteuid():
+            return None, f"owned by uid {info.st_uid}, not {os.geteuid()}"
+        if S_IMODE(info.st_mode) != 0o600:
+            return None, f"mode {S_IMODE(info.st_mode):04o}, not 0600"
+        if info.st_size != KEY_BYTES:
+            return None, f"{info.st_size} bytes, not {KEY_BYTES}"
+        if info.st_nlink != 1:
+            return None, f"{info.st_nlink} links to it, not 1"
+        if info.st_dev != os.fstat(directory).st_dev:
+            return None, "on another filesystem than its directory"
+        data = os.pread(fd, KEY_BYTES, 0)
+        if len(data) != KEY_BYTES:
+            return None, f"read {len(data)} bytes, not {KEY_BYTES}"
+        return data, None
+    except (OSError, ValueError) as exc:
+        return None, f"cannot check it ({exc})"
+    finally:
+        os.close(fd)
+
+
+def _create(directory: int) -> Optional[str]:
+    """Make a key and publish it as the key file unless one was published first; the
+    reason it failed, or None. (Between the ``link`` and the ``unlink`` the key has two
+    links: a launcher reading it then runs once without the cache.)"""
+    tmp = f".{KEY_FILE}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600, dir_fd=directory)
+    except OSError as exc:
+        return str(exc.strerror)
+    try:
+        try:
+            os.fchmod(fd, 0o600)  # exactly, whatever the umask
+            if os.write(fd, os.urandom(KEY_BYTES)) != KEY_BYTES:
+                return "a short write"
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, KEY_FILE, src_dir_fd=directory, dst_dir_fd=directory,
+                    follow_symlinks=False)
+        except FileExistsError:
+            pass  # another launcher published one first: use it
+        return None
+    except OSError as exc:
+        return str(exc.strerror)
+    finally:
+        try:
+            os.unlink(tmp, dir_fd=directory)
+        except OSError:
+            pass
+
+
+def exposed() -> Optional[str]:
+    """The key file's path where no grant may reach it: a key file exists, or the
+    keyring is refused here (the next run would make one). None where the keyring
+    holds the key and no key file exists."""
+    path = key_path()
+    if path is None:
+        return None
+    if os.path.lexists(path) or kernel.user_keyring_secret(KEY_NAME) is None:
+        return path
+    return None
