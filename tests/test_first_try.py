@@ -103,6 +103,9 @@ def test_pytest_in_a_venv(policies: Path, work: Path, env: dict[str, str], home:
     venv = Path(sys.prefix)  # the venv running these tests has pytest
     project = work / "project"
     project.mkdir()
+    # pytest reads the first configuration file above its arguments: this one, not one an
+    # ungranted parent directory may hold (reading that would be refused).
+    (project / "pytest.ini").write_text("[pytest]\n")
     (project / "test_job.py").write_text(
         "import os, pathlib\n"
         "def test_job(tmp_path):\n"
