@@ -54,17 +54,12 @@ def _applies(rule: dict[str, Any], arch: set[str]) -> bool:
 
 
 def _action(name: str, code: int) -> int:
-    if name == "SCMP_ACT_ALLOW":
-        return seccomp.ALLOW
-    if name == "SCMP_ACT_ERRNO":
-        return seccomp.ERRNO(code)
-    if name in ("SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD"):
-        return seccomp.KILL_THREAD
-    if name == "SCMP_ACT_KILL_PROCESS":
-        return seccomp.KILL_PROCESS
-    if name == "SCMP_ACT_LOG":
-        return seccomp.LOG
-    raise SystemExit(f"container_profile: action {name} is not emulated")
+    actions = {"SCMP_ACT_ALLOW": seccomp.ALLOW, "SCMP_ACT_ERRNO": seccomp.ERRNO(code),
+               "SCMP_ACT_KILL": seccomp.KILL_THREAD, "SCMP_ACT_KILL_THREAD": seccomp.KILL_THREAD,
+               "SCMP_ACT_KILL_PROCESS": seccomp.KILL_PROCESS, "SCMP_ACT_LOG": seccomp.LOG}
+    if name not in actions:
+        raise SystemExit(f"container_profile: action {name} is not emulated")
+    return int(actions[name])
 
 
 def build(path: str) -> seccomp.SyscallFilter:

@@ -17,11 +17,11 @@ import re
 import socket
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+import tomllib
 from conftest import REPO, require_abi, require_tool
 
 LAUNCHER = Path(__file__).with_name("container_profile.py")
@@ -38,8 +38,10 @@ def profile(request: pytest.FixtureRequest) -> str:
 
 def under(profile: str, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     """``argv`` under ``profile`` (the launcher runs with the interpreter of the tests)."""
-    return subprocess.run([sys.executable, str(LAUNCHER), profile, "--", *argv],
-                          capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    done: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+        [sys.executable, str(LAUNCHER), profile, "--", *argv], capture_output=True, text=True,
+        **kwargs)
+    return done
 
 
 STEAL = """
