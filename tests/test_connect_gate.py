@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from test_network_allow import PROBE_HEAD, net_policy, needs_kernel, py
+from test_network_allow import PROBE_HEAD, needs_kernel, net_policy, py
 
 from sandlock.errors import KernelSupportError
 
