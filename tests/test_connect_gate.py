@@ -195,12 +195,20 @@ def test_the_held_table_is_bounded_and_forgets_closed_sockets(tmp_path: Path) ->
 
 def test_a_kernel_without_addfd_send_is_refused_naming_the_version(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below Linux 5.14 the gate cannot install its sockets: the run is refused up front."""
+    """Below Linux 5.14 the gate cannot install its sockets: the run is refused up front,
+    and `sandlock check` says so."""
+    from sandlock.compile import report
     from sandlock.linux import kernel
     from sandlock.net import connect
 
-    monkeypatch.setattr(kernel, "addfd_send_unsupported", lambda: "no ADDFD here")
-    with pytest.raises(KernelSupportError, match=r"needs Linux 5\.14\+: no ADDFD here"):
-        connect.check_support()
-    monkeypatch.undo()
+    def line() -> dict[str, object]:
+        return next(f for f in report.kernel_report()["features"]
+                    if f["feature"] == "host allowlist ([network] allow)")
+
     assert kernel.addfd_send_unsupported() is None  # this kernel (6.x) has it
+    assert line()["available"] is True
+    monkeypatch.setattr(kernel, "addfd_send_unsupported", lambda: "no ADDFD here")
+    with pytest.raises(KernelSupportError, match=r"allow needs Linux 5\.14\+: no ADDFD here"):
+        connect.check_support()
+    assert line() == {"feature": "host allowlist ([network] allow)", "available": False,
+                      "detail": "needs Linux 5.14+: no ADDFD here"}

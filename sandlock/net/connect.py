@@ -62,7 +62,7 @@ from ..linux.kernel import (
     SECCOMP_RET_ERRNO,
     SECCOMP_USER_NOTIF_FLAG_CONTINUE,
 )
-from ..linux.notify import Listener
+from ..linux.notify import Listener, gate_unsupported
 from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 from ..policy.netrules import NetRules, format_target
 from .proxy import Proxy
@@ -123,14 +123,9 @@ def notify_filter() -> bytes:
 
 def check_support() -> None:
     """Raise KernelSupportError when the kernel cannot mediate connect(2)."""
-    if MACHINE not in AUDIT_ARCH:
-        raise KernelSupportError(f"[network] allow is not supported on {MACHINE}")
-    if not kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF):
-        raise KernelSupportError("[network] allow needs seccomp user notification (Linux 5.9+)")
-    missing = kernel.addfd_send_unsupported()
-    if missing:
-        raise KernelSupportError(f"[network] allow needs Linux {kernel.ADDFD_SEND_KERNEL}+: "
-                                 f"{missing}")
+    why = gate_unsupported()
+    if why:
+        raise KernelSupportError(f"[network] allow {why}")
 
 
 #: Connects to remote hosts under way at once per run (each holds a descriptor and a
