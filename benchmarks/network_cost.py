@@ -5,8 +5,9 @@
 1. Per connection, measured inside the sandbox by a Python tool (median of N):
    - ``direct``: connect(2) to a loopback server on a port granted by
      ``connect = [PORT]`` (no ``allow``: Landlock decides, no supervisor);
-   - ``supervised connect``: connect(2) to the proxy under ``allow`` (the
-     seccomp notification round trip, pidfd_getfd and the launcher's connect);
+   - ``supervised connect``: socket(2) + connect(2) + close to the proxy under
+     ``allow`` (two seccomp notification round trips: the gate makes the socket and
+     installs it with ADDFD, then finds it by inode and connects it itself);
    - ``mediated tunnel``: supervised connect + ``CONNECT host:PORT`` + the
      proxy's checks, pinned resolution and upstream connect + the 200 reply,
      i.e. until the tool holds a usable byte stream to the server.

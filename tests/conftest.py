@@ -153,13 +153,15 @@ def _find_tool(tool: str) -> Optional[str]:
         module = tool.split(":", 1)[1]
         found = subprocess.run([PYTHON, "-c", f"import {module}"], capture_output=True)
         return PYTHON if found.returncode == 0 else None
+    if tool.startswith("/"):  # a data file a package ships
+        return tool if os.path.isfile(tool) else None
     return shutil.which(tool)
 
 
 def require_tool(tool: str) -> str:
     """The path of ``tool`` (a command on PATH, or python3:MODULE, a module the system
-    python3 imports); skip without it, naming its package (or fail, when
-    SANDLOCK_EXPECT_TOOLS=1 says scripts/test.sh or CI installed every one)."""
+    python3 imports, or the absolute path of a file); skip without it, naming its package
+    (or fail, when SANDLOCK_EXPECT_TOOLS=1 says scripts/test.sh or CI installed every one)."""
     package = package_of(tool)
     found = _find_tool(tool)
     if found is not None:

@@ -38,6 +38,16 @@ def _userns() -> tuple[bool, str]:
     return True, "not needed by sandlock; reported for comparison with namespace sandboxes"
 
 
+def _host_allowlist() -> dict[str, Any]:
+    """Whether ``[network] allow`` can run here (its gate makes the tool's TCP sockets and
+    installs them with SECCOMP_IOCTL_NOTIF_ADDFD; probed, not read from the version)."""
+    from ..linux.notify import gate_unsupported
+
+    why = gate_unsupported()
+    return {"feature": "host allowlist ([network] allow)", "available": why is None,
+            "detail": why or "connect gate: seccomp notification + ADDFD (Linux 5.14+)"}
+
+
 def kernel_report() -> dict[str, Any]:
     real = kernel.landlock_abi()
     used = ruleset.detect_abi()
@@ -63,6 +73,7 @@ def kernel_report() -> dict[str, Any]:
     notif = why is None and kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF)
     features.append({"feature": "seccomp user notification", "available": notif,
                      "detail": "SECCOMP_RET_USER_NOTIF" if notif else _no_notify(why)})
+    features.append(_host_allowlist())
     from ..linux import signalgate
 
     truncate = bool(A.fs_handled(used) & A.Fs.TRUNCATE)

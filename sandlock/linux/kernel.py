@@ -200,32 +200,97 @@ def seccomp_action_available(action: int) -> bool:
     return bool(_syscall(NR["seccomp"], SECCOMP_GET_ACTION_AVAIL, 0, ctypes.byref(value)) == 0)
 
 
-def pidfd_getfd(pidfd: int, target: int) -> int:
-    """A descriptor of ours for the process's descriptor ``target`` (close-on-exec;
-    https://man7.org/linux/man-pages/man2/pidfd_getfd.2.html, Linux 5.6)."""
-    if "pidfd_getfd" not in NR:
-        raise OSError(errno.ENOSYS, f"pidfd_getfd: unknown on {MACHINE}")
-    return _check(_syscall(NR["pidfd_getfd"], pidfd, target, 0), "pidfd_getfd")
+#: SECCOMP_IOCTL_NOTIF_ADDFD (_IOW('!', 3, struct seccomp_notif_addfd), Linux 5.9) and
+#: its flag SECCOMP_ADDFD_FLAG_SEND (Linux 5.14): install a descriptor of the supervisor
+#: in the notified process and answer the call with its number, in one step
+#: (https://docs.kernel.org/userspace-api/seccomp_filter.html#userspace-notification).
+NOTIF_ADDFD = 0x40182103
+SECCOMP_ADDFD_FLAG_SEND = 1 << 1
+#: struct seccomp_notif_addfd: id, flags, srcfd, newfd, newfd_flags.
+ADDFD_FORMAT = "=QIIII"
+#: The first kernel with everything a host-allowlist gate uses (ADDFD with SEND).
+ADDFD_SEND_KERNEL = "5.14"
 
 
-#: pidfd_open(2) flag for a thread, not only a thread-group leader (linux/pidfd.h, 6.9).
-PIDFD_THREAD = os.O_EXCL
-_SOL_SOCKET = 1  # asm-generic/socket.h, as the socket module has it
+def notif_addfd_send(listener: int, ident: int, srcfd: int, cloexec: bool) -> int:
+    """Install our ``srcfd`` in the process of notification ``ident`` and answer its call
+    with the new descriptor's number (returned here); the same open file, so both sides
+    share one socket. OSError (ENOENT) if the call is gone."""
+    import fcntl
+    import struct
+
+    flags = os.O_CLOEXEC if cloexec else 0
+    request = struct.pack(ADDFD_FORMAT, ident, SECCOMP_ADDFD_FLAG_SEND, srcfd, 0, flags)
+    return int(fcntl.ioctl(listener, NOTIF_ADDFD, request))
 
 
-def take_fd(tid: int, target: int) -> int:
-    """Our own descriptor (close-on-exec) for descriptor ``target`` of the thread ``tid``:
-    a supervisor decides on the object the tool named, never on a number it may reuse."""
+def _probe_addfd(result: list[int]) -> None:
+    """In a thread of its own (a filter binds only the thread that loads it, and this
+    thread then ends): load an allow-all filter with a listener, ask that listener to
+    ADDFD+SEND for a notification that cannot exist. A kernel that knows the flag looks
+    the notification up (ENOENT); one that does not refuses the flag (EINVAL)."""
+    import fcntl
+    import struct
+
+    allow = (SockFilter * 1)(SockFilter(0x06, 0, 0, 0x7FFF0000))
+    prog = SockFprog(1, ctypes.cast(allow, ctypes.POINTER(SockFilter)))
+    if _prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0:  # this thread only; it ends next
+        result.append(ctypes.get_errno())
+        return
+    listener = _syscall(NR["seccomp"], SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                        ctypes.byref(prog))
+    if listener < 0:
+        result.append(ctypes.get_errno())
+        return
     try:
-        pidfd = os.pidfd_open(tid, PIDFD_THREAD)
+        request = struct.pack(ADDFD_FORMAT, 0, SECCOMP_ADDFD_FLAG_SEND, listener, 0, 0)
+        fcntl.ioctl(listener, NOTIF_ADDFD, request)
+        result.append(0)
     except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-        pidfd = os.pidfd_open(tid)  # before Linux 6.9: only thread-group leaders
-    try:
-        return pidfd_getfd(pidfd, target)
+        result.append(exc.errno or errno.EINVAL)
     finally:
-        os.close(pidfd)
+        os.close(listener)
+
+
+_addfd_verdict: list[Optional[str]] = []
+
+
+def addfd_send_unsupported() -> Optional[str]:
+    """None when this kernel has SECCOMP_IOCTL_NOTIF_ADDFD with SECCOMP_ADDFD_FLAG_SEND
+    (Linux 5.14), else why not; probed once per process."""
+    if _addfd_verdict:
+        return _addfd_verdict[0]
+    import threading
+
+    result: list[int] = []
+    if "seccomp" in NR:
+        thread = threading.Thread(target=_probe_addfd, args=(result,), name="sandlock-probe")
+        thread.start()
+        thread.join()
+    code = result[0] if result else errno.ENOSYS
+    verdict = None if code == errno.ENOENT else (
+        f"seccomp's SECCOMP_IOCTL_NOTIF_ADDFD with SECCOMP_ADDFD_FLAG_SEND (Linux "
+        f"{ADDFD_SEND_KERNEL}+) is not available here ({os.strerror(code)})")
+    _addfd_verdict.append(verdict)
+    return verdict
+
+
+def fd_inode(tid: int, target: int) -> tuple[int, int, int]:
+    """(st_mode, st_dev, st_ino) of what descriptor ``target`` of thread ``tid`` refers to
+    (the object, through /proc: a socket's inode number is its identity while it lives)."""
+    info = os.stat(f"/proc/{tid}/fd/{target}")
+    return info.st_mode, info.st_dev, info.st_ino
+
+
+def socket_protocol(tid: int, target: int) -> str:
+    """The protocol name of the socket at descriptor ``target`` of thread ``tid`` ("TCP",
+    "TCPv6", "UDP", "UNIX-STREAM"...: sockfs's ``system.sockprotoname`` attribute, read
+    through /proc without taking the descriptor); "" if it is not a socket or is gone."""
+    try:
+        name = os.getxattr(f"/proc/{tid}/fd/{target}", "system.sockprotoname")
+    except OSError:
+        return ""
+    return name.rstrip(b"\0").decode("ascii", "replace")
 
 
 def pidfd_send_signal(pidfd: int, signum: int, info: Optional[bytes] = None) -> int:
@@ -235,16 +300,6 @@ def pidfd_send_signal(pidfd: int, signum: int, info: Optional[bytes] = None) -> 
     if _syscall(NR["pidfd_send_signal"], pidfd, signum, buf, 0) == 0:
         return 0
     return -ctypes.get_errno()
-
-
-def socket_option(fd: int, option: int) -> int:
-    """An integer ``SOL_SOCKET`` option of the socket ``fd`` (SO_TYPE, SO_DOMAIN...),
-    without wrapping the descriptor in a socket object."""
-    value = ctypes.c_int(0)
-    size = ctypes.c_uint32(4)
-    _check(_libc.getsockopt(fd, _SOL_SOCKET, option, ctypes.byref(value), ctypes.byref(size)),
-           "getsockopt")
-    return value.value
 
 
 def cloexec_from(low: int) -> None:

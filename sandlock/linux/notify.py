@@ -27,6 +27,20 @@ if TYPE_CHECKING:
     from .signalgate import Signals
 
 
+def gate_unsupported() -> Optional[str]:
+    """None when this kernel can run a gate that makes the tool's sockets
+    (:mod:`sandlock.net.connect`: user notification, ADDFD with SEND), else why not,
+    naming the kernel it needs. ``sandlock check`` and the gate both ask here."""
+    from .syscalls import AUDIT_ARCH, MACHINE
+
+    if MACHINE not in AUDIT_ARCH:
+        return f"not supported on {MACHINE}"
+    if not kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF):
+        return "needs seccomp user notification (Linux 5.9+)"
+    missing = kernel.addfd_send_unsupported()
+    return f"needs Linux {kernel.ADDFD_SEND_KERNEL}+: {missing}" if missing else None
+
+
 class Listener:
     """Subclasses define :meth:`_notified` and :attr:`name` (of the thread)."""
 

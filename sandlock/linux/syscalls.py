@@ -39,6 +39,8 @@ TABLES: dict[str, dict[str, int]] = {
         # the signal gate (sandlock.linux.signalgate)
         "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129,
         "rt_tgsigqueueinfo": 297, "fcntl": 72, "setsid": 112,
+        # the connect gate (sandlock.net.connect)
+        "listen": 50,
     },
     "aarch64": {
         "add_key": 217, "bind": 200, "bpf": 280, "chroot": 51, "clone": 220, "clone3": 435,
@@ -54,6 +56,8 @@ TABLES: dict[str, dict[str, int]] = {
         # the signal gate (sandlock.linux.signalgate)
         "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138,
         "rt_tgsigqueueinfo": 240, "fcntl": 25, "setsid": 157,
+        # the connect gate (sandlock.net.connect)
+        "listen": 201,
     },
 }
 

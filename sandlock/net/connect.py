@@ -1,30 +1,45 @@
-"""Mediated network for one run: the proxy plus a seccomp gate for connect(2).
+"""Mediated network for one run: the proxy plus a seccomp gate for socket(2) and connect(2).
 
 Only policies with ``[network] allow`` import this module (:func:`sandlock.exec.launcher.run`).
 
 Why a gate as well as the proxy: Landlock's TCP rules name ports, not
 addresses, so a Landlock grant of the proxy's port would also reach *any* host
 on that port, and a hostile server can listen on every port. Instead the tool
-gets no Landlock grant for the proxy at all, and every ``connect(2)`` it makes
-stops in a seccomp user notification
-(https://docs.kernel.org/userspace-api/seccomp_filter.html#userspace-notification).
-For a TCP socket the gate, in the launcher:
+gets no Landlock grant for the proxy at all, and its TCP sockets and every
+``connect(2)`` stop in a seccomp user notification
+(https://docs.kernel.org/userspace-api/seccomp_filter.html#userspace-notification):
 
-1. takes its own reference to the socket with ``pidfd_getfd(2)`` and asks the
-   kernel its family and type (immutable properties of the socket);
-2. copies the address from the tool's memory once (``/proc/TID/mem``);
-3. decides on that copy: the proxy's exact address, a ``connect`` port of the
-   policy, or an IP/CIDR ``allow`` rule (deny rules win); anything else EACCES;
-4. calls ``connect(2)`` itself on its reference with the same copied bytes and
-   answers the tool with the result (including EINPROGRESS for non-blocking
-   sockets, since both share one open file description).
+1. ``socket(2)`` of an IPv4 or IPv6 stream socket: the gate creates the socket
+   itself with the same arguments (registers: nothing to race), keeps its own
+   reference, and installs the same open file in the tool with
+   ``SECCOMP_IOCTL_NOTIF_ADDFD`` + ``SECCOMP_ADDFD_FLAG_SEND`` (Linux 5.14), which
+   also answers the call with the new descriptor's number;
+2. ``connect(2)``: the gate names the object behind the tool's descriptor by its
+   inode (``stat`` of ``/proc/TID/fd/N``; a socket's inode number is unique while
+   the socket lives, and the gate's reference keeps it alive) and finds its own
+   reference; it copies the address from the tool's memory once
+   (``/proc/TID/mem``), decides on that copy (the proxy's exact address, a
+   ``connect`` port of the policy, or an IP/CIDR ``allow`` rule; deny rules win;
+   anything else EACCES), calls ``connect(2)`` itself on its reference with the
+   same copied bytes and answers the tool with the result (EINPROGRESS included:
+   both share one open file description).
 
 The tool's connect never runs in the tool's context, so a thread rewriting the
-address or swapping the descriptor after step 2 changes nothing. Sockets that are
-not TCP (Unix, UDP when granted) are let through with CONTINUE: that is safe only
-because anything that then runs is still under Landlock, whose TCP rules hold
-no grant for the proxy; the same backstop covers a tool that stacks its own
-notifying filter (the filter below also refuses new listeners with EPERM).
+address or swapping the descriptor after the copy changes nothing. No
+``pidfd_getfd(2)``: container runtimes' default seccomp profiles refuse it without
+CAP_SYS_PTRACE, and ADDFD is allowed by all of them.
+
+The gate lets its reference go once the socket has connected (at once, or when a
+non-blocking connect completes) or listens, so the tool's ``close`` still ends the
+connection; a later connect on it is answered EISCONN without running. A TCP
+socket the gate did not make (accepted, or passed in) is refused (EACCES, with a
+report). Sockets that are not TCP (Unix, UDP when granted: sockfs names their
+protocol) are let through with CONTINUE: that is safe only because anything that
+then runs is still under Landlock, whose TCP rules hold no grant for the proxy; the
+same backstop covers a tool that stacks its own notifying filter (the filter below
+also refuses new listeners with EPERM). At most :data:`MAX_HELD` sockets are held
+per run; a sockets its creator no longer has is dropped first, beyond the limit
+socket(2) fails with EMFILE and a report.
 """
 
 from __future__ import annotations
@@ -33,7 +48,9 @@ import ctypes
 import errno
 import ipaddress
 import os
+import select
 import socket
+import stat
 import struct
 import threading
 from typing import TYPE_CHECKING, Callable, Optional
@@ -45,7 +62,7 @@ from ..linux.kernel import (
     SECCOMP_RET_ERRNO,
     SECCOMP_USER_NOTIF_FLAG_CONTINUE,
 )
-from ..linux.notify import Listener
+from ..linux.notify import Listener, gate_unsupported
 from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 from ..policy.netrules import NetRules, format_target
 from .proxy import Proxy
@@ -57,49 +74,84 @@ if TYPE_CHECKING:
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+_libc.socket.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+
+SOCK_TYPE_MASK = 0xF
+#: The socket(2) type flags a caller may add (linux/net.h): anything else is EINVAL.
+SOCK_FLAGS = socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+#: sockfs protocol names of the sockets a connect of the tool may CONTINUE on (Landlock
+#: and the main filter decide there); every other socket the gate did not make is refused.
+NOT_TCP = ("UNIX", "UDP", "UDPv6")
 
 
 def notify_filter() -> bytes:
-    """Classic BPF: connect -> USER_NOTIF; seccomp(NEW_LISTENER) -> EPERM; else ALLOW.
+    """Classic BPF: connect, listen and socket(AF_INET/AF_INET6, SOCK_STREAM...) ->
+    USER_NOTIF; seccomp(NEW_LISTENER) -> EPERM; else ALLOW.
 
     Foreign architectures fall through to ALLOW here because the main filter,
-    loaded first, already kills them. Arguments are read at their low 32 bits
-    (little-endian offsets), as the kernel does for ``int`` arguments.
+    loaded first, already kills them (and it refuses the sockets it does not grant
+    before this filter's notification counts: ERRNO wins over USER_NOTIF). Arguments
+    are read at their low 32 bits (little-endian offsets), as the kernel does for
+    ``int`` arguments.
     """
     def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
 
-    ld_abs, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
+    ld_abs, jeq, jset, alu_and, ret = 0x20, 0x15, 0x45, 0x54, 0x06
     return b"".join([
         op(ld_abs, 4),                                  # 0: A = arch
-        op(jeq, AUDIT_ARCH[MACHINE], 0, 6),             # 1: foreign -> 8 (allow)
+        op(jeq, AUDIT_ARCH[MACHINE], 0, 14),            # 1: foreign -> 16 (allow)
         op(ld_abs, 0),                                  # 2: A = nr
-        op(jeq, NR["connect"], 6, 0),                   # 3: connect -> 10 (notify)
-        op(jeq, NR["seccomp"], 0, 4),                   # 4: not seccomp -> 9 (allow)
-        op(ld_abs, 24),                                 # 5: A = low half of args[1] (flags)
-        op(jset, kernel.SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, 2),  # 6: listener -> 7 (EPERM)
-        op(ret, SECCOMP_RET_ERRNO | errno.EPERM),       # 7
-        op(ret, SECCOMP_RET_ALLOW),                     # 8
-        op(ret, SECCOMP_RET_ALLOW),                     # 9
-        op(ret, kernel.SECCOMP_RET_USER_NOTIF),         # 10
+        op(jeq, NR["connect"], 14, 0),                  # 3: connect -> 18 (notify)
+        op(jeq, NR["listen"], 13, 0),                   # 4: listen -> 18 (notify)
+        op(jeq, NR["socket"], 0, 6),                    # 5: not socket -> 12
+        op(ld_abs, 16),                                 # 6: A = low half of args[0] (family)
+        op(jeq, socket.AF_INET, 1, 0),                  # 7: inet -> 9
+        op(jeq, socket.AF_INET6, 0, 8),                 # 8: not inet6 -> 17 (allow)
+        op(ld_abs, 24),                                 # 9: A = low half of args[1] (type)
+        op(alu_and, SOCK_TYPE_MASK),                    # 10: A &= SOCK_TYPE_MASK
+        op(jeq, socket.SOCK_STREAM, 6, 5),              # 11: stream -> 18 (notify), else 17
+        op(jeq, NR["seccomp"], 0, 3),                   # 12: not seccomp -> 16 (allow)
+        op(ld_abs, 24),                                 # 13: A = low half of args[1] (flags)
+        op(jset, kernel.SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, 1),  # 14: listener -> 15 (EPERM)
+        op(ret, SECCOMP_RET_ERRNO | errno.EPERM),       # 15
+        op(ret, SECCOMP_RET_ALLOW),                     # 16
+        op(ret, SECCOMP_RET_ALLOW),                     # 17
+        op(ret, kernel.SECCOMP_RET_USER_NOTIF),         # 18
     ])
 
 
 def check_support() -> None:
     """Raise KernelSupportError when the kernel cannot mediate connect(2)."""
-    if MACHINE not in AUDIT_ARCH:
-        raise KernelSupportError(f"[network] allow is not supported on {MACHINE}")
-    if not kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF):
-        raise KernelSupportError("[network] allow needs seccomp user notification (Linux 5.9+)")
+    why = gate_unsupported()
+    if why:
+        raise KernelSupportError(f"[network] allow {why}")
 
 
 #: Connects to remote hosts under way at once per run (each holds a descriptor and a
 #: thread); beyond, the tool's connect fails with EAGAIN and a ``network:`` report.
 MAX_CONNECTING = 256
+#: TCP sockets the gate holds at once per run (made, not yet connected or listening);
+#: beyond, after dropping those their creator no longer has, socket(2) fails (EMFILE).
+MAX_HELD = 512
+#: Sockets the gate let go after they connected, remembered to answer a later connect.
+MAX_RETIRED = 4096
+
+
+class _Held:
+    """The gate's reference to one socket it made for the tool."""
+
+    __slots__ = ("fd", "tid", "connecting")
+
+    def __init__(self, fd: int, tid: int) -> None:
+        self.fd = fd
+        self.tid = tid  #: the thread that made it (checked when the table is full)
+        self.connecting = False  #: a non-blocking connect is under way (the watcher's)
 
 
 class ConnectGate(Listener):
-    """Answers the tool's connect(2) calls; see the module docstring."""
+    """Answers the tool's socket(2), listen(2) and connect(2) calls; see the module
+    docstring."""
 
     name = "sandlock-connect"
 
@@ -113,6 +165,17 @@ class ConnectGate(Listener):
         self._workers: dict[threading.Thread, int] = {}  #: -> the socket it is connecting
         self._lock = threading.Lock()
         self._reported: set[str] = set()
+        self._held: dict[int, _Held] = {}  #: socket inode -> the gate's reference
+        self._retired: dict[int, int] = {}  #: inode of a socket let go -> errno for a connect
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._watcher: Optional[threading.Thread] = None
+        self._closing = False
+
+    def start(self) -> None:
+        super().start()
+        self._watcher = threading.Thread(target=self._watch, name="sandlock-connect-watch",
+                                         daemon=True)
+        self._watcher.start()
 
     def stop(self) -> None:
         """Called once the tool's whole tree is gone: abort slow connects, end the loop."""
@@ -126,36 +189,116 @@ class ConnectGate(Listener):
         for worker in workers:
             worker.join()
         super().stop()
+        with self._lock:
+            self._closing = True
+            for held in self._held.values():
+                os.close(held.fd)
+            self._held.clear()
+        self._wake()
+        if self._watcher is not None:
+            self._watcher.join()
+            self._watcher = None
+        if self._wake_w >= 0:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
 
     def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
-        del nr  # the filter notifies connect(2) only
         try:
-            self._handle(ident, tid, args[0] & 0xFFFFFFFF, args[1], args[2] & 0xFFFFFFFF)
+            if nr == NR["socket"]:
+                self._socket(ident, tid, *(a & 0xFFFFFFFF for a in args[:3]))
+            elif nr == NR["listen"]:
+                self._listen(ident, tid, args[0] & 0xFFFFFFFF)
+            else:
+                self._handle(ident, tid, args[0] & 0xFFFFFFFF, args[1], args[2] & 0xFFFFFFFF)
         except Exception:  # noqa: BLE001 - a gate bug must deny, never hang the tool
             self._respond(ident, -errno.EACCES)
 
+    # -- socket(2): the gate makes every TCP socket of the tool
+    def _socket(self, ident: int, tid: int, family: int, kind: int, protocol: int) -> None:
+        if kind & ~(SOCK_TYPE_MASK | SOCK_FLAGS):
+            self._respond(ident, -errno.EINVAL)
+            return
+        if protocol not in (0, socket.IPPROTO_TCP):
+            self._deny(f"protocol {protocol}", "only TCP stream sockets are mediated", hint=False)
+            self._respond(ident, -errno.EPROTONOSUPPORT)
+            return
+        with self._lock:
+            if len(self._held) >= MAX_HELD:
+                self._drop_abandoned()
+            full = len(self._held) >= MAX_HELD
+        if full:
+            self._deny("more sockets", f"{MAX_HELD} TCP sockets made through the gate are "
+                       "neither connected nor closed (the limit per run)", hint=False)
+            self._respond(ident, -errno.EMFILE)
+            return
+        ours = _libc.socket(family, (kind & ~socket.SOCK_CLOEXEC) | socket.SOCK_CLOEXEC,
+                            protocol)
+        if ours < 0:
+            self._respond(ident, -(ctypes.get_errno() or errno.ENOMEM))
+            return
+        inode = os.fstat(ours).st_ino
+        with self._lock:
+            self._held[inode] = _Held(ours, tid)
+            self._retired.pop(inode, None)
+        try:
+            kernel.notif_addfd_send(self.listener, ident, ours, bool(kind & socket.SOCK_CLOEXEC))
+        except OSError as exc:
+            self._release(inode)
+            self._respond(ident, -(exc.errno or errno.EMFILE))  # nothing if the call is gone
+
+    def _drop_abandoned(self) -> None:
+        """Under the lock, the table full: let go of the sockets not yet connected whose
+        maker no longer has them (it closed them, or is gone). Letting go is always safe:
+        a later connect on such a socket is refused."""
+        for inode, held in list(self._held.items()):
+            if not held.connecting and f"socket:[{inode}]" not in _links(held.tid):
+                del self._held[inode]
+                os.close(held.fd)
+
+    def _release(self, inode: int, answer: int = 0) -> None:
+        """Let go of our reference; a later connect on the socket gets ``answer``."""
+        with self._lock:
+            held = self._held.pop(inode, None)
+            if held is not None:
+                os.close(held.fd)
+            if answer:
+                self._retired[inode] = answer
+                if len(self._retired) > MAX_RETIRED:
+                    del self._retired[next(iter(self._retired))]
+        self._wake()
+
+    def _listen(self, ident: int, tid: int, fdnum: int) -> None:
+        """A listening socket is not the gate's to keep (its port must be free once the
+        tool closes it); listen(2) itself runs in the tool."""
+        try:
+            mode, _, inode = kernel.fd_inode(tid, fdnum)
+        except OSError:
+            mode = inode = 0
+        if stat.S_ISSOCK(mode):
+            self._release(inode, errno.EISCONN)
+        self._respond(ident, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
+
+    # -- connect(2)
     def _handle(self, ident: int, tid: int, fdnum: int, pointer: int, length: int) -> None:
         try:
-            sock = kernel.take_fd(tid, fdnum)
+            mode, _, inode = kernel.fd_inode(tid, fdnum)
         except OSError as exc:
-            if exc.errno == errno.EPERM:
-                self._deny(f"pid {tid}", "sandlock may not take its socket (the process made "
-                           "itself non-dumpable, so ptrace access rules forbid pidfd_getfd)",
-                           hint=False)
-            self._respond(ident, -(exc.errno or errno.EBADF))
+            self._respond(ident, -(errno.EBADF if exc.errno == errno.ENOENT else
+                                   exc.errno or errno.EBADF))
+            return
+        if not stat.S_ISSOCK(mode):
+            self._respond(ident, -errno.ENOTSOCK)
+            return
+        with self._lock:
+            held = self._held.get(inode)
+            sock = os.dup(held.fd) if held is not None else -1
+            retired = self._retired.get(inode, 0)
+        if sock < 0:
+            self._unknown(ident, tid, fdnum, retired)
             return
         keep = False
         try:
-            try:
-                family = kernel.socket_option(sock, socket.SO_DOMAIN)
-                kind = kernel.socket_option(sock, socket.SO_TYPE)
-            except OSError as exc:
-                self._respond(ident, -(exc.errno or errno.ENOTSOCK))
-                return
-            if family not in (socket.AF_INET, socket.AF_INET6) or kind != socket.SOCK_STREAM:
-                # Not TCP: Landlock and the main seccomp filter still decide in the tool.
-                self._respond(ident, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
-                return
             try:
                 raw = _read_memory(tid, pointer, min(length, 128))
             except OSError:
@@ -167,10 +310,13 @@ class ConnectGate(Listener):
             if error:
                 self._respond(ident, -error)
                 return
-            if target == self.proxy:
-                self._respond(ident, _connect(sock, raw, length))
+            if target == self.proxy or target == ("", 0):
+                result = _connect(sock, raw, length)
+                self._respond(ident, result)
+                self._connected(inode, result, target)
                 return
-            worker = threading.Thread(target=self._slow_connect, args=(ident, sock, raw, length),
+            worker = threading.Thread(target=self._slow_connect,
+                                      args=(ident, sock, raw, length, inode, target),
                                       daemon=True, name="sandlock-connect-worker")
             with self._lock:
                 busy = len(self._workers) >= MAX_CONNECTING
@@ -187,14 +333,80 @@ class ConnectGate(Listener):
             if not keep:
                 os.close(sock)
 
-    def _slow_connect(self, ident: int, sock: int, raw: bytes, length: int) -> None:
+    def _unknown(self, ident: int, tid: int, fdnum: int, retired: int) -> None:
+        """A connect on a socket the gate does not hold."""
+        protocol = kernel.socket_protocol(tid, fdnum)
+        if protocol.startswith(NOT_TCP[0]) or protocol in NOT_TCP:
+            # Not TCP: Landlock and the main seccomp filter still decide in the tool.
+            self._respond(ident, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
+            return
+        if retired and protocol in ("TCP", "TCPv6"):
+            self._respond(ident, -retired)  # connected (or listening) before: no second connect
+            return
+        self._deny(f"pid {tid}", f"descriptor {fdnum} is a {protocol or 'socket'} socket "
+                   "sandlock did not make (accepted, passed in, or dropped); only sockets "
+                   "made through the gate may connect", hint=False)
+        self._respond(ident, -errno.EACCES)
+
+    def _connected(self, inode: int, result: int, target: Optional[tuple[str, int]]) -> None:
+        """After our connect on the socket ``inode``: done -> let it go; under way -> the
+        watcher lets it go when it completes; failed or a disconnect -> keep it."""
+        if target == ("", 0):
+            return
+        if result in (0, -errno.EISCONN):
+            self._release(inode, errno.EISCONN)
+        elif result in (-errno.EINPROGRESS, -errno.EALREADY):
+            with self._lock:
+                held = self._held.get(inode)
+                if held is not None:
+                    held.connecting = True
+            self._wake()
+
+    def _slow_connect(self, ident: int, sock: int, raw: bytes, length: int, inode: int,
+                      target: tuple[str, int]) -> None:
         """A blocking connect to a remote host must not stall every other connect."""
         try:
-            self._respond(ident, _connect(sock, raw, length))
+            result = _connect(sock, raw, length)
+            self._respond(ident, result)
+            self._connected(inode, result, target)
         finally:
             with self._lock:
                 self._workers.pop(threading.current_thread(), None)
             os.close(sock)
+
+    # -- the watcher: non-blocking connects under way
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # already awake (pipe full), or stopped
+
+    def _watch(self) -> None:
+        """Lets go of a socket once its non-blocking connect completed (POLLOUT): the
+        socket's pending error is left for the tool (poll never reads it)."""
+        while True:
+            with self._lock:
+                if self._closing:
+                    return
+                watched = {h.fd: (inode, h) for inode, h in self._held.items() if h.connecting}
+            poller = select.poll()
+            poller.register(self._wake_r, select.POLLIN)
+            for fd in watched:
+                poller.register(fd, select.POLLOUT)
+            for fd, events in poller.poll():
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except OSError:
+                        pass
+                    continue
+                inode, held = watched[fd]
+                with self._lock:
+                    if self._held.get(inode) is not held:
+                        continue  # let go meanwhile; the number may be another's now
+                    held.connecting = False
+                if not events & (select.POLLERR | select.POLLHUP):
+                    self._release(inode, errno.EISCONN)
 
     def _decide(self, raw: bytes) -> tuple[int, Optional[tuple[str, int]]]:
         """(errno or 0, (address, port)) for the gate's own copy of the address."""
@@ -248,6 +460,22 @@ def _read_memory(tid: int, pointer: int, length: int) -> bytes:
         return os.pread(fd, length, pointer)
     finally:
         os.close(fd)
+
+
+def _links(tid: int) -> set[str]:
+    """What the descriptors of thread ``tid``'s process name ("socket:[INODE]"...)."""
+    base = f"/proc/{tid}/fd"
+    links: set[str] = set()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return links
+    for name in names:
+        try:
+            links.add(os.readlink(f"{base}/{name}"))
+        except OSError:
+            pass
+    return links
 
 
 def _connect(fd: int, raw: bytes, length: int) -> int:

@@ -288,17 +288,12 @@ def _read_string(mem: Any, pointer: int) -> str:
 
 
 def _socket_type(tid: int, fdnum: int) -> int:
-    """SOCK_STREAM or SOCK_DGRAM of the tool's socket (our own reference; -1 if unknown)."""
-    try:
-        fd = kernel.take_fd(tid, fdnum)
-    except OSError:
-        return -1
-    try:
-        return kernel.socket_option(fd, socket.SO_TYPE)
-    except OSError:
-        return -1
-    finally:
-        os.close(fd)
+    """SOCK_STREAM or SOCK_DGRAM of the tool's socket, by the protocol sockfs names for
+    it (read through /proc: no descriptor of the tool is taken); -1 if unknown."""
+    protocol = kernel.socket_protocol(tid, fdnum)
+    if protocol in ("TCP", "TCPv6"):
+        return socket.SOCK_STREAM
+    return socket.SOCK_DGRAM if protocol in ("UDP", "UDPv6") else -1
 
 
 # ----------------------------------------------------------------------------
