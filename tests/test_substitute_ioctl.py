@@ -1,0 +1,197 @@
+"""The substitute for Landlock's device-ioctl right (ABI 5) on ABI 1-4, on the real kernel.
+
+``SANDLOCK_ABI=N`` makes sandlock build the ruleset an ABI-N kernel enforces. The attack:
+a tool granted ``/dev`` for reading opens ``/dev/ptmx`` (mode 0666, so root and an ordinary
+user alike) and asks the pty driver for a terminal number (TIOCGPTN), a device ioctl that
+Landlock ABI 5 refuses on a device granted without ``ioctl_dev`` and that no rule of
+sandlock's allows. With the substitute it is refused (EACCES, as Landlock answers); as the
+positive control, with the substitute's rules switched off, the driver answers.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import termios
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, require_abi, run_confined, write_policy
+
+from sandlock.compile import abi as A
+from sandlock.compile import ruleset
+from sandlock.compile import seccomp as S
+from sandlock.policy.model import loads_policy
+
+#: Landlock ABIs without LANDLOCK_ACCESS_FS_IOCTL_DEV.
+NO_IOCTL_DEV = (1, 2, 3, 4)
+TIOCGPTN = 0x80045430  #: asm-generic/ioctls.h _IOR('T', 0x30, unsigned int)
+FS_IOC_GETFLAGS = 0x80086601  #: linux/fs.h _IOR('f', 1, long)
+
+ATTACK = """\
+import errno, fcntl, os, struct
+fd = os.open("/dev/ptmx", os.O_RDONLY | os.O_NOCTTY)
+try:
+    print("pty", struct.unpack("i", fcntl.ioctl(fd, 0x80045430, bytes(4)))[0])
+except OSError as exc:
+    print("refused", errno.errorcode[exc.errno])
+"""
+
+POLICY = """\
+version = 1
+{head}extends = ["python"]
+[filesystem]
+read = ["/dev"{more}]
+"""
+
+
+def _api(tmp_path: Path, code: str, *args: str, head: str = "", more: str = "") -> str:
+    """Run ``code`` through the API under the python profile plus a read grant on /dev."""
+    import sandlock
+
+    policy = write_policy(tmp_path, POLICY.format(head=head, more=more))
+    with sandlock.Sandbox(policy) as box:
+        result = box.run([PYTHON, "-c", code, *args], capture_output=True, text=True)
+    assert isinstance(result.stdout, str), result
+    return result.stdout.strip() or str(result.stderr)
+
+
+@pytest.mark.parametrize("abi", NO_IOCTL_DEV)
+def test_device_ioctl_refused_below_abi_5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          abi: int) -> None:
+    require_abi(abi, "pretending this ABI")
+    monkeypatch.setenv("SANDLOCK_ABI", str(abi))
+    assert _api(tmp_path, ATTACK) == "refused EACCES"
+
+
+def test_device_ioctl_control_without_the_substitute(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positive control: at ABI 4 with the substitute's rules switched off the driver answers."""
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    monkeypatch.setattr(S, "ioctl_rules", lambda: [])
+    assert _api(tmp_path, ATTACK).startswith("pty ")
+
+
+def test_device_ioctl_landlock_abi_5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the substitute stands in for: Landlock ABI 5 itself refuses the same ioctl."""
+    require_abi(5, "Landlock's own device-ioctl right")
+    monkeypatch.setenv("SANDLOCK_ABI", "5")
+    assert _api(tmp_path, ATTACK) == "refused EACCES"
+
+
+@pytest.mark.parametrize("abi", NO_IOCTL_DEV)
+def test_device_ioctl_cli_strict_runs_and_refuses(tmp_path: Path, abi: int) -> None:
+    """`sandlock run` in strict mode runs at ABI 1-4 (the substitute covers the gap that
+    made it refuse before) and the attack fails."""
+    require_abi(abi, "pretending this ABI")
+    policy = write_policy(tmp_path, POLICY.format(head="", more=""))
+    done = run_confined(policy, [PYTHON, "-c", ATTACK], env={**os.environ, "SANDLOCK_ABI": str(abi)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "refused EACCES", done.stdout
+    assert "NOT enforced" not in done.stderr
+
+
+USES = """\
+import errno, fcntl, os, struct, sys
+def tried(request, fd, arg=0):
+    try:
+        fcntl.ioctl(fd, request, arg)
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+r, w = os.pipe()
+os.write(w, b"abc")
+path = os.path.join(sys.argv[1], "file")
+with open(path, "w") as handle:
+    handle.write("x")
+f = os.open(path, os.O_RDONLY)
+print(struct.unpack("i", fcntl.ioctl(r, 0x541B, bytes(4)))[0],  # FIONREAD on a pipe
+      tried(0x5421, r, bytes(4)), tried(0x5451, r),            # FIONBIO, FIOCLEX
+      tried(0x5401, r, bytes(60)),                              # TCGETS (isatty): not a tty
+      tried(0x2, f, bytes(4)),                                  # FIGETBSZ
+      tried(0x80086601, f, bytes(8)))                           # FS_IOC_GETFLAGS (lsattr)
+"""
+
+
+@pytest.mark.parametrize("abi", (4, 5))
+def test_safe_ioctls_still_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, abi: int) -> None:
+    """What tools need keeps working at ABI 4; what the substitute refuses beyond Landlock
+    (FS_IOC_GETFLAGS on a regular file) is refused only there."""
+    require_abi(abi, "pretending this ABI")
+    monkeypatch.setenv("SANDLOCK_ABI", str(abi))
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)
+    said = _api(tmp_path, USES, str(work), more=f', "{work}"]\nwrite = ["{work}"')
+    flags = "EACCES" if abi < 5 else ("ok", "ENOTTY", "EOPNOTSUPP")
+    first, rest = said.split(" ", 1)
+    assert first == "3", said
+    parts = rest.split()
+    assert parts[:4] == ["ok", "ok", "ENOTTY", "ok"], said
+    assert parts[4] == flags if isinstance(flags, str) else parts[4] in flags, said
+
+
+# ----------------------------------------------------------------------------
+# The table and the decision, pure
+
+
+def test_always_allowed_numbers() -> None:
+    """The numbers Python knows agree; none is a refused terminal ioctl."""
+    for name, value in S.IOCTL_ALWAYS.items():
+        known = getattr(termios, name, None)
+        if known is not None:
+            assert known == value, name
+    assert not set(S.IOCTL_ALWAYS.values()) & {*S.TTY_DENY, S.TIOCSCTTY}
+    assert TIOCGPTN not in S.IOCTL_ALWAYS.values() and FS_IOC_GETFLAGS not in S.IOCTL_ALWAYS.values()
+
+
+def _refused(value: int) -> bool:
+    return any(value & mask == want for want, mask in S.refused_blocks(frozenset(S.IOCTL_ALWAYS.values())))
+
+
+def test_refused_blocks_cover_exactly_the_rest() -> None:
+    allowed = set(S.IOCTL_ALWAYS.values())
+    rng = random.Random(5)
+    near = [v + d for v in allowed for d in (-1, 1, 1 << 16, 1 << 31)]
+    for value in [*allowed, *near, *(rng.getrandbits(32) for _ in range(5000))]:
+        value &= 0xFFFFFFFF
+        assert _refused(value) == (value not in allowed), hex(value)
+        high = value | rng.getrandbits(32) << 32  # the kernel ignores the upper half
+        assert _refused(high) == (value not in allowed), hex(high)
+
+
+def test_ioctl_rules_in_the_plan() -> None:
+    policy = loads_policy('version = 1\n[filesystem]\nread = ["/dev"]\n')
+    for abi in range(1, A.NEWEST_ABI + 1):
+        rules = S.plan(policy, abi)
+        substituted = any(r.syscall == "ioctl" and r.errno == errno.EACCES for r in rules)
+        assert substituted == (abi < A.fs_since(A.Fs.IOCTL_DEV)), abi
+
+
+@pytest.mark.parametrize("paths, allow, want", [
+    ('read = ["/dev"]', "", "substitute"),
+    ('read = ["/"]', "", "substitute"),
+    ('write = ["/dev/ptmx"]', "", "substitute"),
+    ('read = ["/dev/null", "/dev/urandom"]', "", None),
+    ('read = ["/dev"]', '[syscalls]\nallow = ["ioctl"]\n', "gap"),
+])
+def test_decision(paths: str, allow: str, want: str | None) -> None:
+    policy = loads_policy(f"version = 1\n[filesystem]\n{paths}\n{allow}")
+    name = "device ioctl restriction"
+    for abi in range(0, A.NEWEST_ABI + 1):
+        gap = any(g.protection == name for g in ruleset.gaps(policy, abi))
+        sub = ruleset.substituted(policy, abi, name)
+        if abi == 0 or want == "gap" and abi < 5:
+            assert (gap, sub) == (want is not None, False), abi
+        elif want == "substitute" and abi < 5:
+            assert (gap, sub) == (False, True), abi
+        else:
+            assert (gap, sub) == (False, False), abi
+
+
+def test_plan_text_names_the_substitute() -> None:
+    assert "EACCES" in ruleset.IOCTL_HOW and "IOCTL_ALWAYS" in ruleset.IOCTL_HOW
+    assert textwrap.dedent(ATTACK).count("0x80045430") == 1
