@@ -195,3 +195,80 @@ def test_decision(paths: str, allow: str, want: str | None) -> None:
 def test_plan_text_names_the_substitute() -> None:
     assert "EACCES" in ruleset.IOCTL_HOW and "IOCTL_ALWAYS" in ruleset.IOCTL_HOW
     assert textwrap.dedent(ATTACK).count("0x80045430") == 1
+
+
+# ----------------------------------------------------------------------------
+# What each substitute needs of the kernel, and the refusal when it is missing
+
+
+def test_this_kernel_has_every_feature() -> None:
+    from sandlock.compile import compiler
+
+    for needs in compiler.SUBSTITUTE_NEEDS.values():
+        for feature, _release in needs:
+            assert compiler.kernel_has(feature), feature
+    assert all(compiler.kernel_lacks(p) is None for p in compiler.SUBSTITUTE_NEEDS)
+
+
+@pytest.mark.parametrize("text, want", [("6.8.0-45-generic", (6, 8)), ("5.4.0", (5, 4)),
+                                        ("5.15.167.4-microsoft-standard-WSL2", (5, 15)),
+                                        ("4.18.0-553.el8_10.x86_64", (4, 18)), ("junk", (0, 0)),
+                                        ("6.12rc1", (6, 12))])
+def test_release_numbers(text: str, want: tuple[int, int]) -> None:
+    from sandlock.compile import compiler
+
+    assert compiler._release(text) == want
+
+
+def test_every_substitute_states_its_needs() -> None:
+    from sandlock.compile import compiler
+
+    policy = loads_policy('version = 1\n[filesystem]\nread = ["/dev"]\n')
+    named = {s.protection for abi in range(1, A.NEWEST_ABI + 1) for s in ruleset.substitutes(policy, abi)}
+    assert named == set(compiler.SUBSTITUTE_NEEDS) == set(ruleset.CONSEQUENCE)
+
+
+@pytest.mark.parametrize("missing, protection, release", [
+    ("pidfd_open(2)", "signal scope", "5.3"),
+    ("SECCOMP_USER_NOTIF_FLAG_CONTINUE", "signal scope", "5.5"),
+    ("seccomp user notification", "signal scope", "5.0"),
+    ("pidfd_send_signal(2)", "signal scope", "5.1"),
+    ("seccomp filters returning an errno", "device ioctl restriction", "3.5"),
+    ("seccomp filters returning an errno", "truncate restriction", "3.5"),
+])
+def test_a_missing_feature_is_a_gap_naming_the_release(missing: str, protection: str,
+                                                       release: str) -> None:
+    """The decision table: a kernel without one feature keeps the protection a gap, and
+    strict mode's refusal names the feature and the Linux release that has it."""
+    from sandlock.compile import compiler
+
+    policy = loads_policy('version = 1\n[filesystem]\nread = ["/dev"]\n')
+    plan = ruleset.plan(policy, 1)
+    gaps, subs = compiler.enforced(plan, lambda feature: feature != missing)
+    assert protection not in [s.protection for s in subs]
+    (gap,) = [g for g in gaps if g.protection == protection]
+    assert f"{missing} (Linux {release}+)" in str(gap)
+    assert f"{missing} (Linux {release}+)" in str(compiler.strict_failure(policy, 1, gaps))
+    others = {s.protection for s in plan.substitutes} - {p for p, needs in compiler.SUBSTITUTE_NEEDS.items()
+                                                         if missing in dict(needs)}
+    assert {s.protection for s in subs} == others
+
+
+def test_strict_refuses_when_the_gate_cannot_run(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the compiler: a policy relying on the signal scope at ABI 4 on a kernel whose
+    detection says pidfd_open is missing is refused, with the release named."""
+    from sandlock.compile import compiler
+    from sandlock.errors import KernelSupportError
+    from sandlock.policy.model import load_policy
+
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    monkeypatch.setattr(compiler, "kernel_has", lambda feature: feature != "pidfd_open(2)")
+    policy = load_policy(str(write_policy(tmp_path, 'version = 1\nextends = ["python"]\n')), {})
+    with pytest.raises(KernelSupportError, match=r"pidfd_open\(2\) \(Linux 5\.3\+\)"):
+        compiler.compile_policy(policy)
+    monkeypatch.undo()
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    with compiler.compile_policy(policy) as compiled:
+        assert compiled.signal_gate

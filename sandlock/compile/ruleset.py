@@ -65,6 +65,15 @@ IOCTL_HOW = ("seccomp: ioctl(2) is refused (EACCES) on every descriptor, devices
              "and the terminal's settings and size (sandlock.compile.seccomp.IOCTL_ALWAYS)")
 
 
+#: What is lost without each protection a substitute can stand in for (the gap's words
+#: when neither Landlock nor the substitute holds it).
+CONSEQUENCE = {
+    "truncate restriction": "truncate(2) and O_TRUNC reach every file the tool can open",
+    "device ioctl restriction": "ioctl(2) on granted devices is not restricted",
+    "signal scope": "the tool can signal every process of the same user",
+}
+
+
 def grants_devices(policy: Policy) -> bool:
     """Whether ``policy`` grants a device (or a directory holding devices) whose ioctls
     Landlock restricts from ABI 5 on."""
@@ -128,11 +137,10 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
     if not fs & A.Fs.IOCTL_DEV and grants_devices(policy) \
             and not substituted(policy, abi, "device ioctl restriction"):
         out.append(Gap("device ioctl restriction", A.fs_since(A.Fs.IOCTL_DEV),
-                       "ioctl(2) on granted devices is not restricted"))
+                       CONSEQUENCE["device ioctl restriction"]))
     if not scopes & A.Scope.SIGNAL and policy.scope.signals \
             and not substituted(policy, abi, "signal scope"):
-        out.append(Gap("signal scope", A.SCOPE_SINCE,
-                       "the tool can signal every process of the same user"))
+        out.append(Gap("signal scope", A.SCOPE_SINCE, CONSEQUENCE["signal scope"]))
     if not scopes & A.Scope.ABSTRACT_UNIX_SOCKET and policy.scope.abstract_unix and policy.network.unix:
         out.append(Gap("abstract unix socket scope", A.SCOPE_SINCE,
                        "the tool can connect to abstract unix sockets outside the sandbox"))
