@@ -66,6 +66,30 @@ def test_device_ioctl_refused_below_abi_5(tmp_path: Path, monkeypatch: pytest.Mo
     assert _api(tmp_path, ATTACK) == "refused EACCES"
 
 
+HIGH_BITS = """\
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+fd = os.open("/dev/ptmx", os.O_RDONLY | os.O_NOCTTY)
+buf = ctypes.create_string_buffer(4)
+# The kernel reads ioctl's request as an unsigned int: the upper half is ignored.
+got = libc.syscall({nr}, fd, ctypes.c_ulong((0xDEAD << 32) | 0x80045430), buf)
+print("pty" if got == 0 else "refused " + errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_device_ioctl_with_high_bits_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Garbage in the upper half of the request register neither hides the request from
+    the filter nor reaches the driver as another one."""
+    from sandlock.linux.syscalls import NR
+
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    assert _api(tmp_path, HIGH_BITS.format(nr=NR["ioctl"])) == "refused EACCES"
+    monkeypatch.setattr(S, "ioctl_rules", lambda: [])
+    assert _api(tmp_path, HIGH_BITS.format(nr=NR["ioctl"])) == "pty"
+
+
 def test_device_ioctl_control_without_the_substitute(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Positive control: at ABI 4 with the substitute's rules switched off the driver answers."""
