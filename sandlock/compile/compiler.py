@@ -19,7 +19,7 @@ from ..linux import cgroups, kernel
 # On `sandlock run`'s per-call path (the cache rebuilds a Compiled): nothing heavy here.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Sequence
+    from typing import Callable, Optional, Sequence
 
     from ..net.routes import Routes
     from ..policy.model import Limits, Policy
@@ -237,29 +237,117 @@ def _compile_routed(policy: Policy, routes: Optional[Routes]) -> Compiled:
     return compiled
 
 
-def enforced(plan: ruleset.Plan) -> tuple[tuple[ruleset.Gap, ...], tuple[ruleset.Substitute, ...]]:
+#: What each substitute needs of the kernel beyond Landlock: (feature, the first Linux
+#: release that has it). Every one is older than Landlock (5.13), but a container's seccomp
+#: profile (or a kernel built without it) can still take one away, so each is asked of the
+#: running kernel (:func:`kernel_lacks`), never read from its version number alone.
+SUBSTITUTE_NEEDS: dict[str, tuple[tuple[str, str], ...]] = {
+    # seccomp(2) filters (3.5 for SECCOMP_RET_ERRNO); _compile refuses without them at all.
+    "truncate restriction": (("seccomp filters returning an errno", "3.5"),),
+    "device ioctl restriction": (("seccomp filters returning an errno", "3.5"),),
+    # The signal gate (sandlock.linux.signalgate).
+    "signal scope": (("seccomp user notification", "5.0"),
+                     ("pidfd_send_signal(2)", "5.1"),
+                     ("pidfd_open(2)", "5.3"),
+                     ("the pidfd fdinfo Pid: line", "5.3"),
+                     ("SECCOMP_USER_NOTIF_FLAG_CONTINUE", "5.5")),
+}
+
+
+def _release(text: str) -> tuple[int, int]:
+    """(major, minor) of a kernel release string such as ``6.8.0-45-generic``."""
+    parts = text.split(".", 2)
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1][:3] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return 0, 0
+
+
+def _pidfd_checks() -> dict[str, bool]:
+    """pidfd_open, pidfd_send_signal (signal 0: nothing is sent) and the fdinfo Pid: line,
+    tried on this process."""
+    import signal
+
+    out = {"pidfd_open(2)": False, "pidfd_send_signal(2)": False, "the pidfd fdinfo Pid: line": False}
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except (OSError, AttributeError):
+        return out
+    out["pidfd_open(2)"] = True
+    try:
+        try:
+            signal.pidfd_send_signal(fd, 0)
+            out["pidfd_send_signal(2)"] = True
+        except OSError:
+            pass
+        try:
+            with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+                out["the pidfd fdinfo Pid: line"] = f"Pid:\t{os.getpid()}".encode() in info.read()
+        except OSError:
+            pass
+    finally:
+        os.close(fd)
+    return out
+
+
+_HAVE: dict[str, bool] = {}
+
+
+def kernel_has(feature: str) -> bool:
+    """Whether the running kernel (as this process sees it) has ``feature`` of
+    :data:`SUBSTITUTE_NEEDS`; asked once per process."""
+    if not _HAVE:
+        _HAVE["seccomp filters returning an errno"] = \
+            kernel.seccomp_action_available(kernel.SECCOMP_RET_ERRNO)
+        _HAVE["seccomp user notification"] = \
+            kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF)
+        _HAVE.update(_pidfd_checks())
+        # A flag of the notification reply: only a reply to a real notification would show
+        # it, so the release number stands in (no kernel with Landlock predates it).
+        _HAVE["SECCOMP_USER_NOTIF_FLAG_CONTINUE"] = _release(os.uname().release) >= (5, 5)
+    return _HAVE.get(feature, False)
+
+
+def kernel_lacks(protection: str, has: Optional[Callable[[str], bool]] = None) -> Optional[str]:
+    """Why the substitute for ``protection`` cannot run on this kernel (naming the feature
+    and the Linux release that brought it), or None. ``has``: the detection
+    (:func:`kernel_has` by default)."""
+    has = has or kernel_has
+    missing = [f"{feature} (Linux {release}+)" for feature, release in SUBSTITUTE_NEEDS.get(protection, ())
+               if not has(feature)]
+    if not missing:
+        return None
+    return (f"this kernel lacks {', '.join(missing)}: a kernel older than that, or a container's "
+            "seccomp profile refusing it")
+
+
+def enforced(plan: ruleset.Plan, has: Optional[Callable[[str], bool]] = None
+             ) -> tuple[tuple[ruleset.Gap, ...], tuple[ruleset.Substitute, ...]]:
     """The plan's gaps and substitutes once this kernel's support for each substitute is
-    known: the signal gate needs seccomp user notification; without it the signal scope
-    is a gap after all. What `sandlock run` enforces and what `explain` says."""
+    known (:data:`SUBSTITUTE_NEEDS`; the signal gate also its architecture): a substitute
+    the kernel cannot run leaves its protection a gap after all, which strict mode refuses
+    naming what is missing. What `sandlock run` enforces and what `explain` says."""
     from . import abi as A
     from . import ruleset
 
-    gaps, substitutes = plan.gaps, plan.substitutes
+    gaps, kept = plan.gaps, []
     if not A.fs_handled(plan.abi):  # no Landlock at all: say why, and what to do
         gaps = tuple(ruleset.Gap(g.protection, g.needs_abi, f"{ruleset.landlock_missing()}: "
                                  "every file the user can reach is reachable; "
                                  f"{ruleset.NO_LANDLOCK_ADVICE}")
                      if g.protection == "filesystem confinement" else g for g in gaps)
-    if any(s.protection == "signal scope" for s in substitutes):
-        from ..linux import signalgate
+    for sub in plan.substitutes:
+        why_not = kernel_lacks(sub.protection, has)
+        if why_not is None and sub.protection == "signal scope":
+            from ..linux import signalgate
 
-        why_not = signalgate.supported()
-        if why_not:
-            substitutes = tuple(s for s in substitutes if s.protection != "signal scope")
-            gaps += (ruleset.Gap("signal scope", A.SCOPE_SINCE,
-                                 "the tool can signal every process of the same user",
-                                 f"Landlock ABI {A.SCOPE_SINCE}, or the signal gate: {why_not}"),)
-    return gaps, substitutes
+            why_not = signalgate.supported()
+        if why_not is None:
+            kept.append(sub)
+            continue
+        gaps += (ruleset.Gap(sub.protection, sub.needs_abi, ruleset.CONSEQUENCE[sub.protection],
+                             f"Landlock ABI {sub.needs_abi}, or its substitute: {why_not}"),)
+    return gaps, tuple(kept)
 
 
 def _compile(policy: Policy) -> Compiled:

@@ -79,8 +79,14 @@ def kernel_report() -> dict[str, Any]:
     truncate = bool(A.fs_handled(used) & A.Fs.TRUNCATE)
     features.append({"feature": "truncate restriction", "available": why is None or truncate,
                      "detail": "Landlock" if truncate else f"substitute: {ruleset.TRUNCATE_HOW}"})
+    ioctl = bool(A.fs_handled(used) & A.Fs.IOCTL_DEV)
+    features.append({"feature": "device ioctl restriction", "available": why is None or ioctl,
+                     "detail": "Landlock" if ioctl else
+                     f"substitute (for a policy granting devices): {ruleset.IOCTL_HOW}"})
+    from .compiler import kernel_lacks
+
     scoped = bool(A.scopes_known(used) & A.Scope.SIGNAL)
-    gate_why = signalgate.supported()
+    gate_why = signalgate.supported() or kernel_lacks("signal scope")
     features.append({"feature": "signal scope", "available": scoped or gate_why is None,
                      "detail": "Landlock" if scoped else f"substitute: {ruleset.SIGNAL_HOW}"
                      if gate_why is None else f"not enforced: {gate_why}"})

@@ -60,6 +60,25 @@ TRUNCATE_HOW = ("seccomp: truncate(2) by path and open(2) with O_TRUNC without w
                 "are refused (EPERM); ftruncate(2) on a descriptor opened for writing works")
 SIGNAL_HOW = ("seccomp user notification: the supervisor lets a signal through only to a "
               "process of the tool's own session (setsid() refused inside the tool)")
+IOCTL_HOW = ("seccomp: ioctl(2) is refused (EACCES) on every descriptor, devices or not, "
+             "except the requests Landlock always allows on devices, pipe and socket queries "
+             "and the terminal's settings and size (sandlock.compile.seccomp.IOCTL_ALWAYS)")
+
+
+#: What is lost without each protection a substitute can stand in for (the gap's words
+#: when neither Landlock nor the substitute holds it).
+CONSEQUENCE = {
+    "truncate restriction": "truncate(2) and O_TRUNC reach every file the tool can open",
+    "device ioctl restriction": "ioctl(2) on granted devices is not restricted",
+    "signal scope": "the tool can signal every process of the same user",
+}
+
+
+def grants_devices(policy: Policy) -> bool:
+    """Whether ``policy`` grants a device (or a directory holding devices) whose ioctls
+    Landlock restricts from ABI 5 on."""
+    return any(r.path in ("/", "/dev") or r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
+               for r in policy.paths)
 
 
 def substitutes(policy: Policy, abi: int) -> tuple[Substitute, ...]:
@@ -71,6 +90,10 @@ def substitutes(policy: Policy, abi: int) -> tuple[Substitute, ...]:
         out.append(Substitute("truncate restriction", A.fs_since(A.Fs.TRUNCATE), TRUNCATE_HOW))
     if fs and policy.scope.signals and not A.scopes_known(abi) & A.Scope.SIGNAL:
         out.append(Substitute("signal scope", A.SCOPE_SINCE, SIGNAL_HOW))
+    # An ``ioctl`` in [syscalls] allow lifts every ioctl refusal, this one too: a gap then.
+    if fs and not fs & A.Fs.IOCTL_DEV and grants_devices(policy) \
+            and "ioctl" not in policy.syscalls.allow:
+        out.append(Substitute("device ioctl restriction", A.fs_since(A.Fs.IOCTL_DEV), IOCTL_HOW))
     return tuple(out)
 
 
@@ -111,15 +134,13 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
     if not net and policy.network.tcp:
         out.append(Gap("TCP port restriction", A.NET_SINCE,
                        "TCP connect/bind is possible to and on any port, not only the granted ones"))
-    if not fs & A.Fs.IOCTL_DEV and any(r.path in ("/", "/dev")
-                                       or r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
-                                       for r in policy.paths):
+    if not fs & A.Fs.IOCTL_DEV and grants_devices(policy) \
+            and not substituted(policy, abi, "device ioctl restriction"):
         out.append(Gap("device ioctl restriction", A.fs_since(A.Fs.IOCTL_DEV),
-                       "ioctl(2) on granted devices is not restricted"))
+                       CONSEQUENCE["device ioctl restriction"]))
     if not scopes & A.Scope.SIGNAL and policy.scope.signals \
             and not substituted(policy, abi, "signal scope"):
-        out.append(Gap("signal scope", A.SCOPE_SINCE,
-                       "the tool can signal every process of the same user"))
+        out.append(Gap("signal scope", A.SCOPE_SINCE, CONSEQUENCE["signal scope"]))
     if not scopes & A.Scope.ABSTRACT_UNIX_SOCKET and policy.scope.abstract_unix and policy.network.unix:
         out.append(Gap("abstract unix socket scope", A.SCOPE_SINCE,
                        "the tool can connect to abstract unix sockets outside the sandbox"))

@@ -123,6 +123,71 @@ TTY_DENY: tuple[int, ...] = (TIOCSTI, TIOCLINUX, TIOCSETD, TIOCCONS, TIOCVHANGUP
 #: controlling terminal; with 0 it only adopts a terminal no session owns (a new pty).
 TIOCSCTTY = 0x540E
 
+#: The ioctl requests allowed on every descriptor below Landlock ABI 5, where the policy
+#: grants devices whose ioctls Landlock would restrict (:func:`ioctl_rules`, the substitute
+#: for ``LANDLOCK_ACCESS_FS_IOCTL_DEV``); every other request is refused (EACCES, as
+#: Landlock answers). Disjoint from :data:`TTY_DENY` (tests/test_substitute_ioctl.py).
+#: Numbers from asm-generic/ioctls.h, linux/fs.h, asm-generic/sockios.h, linux/sockios.h
+#: (the same on x86_64 and aarch64).
+IOCTL_ALWAYS: dict[str, int] = {
+    # What Landlock ABI 5 lets through on any device (security/landlock/fs.c,
+    # is_masked_device_ioctl(): the VFS answers these before a driver sees them), except
+    # FIFREEZE/FITHAW, which need CAP_SYS_ADMIN, a capability no tool has.
+    "FIOCLEX": 0x5451, "FIONCLEX": 0x5450, "FIONBIO": 0x5421, "FIOASYNC": 0x5452,
+    "FIOQSIZE": 0x5460, "FS_IOC_FIEMAP": 0xC020660B, "FIGETBSZ": 0x2,
+    "FICLONE": 0x40049409, "FICLONERANGE": 0x4020940D, "FIDEDUPERANGE": 0xC0189436,
+    "FS_IOC_GETFSUUID": 0x80111500, "FS_IOC_GETFSSYSFSPATH": 0x80811501,
+    # Queries of pipes and sockets, which Landlock never restricts (not devices).
+    "FIONREAD": 0x541B, "TIOCOUTQ": 0x5411, "SIOCATMARK": 0x8905, "SIOCGSTAMP_OLD": 0x8906,
+    "SIOCGSTAMPNS_OLD": 0x8907, "SIOCGIFNAME": 0x8910, "SIOCGIFINDEX": 0x8933,
+    "SIOCOUTQNSD": 0x894B,
+    # The terminal a tool inherits on stdio (Landlock restricts only devices opened inside
+    # the sandbox, so isatty(3), termios and the window size work there on ABI 5).
+    "TCGETS": 0x5401, "TCSETS": 0x5402, "TCSETSW": 0x5403, "TCSETSF": 0x5404,
+    "TCGETA": 0x5405, "TCSETA": 0x5406, "TCSETAW": 0x5407, "TCSETAF": 0x5408,
+    "TCSBRK": 0x5409, "TCXONC": 0x540A, "TCFLSH": 0x540B, "TIOCGPGRP": 0x540F,
+    "TIOCSPGRP": 0x5410, "TIOCGWINSZ": 0x5413, "TIOCSWINSZ": 0x5414, "TIOCNOTTY": 0x5422,
+    "TIOCGETD": 0x5424, "TCSBRKP": 0x5425, "TIOCGSID": 0x5429, "TCGETS2": 0x802C542A,
+    "TCSETS2": 0x402C542B, "TCSETSW2": 0x402C542C, "TCSETSF2": 0x402C542D,
+}
+#: ioctl(2)'s request is an ``unsigned int`` to the kernel (fs/ioctl.c): 32 bits.
+IOCTL_BITS = 32
+
+
+def refused_blocks(allowed: frozenset[int], bits: int = IOCTL_BITS) -> list[tuple[int, int]]:
+    """Every ``bits``-bit value not in ``allowed``, as (value, mask) blocks: ``x`` is refused
+    when ``x & mask == value`` for one of them. A binary trie of ``allowed``: each subtree
+    holding none of them is one block. Comparing under a mask of the low bits alone, the
+    upper half of the register (which the kernel ignores) can neither hide nor fake a
+    request."""
+    out: list[tuple[int, int]] = []
+    full = (1 << bits) - 1
+
+    def walk(prefix: int, depth: int, inside: list[int]) -> None:
+        shift = bits - depth
+        if not inside:
+            out.append((prefix << shift, full & ~((1 << shift) - 1)))
+            return
+        if depth == bits:
+            return
+        half = 1 << (shift - 1)
+        walk(prefix << 1, depth + 1, [v for v in inside if not v & half])
+        walk(prefix << 1 | 1, depth + 1, [v for v in inside if v & half])
+
+    walk(0, 0, sorted(allowed))
+    return out
+
+
+def ioctl_rules() -> list[Rule]:
+    """The substitute for Landlock's device-ioctl right (ABI 5) on ABI 1-4: ioctl(2) with
+    a request outside :data:`IOCTL_ALWAYS` is refused (EACCES) on every descriptor.
+    Seccomp cannot tell a device from a file or a socket, so this is stricter than
+    Landlock, which restricts only devices opened inside the sandbox (docs/design.md
+    "Substitutes for older Landlock ABIs" lists what it refuses that ABI 5 allows)."""
+    return [Rule("ioctl", errno.EACCES, (Cmp(1, MASKED_EQ, value, mask),))
+            for value, mask in refused_blocks(frozenset(IOCTL_ALWAYS.values()))]
+
+
 #: Mode bits that grant privilege when the file is executed (inode(7)).
 S_ISUID, S_ISGID = 0o4000, 0o2000
 #: open(2) flags under which the mode argument is used: the file may be created.
@@ -276,7 +341,9 @@ def plan(policy: Policy, abi: int = NEWEST_ABI) -> tuple[Rule, ...]:
     if "clone3" not in allow:
         # clone3 passes its flags in memory seccomp cannot read; ENOSYS makes libc fall back to clone.
         rules.append(Rule("clone3", errno=errno.ENOSYS))
-    if "ioctl" not in allow:
+    if substituted(policy, abi, "device ioctl restriction"):
+        rules += ioctl_rules()  # TTY_DENY lies outside it: refused there, with EACCES
+    elif "ioctl" not in allow:
         rules += [Rule("ioctl", args=(_eq32(1, request),)) for request in TTY_DENY]
         # NE on all 64 bits: 0 with garbage in the upper half is refused too.
         rules.append(Rule("ioctl", args=(_eq32(1, TIOCSCTTY), Cmp(2, NE, 0))))

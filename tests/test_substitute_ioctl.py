@@ -1,0 +1,298 @@
+"""The substitute for Landlock's device-ioctl right (ABI 5) on ABI 1-4, on the real kernel.
+
+``SANDLOCK_ABI=N`` makes sandlock build the ruleset an ABI-N kernel enforces. The attack:
+a tool granted ``/dev`` for reading opens ``/dev/ptmx`` (mode 0666, so root and an ordinary
+user alike) and asks the pty driver for a terminal number (TIOCGPTN), a device ioctl that
+Landlock ABI 5 refuses on a device granted without ``ioctl_dev`` and that no rule of
+sandlock's allows. With the substitute it is refused (EACCES, as Landlock answers); as the
+positive control, with the substitute's rules switched off, the driver answers.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import termios
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, require_abi, run_confined, write_policy
+
+from sandlock.compile import abi as A
+from sandlock.compile import ruleset
+from sandlock.compile import seccomp as S
+from sandlock.policy.model import loads_policy
+
+#: Landlock ABIs without LANDLOCK_ACCESS_FS_IOCTL_DEV.
+NO_IOCTL_DEV = (1, 2, 3, 4)
+TIOCGPTN = 0x80045430  #: asm-generic/ioctls.h _IOR('T', 0x30, unsigned int)
+FS_IOC_GETFLAGS = 0x80086601  #: linux/fs.h _IOR('f', 1, long)
+
+ATTACK = """\
+import errno, fcntl, os, struct
+fd = os.open("/dev/ptmx", os.O_RDONLY | os.O_NOCTTY)
+try:
+    print("pty", struct.unpack("i", fcntl.ioctl(fd, 0x80045430, bytes(4)))[0])
+except OSError as exc:
+    print("refused", errno.errorcode[exc.errno])
+"""
+
+POLICY = """\
+version = 1
+{head}extends = ["python"]
+[filesystem]
+read = ["/dev"{more}]
+"""
+
+
+def _api(tmp_path: Path, code: str, *args: str, head: str = "", more: str = "") -> str:
+    """Run ``code`` through the API under the python profile plus a read grant on /dev."""
+    import sandlock
+
+    policy = write_policy(tmp_path, POLICY.format(head=head, more=more))
+    with sandlock.Sandbox(policy) as box:
+        result = box.run([PYTHON, "-c", code, *args], capture_output=True, text=True)
+    assert isinstance(result.stdout, str), result
+    return result.stdout.strip() or str(result.stderr)
+
+
+@pytest.mark.parametrize("abi", NO_IOCTL_DEV)
+def test_device_ioctl_refused_below_abi_5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          abi: int) -> None:
+    require_abi(abi, "pretending this ABI")
+    monkeypatch.setenv("SANDLOCK_ABI", str(abi))
+    assert _api(tmp_path, ATTACK) == "refused EACCES"
+
+
+HIGH_BITS = """\
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+fd = os.open("/dev/ptmx", os.O_RDONLY | os.O_NOCTTY)
+buf = ctypes.create_string_buffer(4)
+# The kernel reads ioctl's request as an unsigned int: the upper half is ignored.
+got = libc.syscall({nr}, fd, ctypes.c_ulong((0xDEAD << 32) | 0x80045430), buf)
+print("pty" if got == 0 else "refused " + errno.errorcode[ctypes.get_errno()])
+"""
+
+
+def test_device_ioctl_with_high_bits_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Garbage in the upper half of the request register neither hides the request from
+    the filter nor reaches the driver as another one."""
+    from sandlock.linux.syscalls import NR
+
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    assert _api(tmp_path, HIGH_BITS.format(nr=NR["ioctl"])) == "refused EACCES"
+    monkeypatch.setattr(S, "ioctl_rules", lambda: [])
+    assert _api(tmp_path, HIGH_BITS.format(nr=NR["ioctl"])) == "pty"
+
+
+def test_device_ioctl_control_without_the_substitute(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Positive control: at ABI 4 with the substitute's rules switched off the driver answers."""
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    monkeypatch.setattr(S, "ioctl_rules", lambda: [])
+    assert _api(tmp_path, ATTACK).startswith("pty ")
+
+
+def test_device_ioctl_landlock_abi_5(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the substitute stands in for: Landlock ABI 5 itself refuses the same ioctl."""
+    require_abi(5, "Landlock's own device-ioctl right")
+    monkeypatch.setenv("SANDLOCK_ABI", "5")
+    assert _api(tmp_path, ATTACK) == "refused EACCES"
+
+
+@pytest.mark.parametrize("abi", NO_IOCTL_DEV)
+def test_device_ioctl_cli_strict_runs_and_refuses(tmp_path: Path, abi: int) -> None:
+    """`sandlock run` in strict mode runs at ABI 1-4 (the substitute covers the gap that
+    made it refuse before) and the attack fails."""
+    require_abi(abi, "pretending this ABI")
+    policy = write_policy(tmp_path, POLICY.format(head="", more=""))
+    done = run_confined(policy, [PYTHON, "-c", ATTACK], env={**os.environ, "SANDLOCK_ABI": str(abi)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "refused EACCES", done.stdout
+    assert "NOT enforced" not in done.stderr
+
+
+USES = """\
+import errno, fcntl, os, struct, sys
+def tried(request, fd, arg=0):
+    try:
+        fcntl.ioctl(fd, request, arg)
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+r, w = os.pipe()
+os.write(w, b"abc")
+path = os.path.join(sys.argv[1], "file")
+with open(path, "w") as handle:
+    handle.write("x")
+f = os.open(path, os.O_RDONLY)
+print(struct.unpack("i", fcntl.ioctl(r, 0x541B, bytes(4)))[0],  # FIONREAD on a pipe
+      tried(0x5421, r, bytes(4)), tried(0x5451, r),            # FIONBIO, FIOCLEX
+      tried(0x5401, r, bytes(60)),                              # TCGETS (isatty): not a tty
+      tried(0x2, f, bytes(4)),                                  # FIGETBSZ
+      tried(0x80086601, f, bytes(8)))                           # FS_IOC_GETFLAGS (lsattr)
+"""
+
+
+@pytest.mark.parametrize("abi", (4, 5))
+def test_safe_ioctls_still_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, abi: int) -> None:
+    """What tools need keeps working at ABI 4; what the substitute refuses beyond Landlock
+    (FS_IOC_GETFLAGS on a regular file) is refused only there."""
+    require_abi(abi, "pretending this ABI")
+    monkeypatch.setenv("SANDLOCK_ABI", str(abi))
+    work = tmp_path / "work"
+    work.mkdir()
+    work.chmod(0o777)
+    said = _api(tmp_path, USES, str(work), more=f', "{work}"]\nwrite = ["{work}"')
+    flags = "EACCES" if abi < 5 else ("ok", "ENOTTY", "EOPNOTSUPP")
+    first, rest = said.split(" ", 1)
+    assert first == "3", said
+    parts = rest.split()
+    assert parts[:4] == ["ok", "ok", "ENOTTY", "ok"], said
+    assert parts[4] == flags if isinstance(flags, str) else parts[4] in flags, said
+
+
+# ----------------------------------------------------------------------------
+# The table and the decision, pure
+
+
+def test_always_allowed_numbers() -> None:
+    """The numbers Python knows agree; none is a refused terminal ioctl."""
+    for name, value in S.IOCTL_ALWAYS.items():
+        known = getattr(termios, name, None)
+        if known is not None:
+            assert known == value, name
+    assert not set(S.IOCTL_ALWAYS.values()) & {*S.TTY_DENY, S.TIOCSCTTY}
+    assert TIOCGPTN not in S.IOCTL_ALWAYS.values() and FS_IOC_GETFLAGS not in S.IOCTL_ALWAYS.values()
+
+
+def _refused(value: int) -> bool:
+    return any(value & mask == want for want, mask in S.refused_blocks(frozenset(S.IOCTL_ALWAYS.values())))
+
+
+def test_refused_blocks_cover_exactly_the_rest() -> None:
+    allowed = set(S.IOCTL_ALWAYS.values())
+    rng = random.Random(5)
+    near = [v + d for v in allowed for d in (-1, 1, 1 << 16, 1 << 31)]
+    for value in [*allowed, *near, *(rng.getrandbits(32) for _ in range(5000))]:
+        value &= 0xFFFFFFFF
+        assert _refused(value) == (value not in allowed), hex(value)
+        high = value | rng.getrandbits(32) << 32  # the kernel ignores the upper half
+        assert _refused(high) == (value not in allowed), hex(high)
+
+
+def test_ioctl_rules_in_the_plan() -> None:
+    policy = loads_policy('version = 1\n[filesystem]\nread = ["/dev"]\n')
+    for abi in range(1, A.NEWEST_ABI + 1):
+        rules = S.plan(policy, abi)
+        substituted = any(r.syscall == "ioctl" and r.errno == errno.EACCES for r in rules)
+        assert substituted == (abi < A.fs_since(A.Fs.IOCTL_DEV)), abi
+
+
+@pytest.mark.parametrize("paths, allow, want", [
+    ('read = ["/dev"]', "", "substitute"),
+    ('read = ["/"]', "", "substitute"),
+    ('write = ["/dev/ptmx"]', "", "substitute"),
+    ('read = ["/dev/null", "/dev/urandom"]', "", None),
+    ('read = ["/dev"]', '[syscalls]\nallow = ["ioctl"]\n', "gap"),
+])
+def test_decision(paths: str, allow: str, want: str | None) -> None:
+    policy = loads_policy(f"version = 1\n[filesystem]\n{paths}\n{allow}")
+    name = "device ioctl restriction"
+    for abi in range(0, A.NEWEST_ABI + 1):
+        gap = any(g.protection == name for g in ruleset.gaps(policy, abi))
+        sub = ruleset.substituted(policy, abi, name)
+        if abi == 0 or want == "gap" and abi < 5:
+            assert (gap, sub) == (want is not None, False), abi
+        elif want == "substitute" and abi < 5:
+            assert (gap, sub) == (False, True), abi
+        else:
+            assert (gap, sub) == (False, False), abi
+
+
+def test_plan_text_names_the_substitute() -> None:
+    assert "EACCES" in ruleset.IOCTL_HOW and "IOCTL_ALWAYS" in ruleset.IOCTL_HOW
+    assert textwrap.dedent(ATTACK).count("0x80045430") == 1
+
+
+# ----------------------------------------------------------------------------
+# What each substitute needs of the kernel, and the refusal when it is missing
+
+
+def test_this_kernel_has_every_feature() -> None:
+    from sandlock.compile import compiler
+
+    for needs in compiler.SUBSTITUTE_NEEDS.values():
+        for feature, _release in needs:
+            assert compiler.kernel_has(feature), feature
+    assert all(compiler.kernel_lacks(p) is None for p in compiler.SUBSTITUTE_NEEDS)
+
+
+@pytest.mark.parametrize("text, want", [("6.8.0-45-generic", (6, 8)), ("5.4.0", (5, 4)),
+                                        ("5.15.167.4-microsoft-standard-WSL2", (5, 15)),
+                                        ("4.18.0-553.el8_10.x86_64", (4, 18)), ("junk", (0, 0)),
+                                        ("6.12rc1", (6, 12))])
+def test_release_numbers(text: str, want: tuple[int, int]) -> None:
+    from sandlock.compile import compiler
+
+    assert compiler._release(text) == want
+
+
+def test_every_substitute_states_its_needs() -> None:
+    from sandlock.compile import compiler
+
+    policy = loads_policy('version = 1\n[filesystem]\nread = ["/dev"]\n')
+    named = {s.protection for abi in range(1, A.NEWEST_ABI + 1) for s in ruleset.substitutes(policy, abi)}
+    assert named == set(compiler.SUBSTITUTE_NEEDS) == set(ruleset.CONSEQUENCE)
+
+
+@pytest.mark.parametrize("missing, protection, release", [
+    ("pidfd_open(2)", "signal scope", "5.3"),
+    ("SECCOMP_USER_NOTIF_FLAG_CONTINUE", "signal scope", "5.5"),
+    ("seccomp user notification", "signal scope", "5.0"),
+    ("pidfd_send_signal(2)", "signal scope", "5.1"),
+    ("seccomp filters returning an errno", "device ioctl restriction", "3.5"),
+    ("seccomp filters returning an errno", "truncate restriction", "3.5"),
+])
+def test_a_missing_feature_is_a_gap_naming_the_release(missing: str, protection: str,
+                                                       release: str) -> None:
+    """The decision table: a kernel without one feature keeps the protection a gap, and
+    strict mode's refusal names the feature and the Linux release that has it."""
+    from sandlock.compile import compiler
+
+    policy = loads_policy('version = 1\n[filesystem]\nread = ["/dev"]\n')
+    plan = ruleset.plan(policy, 1)
+    gaps, subs = compiler.enforced(plan, lambda feature: feature != missing)
+    assert protection not in [s.protection for s in subs]
+    (gap,) = [g for g in gaps if g.protection == protection]
+    assert f"{missing} (Linux {release}+)" in str(gap)
+    assert f"{missing} (Linux {release}+)" in str(compiler.strict_failure(policy, 1, gaps))
+    others = {s.protection for s in plan.substitutes} - {p for p, needs in compiler.SUBSTITUTE_NEEDS.items()
+                                                         if missing in dict(needs)}
+    assert {s.protection for s in subs} == others
+
+
+def test_strict_refuses_when_the_gate_cannot_run(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the compiler: a policy relying on the signal scope at ABI 4 on a kernel whose
+    detection says pidfd_open is missing is refused, with the release named."""
+    from sandlock.compile import compiler
+    from sandlock.errors import KernelSupportError
+    from sandlock.policy.model import load_policy
+
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    monkeypatch.setattr(compiler, "kernel_has", lambda feature: feature != "pidfd_open(2)")
+    policy = load_policy(str(write_policy(tmp_path, 'version = 1\nextends = ["python"]\n')), {})
+    with pytest.raises(KernelSupportError, match=r"pidfd_open\(2\) \(Linux 5\.3\+\)"):
+        compiler.compile_policy(policy)
+    monkeypatch.undo()
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    with compiler.compile_policy(policy) as compiled:
+        assert compiled.signal_gate
