@@ -34,6 +34,8 @@ LEARN = "tests/test_learn_holes.py::"
 MOUNTS = "tests/test_mounts.py::"
 KILLS = "tests/test_kill_faults.py::"
 SUBST = "tests/test_substitutes.py::"
+GATE = "tests/test_connect_gate.py::"
+IOCTL = "tests/test_substitute_ioctl.py::"
 KEY = "tests/test_cache_key.py::"
 UNTRUSTED_KEY = KEY + "test_untrusted_key_file_turns_the_cache_off"
 
@@ -360,4 +362,45 @@ GUARDS: tuple[Guard, ...] = (
           "    if os.path.lexists(path) or kernel.user_keyring_secret(KEY_NAME) is None:",
           "    if kernel.user_keyring_secret(KEY_NAME) is None:",
           (KEY + "test_grant_that_reaches_a_key_file_is_refused_where_the_keyring_works",)),
+    Guard("gate releases a connected socket", "sandlock/net/connect.py",
+          "        if result in (0, -errno.EISCONN):\n            self._release(inode, errno.EISCONN)",
+          "        if result in (0, -errno.EISCONN):\n            pass",
+          (GATE + "test_a_connection_the_tool_closes_ends_at_once",)),
+    Guard("gate releases a socket connected in the background", "sandlock/net/connect.py",
+          "                if not events & (select.POLLERR | select.POLLHUP):\n"
+          "                    self._release(inode, errno.EISCONN)",
+          "                if not events & (select.POLLERR | select.POLLHUP):\n                    pass",
+          (GATE + "test_a_connection_the_tool_closes_ends_at_once",)),
+    Guard("gate's held table is bounded", "sandlock/net/connect.py",
+          "            full = len(self._held) >= MAX_HELD",
+          "            full = False",
+          (GATE + "test_the_held_table_is_bounded_and_forgets_closed_sockets",)),
+    Guard("gate forgets abandoned sockets", "sandlock/net/connect.py",
+          "            if len(self._held) >= MAX_HELD:\n                self._drop_abandoned()",
+          "            if False:\n                self._drop_abandoned()",
+          (GATE + "test_the_held_table_is_bounded_and_forgets_closed_sockets",)),
+    Guard("gate refuses TCP sockets it did not make", "sandlock/net/connect.py",
+          "        if protocol.startswith(NOT_TCP[0]) or protocol in NOT_TCP:",
+          "        if True:",
+          (GATE + "test_a_tcp_socket_the_gate_did_not_make_cannot_connect",)),
+    Guard("gate needs ADDFD's SEND flag", "sandlock/linux/notify.py",
+          "    missing = kernel.addfd_send_unsupported()",
+          "    missing = None",
+          (GATE + "test_a_kernel_without_addfd_send_is_refused_naming_the_version",)),
+    Guard("device ioctl substitute", "sandlock/compile/seccomp.py",
+          "        rules += ioctl_rules()  # TTY_DENY lies outside it: refused there, with EACCES",
+          "        rules += []  # TTY_DENY lies outside it: refused there, with EACCES",
+          (IOCTL + "test_device_ioctl_refused_below_abi_5",
+           IOCTL + "test_device_ioctl_cli_strict_runs_and_refuses",
+           IOCTL + "test_device_ioctl_with_high_bits_refused")),
+    Guard("ioctl blocks compare the low 32 bits", "sandlock/compile/seccomp.py",
+          "            out.append((prefix << shift, full & ~((1 << shift) - 1)))",
+          "            out.append((prefix << shift, full))",
+          (IOCTL + "test_refused_blocks_cover_exactly_the_rest",
+           IOCTL + "test_device_ioctl_refused_below_abi_5")),
+    Guard("a substitute's kernel needs", "sandlock/compile/compiler.py",
+          "        why_not = kernel_lacks(sub.protection, has)",
+          "        why_not = None",
+          (IOCTL + "test_a_missing_feature_is_a_gap_naming_the_release",
+           IOCTL + "test_strict_refuses_when_the_gate_cannot_run")),
 )
