@@ -141,6 +141,10 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                     compiled = None  # the full path reports it with the policy's line
             if compiled is None:
                 loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data)
+                from ..policy.model import cautions
+
+                for line in cautions(loaded):  # once: a cache hit does not come here
+                    say(f"warning: {line}")
                 routes = prepared(loaded)
                 try:
                     compiled = compiler.compile_policy(loaded, routes)
@@ -170,12 +174,42 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         if child.timed_out:
             say(f"timeout: {argv[0]} ran longer than {loaded.limits.timeout:g}s; killed its "
                 "process tree")
+        elif child.signal is not None and child.signal not in QUIET_SIGNALS:
+            say(killed_by(argv[0], child.signal, compiled.rlimits))
         return int(child.returncode or 0)
     except SandlockError as exc:
         say(str(exc))
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return ExitCode.SIGNAL_BASE + 2
+
+
+#: Signals a tool dies of without a word from sandlock, as from a shell: the user's own
+#: Ctrl-C (SIGINT, forwarded), and SIGPIPE (its reader went away: ``| head``).
+QUIET_SIGNALS = (2, 13)
+
+
+def killed_by(command: str, signum: int, rlimits: Sequence[tuple[int, int]]) -> str:
+    """One line: the signal that killed the tool, and the limit of the policy behind it
+    when it is one of sandlock's (RLIMIT_CPU: SIGXCPU, then SIGKILL at the hard limit;
+    RLIMIT_FSIZE: SIGXFSZ; setrlimit(2))."""
+    import resource
+    import signal
+
+    from ..trace.emit import printable
+
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    line = f"{printable(command)} was killed by {name} (exit {ExitCode.SIGNAL_BASE + signum})"
+    limited = {res for res, _ in rlimits}
+    if signum in (signal.SIGXCPU, signal.SIGKILL) and resource.RLIMIT_CPU in limited:
+        cause = "[limits] cpu: it used all the CPU time the policy gives it"
+        line += f"; {cause}" if signum == signal.SIGXCPU else f"; perhaps {cause}"
+    elif signum == signal.SIGXFSZ and resource.RLIMIT_FSIZE in limited:
+        line += "; [limits] file_size: it wrote a file larger than the policy allows"
+    return line
 
 
 #: `sandlock run`'s options, the one table: the parser below reads it and the help is

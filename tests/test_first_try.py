@@ -1,0 +1,109 @@
+"""What a new user sees on a first try (issue 23): every refusal and every death named,
+every suggestion one that `sandlock run` accepts, warnings where a policy opens more than
+it seems to. Real runs through the CLI, as root and as an ordinary user."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import run_confined, sandlock, write_policy
+
+from sandlock.cli.main import cli
+from sandlock.policy.model import loads_policy
+
+UNSHARE = shutil.which("unshare")
+SHELL = """\
+extends = ["base"]
+[filesystem]
+exec = ["/usr/bin", "/usr/lib"]
+"""
+NAMESPACES = SHELL + """\
+[syscalls]
+allow = ["unshare", "clone", "clone3", "setns"]
+"""
+
+
+# -- item 7: namespaces allowed by [syscalls] allow; layers listed once ----------------
+
+
+def test_namespace_syscalls_warned_by_validate_and_explain(tmp_path: Path) -> None:
+    policy = write_policy(tmp_path, NAMESPACES)
+    runner = CliRunner()
+    validated = runner.invoke(cli, ["validate", str(policy)], catch_exceptions=False)
+    assert validated.exit_code == 0
+    assert f"warning: {policy}:5: syscalls.allow: unshare, clone, clone3, setns" in validated.stderr
+    explained = runner.invoke(cli, ["explain", "--policy", str(policy)], catch_exceptions=False)
+    assert explained.exit_code == 0
+    assert "WARNING" in explained.stdout and "namespaces" in explained.stdout
+    quiet = write_policy(tmp_path, SHELL, name="quiet.toml")  # the control: no allow, no word
+    assert "create or join" not in runner.invoke(cli, ["validate", str(quiet)]).stderr
+    assert "WARNING" not in runner.invoke(cli, ["explain", "--policy", str(quiet)]).stdout
+
+
+@pytest.mark.skipif(UNSHARE is None, reason="needs unshare(1) (util-linux)")
+def test_namespace_syscalls_warned_when_run_compiles(tmp_path: Path) -> None:
+    """The warning comes with the run that compiles the policy; the confined
+    ``unshare -U`` it warns about does work; without the allow it is refused."""
+    assert UNSHARE is not None
+    policy = write_policy(tmp_path, NAMESPACES)
+    first = run_confined(policy, [UNSHARE, "-U", "true"])
+    assert "create or join namespaces" in first.stderr
+    assert first.returncode == 0, first.stderr
+    control = run_confined(write_policy(tmp_path, SHELL, name="shell.toml"), [UNSHARE, "-U", "true"])
+    assert control.returncode != 0 and "namespaces" not in control.stderr
+
+
+def test_diamond_extends_lists_and_merges_each_layer_once(tmp_path: Path) -> None:
+    """``cc`` extends base and tmpdir, which extends base again: base is listed once, and
+    a scalar set between two mentions of base is not overridden by the second."""
+    policy = loads_policy('extends = ["cc"]', {"private_tmp": str(tmp_path)})
+    assert policy.layers.count("<builtin:base>") == 1
+    write_policy(tmp_path, 'compat = "strict"\n', name="base.toml")
+    write_policy(tmp_path, 'extends = ["base.toml"]\ncompat = "best-effort"\n', name="mid.toml")
+    write_policy(tmp_path, 'extends = ["base.toml"]\n', name="other.toml")
+    top = write_policy(tmp_path, 'extends = ["mid.toml", "other.toml"]\n', name="top.toml")
+    from sandlock.policy.model import Compat, load_policy
+
+    merged = load_policy(top)
+    assert [Path(layer).name for layer in merged.layers] == ["base.toml", "mid.toml",
+                                                             "other.toml", "top.toml"]
+    assert merged.compat is Compat.BEST_EFFORT
+
+
+# -- item 5: a tool killed by a signal -------------------------------------------------
+
+
+def test_signal_death_named(tmp_path: Path) -> None:
+    policy = write_policy(tmp_path, SHELL)
+    done = run_confined(policy, ["sh", "-c", "kill -ABRT $$"])
+    assert done.returncode == 134
+    assert done.stderr.strip().splitlines()[-1] == "sandlock: sh was killed by SIGABRT (exit 134)"
+    piped = run_confined(policy, ["sh", "-c", "kill -PIPE $$"])  # as a shell: no word
+    assert piped.returncode == 141 and piped.stderr == ""
+
+
+def test_signal_of_a_limit_names_the_limit(tmp_path: Path) -> None:
+    policy = write_policy(tmp_path, SHELL + "[limits]\nfile_size = 1024\ncpu = 1\n")
+    variables = {"out": str(tmp_path / "big")}
+    done = run_confined(policy, ["sh", "-c", "kill -XFSZ $$"], variables=variables)
+    assert done.returncode == 128 + 25
+    assert "killed by SIGXFSZ (exit 153); [limits] file_size" in done.stderr
+    spun = run_confined(policy, ["sh", "-c", "while :; do :; done"], timeout=30)
+    assert spun.returncode in (128 + 9, 128 + 24)
+    assert "[limits] cpu" in spun.stderr
+    plain = run_confined(write_policy(tmp_path, SHELL, name="plain.toml"),
+                         ["sh", "-c", "kill -XFSZ $$"])  # no limit: no hint
+    assert "killed by SIGXFSZ" in plain.stderr and "[limits]" not in plain.stderr
+
+
+def test_signal_name_escaped(tmp_path: Path) -> None:
+    """The tool's name is the user's text: a control character in it is escaped."""
+    link = tmp_path / "a\x1b[2Jb"
+    link.symlink_to("/bin/sh")
+    policy = write_policy(tmp_path, SHELL + f'read = ["{tmp_path}"]\n')
+    done = sandlock("run", "--policy", str(policy), "--", str(link), "-c", "kill -TERM $$")
+    assert "\x1b" not in done.stderr
+    assert "a\\x1b[2Jb was killed by SIGTERM" in done.stderr
