@@ -663,9 +663,9 @@ def test_env_section_without_pass_passes_nothing(tmp_path: Path) -> None:
     assert (empty.env.passed, empty.env.set) == ((), ())
 
 
-def test_diamond_extends_loads_base_twice_without_duplicate_rules() -> None:
+def test_diamond_extends_loads_base_once_without_duplicate_rules() -> None:
     policy = loads_policy('extends = ["base", "python"]')
-    assert policy.layers[:3] == ("<builtin:base>", "<builtin:base>", "<builtin:python>")
+    assert policy.layers[:2] == ("<builtin:base>", "<builtin:python>")
     assert len(policy.paths) == len(set(policy.paths))
 
 
