@@ -107,3 +107,15 @@ def test_signal_name_escaped(tmp_path: Path) -> None:
     done = sandlock("run", "--policy", str(policy), "--", str(link), "-c", "kill -TERM $$")
     assert "\x1b" not in done.stderr
     assert "a\\x1b[2Jb was killed by SIGTERM" in done.stderr
+
+
+# -- item 8: one name for a denial's policy line ----------------------------------------
+
+
+def test_denial_grant_is_one_name() -> None:
+    from sandlock.trace.record import Denial
+
+    denial = Denial("read", "/etc/x", -1, "", "filesystem", 'read += "/etc/x"')
+    assert denial.grant == 'read += "/etc/x"' == denial.as_dict()["grant"]
+    assert denial.line == denial.grant  # the former name still reads
+    assert str(denial) == 'denied read /etc/x -> [filesystem] read += "/etc/x"'

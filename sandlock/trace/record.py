@@ -512,16 +512,21 @@ class Denial:
     port: int = -1
     detail: str = ""
     section: str = ""
-    line: str = ""
+    grant: str = ""  #: the policy line, as in ``as_dict()`` and ``trace --json``
+
+    @property
+    def line(self) -> str:
+        """:attr:`grant` under its former name, kept for callers written against it."""
+        return self.grant
 
     def __str__(self) -> str:
         """One line, the tool's names escaped (:func:`sandlock.trace.emit.printable`)."""
         what = self.path if self.port < 0 else f"TCP port {self.port}"
         why = f" ({self.detail})" if self.detail else ""
-        return printable(f"denied {self.right} {what}{why} -> [{self.section}] {self.line}")
+        return printable(f"denied {self.right} {what}{why} -> [{self.section}] {self.grant}")
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"right": self.right, "section": self.section, "grant": self.line}
+        out: dict[str, Any] = {"right": self.right, "section": self.section, "grant": self.grant}
         if self.path:
             out["path"] = self.path
         if self.port >= 0:
