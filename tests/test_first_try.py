@@ -119,3 +119,42 @@ def test_denial_grant_is_one_name() -> None:
     assert denial.grant == 'read += "/etc/x"' == denial.as_dict()["grant"]
     assert denial.line == denial.grant  # the former name still reads
     assert str(denial) == 'denied read /etc/x -> [filesystem] read += "/etc/x"'
+
+
+# -- item 10: the per-user process limit is named only when it can bite -----------------
+
+
+def _per_user_limit_or_skip() -> None:
+    import os
+
+    from sandlock.linux import cgroups
+
+    if os.getuid() == 0:
+        pytest.skip("as root RLIMIT_NPROC does not bind: that gap is refused in strict mode")
+    if cgroups.find()[0] is not None:
+        pytest.skip("this user can create a pids cgroup: the limit is per sandbox, no gap")
+
+
+def test_process_limit_per_user_quiet_unless_it_can_bite(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from sandlock.linux.process import user_tasks
+
+    _per_user_limit_or_skip()
+    limit = 2 * user_tasks(os.getuid()) + 60
+    policy = write_policy(tmp_path, SHELL + f"[limits]\nprocesses = {limit}\n")
+    quiet = run_confined(policy, ["true"])
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(40)]
+    try:
+        loud = run_confined(policy, ["true"])
+    finally:
+        for each in sleepers:
+            each.kill()
+            each.wait()
+    assert loud.returncode == 0
+    lines = loud.stderr.splitlines()
+    assert len(lines) == 1 and f"process limit (processes = {limit}) not enforced" in lines[0]
+    explained = CliRunner().invoke(cli, ["explain", "--policy", str(policy)])
+    assert "RLIMIT_NPROC" in explained.stdout  # the fact stays in explain

@@ -18,6 +18,7 @@ TYPE_CHECKING = False  # importing typing alone costs several ms per call
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
 
+    from ..compile.compiler import Compiled
     from ..net.routes import Routes
     from ..policy.model import Policy
 
@@ -161,11 +162,7 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                 os.close(cached.directory)
         try:
             command = launcher.prepare_command(loaded, argv)
-            if compiled.gaps:
-                say(f"warning: NOT enforced for this caller on this kernel (Landlock ABI "
-                    f"{compiled.abi}):")
-                for line in compiled.warnings:
-                    say(f"warning:   - {line}")
+            warn_gaps(compiled)
             child = launcher.run(compiled, command, report=say)
         finally:
             compiled.close()  # the ruleset descriptor: the child is done with it
@@ -182,6 +179,34 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return ExitCode.SIGNAL_BASE + 2
+
+
+def warn_gaps(compiled: Compiled) -> None:
+    """The protections not enforced for this run, one ``warning:`` line each. A process
+    limit enforced per user (RLIMIT_NPROC, no pids cgroup: the one gap strict mode
+    accepts) is named only when it can bite: when this user already runs at least half
+    as many tasks as the limit, so the tool may be refused fork(2) (`sandlock check`
+    and `explain` always say it)."""
+    from ..compile.ruleset import PER_USER_LIMIT
+
+    lines = [line for line in compiled.warnings if not line.startswith(PER_USER_LIMIT)]
+    if lines:
+        say(f"warning: NOT enforced for this caller on this kernel (Landlock ABI {compiled.abi}):")
+        for line in lines:
+            say(f"warning:   - {line}")
+    if len(lines) == len(compiled.warnings):
+        return
+    import os
+
+    from ..compile.compiler import process_limit
+    from ..linux.process import user_tasks
+
+    limit = process_limit(compiled.rlimits)
+    running = user_tasks(os.getuid())
+    if limit is not None and running * 2 >= limit:
+        say(f"warning: {PER_USER_LIMIT} (processes = {limit}) not enforced: RLIMIT_NPROC "
+            f"instead, per user (no pids cgroup), and this user already runs {running} tasks: "
+            "the tool may be refused new processes (`sandlock check` says why)")
 
 
 #: Signals a tool dies of without a word from sandlock, as from a shell: the user's own

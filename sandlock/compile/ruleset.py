@@ -126,6 +126,11 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
     return tuple(out)
 
 
+#: The name of the one gap a strict policy accepts: ``processes`` enforced per user with
+#: RLIMIT_NPROC. `sandlock run` names it only when it can bite (cli/launch.py).
+PER_USER_LIMIT = "per-sandbox process limit"
+
+
 def process_gap(limit: Optional[int], cgroup_why: Optional[str], root: bool) -> Optional[Gap]:
     """The gap of ``[limits] processes = limit`` for a caller that can (``cgroup_why``
     None) or cannot (the reason) create a pids cgroup; ``root``: real uid 0, which
@@ -137,7 +142,7 @@ def process_gap(limit: Optional[int], cgroup_why: Optional[str], root: bool) -> 
         return Gap(f"process limit (processes = {limit})", 0,
                    "RLIMIT_NPROC does not bind root: the tool can fork without limit "
                    "(a fork bomb can take the machine down)", needs)
-    return Gap(f"per-sandbox process limit (processes = {limit})", 0,
+    return Gap(f"{PER_USER_LIMIT} (processes = {limit})", 0,
                "enforced with RLIMIT_NPROC instead, which counts every process of this user, "
                "not of the sandbox (the tool may fork only while this user has fewer than "
                f"{limit} processes in all)", needs, strict=False)
