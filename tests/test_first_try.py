@@ -158,3 +158,41 @@ def test_process_limit_per_user_quiet_unless_it_can_bite(tmp_path: Path) -> None
     assert len(lines) == 1 and f"process limit (processes = {limit}) not enforced" in lines[0]
     explained = CliRunner().invoke(cli, ["explain", "--policy", str(policy)])
     assert "RLIMIT_NPROC" in explained.stdout  # the fact stays in explain
+
+
+# -- item 2: an exec refused through a link names the file the link leads to ------------
+
+
+def _venv(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A venv's ``bin/sh`` links (twice) to an interpreter elsewhere, as a pyenv venv's
+    python3 does; ``bin/tool`` is a script run by it."""
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    real = versions / "sh3.11"
+    shutil.copy2("/bin/sh", real)
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "sh3").symlink_to(real)
+    (venv / "sh").symlink_to("sh3")
+    tool = venv / "tool"
+    tool.write_text(f"#!{venv / 'sh'}\necho ran\n")
+    tool.chmod(0o755)
+    return venv, tool, real
+
+
+def test_exec_refused_through_a_link_names_its_target(tmp_path: Path) -> None:
+    venv, tool, real = _venv(tmp_path)
+    policy = write_policy(tmp_path, SHELL.replace(
+        'exec = ["/usr/bin", "/usr/lib"]', f'exec = ["/usr/bin", "/usr/lib", "{venv}"]'),
+        name="venv.toml")
+    done = run_confined(policy, [str(tool)])
+    assert done.returncode == 126, done.stderr
+    assert f'{real} (#! interpreter of {tool}, reached through {venv / "sh"} -> ' \
+           f'{venv / "sh3"}) has no read or exec grant: [filesystem] exec += "{real}"' \
+        in done.stderr, done.stderr
+    assert f'exec += "{venv / "sh"}"' not in done.stderr  # granted already: never suggested
+    granted = write_policy(tmp_path, SHELL.replace(
+        'exec = ["/usr/bin", "/usr/lib"]', f'exec = ["/usr/bin", "/usr/lib", "{venv}", "{real}"]'),
+        name="granted.toml")  # the control: the suggested grant is the one that was missing
+    ran = run_confined(granted, [str(tool)])
+    assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr

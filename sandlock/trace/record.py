@@ -639,10 +639,31 @@ def exec_refusals_under(ruleset_fd: int, executable: str, cwd: Optional[str] = N
     return data.decode(errors="replace")
 
 
+def link_chain(path: str) -> list[str]:
+    """``path``, then each file its symbolic links lead to, the last one the file itself
+    (what Landlock checks: a grant on a link grants nothing on its target). A directory
+    link on the way (``/lib64`` -> ``usr/lib64``) adds its resolved path at the end."""
+    hops = [os.path.abspath(path)]
+    for _ in range(40):  # the kernel's limit of links followed (MAXSYMLINKS)
+        try:
+            target = os.readlink(hops[-1])
+        except OSError:
+            break
+        hops.append(os.path.normpath(os.path.join(os.path.dirname(hops[-1]), target)))
+    real = os.path.realpath(hops[-1])
+    if real != hops[-1]:
+        hops.append(real)
+    return hops
+
+
 def _exec_refusal(path: str, why: str, grant: str) -> str:
-    """One refused file of an exec chain, escaped: a ``#!`` line is the tool's text."""
-    line = grant_line(Need("exec", path, int(A.Fs.EXECUTE | A.Fs.READ_FILE)))[1]
-    return printable(f"{path} ({why}) has no {grant} grant: [filesystem] {line}")
+    """One refused file of an exec chain, escaped: a ``#!`` line is the tool's text. A
+    path through links names the file they lead to, whose grant is missing, and the chain."""
+    hops = link_chain(path)
+    line = grant_line(Need("exec", hops[-1], int(A.Fs.EXECUTE | A.Fs.READ_FILE)))[1]
+    if len(hops) > 1:
+        why = f"{why}, reached through {' -> '.join(hops[:-1])}"
+    return printable(f"{hops[-1]} ({why}) has no {grant} grant: [filesystem] {line}")
 
 
 def exec_refusals(chain: Sequence[tuple[str, str]]) -> str:
