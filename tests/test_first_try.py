@@ -4,7 +4,9 @@ it seems to. Real runs through the CLI, as root and as an ordinary user."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,51 @@ def test_exec_refused_through_a_link_names_its_target(tmp_path: Path) -> None:
         name="granted.toml")  # the control: the suggested grant is the one that was missing
     ran = run_confined(granted, [str(tool)])
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
+
+
+# -- item 4: trace never suggests a grant run refuses; dangerous ones come with a WARNING --
+
+
+def _trace_cli(args: list[str], cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
+    from test_trace import cli
+
+    return cli(args, cwd, home)
+
+
+def test_trace_suggests_only_grants_run_accepts(tmp_path: Path, work: Path, home: Path) -> None:
+    (home / ".ssh" / "config").write_text("Host *\n")
+    shared = Path("/var/tmp")
+    strict = write_policy(tmp_path, SHELL, name="strict.toml")
+    script = (f"echo 1 > /proc/self/oom_score_adj; cat {home}/.ssh/config; "
+              f"echo x > {shared}/sandlock-first-try-$$; cat {sandlock_dir()}/__init__.py")
+    traced = _trace_cli(["trace", "--json", "--report", "-", "--policy", str(strict), "--",
+                         "sh", "-c", script], work, home)
+    denials = json.loads(traced.stdout)["denials"]
+    by_path = {d["path"]: d for d in denials}
+    # the attempts ran and were refused (each one is in the report) ...
+    assert {"/proc/self/oom_score_adj", f"{home}/.ssh/config", str(shared)} <= set(by_path)
+    # ... /proc: no line (the loader refuses it), never `write += "/proc"`
+    assert by_path["/proc/self/oom_score_adj"]["grant"] == \
+        "(no policy line: write access to '/proc' is never allowed)"
+    # ... the secret and the shared temporary directory: a WARNING saying what they expose
+    assert "a place of secrets" in by_path[f"{home}/.ssh/config"]["warning"]
+    assert "shared with every other program" in by_path[str(shared)]["warning"]
+    # every line suggested is one `run` accepts (and `explain` does not refuse)
+    for denial in denials:
+        if denial["grant"].startswith("("):
+            continue
+        key, _, value = denial["grant"].partition(" += ")
+        body = (SHELL.replace('"/usr/lib"]', f'"/usr/lib", {value}]') if key == "exec"
+                else SHELL + f"{key} = [{value}]\n")
+        granted = write_policy(tmp_path, body, name="granted.toml")
+        done = _trace_cli(["run", "--policy", str(granted), "--", "true"], work, home)
+        assert done.returncode == 0, (denial, done.stderr)
+    text = _trace_cli(["trace", "--policy", str(strict), "--", "sh", "-c", script], work, home)
+    assert 'write += "/proc"' not in text.stderr
+    assert "(WARNING: exposes" in text.stderr
+
+
+def sandlock_dir() -> str:
+    import sandlock
+
+    return str(Path(sandlock.__file__).parent)

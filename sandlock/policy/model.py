@@ -866,8 +866,7 @@ def _resolve_paths(
             path = "/" + path.lstrip("/")
         # What the path resolves to is checked on its descriptor when the ruleset is
         # built (sandlock.compile.grants): a second, name-based look here could only race.
-        if access is Access.WRITE and (path in FORBIDDEN_WRITE
-                                       or path.startswith(("/proc/", "/sys/"))):
+        if access is Access.WRITE and write_never_allowed(path):
             raise layer.error(f"write access to {path!r} is never allowed", key)
         if check_paths and not os.path.exists(path):
             if optional:
@@ -878,6 +877,13 @@ def _resolve_paths(
         origin = f"{layer.source}:{line}" if line else layer.source
         out.append(PathRule(path, access, optional, f"{origin} filesystem.{name}[{index}]"))
     return out
+
+
+def write_never_allowed(path: str) -> bool:
+    """A normalized absolute ``path`` no policy may grant write access to
+    (:data:`FORBIDDEN_WRITE`, or anything beneath /proc and /sys): the policy loader
+    refuses it, and `trace` and `learn` never suggest it."""
+    return path in FORBIDDEN_WRITE or path.startswith(("/proc/", "/sys/"))
 
 
 def _variables(extra: Mapping[str, str] | None, source: str) -> dict[str, str]:

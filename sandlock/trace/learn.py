@@ -26,28 +26,10 @@ from ..errors import LandlockError, SandlockError
 from ..policy.model import DEFAULT_ENV_PASS
 from . import emit
 from . import record as T
+from .record import HOME_SECRETS, SYSTEM_SECRETS, secrets  # noqa: F401 - their home was here
 
-#: Relative to the home directory: never granted by learn, never readable in its run.
-HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".config/gcloud", ".azure", ".kube", ".docker",
-                ".netrc", ".git-credentials", ".password-store", ".local/share/keyrings",
-                ".pki", ".config/gh", ".npmrc", ".pypirc", ".cache/sandlock")
-SYSTEM_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
-                  "/etc/sudoers", "/etc/sudoers.d", "/etc/ssl/private")
 #: The environment of the recorded run and of the draft.
 ENV_PASS = (*DEFAULT_ENV_PASS, "HOME", "USER", "LOGNAME")
-
-
-def secrets(home: str) -> list[str]:
-    """Every path the recorded run may not read, links resolved."""
-    from ..compile.grants import _state_dirs
-
-    out = [os.path.join(home, s) for s in HOME_SECRETS] + list(SYSTEM_SECRETS)
-    out += _state_dirs()
-    try:
-        out += [os.path.join("/etc/ssh", n) for n in os.listdir("/etc/ssh") if n.endswith("_key")]
-    except OSError:
-        pass
-    return sorted({os.path.realpath(p) for p in out})
 
 
 def _under(path: str, root: str) -> bool:
