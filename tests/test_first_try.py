@@ -246,3 +246,54 @@ def sandlock_dir() -> str:
     import sandlock
 
     return str(Path(sandlock.__file__).parent)
+
+
+# -- item 6: learn's drafts work for another user and elsewhere, and agree with themselves --
+
+
+def test_learn_draft_names_home_as_tilde_and_the_workspace_by_var(
+        tmp_path: Path, work: Path, home: Path) -> None:
+    (home / ".toolrc").write_text("setting\n")
+    out = tmp_path / "draft.toml"
+    argv = ["/bin/sh", "-c", 'cat "$HOME/.toolrc" > copy.txt']
+    learned = _trace_cli(["learn", "-o", str(out), "--", *argv], work, home)
+    assert learned.returncode == 0, learned.stderr
+    text = out.read_text()
+    assert '"~/.toolrc"' in text and f'"{home}/.toolrc"' not in text
+    assert '"${workspace}"' in text and "${cwd}" not in text.replace("(as ${cwd} would)", "")
+    assert f"--var workspace={work.resolve()}" in learned.stderr  # the suggested command
+    # another user (another HOME) with its own file, run from elsewhere: the draft holds
+    other = tmp_path / "other-home"
+    other.mkdir()
+    (other / ".toolrc").write_text("theirs\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ran = _trace_cli(["run", "--policy", str(out), "--var", f"workspace={work.resolve()}", "--",
+                      "/bin/sh", "-c", f'cat "$HOME/.toolrc" > {work}/copy.txt'], elsewhere, other)
+    assert ran.returncode == 0, ran.stderr
+    assert (work / "copy.txt").read_text() == "theirs\n"
+    # the working directory of a run is not granted: only the directory named by --var
+    moved = _trace_cli(["run", "--policy", str(out), "--var", f"workspace={work.resolve()}", "--",
+                        "/bin/sh", "-c", "echo x > here.txt"], elsewhere, other)
+    assert moved.returncode != 0 and not (elsewhere / "here.txt").exists()
+    unnamed = _trace_cli(["run", "--policy", str(out), "--", *argv], work, home)
+    assert unnamed.returncode == 125 and "--var workspace=" in unnamed.stderr
+
+
+def test_learn_draft_grants_proc_whole_or_not_at_all(tmp_path: Path, work: Path,
+                                                     home: Path) -> None:
+    out = tmp_path / "draft.toml"
+    learned = _trace_cli(["learn", "-o", str(out), "--", "/bin/sh", "-c",
+                          "cat /proc/self/status /proc/filesystems >/dev/null; ls /proc >/dev/null"],
+                         work, home)
+    assert learned.returncode == 0, learned.stderr
+    text = out.read_text()
+    assert '"/proc",' in text  # granted whole (its own /proc/self entries), with a WARNING
+    assert "listed /proc" not in text and '"/proc/filesystems"' not in text, text
+
+
+def test_learn_from_home_is_refused_with_a_reason(work: Path, home: Path) -> None:
+    learned = _trace_cli(["learn", "--", "/bin/true"], home, home)
+    assert learned.returncode == 125
+    assert "is your home directory" in learned.stderr and "project directory" in learned.stderr
+    assert "<learn>" not in learned.stderr and "Traceback" not in learned.stderr

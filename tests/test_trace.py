@@ -61,14 +61,16 @@ def learn_then_run(work: Path, home: Path, argv: Sequence[str], options: Sequenc
     text = out.read_text()
     assert ".ssh" not in text.replace("# ", "")  # not granted (a comment may name it)
     assert f'"{home}"' not in text and f'"{home}/"' not in text
-    ran = cli(["run", "--policy", str(out), "--", *argv], work, home)
+    ran = cli(["run", "--policy", str(out), "--var", f"workspace={work.resolve()}", "--", *argv],
+              work, home)  # the directory it was learned in (${workspace}), as learn says
     assert ran.returncode == 0, (text, ran.stderr)
     return out, text
 
 
 def secret_refused(learned: Path, work: Path, home: Path, argv: Sequence[str]) -> None:
     """Under the learned policy, the tool itself cannot read the planted key."""
-    ran = cli(["run", "--policy", str(learned), "--", *argv], work, home)
+    ran = cli(["run", "--policy", str(learned), "--var", f"workspace={work.resolve()}", "--",
+               *argv], work, home)
     assert SECRET not in ran.stdout + ran.stderr
     assert ran.returncode != 0
 
