@@ -297,3 +297,27 @@ def test_learn_from_home_is_refused_with_a_reason(work: Path, home: Path) -> Non
     assert learned.returncode == 125
     assert "is your home directory" in learned.stderr and "project directory" in learned.stderr
     assert "<learn>" not in learned.stderr and "Traceback" not in learned.stderr
+
+
+# -- item 11: probe's neighbour check does not fill a neighbour with this run's --var -----
+
+
+def test_probe_neighbour_warning_ignores_shared_variables(tmp_path: Path) -> None:
+    from sandlock.policy.model import load_policy
+    from sandlock.probe.harness import later_run_findings
+
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    workspace = tmp_path / "ws"
+    (workspace / "bin").mkdir(parents=True)
+    browser = write_policy(policies, 'extends = ["base"]\n[filesystem]\nwrite = ["${workspace}"]\n',
+                           name="chromium.toml")
+    write_policy(policies, 'extends = ["base"]\n[filesystem]\nexec = ["${workspace}/bin"]\n',
+                 name="make.toml")
+    variables = {"workspace": str(workspace)}
+    assert later_run_findings(load_policy(browser, variables), variables) == ()
+    # the control: the neighbour's exec grant names that directory itself: still said
+    write_policy(policies, f'extends = ["base"]\n[filesystem]\nexec = ["{workspace}/bin"]\n',
+                 name="make.toml")
+    (finding,) = later_run_findings(load_policy(browser, variables), variables)
+    assert "covers another policy's exec grant" in finding and "make.toml" in finding
