@@ -321,3 +321,23 @@ def test_probe_neighbour_warning_ignores_shared_variables(tmp_path: Path) -> Non
                  name="make.toml")
     (finding,) = later_run_findings(load_policy(browser, variables), variables)
     assert "covers another policy's exec grant" in finding and "make.toml" in finding
+
+
+# -- item 12: Chromium needs --no-sandbox under sandlock ---------------------------------
+
+
+def test_chromium_failing_gets_the_no_sandbox_hint(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("chromium", "other"):  # a stand-in that fails as Chromium's sandbox does
+        fake = bin_dir / name
+        fake.write_text("#!/bin/sh\necho 'FATAL:zygote_host_impl_linux.cc No usable sandbox!' >&2\n"
+                        'for a; do [ "$a" = --no-sandbox ] && exit 0; done; exit 1\n')
+        fake.chmod(0o755)
+    policy = write_policy(tmp_path, SHELL.replace('"/usr/lib"]', f'"/usr/lib", "{bin_dir}"]'))
+    failed = run_confined(policy, [str(bin_dir / "chromium"), "--headless"])
+    assert failed.returncode == 1 and "pass --no-sandbox" in failed.stderr
+    ran = run_confined(policy, [str(bin_dir / "chromium"), "--headless", "--no-sandbox"])
+    assert ran.returncode == 0 and "pass --no-sandbox" not in ran.stderr
+    other = run_confined(policy, [str(bin_dir / "other")])
+    assert other.returncode == 1 and "no-sandbox" not in other.stderr

@@ -173,6 +173,8 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                 "process tree")
         elif child.signal is not None and child.signal not in QUIET_SIGNALS:
             say(killed_by(argv[0], child.signal, compiled.rlimits))
+        if child.returncode and not child.timed_out and needs_no_sandbox(argv):
+            say(CHROMIUM_HINT)
         return int(child.returncode or 0)
     except SandlockError as exc:
         say(str(exc))
@@ -207,6 +209,23 @@ def warn_gaps(compiled: Compiled) -> None:
         say(f"warning: {PER_USER_LIMIT} (processes = {limit}) not enforced: RLIMIT_NPROC "
             f"instead, per user (no pids cgroup), and this user already runs {running} tasks: "
             "the tool may be refused new processes (`sandlock check` says why)")
+
+
+#: Programs that start Chromium's own sandbox (and fail to, under sandlock).
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "chrome", "google-chrome",
+                  "google-chrome-stable", "chrome-headless-shell", "headless_shell")
+CHROMIUM_HINT = (
+    "hint: Chromium's own sandbox cannot start under sandlock (it needs user namespaces and "
+    "writes /proc/self/setgroups, which no policy allows): pass --no-sandbox. sandlock confines "
+    "every Chromium process with this policy; without Chromium's sandbox its renderers get the "
+    "policy's rights rather than narrower ones")
+
+
+def needs_no_sandbox(argv: Sequence[str]) -> bool:
+    """A Chromium started without ``--no-sandbox`` (it dies setting up its sandbox)."""
+    import os
+
+    return os.path.basename(argv[0]) in CHROMIUM_NAMES and "--no-sandbox" not in argv
 
 
 #: Signals a tool dies of without a word from sandlock, as from a shell: the user's own
