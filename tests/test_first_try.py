@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -341,3 +342,27 @@ def test_chromium_failing_gets_the_no_sandbox_hint(tmp_path: Path) -> None:
     assert ran.returncode == 0 and "pass --no-sandbox" not in ran.stderr
     other = run_confined(policy, [str(bin_dir / "other")])
     assert other.returncode == 1 and "no-sandbox" not in other.stderr
+
+
+# -- item 3 (part): under [network] allow, the network hint only when the network refused --
+
+
+def test_allowlist_hint_only_when_a_connection_was_refused(tmp_path: Path) -> None:
+    from conftest import PYTHON as python
+    from conftest import require_abi
+
+    require_abi(4, "TCP rules under the connect gate")
+    policy = write_policy(tmp_path, 'extends = ["python"]\n[network]\nallow = ["example.test"]\n')
+    plain = run_confined(policy, [python, "-c", "raise SystemExit(3)"])
+    assert plain.returncode == 3
+    assert "through sandlock's proxy" not in plain.stderr
+    assert "no connection was refused" in plain.stderr
+    direct = run_confined(policy, [python, "-c", textwrap.dedent("""\
+        import socket
+        try:
+            socket.create_connection(("127.0.0.1", 9), timeout=5)
+        except OSError:
+            raise SystemExit(3)
+        """)])
+    assert direct.returncode == 3
+    assert "network: refused" in direct.stderr and "through sandlock's proxy" in direct.stderr
