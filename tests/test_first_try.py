@@ -214,7 +214,7 @@ def test_trace_suggests_only_grants_run_accepts(tmp_path: Path, work: Path, home
     (home / ".ssh" / "config").write_text("Host *\n")
     shared = Path("/var/tmp")
     strict = write_policy(tmp_path, SHELL, name="strict.toml")
-    script = (f"echo 1 > /proc/self/oom_score_adj; cat {home}/.ssh/config; "
+    script = (f"echo 1 > /proc/self/oom_score_adj; cat /proc/self/status; cat {home}/.ssh/config; "
               f"echo x > {shared}/sandlock-first-try-$$; cat {sandlock_dir()}/__init__.py")
     traced = _trace_cli(["trace", "--json", "--report", "-", "--policy", str(strict), "--",
                          "sh", "-c", script], work, home)
@@ -227,6 +227,7 @@ def test_trace_suggests_only_grants_run_accepts(tmp_path: Path, work: Path, home
         "(no policy line: write access to '/proc' is never allowed)"
     # ... the secret and the shared temporary directory: a WARNING saying what they expose
     assert "a place of secrets" in by_path[f"{home}/.ssh/config"]["warning"]
+    assert "/proc whole" in by_path["/proc/self/status"]["warning"]  # as learn says it
     assert "shared with every other program" in by_path[str(shared)]["warning"]
     # every line suggested is one `run` accepts (and `explain` does not refuse)
     for denial in denials:

@@ -65,8 +65,7 @@ EXPOSES = {
             "(`systemd-run --user` runs anything unconfined)",
     "udp": "UDP to any address and port (DNS, and any other datagram traffic: a way out "
            "that no port rule limits)",
-    "proc": "/proc whole: your other processes' command lines, and the environment and "
-            "memory maps of those of the same user",
+    "proc": T.PROC_EXPOSES,
 }
 
 

@@ -571,6 +571,10 @@ def secrets(home: str) -> list[str]:
     return sorted({os.path.realpath(p) for p in out})
 
 
+#: What a grant of /proc whole exposes (a tool's own /proc/self entries have a new
+#: number every run, so nothing narrower grants them).
+PROC_EXPOSES = ("/proc whole: your other processes' command lines, and the environment and "
+                "memory maps of those of the same user")
 #: Temporary directories every program of the machine shares: a grant there reaches
 #: what other programs (and users) keep there, and lets the tool plant files for them.
 SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
@@ -624,6 +628,8 @@ def suggestion(need: Need, policy_files: Sequence[str] = ()) -> tuple[str, str, 
                                    "read or replace their files there; grant a private directory "
                                    "instead (the tmpdir profile's ${private_tmp})")
         return section, line, ""
+    if path == "/proc":
+        return section, line, PROC_EXPOSES
     real = os.path.realpath(path)
     inside = [s for s in secrets(_home()) if real == s or real.startswith(s.rstrip("/") + "/")
               or s.startswith(real.rstrip("/") + "/")]
