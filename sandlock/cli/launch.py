@@ -189,7 +189,9 @@ def warn_gaps(compiled: Compiled) -> None:
     accepts) is named only when it can bite: when this user already runs at least half
     as many tasks as the limit, so the tool may be refused fork(2) (`sandlock check`
     and `explain` always say it)."""
-    from ..compile.ruleset import PER_USER_LIMIT
+    if not compiled.warnings:
+        return
+    from ..linux.process import PER_USER_LIMIT
 
     lines = [line for line in compiled.warnings if not line.startswith(PER_USER_LIMIT)]
     if lines:

@@ -14,6 +14,7 @@ from typing import Optional
 
 from ..errors import LandlockError
 from ..linux import kernel
+from ..linux.process import PER_USER_LIMIT
 from ..policy.model import Access, Policy
 from . import abi as A
 from . import grants
@@ -124,11 +125,6 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
         out.append(Gap("abstract unix socket scope", A.SCOPE_SINCE,
                        "the tool can connect to abstract unix sockets outside the sandbox"))
     return tuple(out)
-
-
-#: The name of the one gap a strict policy accepts: ``processes`` enforced per user with
-#: RLIMIT_NPROC. `sandlock run` names it only when it can bite (cli/launch.py).
-PER_USER_LIMIT = "per-sandbox process limit"
 
 
 def process_gap(limit: Optional[int], cgroup_why: Optional[str], root: bool) -> Optional[Gap]:
