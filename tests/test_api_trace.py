@@ -68,7 +68,7 @@ def test_a_refused_read_names_the_path_and_the_grant(cat: Sandbox, secret: Path)
     assert "Permission denied" in result.stderr
     assert result.outcome is Outcome.EXITED and result.returncode == 1
     denial = next(d for d in result.denials if d.path == str(secret))
-    assert (denial.right, denial.section, denial.line) == (
+    assert (denial.right, denial.section, denial.grant) == (
         "read", "filesystem", f'read += "{secret}"')
     assert str(denial) == f'denied read {secret} -> [filesystem] read += "{secret}"'
     assert denial.as_dict() == {"right": "read", "path": str(secret), "section": "filesystem",
@@ -134,7 +134,7 @@ def test_an_exec_refused_for_its_interpreter(tmp_path: Path) -> None:
     shell = os.path.realpath("/bin/sh")
     denial = next(d for d in result.denials if d.path == shell)
     assert denial.right == "exec" and denial.detail == f"#! interpreter of {script}"
-    assert denial.line == f'exec += "{shell}"'
+    assert denial.grant == f'exec += "{shell}"'
     assert not any(d.path == str(script) for d in result.denials)  # granted
 
 
@@ -172,7 +172,7 @@ def test_git_log_names_its_missing_grant(tmp_path: Path, secret: Path) -> None:
     refused = {d.path: d for d in result.denials}
     named = [p for p in ("/etc/gitconfig", str(home / ".gitconfig"), str(repo)) if p in refused]
     assert named, result.denials
-    assert refused[named[0]].line == f'read += "{named[0]}"'
+    assert refused[named[0]].grant == f'read += "{named[0]}"'
     # with the named grants, git log works and the planted key stays out of reach
     granted = sorted({d.path for d in result.denials if d.section == "filesystem"
                       and d.right == "read" and not d.path.startswith(str(home / ".ssh"))})

@@ -159,7 +159,9 @@ def test_probe_reports_later_run_findings(tmp_path: Path) -> None:
     pol.mkdir()
     (ws / "bin").mkdir(parents=True)
     a = write_policy(pol, 'version = 1\n[filesystem]\nwrite = ["${ws}"]\n', "a.toml")
-    write_policy(pol, 'version = 1\n[filesystem]\nexec = ["${ws}/bin"]\n', "b.toml")
+    # the neighbour names the directory itself (one filled from this run's --var is not
+    # compared: its own runs get their own value, tests/test_first_try.py)
+    write_policy(pol, f'version = 1\n[filesystem]\nexec = ["{ws}/bin"]\n', "b.toml")
     found = later_run_findings(load_policy(a, {"ws": str(ws)}), {"ws": str(ws)})
     assert len(found) == 1 and "b.toml" in found[0] and "another policy's" in found[0]
 

@@ -190,9 +190,10 @@ def test_learn_suggests_a_quoted_command(work: Path, home: Path, tmp_path: Path)
     assert learned.returncode == 0, learned.stderr
     said = next(line for line in learned.stderr.splitlines() if "draft policy written" in line)
     suggested = said.split("`")[1]
-    assert shlex.split(suggested) == ["sandlock", "run", "--policy", str(out), "--", *argv]
+    named = ["--var", f"workspace={work.resolve()}"]  # the draft's ${workspace}: where it was learned
+    assert shlex.split(suggested) == ["sandlock", "run", "--policy", str(out), *named, "--", *argv]
     header = next(line for line in out.read_text().splitlines() if "--policy THIS_FILE" in line)
-    assert shlex.split(header.split("--policy THIS_FILE --", 1)[1]) == argv
+    assert shlex.split(header.split("--policy THIS_FILE", 1)[1]) == [*named, "--", *argv]
 
 
 # ----------------------------------------------------------------------------

@@ -663,9 +663,9 @@ def test_env_section_without_pass_passes_nothing(tmp_path: Path) -> None:
     assert (empty.env.passed, empty.env.set) == ((), ())
 
 
-def test_diamond_extends_loads_base_twice_without_duplicate_rules() -> None:
+def test_diamond_extends_loads_base_once_without_duplicate_rules() -> None:
     policy = loads_policy('extends = ["base", "python"]')
-    assert policy.layers[:3] == ("<builtin:base>", "<builtin:base>", "<builtin:python>")
+    assert policy.layers[:2] == ("<builtin:base>", "<builtin:python>")
     assert len(policy.paths) == len(set(policy.paths))
 
 
@@ -912,8 +912,18 @@ def test_extends_diamond_is_bounded(tmp_path: Path) -> None:
         write(tmp_path, f'version = 1\nextends = ["./d{index + 1}.toml", "./d{index + 1}.toml"]\n',
               f"d{index}.toml")
     write(tmp_path, "version = 1\n", "d30.toml")
+    # each file is merged once, where it first appears: 31 layers, read once each
+    assert len(load_policy(tmp_path / "d0.toml").layers) == 31
+
+
+def test_extends_count_is_bounded(tmp_path: Path) -> None:
+    """More files than MAX_LAYERS, each extended once, is still refused."""
+    for index in range(300):
+        write(tmp_path, "version = 1\n", f"b{index}.toml")
+    names = ", ".join(f'"./b{index}.toml"' for index in range(300))
+    write(tmp_path, f"version = 1\nextends = [{names}]\n", "top.toml")
     with pytest.raises(PolicyError) as info:
-        load_policy(tmp_path / "d0.toml")
+        load_policy(tmp_path / "top.toml")
     assert "extends brings in more than 256 files" in str(info.value)
 
 

@@ -119,4 +119,4 @@ def _denials(data: bytes) -> tuple["Denial", ...]:
     from ..trace.record import Denial
 
     return tuple(Denial(d["right"], d.get("path", ""), d.get("port", -1), d.get("detail", ""),
-                        d["section"], d["grant"]) for d in json.loads(data))
+                        d["section"], d["grant"], d.get("warning", "")) for d in json.loads(data))

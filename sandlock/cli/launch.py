@@ -18,6 +18,7 @@ TYPE_CHECKING = False  # importing typing alone costs several ms per call
 if TYPE_CHECKING:
     from typing import Mapping, Optional, Sequence
 
+    from ..compile.compiler import Compiled
     from ..net.routes import Routes
     from ..policy.model import Policy
 
@@ -141,6 +142,10 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                     compiled = None  # the full path reports it with the policy's line
             if compiled is None:
                 loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data)
+                from ..policy.model import cautions
+
+                for line in cautions(loaded):  # once: a cache hit does not come here
+                    say(f"warning: {line}")
                 routes = prepared(loaded)
                 try:
                     compiled = compiler.compile_policy(loaded, routes)
@@ -157,11 +162,7 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                 os.close(cached.directory)
         try:
             command = launcher.prepare_command(loaded, argv)
-            if compiled.gaps:
-                say(f"warning: NOT enforced for this caller on this kernel (Landlock ABI "
-                    f"{compiled.abi}):")
-                for line in compiled.warnings:
-                    say(f"warning:   - {line}")
+            warn_gaps(compiled)
             child = launcher.run(compiled, command, report=say)
         finally:
             compiled.close()  # the ruleset descriptor: the child is done with it
@@ -170,12 +171,91 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         if child.timed_out:
             say(f"timeout: {argv[0]} ran longer than {loaded.limits.timeout:g}s; killed its "
                 "process tree")
+        elif child.signal is not None and child.signal not in QUIET_SIGNALS:
+            say(killed_by(argv[0], child.signal, compiled.rlimits))
+        if child.returncode and not child.timed_out and needs_no_sandbox(argv):
+            say(CHROMIUM_HINT)
         return int(child.returncode or 0)
     except SandlockError as exc:
         say(str(exc))
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return ExitCode.SIGNAL_BASE + 2
+
+
+def warn_gaps(compiled: Compiled) -> None:
+    """The protections not enforced for this run, one ``warning:`` line each. A process
+    limit enforced per user (RLIMIT_NPROC, no pids cgroup: the one gap strict mode
+    accepts) is named only when it can bite: when this user already runs at least half
+    as many tasks as the limit, so the tool may be refused fork(2) (`sandlock check`
+    and `explain` always say it)."""
+    if not compiled.warnings:
+        return
+    from ..linux.process import PER_USER_LIMIT
+
+    lines = [line for line in compiled.warnings if not line.startswith(PER_USER_LIMIT)]
+    if lines:
+        say(f"warning: NOT enforced for this caller on this kernel (Landlock ABI {compiled.abi}):")
+        for line in lines:
+            say(f"warning:   - {line}")
+    if len(lines) == len(compiled.warnings):
+        return
+    import os
+
+    from ..compile.compiler import process_limit
+    from ..linux.process import user_tasks
+
+    limit = process_limit(compiled.rlimits)
+    running = user_tasks(os.getuid())
+    if limit is not None and running * 2 >= limit:
+        say(f"warning: {PER_USER_LIMIT} (processes = {limit}) not enforced: RLIMIT_NPROC "
+            f"instead, per user (no pids cgroup), and this user already runs {running} tasks: "
+            "the tool may be refused new processes (`sandlock check` says why)")
+
+
+#: Programs that start Chromium's own sandbox (and fail to, under sandlock).
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "chrome", "google-chrome",
+                  "google-chrome-stable", "chrome-headless-shell", "headless_shell")
+CHROMIUM_HINT = (
+    "hint: Chromium's own sandbox cannot start under sandlock (it needs user namespaces and "
+    "writes /proc/self/setgroups, which no policy allows): pass --no-sandbox. sandlock confines "
+    "every Chromium process with this policy; without Chromium's sandbox its renderers get the "
+    "policy's rights rather than narrower ones")
+
+
+def needs_no_sandbox(argv: Sequence[str]) -> bool:
+    """A Chromium started without ``--no-sandbox`` (it dies setting up its sandbox)."""
+    import os
+
+    return os.path.basename(argv[0]) in CHROMIUM_NAMES and "--no-sandbox" not in argv
+
+
+#: Signals a tool dies of without a word from sandlock, as from a shell: the user's own
+#: Ctrl-C (SIGINT, forwarded), and SIGPIPE (its reader went away: ``| head``).
+QUIET_SIGNALS = (2, 13)
+
+
+def killed_by(command: str, signum: int, rlimits: Sequence[tuple[int, int]]) -> str:
+    """One line: the signal that killed the tool, and the limit of the policy behind it
+    when it is one of sandlock's (RLIMIT_CPU: SIGXCPU, then SIGKILL at the hard limit;
+    RLIMIT_FSIZE: SIGXFSZ; setrlimit(2))."""
+    import resource
+    import signal
+
+    from ..trace.emit import printable
+
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    line = f"{printable(command)} was killed by {name} (exit {ExitCode.SIGNAL_BASE + signum})"
+    limited = {res for res, _ in rlimits}
+    if signum in (signal.SIGXCPU, signal.SIGKILL) and resource.RLIMIT_CPU in limited:
+        cause = "[limits] cpu: it used all the CPU time the policy gives it"
+        line += f"; {cause}" if signum == signal.SIGXCPU else f"; perhaps {cause}"
+    elif signum == signal.SIGXFSZ and resource.RLIMIT_FSIZE in limited:
+        line += "; [limits] file_size: it wrote a file larger than the policy allows"
+    return line
 
 
 #: `sandlock run`'s options, the one table: the parser below reads it and the help is

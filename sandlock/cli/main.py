@@ -146,6 +146,8 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
               f"socket kinds not granted): {', '.join(report['seccomp']['conditional'])}")
     for item in report["protections"]:
         out.print(f"{item['protection']}: {item['enforced_by']}")
+    for line in report["cautions"]:
+        out.print(f"WARNING: {line}", markup=False, highlight=False)
     for line in report["refused_grants"]:
         out.print(f"REFUSED: `sandlock run` will not start with this grant: {line}",
                   markup=False, highlight=False)
@@ -218,7 +220,6 @@ def _validate_argument(argument: str, given: dict[str, str]) -> Iterator[tuple[s
 
 def _validate_file(path: Any, given: dict[str, str]) -> Iterator[tuple[str, list[Any]]]:
     """A policy file, or a file of ``[tools.NAME]`` tables (one label per tool)."""
-    from ..compile.seccomp import check_names
     from ..errors import PolicyError
     from ..policy.model import _parse_text, _read, load_policy, policy_from_dict, schema_errors
 
@@ -233,7 +234,7 @@ def _validate_file(path: Any, given: dict[str, str]) -> Iterator[tuple[str, list
         errors: list[Any] = schema_errors(data, source, text)
         if not errors:
             try:
-                check_names(_with_placeholders(
+                _checked(_with_placeholders(
                     lambda v: load_policy(path, v, check_paths=False, data=text.encode()),
                     source, given))
             except SandlockError as exc:
@@ -263,10 +264,20 @@ def _validate_file(path: Any, given: dict[str, str]) -> Iterator[tuple[str, list
                                         check_paths=False)
 
             try:
-                check_names(_with_placeholders(load, label, given))
+                _checked(_with_placeholders(load, label, given))
             except SandlockError as exc:
                 problems.append(exc)
         yield label, problems
+
+
+def _checked(policy: Any) -> None:
+    """The syscall names' check, then the policy's cautions as warnings on stderr."""
+    from ..compile.seccomp import check_names
+    from ..policy.model import cautions
+
+    check_names(policy)
+    for line in cautions(policy):
+        print(f"sandlock: warning: {line}", file=sys.stderr)
 
 
 def _with_placeholders(load: Callable[[dict[str, str]], Any], source: str,

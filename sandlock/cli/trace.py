@@ -196,7 +196,7 @@ def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
     for warning in draft.warnings:
         say(f"learn: {warning}")
     if output is not None:
-        run = shell_command(["sandlock", "run", "--policy", output, "--", *command])
+        run = shell_command(draft.run_command(output, command))
         say(f"learn: draft policy written to {output}; review it, then `{run}`")
     if code:
         say(f"learn: the command exited with {code} during the recorded run: the draft covers "

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from ..linux import kernel
-from ..policy.model import Policy
+from ..policy.model import Policy, cautions
 from . import abi as A
 from . import ruleset, seccomp
 
@@ -229,6 +229,7 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         "not_enforced": [str(gap) for gap in gaps],
         "refused_in_strict": [str(gap) for gap in gaps if gap.strict],
         "refused_grants": _refused_grants(policy, abi),
+        "cautions": list(cautions(policy)),
         **({"credentials": _credentials(policy)} if policy.credentials else {}),
     }
 

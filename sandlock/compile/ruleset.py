@@ -14,6 +14,7 @@ from typing import Optional
 
 from ..errors import LandlockError
 from ..linux import kernel
+from ..linux.process import PER_USER_LIMIT
 from ..policy.model import Access, Policy
 from . import abi as A
 from . import grants
@@ -158,7 +159,7 @@ def process_gap(limit: Optional[int], cgroup_why: Optional[str], root: bool) -> 
         return Gap(f"process limit (processes = {limit})", 0,
                    "RLIMIT_NPROC does not bind root: the tool can fork without limit "
                    "(a fork bomb can take the machine down)", needs)
-    return Gap(f"per-sandbox process limit (processes = {limit})", 0,
+    return Gap(f"{PER_USER_LIMIT} (processes = {limit})", 0,
                "enforced with RLIMIT_NPROC instead, which counts every process of this user, "
                "not of the sandbox (the tool may fork only while this user has fewer than "
                f"{limit} processes in all)", needs, strict=False)

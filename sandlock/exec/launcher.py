@@ -503,14 +503,21 @@ def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forwar
     return _run(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)
 
 
-def _hint(compiled: Compiled, cmd: Command, child: Child, report: Callable[[str], None]) -> None:
-    """One line when the command failed: where to look for what the policy refused."""
-    if compiled.policy.network.allow:
+def _hint(compiled: Compiled, cmd: Command, child: Child, report: Callable[[str], None],
+          mediation: Optional[Mediation] = None) -> None:
+    """One line when the command failed: where to look for what the policy refused. The
+    network hint only when the host allowlist refused a connection of this run."""
+    if compiled.policy.network.allow and (mediation is None or mediation.events):
         # trace cannot record beside the host allowlist's supervisor; and a tool that
         # resolves names itself gets no DNS here, which it reports as its own error.
         report(f"hint: the command exited with {child.returncode}; this policy reaches the "
                "network only through sandlock's proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY): a "
                "tool that ignores them cannot even resolve names; refusals are reported above")
+        return
+    if compiled.policy.network.allow:  # nothing refused on the network: look elsewhere
+        report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; no "
+               "connection was refused; `sandlock trace` of this policy without [network] allow "
+               "lists the files and ports it refused")
         return
     report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; "
            "`sandlock trace` with the same options lists what the policy refused it")
@@ -522,7 +529,7 @@ def _run(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_sig
     child = _run_child(compiled, cmd, timeout, forward_signals, _mediation, recorder)
     if report is not None and recorder is None and child.returncode and child.signal is None \
             and not child.timed_out:
-        _hint(compiled, cmd, child, report)
+        _hint(compiled, cmd, child, report, _mediation)
     return child
 
 

@@ -37,6 +37,28 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+#: The name of the one gap a strict policy accepts: ``processes`` enforced per user with
+#: RLIMIT_NPROC (no pids cgroup; compile/ruleset.py). `sandlock run` names it only when
+#: it can bite (cli/launch.py), which reads it here without importing the policy model.
+PER_USER_LIMIT = "per-sandbox process limit"
+
+
+def user_tasks(uid: int) -> int:
+    """How many tasks (threads included) the processes of ``uid`` have: what the kernel
+    compares with RLIMIT_NPROC (setrlimit(2)). Approximate: processes come and go while
+    /proc is read, and one that is not dumpable shows as root's."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid == uid:
+                count += len(os.listdir(f"/proc/{name}/task"))
+        except OSError:
+            continue  # gone meanwhile
+    return count
+
+
 def children(pid: int | None = None, *, strict: bool = False) -> set[int]:
     """The children of ``pid`` (None: this process), whichever of its threads forked or
     adopted them.

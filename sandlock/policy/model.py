@@ -122,6 +122,13 @@ class Limits:
     file_size: int | None = None  #: bytes (RLIMIT_FSIZE)
 
 
+#: Syscalls whose ``[syscalls] allow`` lets the tool make or join namespaces (user
+#: namespaces: unshare(2), clone(2) flags, setns(2)). Landlock and seccomp stay on in
+#: them, but a user namespace hands the tool every capability over it, and with those
+#: the kernel code behind many of them (netfilter, mounts): a large attack surface.
+NAMESPACE_SYSCALLS = ("unshare", "clone", "clone3", "setns")
+
+
 @dataclass(frozen=True)
 class Syscalls:
     deny: tuple[str, ...] = ()
@@ -156,6 +163,26 @@ class Policy:
         from dataclasses import replace
 
         return replace(self, limits=replace(self.limits, timeout=timeout))
+
+
+def cautions(policy: Policy) -> tuple[str, ...]:
+    """What the policy lets a tool do that its author should hear about, though it is
+    allowed: ``file:line: key: why`` lines, for validate, explain and the run that
+    compiles the policy (a cached run stays quiet). Today: namespaces
+    (:data:`NAMESPACE_SYSCALLS`)."""
+    opened = [name for name in policy.syscalls.allow if name in NAMESPACE_SYSCALLS]
+    if not opened:
+        return ()
+    where = policy.source
+    for source, text in reversed(policy.inputs):  # the layer that says it, with its line
+        line = find_line(text, ["syscalls", "allow"])
+        if line is not None:
+            where = f"{source}:{line}"
+            break
+    return (f"{where}: syscalls.allow: {', '.join(opened)} let the tool create or join "
+            "namespaces (e.g. `unshare -U`): Landlock and seccomp still confine it there, but "
+            "a user namespace gives it capabilities inside, and with them far more kernel code "
+            "to attack; allow these only for a tool that needs them",)
 
 
 # ----------------------------------------------------------------------------
@@ -711,15 +738,21 @@ def _decode(data: bytes, source: str) -> str:
 
 def _load_layers(
     data: Mapping[str, Any], source: str, text: str | None, base_dir: Path | None,
-    stack: tuple[str, ...], loaded: list[int] | None = None,
+    stack: tuple[str, ...], loaded: list[int] | None = None, seen: set[str] | None = None,
 ) -> list[_Layer]:
-    """This layer and everything it extends, base first.
+    """This layer and everything it extends, base first, each file once.
+
+    A file two extended policies both extend (a diamond: ``cc`` extends ``base`` and
+    ``tmpdir``, which extends ``base`` too) is merged where it first appears, never
+    again later: merged twice, its scalars would override those of a layer between.
 
     ``stack``: the real paths from the top policy down to this one (cycles, depth);
     ``loaded``: how many layers were read so far, in a one-element list shared by the
-    whole load (a diamond of extends must not multiply the files read without bound).
+    whole load (a diamond of extends must not multiply the files read without bound);
+    ``seen``: the real paths of the files merged so far, shared the same way.
     """
     loaded = [0] if loaded is None else loaded
+    merged = set(stack[:1]) if seen is None else seen  # shared, like ``loaded``
     layer = _Layer(source, text, base_dir, {})
     _check_layer(data, layer)
     layers: list[_Layer] = []
@@ -751,10 +784,13 @@ def _load_layers(
             raise layer.error(f"extends cycle: {chain}", key)
         if not os.path.lexists(path):
             raise layer.error(f"extended policy {str(path)!r} does not exist", key)
+        if real in merged:
+            continue
+        merged.add(real)
         shown = f"<builtin:{name}>" if path.parent == PROFILE_DIR else str(path)
         child_text = _read(path, shown)  # regular files only, bounded, never blocks
         layers += _load_layers(_parse_text(child_text, shown), shown, child_text, path.parent,
-                               (*stack, real), loaded)
+                               (*stack, real), loaded, merged)
     layers.append(layer)
     return layers
 
@@ -830,8 +866,7 @@ def _resolve_paths(
             path = "/" + path.lstrip("/")
         # What the path resolves to is checked on its descriptor when the ruleset is
         # built (sandlock.compile.grants): a second, name-based look here could only race.
-        if access is Access.WRITE and (path in FORBIDDEN_WRITE
-                                       or path.startswith(("/proc/", "/sys/"))):
+        if access is Access.WRITE and write_never_allowed(path):
             raise layer.error(f"write access to {path!r} is never allowed", key)
         if check_paths and not os.path.exists(path):
             if optional:
@@ -842,6 +877,13 @@ def _resolve_paths(
         origin = f"{layer.source}:{line}" if line else layer.source
         out.append(PathRule(path, access, optional, f"{origin} filesystem.{name}[{index}]"))
     return out
+
+
+def write_never_allowed(path: str) -> bool:
+    """A normalized absolute ``path`` no policy may grant write access to
+    (:data:`FORBIDDEN_WRITE`, or anything beneath /proc and /sys): the policy loader
+    refuses it, and `trace` and `learn` never suggest it."""
+    return path in FORBIDDEN_WRITE or path.startswith(("/proc/", "/sys/"))
 
 
 def _variables(extra: Mapping[str, str] | None, source: str) -> dict[str, str]:

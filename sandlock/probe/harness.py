@@ -1176,23 +1176,36 @@ def _secret_seen(got: dict[Any, Any], stderr: str, secret: str) -> dict[str, str
     return seen
 
 
-def _siblings(policy: Policy, variables: Mapping[str, str] | None) -> list[Policy]:
-    """The other policies in the directory of ``policy``'s file (a tool's neighbours)."""
+def _siblings(policy: Policy, variables: Mapping[str, str] | None
+              ) -> list[tuple[Policy, set[str]]]:
+    """The other policies in the directory of ``policy``'s file (a tool's neighbours),
+    each with the origins of its grants that name the same path whatever ``--var`` says.
+
+    A neighbour is loaded with this probe's variables (it may need them to load at all),
+    but its own runs get their own: a grant of ``${workspace}/bin`` filled with this
+    run's workspace says nothing about where that tool executes. So each neighbour is
+    loaded a second time with every ``--var`` set to a placeholder, and only grants
+    equal in both loads are compared with this policy's write grants."""
     from ..errors import PolicyError
     from ..policy.model import load_policy
 
     if policy.source.startswith("<") or not os.path.isfile(policy.source):
         return []
     out = []
+    placeholders = {name: f"/nonexistent/sandlock-probe/{name}" for name in variables or {}}
     here = os.path.realpath(policy.source)
     folder = os.path.dirname(here)
     for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
         if name.endswith(".toml") and path != here:
             try:
-                out.append(load_policy(path, variables, check_paths=False))
+                loaded = load_policy(path, variables, check_paths=False)
+                blank = load_policy(path, placeholders, check_paths=False) if variables \
+                    else loaded
             except PolicyError:
                 continue  # not a policy, or one that needs variables we do not know
+            fixed = {(rule.origin, rule.path) for rule in blank.paths}
+            out.append((loaded, {r.origin for r in loaded.paths if (r.origin, r.path) in fixed}))
     return out
 
 
@@ -1206,8 +1219,9 @@ def later_run_findings(policy: Policy,
         return [(r.path, r.origin) for r in p.paths if r.access is access]
 
     siblings = _siblings(policy, variables)
-    others = [pair for sibling in siblings for pair in pairs(sibling, Access.EXEC)]
-    files = [(source, "a policy beside this one") for sibling in siblings
+    others = [pair for sibling, fixed in siblings for pair in pairs(sibling, Access.EXEC)
+              if pair[1] in fixed]
+    files = [(source, "a policy beside this one") for sibling, _fixed in siblings
              for source in sibling.layers if not source.startswith("<")]
     return tuple(findings(pairs(policy, Access.WRITE), pairs(policy, Access.EXEC), others, files))
 

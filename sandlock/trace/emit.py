@@ -61,12 +61,16 @@ def toml_string(text: str) -> str:
     return "".join(out)
 
 
-def policy_path(path: str) -> str:
+def policy_path(path: str, home: str = "") -> str:
     """The TOML string of a path a policy grants: :class:`Unspellable` when the policy
     loader would read another path from it (it expands ``${...}`` and a leading ``~``,
-    :func:`sandlock.policy.model._expand`) or TOML cannot hold it."""
+    :func:`sandlock.policy.model._expand`) or TOML cannot hold it. A path inside
+    ``home`` (absolute, not ``/``) is written ``~/...``: the loader reads it as the
+    running user's home."""
     if "${" in path or path.startswith("~") or not path.startswith("/"):
         raise Unspellable(f"{printable(path)} would be read as another path")
+    if home.startswith("/") and home != "/" and path.startswith(home.rstrip("/") + "/"):
+        return toml_string("~" + path[len(home.rstrip("/")):])
     return toml_string(path)
 
 

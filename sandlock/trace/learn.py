@@ -22,32 +22,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from ..compile import abi as A
-from ..errors import LandlockError, SandlockError
+from ..errors import LandlockError, PolicyError, SandlockError
 from ..policy.model import DEFAULT_ENV_PASS
 from . import emit
 from . import record as T
+from .record import HOME_SECRETS, SYSTEM_SECRETS, secrets  # noqa: F401 - their home was here
 
-#: Relative to the home directory: never granted by learn, never readable in its run.
-HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".config/gcloud", ".azure", ".kube", ".docker",
-                ".netrc", ".git-credentials", ".password-store", ".local/share/keyrings",
-                ".pki", ".config/gh", ".npmrc", ".pypirc", ".cache/sandlock")
-SYSTEM_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
-                  "/etc/sudoers", "/etc/sudoers.d", "/etc/ssl/private")
 #: The environment of the recorded run and of the draft.
 ENV_PASS = (*DEFAULT_ENV_PASS, "HOME", "USER", "LOGNAME")
-
-
-def secrets(home: str) -> list[str]:
-    """Every path the recorded run may not read, links resolved."""
-    from ..compile.grants import _state_dirs
-
-    out = [os.path.join(home, s) for s in HOME_SECRETS] + list(SYSTEM_SECRETS)
-    out += _state_dirs()
-    try:
-        out += [os.path.join("/etc/ssh", n) for n in os.listdir("/etc/ssh") if n.endswith("_key")]
-    except OSError:
-        pass
-    return sorted({os.path.realpath(p) for p in out})
 
 
 def _under(path: str, root: str) -> bool:
@@ -83,8 +65,7 @@ EXPOSES = {
             "(`systemd-run --user` runs anything unconfined)",
     "udp": "UDP to any address and port (DNS, and any other datagram traffic: a way out "
            "that no port rule limits)",
-    "proc": "/proc whole: your other processes' command lines, and the environment and "
-            "memory maps of those of the same user",
+    "proc": T.PROC_EXPOSES,
 }
 
 
@@ -117,6 +98,12 @@ def check_cwd(cwd: str, home: str) -> None:
     """The recorded run may write (so read) its working directory: never one that holds
     the home directory or a secret."""
     inside = [p for p in (home, *secrets(home)) if _under(p, cwd)]
+    if cwd == home:
+        raise SandlockError(f"learn: the working directory is your home directory "
+                            f"({emit.printable(cwd)}): the recorded run may write its working "
+                            "directory, and the draft would grant it whole, secrets and "
+                            "sandlock's own cache included; run learn in the tool's project "
+                            "directory (`mkdir -p ~/work/tool && cd ~/work/tool`)")
     if inside:
         raise SandlockError(f"learn: the working directory {emit.printable(cwd)} holds "
                             f"{emit.printable(inside[0])}, which the recorded run could then read "
@@ -151,6 +138,11 @@ def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: O
             except LandlockError:
                 if attempt == 2:
                     raise
+            except PolicyError as exc:  # a write grant `run` refuses: the working directory
+                raise SandlockError(f"learn: the recorded run may write its working directory "
+                                    f"{emit.printable(cwd)}, and sandlock refuses that grant: "
+                                    f"{exc.reason}; run learn in the tool's project "
+                                    "directory") from None
         cmd = launcher.prepare_command(policy, list(argv))
         code = 0
         with compiled, T.Recorder(programs=True) as recorder:
@@ -296,18 +288,33 @@ class Entry:
     warning: str = ""
 
 
+#: The variable a draft names the directory it was learned in by: ``${cwd}`` would
+#: grant whatever directory the policy is later run from.
+WORKSPACE = "workspace"
+
+
 @dataclass
 class Draft:
-    """The draft policy, and its WARNING lines (also on stderr, :mod:`sandlock.cli.trace`)."""
+    """The draft policy, and its WARNING lines (also on stderr, :mod:`sandlock.cli.trace`);
+    ``variables``: the ``--var`` its runs need (the directory it was learned in)."""
 
     text: str
     warnings: list[str]
+    variables: dict[str, str] = field(default_factory=dict)
+
+    def run_command(self, policy: str, argv: Sequence[str]) -> list[str]:
+        """`sandlock run` of ``argv`` under this draft, saved as ``policy``."""
+        named = [part for name, value in self.variables.items()
+                 for part in ("--var", f"{name}={value}")]
+        return ["sandlock", "run", "--policy", policy, *named, "--", *argv]
 
 
-def _path_entry(path: str, note: str, warning: str, skipped: list[str]) -> Optional[Entry]:
-    """The grant of ``path``, or None (said in ``skipped``) when no policy can name it."""
+def _path_entry(path: str, note: str, warning: str, skipped: list[str], home: str = ""
+                ) -> Optional[Entry]:
+    """The grant of ``path``, or None (said in ``skipped``) when no policy can name it; a
+    path in ``home`` as ``~/...``, so that the draft grants the same file to another user."""
     try:
-        return Entry(emit.policy_path(path), note, warning)
+        return Entry(emit.policy_path(path, home), note, warning)
     except emit.Unspellable as exc:
         skipped.append(f"{exc}: not granted, it cannot be named in a policy")
         return None
@@ -327,15 +334,30 @@ def draft(events: Sequence[T.Event], abi: int, *, argv: Sequence[str], cwd: str,
     chosen, covered = _profiles(used.execs, abi, extends)
     filesystem, network, env, notes = _choose(used, covered, abi, cwd=cwd, tmpdir=tmpdir,
                                               home=home, excluded=excluded)
+    variables = {WORKSPACE: cwd} if _names_workspace(filesystem, env) else {}
     command = emit.command(argv)
+    run = emit.command(Draft("", [], variables).run_command("THIS_FILE", argv))
     header = [emit.toml_comment(f"Draft policy written by `sandlock learn -- {command}`."),
               "# Review every grant (the WARNING lines first), then:",
-              emit.toml_comment(f"  sandlock run --policy THIS_FILE -- {command}"),
+              emit.toml_comment(f"  {run}")]
+    if variables:
+        header.append(emit.toml_comment(
+            f"${{{WORKSPACE}}} is the directory this draft was learned in ({cwd}); each run "
+            "names it with --var, so that the grant never follows whatever directory a run "
+            "starts in (as ${cwd} would)"))
+    header += [
               "version = 1",
               f"description = {emit.toml_string('learned from: ' + command)}",
               "extends = [" + ", ".join(emit.toml_string(c) for c in chosen) + "]"]
-    return _render(header, [("filesystem", filesystem), ("network", network), ("env", env)],
-                   notes)
+    out = _render(header, [("filesystem", filesystem), ("network", network), ("env", env)], notes)
+    out.variables = variables
+    return out
+
+
+def _names_workspace(*tables: _Table) -> bool:
+    marker = f"${{{WORKSPACE}}}"
+    return any(marker in entry.value for table in tables for _key, value in table
+               for entry in (value if isinstance(value, list) else [value]))
 
 
 _Table = list[tuple[str, "Entry | list[Entry]"]]
@@ -384,6 +406,8 @@ def _choose(used: _Usage, covered: T.Judge, abi: int, *, cwd: str, tmpdir: str, 
     for path, why in dirs_listed.items():
         if _under(path, cwd):
             cwd_read = True
+        elif proc and _under(path, "/proc"):
+            continue  # /proc is granted whole below
         elif path in never:
             notes.append(f"listed {path} ({_why(why)}): not granted, it would expose "
                          "everything beneath it")
@@ -391,7 +415,7 @@ def _choose(used: _Usage, covered: T.Judge, abi: int, *, cwd: str, tmpdir: str, 
             grants[path] = _Grant(path, set(why))
     by_dir: dict[str, list[str]] = {}
     for path in files:
-        if not T.shown(path).startswith("/proc/self"):
+        if not T.shown(path).startswith("/proc/self") and not (proc and _under(path, "/proc")):
             by_dir.setdefault(os.path.dirname(path), []).append(path)
 
     def tight(folder: str, count: int) -> bool:
@@ -441,31 +465,32 @@ def _choose(used: _Usage, covered: T.Judge, abi: int, *, cwd: str, tmpdir: str, 
         return f"exposes {inside[0]}, which holds secrets" if inside else ""
 
     filesystem: _Table = []
-    exec_entries = [_path_entry(p, _why(w) or "executed", exposes(p), notes)
+    exec_entries = [_path_entry(p, _why(w) or "executed", exposes(p), notes, home)
                     for p, w in sorted(execs.items())]
     read_entries: list[Optional[Entry]] = []
     if cwd_read and not cwd_written:
-        read_entries.append(Entry('"${cwd}"', f"the working directory ({cwd}), read"))
+        read_entries.append(Entry(f'"${{{WORKSPACE}}}"', f"the working directory ({cwd}), read"))
     if proc:
         read_entries.append(Entry('"/proc"', "the tool read its own /proc/self entries, whose "
                                   "number changes every run", f"broader than used: {EXPOSES['proc']}"))
     for path, grant in sorted(grants.items()):
         warning = "; ".join(w for w in (grant.warning, exposes(path)) if w)
-        read_entries.append(_path_entry(path, _why(grant.why), warning, notes))
+        read_entries.append(_path_entry(path, _why(grant.why), warning, notes, home))
     write_entries: list[Optional[Entry]] = []
     if cwd_written:
-        write_entries.append(Entry('"${cwd}"', f"the working directory ({cwd}): created, "
-                                   "changed or removed files"))
+        write_entries.append(Entry(f'"${{{WORKSPACE}}}"', f"the working directory ({cwd}): "
+                                   "created, changed or removed files"))
     env_set: Optional[Entry] = None
     if tmp_written and cwd_written:
-        env_set = Entry('{ TMPDIR = "${cwd}" }', "temporary files go to the working directory "
+        env_set = Entry(f'{{ TMPDIR = "${{{WORKSPACE}}}" }}', "temporary files go to the working directory "
                         "(granted above)", "point TMPDIR at a private directory if they must not")
     elif tmp_written:
         write_entries.append(Entry('"${tmpdir}"', "temporary files", "broader than used: the "
                                    "caller's TMPDIR (often the shared /tmp): point TMPDIR at a "
                                    "private directory"))
     for write in write_grants:
-        write_entries.append(_path_entry(write.path, _why(write.why), exposes(write.path), notes))
+        write_entries.append(_path_entry(write.path, _why(write.why), exposes(write.path), notes,
+                                         home))
     for key, entries in (("exec", exec_entries), ("read", read_entries), ("write", write_entries)):
         kept = [e for e in entries if e is not None]
         if kept:

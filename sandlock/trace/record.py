@@ -507,22 +507,32 @@ class Denial:
     port: int = -1
     detail: str = ""
     section: str = ""
-    line: str = ""
+    grant: str = ""  #: the policy line, as in ``as_dict()`` and ``trace --json``
+    warning: str = ""  #: what that grant would expose, when it is dangerous
+
+    @property
+    def line(self) -> str:
+        """:attr:`grant` under its former name, kept for callers written against it."""
+        return self.grant
 
     def __str__(self) -> str:
         """One line, the tool's names escaped (:func:`sandlock.trace.emit.printable`)."""
         what = self.path if self.port < 0 else f"TCP port {self.port}"
         why = f" ({self.detail})" if self.detail else ""
-        return printable(f"denied {self.right} {what}{why} -> [{self.section}] {self.line}")
+        caution = f" (WARNING: {self.warning})" if self.warning else ""
+        return printable(f"denied {self.right} {what}{why} -> [{self.section}] {self.grant}"
+                         f"{caution}")
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"right": self.right, "section": self.section, "grant": self.line}
+        out: dict[str, Any] = {"right": self.right, "section": self.section, "grant": self.grant}
         if self.path:
             out["path"] = self.path
         if self.port >= 0:
             out["port"] = self.port
         if self.detail:
             out["detail"] = self.detail
+        if self.warning:
+            out["warning"] = self.warning
         return out
 
 
@@ -534,18 +544,94 @@ def shown(path: str) -> str:
     return path
 
 
+#: Relative to the home directory: never granted by learn, never readable in its run.
+HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".config/gcloud", ".azure", ".kube", ".docker",
+                ".netrc", ".git-credentials", ".password-store", ".local/share/keyrings",
+                ".pki", ".config/gh", ".npmrc", ".pypirc", ".cache/sandlock")
+SYSTEM_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-",
+                  "/etc/sudoers", "/etc/sudoers.d", "/etc/ssl/private")
+
+
+def secrets(home: str) -> list[str]:
+    """Every path learn's recorded run may not read, links resolved; a grant `trace`
+    suggests on or around one comes with a WARNING."""
+    from ..compile.grants import _state_dirs  # sandlock's own cache and key
+
+    out = [os.path.join(home, s) for s in HOME_SECRETS] + list(SYSTEM_SECRETS)
+    out += _state_dirs()
+    try:
+        out += [os.path.join("/etc/ssh", n) for n in os.listdir("/etc/ssh") if n.endswith("_key")]
+    except OSError:
+        pass
+    return sorted({os.path.realpath(p) for p in out})
+
+
+#: What a grant of /proc whole exposes (a tool's own /proc/self entries have a new
+#: number every run, so nothing narrower grants them).
+PROC_EXPOSES = ("/proc whole: your other processes' command lines, and the environment and "
+                "memory maps of those of the same user")
+#: Temporary directories every program of the machine shares: a grant there reaches
+#: what other programs (and users) keep there, and lets the tool plant files for them.
+SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _home() -> str:
+    return os.path.expanduser("~")
+
+
+def _granted_path(need: Need) -> str:
+    path = shown(need.path)
+    return "/proc" if path.startswith("/proc/self") else path  # a new number every run
+
+
 def grant_line(need: Need) -> tuple[str, str]:
     """(section, line) that grants ``need`` and no more."""
     if need.port >= 0:
         return "network", f"{need.right} += [{need.port}]"
-    path = shown(need.path)
-    if path.startswith("/proc/self"):
-        path = "/proc"  # a tool's own /proc entry has a new number on every run
+    path = _granted_path(need)
     key = {"read": "read", "exec": "exec"}.get(need.right, "write")
     try:
         return "filesystem", f"{key} += {policy_path(path)}"
     except Unspellable as exc:
         return "filesystem", f"(no policy line: {exc})"
+
+
+def suggestion(need: Need, policy_files: Sequence[str] = ()) -> tuple[str, str, str]:
+    """(section, line, warning): :func:`grant_line`, unless `sandlock run` would refuse
+    that grant (the loader's :func:`sandlock.policy.model.write_never_allowed`, the
+    grant check of :mod:`sandlock.compile.grants` on what later runs trust): then the
+    line says why there is none. ``warning``: what a grant that runs would expose (a
+    place of secrets, :func:`secrets`; a shared temporary directory, :data:`SHARED_TMP`)."""
+    section, line = grant_line(need)
+    if need.port >= 0 or line.startswith("("):
+        return section, line, ""
+    path = _granted_path(need)
+    if line.startswith("write"):
+        from ..compile.grants import GrantError, check_rules
+        from ..policy.model import write_never_allowed
+
+        if write_never_allowed(os.path.normpath(path)):
+            return section, f"(no policy line: write access to {path!r} is never allowed)", ""
+        try:
+            check_rules([(path, need.rights)], int(A.WRITE_RIGHTS), policy_files)
+        except GrantError as exc:
+            return section, f"(no policy line: `sandlock run` refuses {line}: {exc.reason})", ""
+        except OSError:
+            pass  # gone since: the line stands, `run` says more if it is granted
+        if os.path.realpath(path) in SHARED_TMP:
+            return section, line, (f"{path} is shared with every other program: the tool could "
+                                   "read or replace their files there; grant a private directory "
+                                   "instead (the tmpdir profile's ${private_tmp})")
+        return section, line, ""
+    if path == "/proc":
+        return section, line, PROC_EXPOSES
+    real = os.path.realpath(path)
+    inside = [s for s in secrets(_home()) if real == s or real.startswith(s.rstrip("/") + "/")
+              or s.startswith(real.rstrip("/") + "/")]
+    if inside:
+        return section, line, (f"exposes {inside[0]}, a place of secrets (keys, credentials): "
+                               "grant it only if the tool must read it")
+    return section, line, ""
 
 
 @dataclass
@@ -555,6 +641,8 @@ class Judge:
     abi: int
     rules: list[tuple[str, int, bool]] = field(default_factory=list)  #: (real path, rights, dir)
     ports: dict[int, int] = field(default_factory=dict)
+    #: The policy's own files: what `run` refuses a write grant on (compile/grants.py).
+    policy_files: tuple[str, ...] = ()
 
     @classmethod
     def for_policy(cls, policy: "Policy", abi: int) -> "Judge":
@@ -562,7 +650,7 @@ class Judge:
 
         plan = ruleset.plan(policy, abi)
         rules = [(os.path.realpath(path), rights, os.path.isdir(path)) for path, rights in plan.paths]
-        return cls(abi, rules, dict(plan.ports))
+        return cls(abi, rules, dict(plan.ports), tuple(ruleset.policy_files(policy)))
 
     def granted(self, path: str) -> int:
         total = 0
@@ -586,9 +674,9 @@ class Judge:
                     continue
                 key = (need.right, need.path, need.port)
                 if key not in out:
-                    section, line = grant_line(need)
+                    section, line, warning = suggestion(need, self.policy_files)
                     out[key] = Denial(need.right, shown(need.path), need.port, need.detail,
-                                      section, line)
+                                      section, line, warning)
         return list(out.values())
 
 
@@ -629,10 +717,31 @@ def exec_refusals_under(ruleset_fd: int, executable: str, cwd: Optional[str] = N
     return data.decode(errors="replace")
 
 
+def link_chain(path: str) -> list[str]:
+    """``path``, then each file its symbolic links lead to, the last one the file itself
+    (what Landlock checks: a grant on a link grants nothing on its target). A directory
+    link on the way (``/lib64`` -> ``usr/lib64``) adds its resolved path at the end."""
+    hops = [os.path.abspath(path)]
+    for _ in range(40):  # the kernel's limit of links followed (MAXSYMLINKS)
+        try:
+            target = os.readlink(hops[-1])
+        except OSError:
+            break
+        hops.append(os.path.normpath(os.path.join(os.path.dirname(hops[-1]), target)))
+    real = os.path.realpath(hops[-1])
+    if real != hops[-1]:
+        hops.append(real)
+    return hops
+
+
 def _exec_refusal(path: str, why: str, grant: str) -> str:
-    """One refused file of an exec chain, escaped: a ``#!`` line is the tool's text."""
-    line = grant_line(Need("exec", path, int(A.Fs.EXECUTE | A.Fs.READ_FILE)))[1]
-    return printable(f"{path} ({why}) has no {grant} grant: [filesystem] {line}")
+    """One refused file of an exec chain, escaped: a ``#!`` line is the tool's text. A
+    path through links names the file they lead to, whose grant is missing, and the chain."""
+    hops = link_chain(path)
+    line = grant_line(Need("exec", hops[-1], int(A.Fs.EXECUTE | A.Fs.READ_FILE)))[1]
+    if len(hops) > 1:
+        why = f"{why}, reached through {' -> '.join(hops[:-1])}"
+    return printable(f"{hops[-1]} ({why}) has no {grant} grant: [filesystem] {line}")
 
 
 def exec_refusals(chain: Sequence[tuple[str, str]]) -> str:
