@@ -36,6 +36,7 @@ KILLS = "tests/test_kill_faults.py::"
 SUBST = "tests/test_substitutes.py::"
 GATE = "tests/test_connect_gate.py::"
 IOCTL = "tests/test_substitute_ioctl.py::"
+FIRST = "tests/test_first_try_messages.py::"
 KEY = "tests/test_cache_key.py::"
 UNTRUSTED_KEY = KEY + "test_untrusted_key_file_turns_the_cache_off"
 
@@ -403,4 +404,45 @@ GUARDS: tuple[Guard, ...] = (
           "        why_not = None",
           (IOCTL + "test_a_missing_feature_is_a_gap_naming_the_release",
            IOCTL + "test_strict_refuses_when_the_gate_cannot_run")),
+    Guard("trace never suggests a write run refuses", "sandlock/policy/model.py",
+          '    return path in FORBIDDEN_WRITE or path.startswith(("/proc/", "/sys/"))',
+          "    return False",
+          (FIRST + "test_trace_suggests_only_grants_run_accepts",)),
+    Guard("trace asks the grant checks", "sandlock/trace/record.py",
+          "            check_rules([(path, need.rights)], int(A.WRITE_RIGHTS), policy_files)",
+          "            check_rules([], int(A.WRITE_RIGHTS), policy_files)",
+          ("tests/test_trace.py::test_judge_names_the_smallest_grant",)),
+    Guard("trace warns about a grant holding secrets", "sandlock/trace/record.py",
+          "    inside = [s for s in secrets(_home())",
+          "    inside = [s for s in []",
+          (FIRST + "test_trace_suggests_only_grants_run_accepts",)),
+    Guard("trace warns about a shared temporary directory", "sandlock/trace/record.py",
+          "        if os.path.realpath(path) in SHARED_TMP:",
+          "        if False:",
+          (FIRST + "test_trace_suggests_only_grants_run_accepts",)),
+    Guard("an exec through a link names its target", "sandlock/trace/record.py",
+          '    line = grant_line(Need("exec", hops[-1], int(A.Fs.EXECUTE | A.Fs.READ_FILE)))[1]',
+          '    line = grant_line(Need("exec", hops[0], int(A.Fs.EXECUTE | A.Fs.READ_FILE)))[1]',
+          (FIRST + "test_exec_refused_through_a_link_names_its_target",)),
+    Guard("namespace syscalls are warned", "sandlock/policy/model.py",
+          "    opened = [name for name in policy.syscalls.allow if name in NAMESPACE_SYSCALLS]",
+          "    opened: list[str] = []",
+          (FIRST + "test_namespace_syscalls_warned_by_validate_and_explain",
+           FIRST + "test_namespace_syscalls_warned_when_run_compiles")),
+    Guard("a layer extended twice is merged once", "sandlock/policy/model.py",
+          "        if real in merged:\n            continue\n",
+          "        if False:\n            continue\n",
+          (FIRST + "test_diamond_extends_lists_and_merges_each_layer_once",)),
+    Guard("learn refuses the home directory", "sandlock/trace/learn.py",
+          "    if cwd == home:",
+          "    if False:",
+          (FIRST + "test_learn_from_home_is_refused_with_a_reason",)),
+    Guard("learn writes home paths as ~", "sandlock/trace/emit.py",
+          '    if home.startswith("/") and home != "/" and path.startswith(home.rstrip("/") + "/"):',
+          "    if False:",
+          (FIRST + "test_learn_draft_names_home_as_tilde_and_the_workspace_by_var",)),
+    Guard("a death by signal is named", "sandlock/cli/launch.py",
+          "        elif child.signal is not None and child.signal not in QUIET_SIGNALS:",
+          "        elif False:",
+          (FIRST + "test_signal_death_named",)),
 )
