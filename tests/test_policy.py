@@ -365,8 +365,9 @@ def test_write_through_symlink_to_forbidden_path(tmp_path: Path, target: str) ->
         compiler.compile_policy(policy)
     assert str(error.value) == where(tmp_path, 2, "filesystem.write[0]") + (
         f"{str(link)!r}: it is a symbolic link (to {target!r}) in a directory a tool may be "
-        "able to write; sandlock follows links only in system directories owned by root, so "
-        "that a planted link cannot redirect a grant: name the link's target instead")
+        "able to write; sandlock follows links only in system directories owned by root and "
+        "writable by no one else, so that a planted link cannot redirect a grant: name the "
+        "link's target instead")
 
 
 def test_read_on_root_and_proc_is_allowed(tmp_path: Path) -> None:
