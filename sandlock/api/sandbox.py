@@ -307,8 +307,12 @@ class Sandbox:
     def __init__(self, policy: PolicyLike, *, vars: Optional[Mapping[str, str]] = None,
                  best_effort: bool = False, timeout: Optional[float] = None,
                  trusted_types: Iterable[type] = (), max_result_size: int = 64 << 20,
-                 credentials: Optional[Mapping[str, str]] = None) -> None:
+                 credentials: Optional[Mapping[str, str]] = None,
+                 accept: Iterable[str] = ()) -> None:
         # Every argument is checked before anything is compiled or opened.
+        names = () if isinstance(accept, str) else tuple(accept)
+        if isinstance(accept, str) or not all(isinstance(name, str) for name in names):
+            raise TypeError(f"accept must be an iterable of gap names (str), not {accept!r:.80}")
         if vars is not None and not (isinstance(vars, Mapping) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in vars.items())):
             raise TypeError(f"vars must be a mapping of str to str, not {vars!r:.80}")
@@ -321,6 +325,8 @@ class Sandbox:
         loaded = _load(policy, vars)
         if best_effort:
             loaded = loaded.with_compat(Compat.BEST_EFFORT)
+        if names:
+            loaded = loaded.with_accept(names, "accept=")
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
         if loaded.network.allow:
@@ -370,8 +376,9 @@ class Sandbox:
     @property
     def warnings(self) -> list[str]:
         """Protections the policy relies on that are not enforced for this caller on this
-        kernel: Landlock gaps (best-effort mode only), a ``processes`` limit that is
-        per-user (RLIMIT_NPROC, no pids cgroup) or, for root in best-effort mode, absent."""
+        kernel: Landlock gaps (best-effort mode, or those ``accept`` names, each line ending
+        ``[accepted: NAME]``), a ``processes`` limit that is per-user (RLIMIT_NPROC, no pids
+        cgroup) or, for root when accepted, absent."""
         return self._compiled.warnings
 
     def grants(self) -> dict[str, Any]:
