@@ -281,16 +281,18 @@ def _working_directory() -> str:
                          "or change to an existing directory") from None
 
 def _check_signal_gate(kind: str, mediation: Optional[Mediation]) -> None:
-    """The signal gate (:mod:`sandlock.linux.signalgate`) runs in the fork server's command
-    supervisor; ``call()`` (its spares) and ``[network] allow`` (whose listener is the
-    mediator's) do not carry it yet: refused rather than run without the signal scope."""
-    what = ("call()" if kind != "exec" else "[network] allow" if mediation is not None else "")
-    if what:
+    """The signal gate (:mod:`sandlock.linux.signalgate`) runs in the fork server's
+    supervisor (its own listener, a call's spare's, or a traced command's recorder's) or,
+    under ``[network] allow``, on the mediator's listener. A ``call()`` under ``[network]
+    allow`` cannot have it: its spare has the gate's listener before the call's mediation
+    exists, and a process gets only one. Refused rather than run without the signal scope."""
+    if kind != "exec" and mediation is not None:
         raise KernelSupportError(
-            f"{what} on this kernel (Landlock ABI below {SCOPE_SINCE}) would run without the "
-            "signal scope: its substitute, the signal gate, is not carried there yet (it is "
-            "for run()/popen() and `sandlock run`); use a kernel with Landlock ABI "
-            f"{SCOPE_SINCE}+, or [scope] signals = false with best-effort to accept the gap")
+            f"call() under [network] allow on this kernel (Landlock ABI below {SCOPE_SINCE}) "
+            "would run without the signal scope: its substitute, the signal gate, cannot share "
+            "the call's process with the connect gate; use run()/popen() or `sandlock run`, a "
+            f"kernel with Landlock ABI {SCOPE_SINCE}+, or [scope] signals = false with accept = "
+            '["signal-scope"]')
 
 
 class Sandbox:
@@ -437,7 +439,7 @@ class Sandbox:
                 session.close()
             raise
         try:
-            mediation = self._mediation()
+            mediation = self._mediation(trace)
             if mediation is not None:
                 cmd = mediation.command(cmd)
             call = self._submit("exec", cmd, theirs, timeout, mediation=mediation,
@@ -476,7 +478,7 @@ class Sandbox:
 
     _judge: Optional[tuple[int, list[tuple[str, int, bool]], dict[int, int]]] = None
 
-    def _mediation(self) -> Optional[Mediation]:
+    def _mediation(self, trace: bool = False) -> Optional[Mediation]:
         """A new proxy and connect gate for one call, if the policy has host
         allowlists (``[network] allow``): in a mediator process of their own
         (:mod:`sandlock.net.mediator`), never in this one, until the call ends."""
@@ -484,7 +486,10 @@ class Sandbox:
             return None
         from ..net.mediator import RemoteMediation
 
-        return RemoteMediation(self.policy)  # type: ignore[return-value]
+        # the signal gate (Landlock ABI < 6) rides on its listener, unless a traced run's
+        # recorder carries it (the fork server's supervisor decides the same way)
+        return RemoteMediation(self.policy, self._compiled.signal_gate and not trace
+                               )  # type: ignore[return-value]
 
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),

@@ -396,6 +396,9 @@ class _Spare:
         if self.starting.errr >= 0:
             os.close(self.starting.errr)
         self.starting.discard_group()
+        if self.starting.gate is not None:  # its signal gate (Landlock ABI < 6)
+            self.starting.gate.stop()
+            self.starting.gate = None
         self.close()
 
 
@@ -433,8 +436,11 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
                     if recorder is not None:  # recorder first: the mediation filter
                         hook = _hooks(recorder.in_child, hook)  # refuses new listeners
                     # the signal gate (Landlock ABI < 6): on the recorder's listener if
-                    # any, else Starting gives the child one of its own
+                    # any, else the mediator's under [network] allow, else Starting gives
+                    # the child one of its own
                     signals = launcher.carry_signals(compiled.signal_gate, recorder)
+                    if signals is None and compiled.signal_gate and hook is not None:
+                        signals = _mediator_carries(request)
                     steps = _steps(request, compiled, cmd,
                                    hook is not None or compiled.signal_gate)
                     starting = launcher.Starting(compiled, cmd, stdio=(stdin, stdout, stderr),
@@ -488,6 +494,22 @@ def _mediate_fd(request: dict[str, Any], fds: Sequence[int]) -> int:
     """The socket for the listener of a call under ``[network] allow`` (after the
     ruleset fd, before a Python call's memfd and result pipe), or -1."""
     return fds[4 + bool(request["ruleset"])] if request.get("mediate") else -1
+
+
+def _mediator_carries(request: dict[str, Any]) -> Any:
+    """The signal gate's handler, when the mediator of a call under ``[network] allow``
+    carries it (:func:`sandlock.net.mediator.serve`): a process may have only one
+    listener, so the child gets no gate of its own; the program it installs for the
+    mediator must begin with the gate's filter, else the call is refused, never run
+    without the signal scope."""
+    from ..errors import SetupError
+    from ..linux.signalgate import Signals
+
+    signals = Signals()
+    if not bytes(request["mediate"]).startswith(signals.prefix):
+        raise SetupError("malformed request: the signal gate is needed (Landlock ABI < 6) "
+                         "and the mediator's filter does not carry it")
+    return signals
 
 
 def _listener_hook(request: dict[str, Any], fds: Sequence[int]) -> Any:
