@@ -459,3 +459,26 @@ def test_signal_gate_on_a_cache_hit(tmp_path: Path, victim: subprocess.Popen[byt
         seen.append(json.loads(done.stderr.rpartition("\n")[2]))
     assert seen == [[errno.EPERM, True], [errno.EPERM, False]]  # a miss, then a hit
     assert not _dead(victim)
+
+
+def test_mediator_filter_without_the_gate_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes]) -> None:
+    """A mediator whose listener does not carry the gate (here: not asked to) is refused
+    by the supervisor, never run without the signal scope: the child may have only the
+    mediator's listener, so it could not have a gate of its own."""
+    import sandlock
+    from sandlock.net import mediator
+
+    require_abi(5, "pretending ABI 5")
+    monkeypatch.setenv("SANDLOCK_ABI", "5")
+    original = mediator.RemoteMediation.__init__
+
+    def without_gate(self: mediator.RemoteMediation, policy: object, signals: bool = False) -> None:
+        original(self, policy, False)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mediator.RemoteMediation, "__init__", without_gate)
+    script = _program(tmp_path, SIGNAL_ATTACKS["kill"])
+    with sandlock.Sandbox(_gate_policy(tmp_path, "", ALLOW)) as box:
+        result = box.run([PYTHON, str(script), str(victim.pid)])
+    assert result.returncode == 125 and "does not carry it" in str(result.error), result
+    assert not _dead(victim)

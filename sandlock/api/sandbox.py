@@ -439,7 +439,7 @@ class Sandbox:
                 session.close()
             raise
         try:
-            mediation = self._mediation(trace)
+            mediation = self._mediation()
             if mediation is not None:
                 cmd = mediation.command(cmd)
             call = self._submit("exec", cmd, theirs, timeout, mediation=mediation,
@@ -478,7 +478,7 @@ class Sandbox:
 
     _judge: Optional[tuple[int, list[tuple[str, int, bool]], dict[int, int]]] = None
 
-    def _mediation(self, trace: bool = False) -> Optional[Mediation]:
+    def _mediation(self) -> Optional[Mediation]:
         """A new proxy and connect gate for one call, if the policy has host
         allowlists (``[network] allow``): in a mediator process of their own
         (:mod:`sandlock.net.mediator`), never in this one, until the call ends."""
@@ -486,10 +486,9 @@ class Sandbox:
             return None
         from ..net.mediator import RemoteMediation
 
-        # the signal gate (Landlock ABI < 6) rides on its listener, unless a traced run's
-        # recorder carries it (the fork server's supervisor decides the same way)
-        return RemoteMediation(self.policy, self._compiled.signal_gate and not trace
-                               )  # type: ignore[return-value]
+        # the signal gate (Landlock ABI < 6) rides on its listener (trace=True, whose
+        # recorder would carry it, is refused under [network] allow: _trace_rules)
+        return RemoteMediation(self.policy, self._compiled.signal_gate)  # type: ignore[return-value]
 
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),
