@@ -466,7 +466,10 @@ def test_mediator_filter_without_the_gate_is_refused(
     """A mediator whose listener does not carry the gate (here: not asked to) is refused
     by the supervisor, never run without the signal scope: the child may have only the
     mediator's listener, so it could not have a gate of its own."""
+    import signal
+
     import sandlock
+    from sandlock.errors import SandlockError
     from sandlock.net import mediator
 
     require_abi(5, "pretending ABI 5")
@@ -480,5 +483,45 @@ def test_mediator_filter_without_the_gate_is_refused(
     script = _program(tmp_path, SIGNAL_ATTACKS["kill"])
     with sandlock.Sandbox(_gate_policy(tmp_path, "", ALLOW)) as box:
         result = box.run([PYTHON, str(script), str(victim.pid)])
-    assert result.returncode == 125 and "does not carry it" in str(result.error), result
+        assert result.returncode == 125 and "does not carry it" in str(result.error), result
+        for _ in range(2):  # a spare made at the call, then one made ahead of it
+            with pytest.raises(SandlockError, match="does not carry it"):
+                box.call(os.kill, victim.pid, signal.SIGTERM)
     assert not _dead(victim)
+
+
+@pytest.mark.parametrize("abi", (2, 5))
+def test_signal_gate_in_call_under_network_allow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes],
+        abi: int) -> None:
+    """call() under [network] allow: the spare has no gate's listener of its own; the
+    mediator's, installed before the function runs, carries the gate. Two calls: the
+    second runs in a spare made ahead of it."""
+    import signal
+
+    import sandlock
+
+    require_abi(abi, "pretending this ABI")
+    monkeypatch.setenv("SANDLOCK_ABI", str(abi))
+    policy = _gate_policy(tmp_path, 'accept = ["tcp-ports"]' if abi < 4 else "", ALLOW)
+    with sandlock.Sandbox(policy) as box:
+        for _ in range(2):
+            with pytest.raises(PermissionError):
+                box.call(os.kill, victim.pid, signal.SIGTERM)
+        box.call(os.kill, 0, 0)
+    assert not _dead(victim)
+
+
+def test_signal_gate_in_call_under_network_allow_control(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes]) -> None:
+    """Positive control: the same call without the signal scope kills the sleeper."""
+    import signal
+
+    import sandlock
+
+    require_abi(5, "pretending ABI 5")
+    monkeypatch.setenv("SANDLOCK_ABI", "5")
+    policy = _gate_policy(tmp_path, NO_SCOPE[0], ALLOW + "\n" + NO_SCOPE[1])
+    with sandlock.Sandbox(policy) as box:
+        box.call(os.kill, victim.pid, signal.SIGTERM)
+    assert _dead(victim)

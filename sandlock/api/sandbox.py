@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from ..compile import compiler
-from ..compile.abi import SCOPE_SINCE
 from ..errors import (
     CallError,
     ExecError,
@@ -280,20 +279,6 @@ def _working_directory() -> str:
         raise SetupError("the working directory no longer exists (it was deleted); pass cwd= "
                          "or change to an existing directory") from None
 
-def _check_signal_gate(kind: str, mediation: Optional[Mediation]) -> None:
-    """The signal gate (:mod:`sandlock.linux.signalgate`) runs in the fork server's
-    supervisor (its own listener, a call's spare's, or a traced command's recorder's) or,
-    under ``[network] allow``, on the mediator's listener. A ``call()`` under ``[network]
-    allow`` cannot have it: its spare has the gate's listener before the call's mediation
-    exists, and a process gets only one. Refused rather than run without the signal scope."""
-    if kind != "exec" and mediation is not None:
-        raise KernelSupportError(
-            f"call() under [network] allow on this kernel (Landlock ABI below {SCOPE_SINCE}) "
-            "would run without the signal scope: its substitute, the signal gate, cannot share "
-            "the call's process with the connect gate; use run()/popen() or `sandlock run`, a "
-            f"kernel with Landlock ABI {SCOPE_SINCE}+, or [scope] signals = false with accept = "
-            '["signal-scope"]')
-
 
 class Sandbox:
     """A compiled policy: every :meth:`run`, :meth:`popen` or :meth:`call` is a new,
@@ -505,8 +490,9 @@ class Sandbox:
             compiled = self._compiled
             limit = self.policy.limits.timeout if timeout is None else timeout
             if compiled.signal_gate:  # the signal scope's substitute below Landlock ABI 6
-                _check_signal_gate(kind, mediation)
-                fields["signals"] = True  # run by the fork server's supervisor
+                # run by the fork server's supervisor, or under [network] allow by the
+                # mediator's listener (RemoteMediation, below)
+                fields["signals"] = True
             if kind == "exec" and self._native and nativeexec.enabled() and mediation is None \
                     and "trace" not in fields and not compiled.signal_gate:
                 # a traced call's recorder is Python's; so is the signal gate
