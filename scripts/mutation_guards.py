@@ -39,6 +39,7 @@ IOCTL = "tests/test_substitute_ioctl.py::"
 FIRST = "tests/test_first_try_messages.py::"
 KEY = "tests/test_cache_key.py::"
 UNTRUSTED_KEY = KEY + "test_untrusted_key_file_turns_the_cache_off"
+ACCEPT = "tests/test_accept_gap.py::"
 
 GUARDS: tuple[Guard, ...] = (
     Guard("cache entry tag", "sandlock/compile/cache.py",
@@ -294,10 +295,35 @@ GUARDS: tuple[Guard, ...] = (
           (SUBST + "test_signal_outside_refused[kill-5]",
            SUBST + "test_signal_outside_refused[kill_pgid-5]")),
     Guard("signal gate: installed for the run", "sandlock/exec/launcher.py",
-          "    if not compiled.signal_gate or signals is not None or body is not None:",
+          "    if not compiled.signal_gate or signals is not None:",
           "    if True:",
           (SUBST + "test_signal_outside_refused[kill-5]",
-           SUBST + "test_signal_cli_strict_runs_and_refuses[5]")),
+           SUBST + "test_signal_cli_strict_runs_and_refuses[5]",
+           SUBST + "test_signal_gate_in_the_api[5]")),
+    Guard("signal gate: carried by the API's mediator", "sandlock/net/mediator.py",
+          "        if signals:  # the signal gate rides on the connect gate's listener (before its"
+          " bpf goes)",
+          "        if False:",
+          (SUBST + "test_signal_gate_under_network_allow[5]",
+           SUBST + "test_signal_gate_in_call_under_network_allow[5]")),
+    Guard("signal gate: a mediation filter must carry it", "sandlock/exec/server.py",
+          '    if not bytes(request["mediate"]).startswith(signals.prefix):',
+          "    if False:",
+          (SUBST + "test_mediator_filter_without_the_gate_is_refused",)),
+    Guard("signal gate: a call's spare checks its mediation carries it", "sandlock/exec/server.py",
+          "        if self.carried:\n",
+          "        if False:\n",
+          (SUBST + "test_mediator_filter_without_the_gate_is_refused",)),
+    Guard("accept: only the gaps named", "sandlock/compile/compiler.py",
+          "    refused = [gap for gap in gaps if not gap.accepted_by(policy)]",
+          "    refused = []",
+          (ACCEPT + "test_accept_one_of_two_still_refuses",
+           ACCEPT + "test_accept_one_by_option_still_refuses", ACCEPT + "test_api_accept")),
+    Guard("accept: a caller's gap only by its name", "sandlock/compile/ruleset.py",
+          "        return bool(self.name) and self.name in policy.accept",
+          "        return bool(self.name)",
+          (ACCEPT + "test_accept_one_of_two_still_refuses",
+           ACCEPT + "test_scope_signals_off_needs_its_name")),
     Guard("signal gate: tgkill to another process", "sandlock/linux/signalgate.py",
           "            return CONTINUE if first == caller else (-errno.EPERM, 0)",
           "            return CONTINUE",

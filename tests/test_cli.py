@@ -84,8 +84,11 @@ def test_check_table() -> None:
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     assert lines[0] == f"# Kernel {os.uname().release} (Landlock ABI {ABI})"
-    features = {line.split("\t")[0]: line.split("\t")[1] for line in lines[1:]}
+    second = next(i for i, line in enumerate(lines) if i and line.startswith("# "))
+    features = {line.split("\t")[0]: line.split("\t")[1] for line in lines[1:second]}
     assert features["Landlock"] == ("yes" if ABI else "no")
+    assert lines[second].startswith("# Gaps a strict policy may accept by name")
+    assert lines[second + 1].split("\t")[0] == "tcp-ports"
     assert {"seccomp filters", "seccomp user notification", "unprivileged user namespaces",
             "Landlock TCP bind/connect rules"} <= set(features)
 
@@ -316,7 +319,7 @@ def test_validate_reports_every_schema_error_of_a_file(tmp_path: Path) -> None:
     assert (result.exit_code, result.stdout) == (125, "")
     assert result.stderr.splitlines() == [
         f"sandlock: {bad}:2: colour: unknown key (expected one of: version, description, extends, "
-        "compat, filesystem, network, scope, env, limits, syscalls, credentials)",
+        "compat, accept, filesystem, network, scope, env, limits, syscalls, credentials)",
         f"sandlock: {bad}:4: network.connect[0]: invalid port range 0: ports are 1-65535, "
         "low <= high",
         f"sandlock: {bad}:6: env.pass[0]: invalid variable name or glob 'BAD-NAME'"]
@@ -500,9 +503,10 @@ def test_strict_refuses_what_has_no_substitute(tmp_path: Path, workspace: Path, 
     assert (result.returncode, result.stdout) == (125, "")
     assert result.stderr.splitlines() == [
         f"sandlock: this kernel (Landlock ABI {abi}) cannot enforce what {policy} relies on:",
-        f"  - {TCP_GAP}",
-        ("Refusing to run. Use a newer kernel, remove the grant that needs it, or accept the gap "
-         'with --best-effort (or compat = "best-effort" in the policy).'),
+        f"  - {TCP_GAP} [accept: tcp-ports]",
+        ("Refusing to run. Use a newer kernel, remove the grant that needs it, accept one gap by "
+         'its name with --accept NAME (or accept = ["NAME"] in the policy), or every gap with '
+         '--best-effort (or compat = "best-effort").'),
     ]
 
 

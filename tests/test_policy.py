@@ -59,8 +59,8 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
         descripton = "typo"
     """)
     assert str(error) == where(tmp_path, 2, "descripton") + (
-        "unknown key (expected one of: version, description, extends, compat, filesystem, "
-        "network, scope, env, limits, syscalls, credentials)")
+        "unknown key (expected one of: version, description, extends, compat, accept, "
+        "filesystem, network, scope, env, limits, syscalls, credentials)")
     assert (error.line, error.key, error.reason.startswith("unknown key")) == (2, "descripton", True)
 
 

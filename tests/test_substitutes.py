@@ -338,9 +338,10 @@ def test_signal_cli_strict_runs_and_refuses(tmp_path: Path, victim: subprocess.P
 def test_signal_gate_in_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                 victim: subprocess.Popen[bytes], abi: int) -> None:
     """Sandbox.run goes through the fork server's supervisor, which runs the gate (the C
-    helper does not carry it); call() and [network] allow do not yet, and refuse."""
+    helper does not carry it); so does call(), in the spare its function runs in."""
+    import signal
+
     import sandlock
-    from sandlock.errors import KernelSupportError
 
     require_abi(abi, "pretending this ABI")
     monkeypatch.setenv("SANDLOCK_ABI", str(abi))
@@ -355,9 +356,81 @@ def test_signal_gate_in_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     with sandlock.Sandbox(policy) as box:
         assert box.run([PYTHON, str(script), str(victim.pid)]).returncode == errno.EPERM
         assert box.run(list(OWN["shell_child"])).returncode == 0
-        with pytest.raises(KernelSupportError, match="signal gate"):
-            box.call(os.getpid)
+        with pytest.raises(PermissionError):
+            box.call(os.kill, victim.pid, signal.SIGTERM)
+        box.call(os.kill, 0, 0)  # its own process group
+        with pytest.raises(PermissionError):  # a second call: a spare made ahead of it
+            box.call(os.kill, victim.pid, signal.SIGTERM)
     assert not _dead(victim)
+
+
+def _gate_policy(tmp_path: Path, head: str = "", network: str = "") -> Path:
+    return write_policy(tmp_path, f"""\
+        version = 1
+        extends = ["python"]
+        {head}
+        [filesystem]
+        read = ["{tmp_path}"]
+        exec = ["/usr/bin/dash", "/usr/bin/sleep"]
+        {network}
+        """, name="signals.toml")
+
+
+#: A policy under the signal gate: every signal call of the tool is answered by it.
+NO_SCOPE = ('accept = ["signal-scope"]', "[scope]\nsignals = false")
+
+
+def test_signal_gate_in_call_control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     victim: subprocess.Popen[bytes]) -> None:
+    """Positive control: the same call() without the signal scope kills the sleeper."""
+    import signal
+
+    import sandlock
+
+    require_abi(5, "pretending ABI 5")
+    monkeypatch.setenv("SANDLOCK_ABI", "5")
+    policy = write_policy(tmp_path, _gate_policy(tmp_path, NO_SCOPE[0]).read_text()
+                          + NO_SCOPE[1] + "\n", name="noscope.toml")
+    with sandlock.Sandbox(policy) as box:
+        assert not box._compiled.signal_gate
+        box.call(os.kill, victim.pid, signal.SIGTERM)
+    assert _dead(victim)
+
+
+#: [network] allow: the host allowlist's proxy and connect gate, in the mediator process.
+ALLOW = '[network]\nallow = ["example.invalid"]'
+
+
+@pytest.mark.parametrize("abi", (2, 4, 5))
+def test_signal_gate_under_network_allow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         victim: subprocess.Popen[bytes], abi: int) -> None:
+    """Under [network] allow the mediator's listener carries the gate (a process gets only
+    one listener): run() refuses the signal; below ABI 4 with the TCP gap accepted."""
+    import sandlock
+
+    require_abi(abi, "pretending this ABI")
+    monkeypatch.setenv("SANDLOCK_ABI", str(abi))
+    script = _program(tmp_path, SIGNAL_ATTACKS["kill"])
+    policy = _gate_policy(tmp_path, 'accept = ["tcp-ports"]' if abi < 4 else "", ALLOW)
+    with sandlock.Sandbox(policy) as box:
+        assert box._compiled.signal_gate
+        assert box.run([PYTHON, str(script), str(victim.pid)]).returncode == errno.EPERM
+        assert box.run(list(OWN["shell_child"])).returncode == 0
+    assert not _dead(victim)
+
+
+def test_signal_gate_under_network_allow_control(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes]) -> None:
+    """Positive control: the same run without the signal scope kills the sleeper."""
+    import sandlock
+
+    require_abi(5, "pretending ABI 5")
+    monkeypatch.setenv("SANDLOCK_ABI", "5")
+    script = _program(tmp_path, SIGNAL_ATTACKS["kill"])
+    policy = _gate_policy(tmp_path, NO_SCOPE[0], ALLOW + "\n" + NO_SCOPE[1])
+    with sandlock.Sandbox(policy) as box:
+        assert box.run([PYTHON, str(script), str(victim.pid)]).returncode == 0
+    assert _dead(victim)
 
 
 def test_signal_gate_on_a_cache_hit(tmp_path: Path, victim: subprocess.Popen[bytes]) -> None:
@@ -386,3 +459,69 @@ def test_signal_gate_on_a_cache_hit(tmp_path: Path, victim: subprocess.Popen[byt
         seen.append(json.loads(done.stderr.rpartition("\n")[2]))
     assert seen == [[errno.EPERM, True], [errno.EPERM, False]]  # a miss, then a hit
     assert not _dead(victim)
+
+
+def test_mediator_filter_without_the_gate_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes]) -> None:
+    """A mediator whose listener does not carry the gate (here: not asked to) is refused
+    by the supervisor, never run without the signal scope: the child may have only the
+    mediator's listener, so it could not have a gate of its own."""
+    import signal
+
+    import sandlock
+    from sandlock.errors import SandlockError
+    from sandlock.net import mediator
+
+    require_abi(5, "pretending ABI 5")
+    monkeypatch.setenv("SANDLOCK_ABI", "5")
+    original = mediator.RemoteMediation.__init__
+
+    def without_gate(self: mediator.RemoteMediation, policy: object, signals: bool = False) -> None:
+        original(self, policy, False)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mediator.RemoteMediation, "__init__", without_gate)
+    script = _program(tmp_path, SIGNAL_ATTACKS["kill"])
+    with sandlock.Sandbox(_gate_policy(tmp_path, "", ALLOW)) as box:
+        result = box.run([PYTHON, str(script), str(victim.pid)])
+        assert result.returncode == 125 and "does not carry it" in str(result.error), result
+        for _ in range(2):  # a spare made at the call, then one made ahead of it
+            with pytest.raises(SandlockError, match="does not carry it"):
+                box.call(os.kill, victim.pid, signal.SIGTERM)
+    assert not _dead(victim)
+
+
+@pytest.mark.parametrize("abi", (2, 5))
+def test_signal_gate_in_call_under_network_allow(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes],
+        abi: int) -> None:
+    """call() under [network] allow: the spare has no gate's listener of its own; the
+    mediator's, installed before the function runs, carries the gate. Two calls: the
+    second runs in a spare made ahead of it."""
+    import signal
+
+    import sandlock
+
+    require_abi(abi, "pretending this ABI")
+    monkeypatch.setenv("SANDLOCK_ABI", str(abi))
+    policy = _gate_policy(tmp_path, 'accept = ["tcp-ports"]' if abi < 4 else "", ALLOW)
+    with sandlock.Sandbox(policy) as box:
+        for _ in range(2):
+            with pytest.raises(PermissionError):
+                box.call(os.kill, victim.pid, signal.SIGTERM)
+        box.call(os.kill, 0, 0)
+    assert not _dead(victim)
+
+
+def test_signal_gate_in_call_under_network_allow_control(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, victim: subprocess.Popen[bytes]) -> None:
+    """Positive control: the same call without the signal scope kills the sleeper."""
+    import signal
+
+    import sandlock
+
+    require_abi(5, "pretending ABI 5")
+    monkeypatch.setenv("SANDLOCK_ABI", "5")
+    policy = _gate_policy(tmp_path, NO_SCOPE[0], ALLOW + "\n" + NO_SCOPE[1])
+    with sandlock.Sandbox(policy) as box:
+        box.call(os.kill, victim.pid, signal.SIGTERM)
+    assert _dead(victim)

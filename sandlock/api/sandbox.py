@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from ..compile import compiler
-from ..compile.abi import SCOPE_SINCE
 from ..errors import (
     CallError,
     ExecError,
@@ -280,18 +279,6 @@ def _working_directory() -> str:
         raise SetupError("the working directory no longer exists (it was deleted); pass cwd= "
                          "or change to an existing directory") from None
 
-def _check_signal_gate(kind: str, mediation: Optional[Mediation]) -> None:
-    """The signal gate (:mod:`sandlock.linux.signalgate`) runs in the fork server's command
-    supervisor; ``call()`` (its spares) and ``[network] allow`` (whose listener is the
-    mediator's) do not carry it yet: refused rather than run without the signal scope."""
-    what = ("call()" if kind != "exec" else "[network] allow" if mediation is not None else "")
-    if what:
-        raise KernelSupportError(
-            f"{what} on this kernel (Landlock ABI below {SCOPE_SINCE}) would run without the "
-            "signal scope: its substitute, the signal gate, is not carried there yet (it is "
-            "for run()/popen() and `sandlock run`); use a kernel with Landlock ABI "
-            f"{SCOPE_SINCE}+, or [scope] signals = false with best-effort to accept the gap")
-
 
 class Sandbox:
     """A compiled policy: every :meth:`run`, :meth:`popen` or :meth:`call` is a new,
@@ -307,8 +294,12 @@ class Sandbox:
     def __init__(self, policy: PolicyLike, *, vars: Optional[Mapping[str, str]] = None,
                  best_effort: bool = False, timeout: Optional[float] = None,
                  trusted_types: Iterable[type] = (), max_result_size: int = 64 << 20,
-                 credentials: Optional[Mapping[str, str]] = None) -> None:
+                 credentials: Optional[Mapping[str, str]] = None,
+                 accept: Iterable[str] = ()) -> None:
         # Every argument is checked before anything is compiled or opened.
+        names = () if isinstance(accept, str) else tuple(accept)
+        if isinstance(accept, str) or not all(isinstance(name, str) for name in names):
+            raise TypeError(f"accept must be an iterable of gap names (str), not {accept!r:.80}")
         if vars is not None and not (isinstance(vars, Mapping) and all(
                 isinstance(k, str) and isinstance(v, str) for k, v in vars.items())):
             raise TypeError(f"vars must be a mapping of str to str, not {vars!r:.80}")
@@ -321,6 +312,8 @@ class Sandbox:
         loaded = _load(policy, vars)
         if best_effort:
             loaded = loaded.with_compat(Compat.BEST_EFFORT)
+        if names:
+            loaded = loaded.with_accept(names, "accept=")
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
         if loaded.network.allow:
@@ -370,8 +363,9 @@ class Sandbox:
     @property
     def warnings(self) -> list[str]:
         """Protections the policy relies on that are not enforced for this caller on this
-        kernel: Landlock gaps (best-effort mode only), a ``processes`` limit that is
-        per-user (RLIMIT_NPROC, no pids cgroup) or, for root in best-effort mode, absent."""
+        kernel: Landlock gaps (best-effort mode, or those ``accept`` names, each line ending
+        ``[accepted: NAME]``), a ``processes`` limit that is per-user (RLIMIT_NPROC, no pids
+        cgroup) or, for root when accepted, absent."""
         return self._compiled.warnings
 
     def grants(self) -> dict[str, Any]:
@@ -477,7 +471,9 @@ class Sandbox:
             return None
         from ..net.mediator import RemoteMediation
 
-        return RemoteMediation(self.policy)  # type: ignore[return-value]
+        # the signal gate (Landlock ABI < 6) rides on its listener (trace=True, whose
+        # recorder would carry it, is refused under [network] allow: _trace_rules)
+        return RemoteMediation(self.policy, self._compiled.signal_gate)  # type: ignore[return-value]
 
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),
@@ -494,8 +490,9 @@ class Sandbox:
             compiled = self._compiled
             limit = self.policy.limits.timeout if timeout is None else timeout
             if compiled.signal_gate:  # the signal scope's substitute below Landlock ABI 6
-                _check_signal_gate(kind, mediation)
-                fields["signals"] = True  # run by the fork server's supervisor
+                # run by the fork server's supervisor, or under [network] allow by the
+                # mediator's listener (RemoteMediation, below)
+                fields["signals"] = True
             if kind == "exec" and self._native and nativeexec.enabled() and mediation is None \
                     and "trace" not in fields and not compiled.signal_gate:
                 # a traced call's recorder is Python's; so is the signal gate

@@ -64,13 +64,15 @@ def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
 
 def load_full(policy: Optional[str], tool: Optional[str], policies: Optional[str],
                variables: Mapping[str, str], timeout: Optional[str], best_effort: bool,
-               data: Optional[bytes]) -> Policy:
+               data: Optional[bytes], accept: Sequence[str] = ()) -> Policy:
     """Parse the policy and apply the command-line overrides (the uncached path)."""
     from ..policy.model import Compat, parse_duration
 
     loaded = load(policy, tool, policies, variables, data)
     if best_effort:
         loaded = loaded.with_compat(Compat.BEST_EFFORT)
+    if accept:
+        loaded = loaded.with_accept(accept)
     if timeout is not None:
         try:
             loaded = loaded.with_timeout(parse_duration(timeout))
@@ -109,7 +111,7 @@ def prepared(loaded: Policy) -> Optional[Routes]:
 
 def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
             best_effort: bool, argv: Sequence[str], *, tool: Optional[str] = None,
-            policies: Optional[str] = None) -> int:
+            policies: Optional[str] = None, accept: Sequence[str] = ()) -> int:
     """Load, compile, launch and wait; every failure becomes a message and an exit code.
 
     A policy file compiled before, unchanged, is read back from the cache of compiled
@@ -129,7 +131,9 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
 
             policy = policy_file(policy)  # a bare name: the shipped policy of that name
             data = _read_once(policy)
-            cached = fastpath.lookup(policy, data, variables, timeout, best_effort)
+            # The key does not hold --accept: a run that accepts a gap is compiled afresh.
+            cached = None if accept else fastpath.lookup(policy, data, variables, timeout,
+                                                         best_effort)
         loaded: Policy  # on a hit, the CachedPolicy view: the parts the launcher reads
         try:
             if cached is not None and cached.entry is not None:
@@ -141,7 +145,8 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                 except GrantError:
                     compiled = None  # the full path reports it with the policy's line
             if compiled is None:
-                loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data)
+                loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data,
+                                   accept)
                 from ..policy.model import cautions
 
                 for line in cautions(loaded):  # once: a cache hit does not come here
@@ -267,10 +272,12 @@ OPTIONS: tuple[tuple[str, Optional[str], str], ...] = (
     ("--var", "NAME=VALUE", "Define ${NAME} for the policy (repeatable)."),
     ("--timeout", "DURATION", "Wall-clock limit, e.g. 30s (overrides [limits] timeout)."),
     ("--best-effort", None, "Run even if the kernel cannot enforce everything; warn."),
+    ("--accept", "NAME", "Run although the kernel lacks this one protection (repeatable; "
+     "`sandlock check` lists the names); every other gap is still refused; warn."),
 )
 SUMMARY = "Run COMMAND confined by a policy."
 USAGE = ("sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] "
-         "[--best-effort] -- CMD [ARGS]...")
+         "[--best-effort | --accept NAME...] -- CMD [ARGS]...")
 EXIT_CODES = ("Exit codes: the command's own; 128+N killed by signal N; 124 timeout;\n"
               "125 sandlock failed; 126 not executable (or exec denied); 127 not found.")
 
@@ -295,6 +302,7 @@ def main_run(args: Sequence[str]) -> int:
     """
     given: dict[str, str] = {}
     pairs: list[str] = []
+    accept: list[str] = []
     best_effort = False
     index = 0
     valued = {name for name, metavar, _ in OPTIONS if metavar is not None}
@@ -326,6 +334,8 @@ def main_run(args: Sequence[str]) -> int:
         index += 1
         if name == "--var":
             pairs.append(value)
+        elif name == "--accept":
+            accept.append(value)
         else:
             given[name] = value
     argv = list(args[index:])
@@ -338,4 +348,4 @@ def main_run(args: Sequence[str]) -> int:
         say(str(exc))
         return ExitCode.LAUNCHER
     return execute(given.get("--policy"), variables, given.get("--timeout"), best_effort, argv,
-                   tool=given.get("--tool"), policies=given.get("--policies"))
+                   tool=given.get("--tool"), policies=given.get("--policies"), accept=accept)

@@ -96,6 +96,8 @@ def check(as_json: bool) -> None:
             for item in report["features"]]
     _table(f"Kernel {report['kernel']} (Landlock ABI {report['landlock_abi']})",
            ["feature", "available", "detail"], rows)
+    _table("Gaps a strict policy may accept by name (accept = [NAME], --accept NAME)",
+           ["name", "gives up"], [[item["name"], item["gives_up"]] for item in report["gap_names"]])
 
 
 @cli.command()
@@ -122,6 +124,8 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
     out.print(f"policy: {report['source']}{described}")
     out.print(f"layers: {' -> '.join(report['layers'])}")
     out.print(f"compat: {report['compat']}   kernel Landlock ABI: {report['abi']}")
+    if report["accept"]:
+        out.print(f"accept: {', '.join(report['accept'])}")
     _table("filesystem", ["access", "path", "from"],
            [[r["access"], r["path"], r["origin"]] for r in report["paths"]])
     net = report["network"]
@@ -154,7 +158,8 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
     if report["not_enforced"]:
         out.print("NOT enforced on this kernel:")
         for line in report["not_enforced"]:
-            out.print(f"  - {line}")
+            accepted = " [accepted]" if line in report["accepted"] else ""
+            out.print(f"  - {line}{accepted}")
         if report["compat"] == "strict" and report["refused_in_strict"]:
             out.print("strict mode: `sandlock run` will refuse to start with this policy here.")
     elif not report["refused_grants"]:

@@ -84,8 +84,12 @@ class Compiled:
     @property
     def warnings(self) -> list[str]:
         """One line per protection not enforced for this caller on this kernel (in strict
-        mode only those a strict policy accepts: a per-user process limit)."""
-        return [str(gap) for gap in self.gaps]
+        mode only those a strict policy accepts: a per-user process limit, and the gaps its
+        ``accept`` names, each said to be accepted)."""
+        # A cached entry's gaps are its lines already, its policy accepts nothing (uncacheable).
+        accepted = getattr(self.policy, "accept", ())
+        return [f"{gap} [accepted: {gap.name}]" if getattr(gap, "name", "") in accepted
+                else str(gap) for gap in self.gaps]
 
     def run_group_limit(self) -> Optional[int]:
         """``pids.max`` of the pids cgroup each run of this policy gets, or None when runs
@@ -139,12 +143,18 @@ def clamp_to_hard_limits(pairs: Sequence[tuple[int, int]]) -> tuple[tuple[int, i
     return tuple(out)
 
 
+def _accept_hint(gap: ruleset.Gap) -> str:
+    """How to accept ``gap`` alone (its name), or nothing when only best-effort can."""
+    return f" [accept: {gap.name}]" if gap.name else ""
+
+
 def strict_failure(policy: Policy, abi: int, gaps: Sequence[ruleset.Gap]) -> KernelSupportError:
-    lines = "\n".join(f"  - {gap}" for gap in gaps)
+    lines = "\n".join(f"  - {gap}{_accept_hint(gap)}" for gap in gaps)
     return KernelSupportError(
         f"this kernel (Landlock ABI {abi}) cannot enforce what {policy.source} relies on:\n{lines}\n"
-        "Refusing to run. Use a newer kernel, remove the grant that needs it, or accept the gap "
-        "with --best-effort (or compat = \"best-effort\" in the policy)."
+        "Refusing to run. Use a newer kernel, remove the grant that needs it, accept one gap by "
+        "its name with --accept NAME (or accept = [\"NAME\"] in the policy), or every gap with "
+        "--best-effort (or compat = \"best-effort\")."
     )
 
 
@@ -152,13 +162,14 @@ def process_failure(policy: Policy, gap: ruleset.Gap) -> KernelSupportError:
     if gap.protection == "signal scope":
         return KernelSupportError(
             f"{policy.source}: {gap}.\nRefusing to run. Keep [scope] signals = true, or accept "
-            "this with --best-effort (or compat = \"best-effort\").")
+            "this with --accept signal-scope (or accept = [\"signal-scope\"]) or --best-effort.")
     return KernelSupportError(
         f"{policy.source}: cannot enforce the {gap}.\n"
         "Refusing to run. Give sandlock a pids cgroup it can create children in (root with a "
         "writable cgroup hierarchy with the pids controller, or a delegated cgroup subtree), "
         "run as an ordinary user (RLIMIT_NPROC then binds, per user), remove `processes` from "
-        "the policy, or accept the gap with --best-effort (or compat = \"best-effort\")."
+        "the policy, or accept the gap with --accept processes (or accept = [\"processes\"]) or "
+        "--best-effort."
     )
 
 
@@ -346,7 +357,8 @@ def enforced(plan: ruleset.Plan, has: Optional[Callable[[str], bool]] = None
             kept.append(sub)
             continue
         gaps += (ruleset.Gap(sub.protection, sub.needs_abi, ruleset.CONSEQUENCE[sub.protection],
-                             f"Landlock ABI {sub.needs_abi}, or its substitute: {why_not}"),)
+                             f"Landlock ABI {sub.needs_abi}, or its substitute: {why_not}",
+                             name=ruleset.GAP_NAME.get(sub.protection, "")),)
     return gaps, tuple(kept)
 
 
@@ -362,11 +374,13 @@ def _compile(policy: Policy) -> Compiled:
     plan = ruleset.plan(policy, abi)
     gaps, substitutes = enforced(plan)
     gate = any(s.protection == "signal scope" for s in substitutes)
-    if gaps and policy.compat is Compat.STRICT:
-        raise strict_failure(policy, abi, gaps)
+    strict = policy.compat is Compat.STRICT
+    refused = [gap for gap in gaps if not gap.accepted_by(policy)]
+    if refused and strict:
+        raise strict_failure(policy, abi, refused)
     caller = ruleset.caller_gaps(policy)
-    refused = [gap for gap in caller if gap.strict]
-    if refused and policy.compat is Compat.STRICT:
+    refused = [gap for gap in caller if gap.strict and not gap.accepted_by(policy)]
+    if refused and strict:
         raise process_failure(policy, refused[0])
     if policy.syscalls.allow or policy.syscalls.deny:
         seccomp.check_names(policy)

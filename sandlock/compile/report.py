@@ -110,8 +110,11 @@ def kernel_report() -> dict[str, Any]:
                      else "off, every run parses its policy (slower, equally safe): " + where})
     userns, detail = _userns()
     features.append({"feature": "unprivileged user namespaces", "available": userns, "detail": detail})
+    from ..policy.model import ACCEPTABLE_GAPS
+
     return {"kernel": os.uname().release, "landlock_abi": real, "abi_in_use": used,
-            "features": features}
+            "features": features,
+            "gap_names": [{"name": name, "gives_up": what} for name, what in ACCEPTABLE_GAPS.items()]}
 
 
 def _landlock_rows(real: int, used: int) -> list[dict[str, Any]]:
@@ -207,6 +210,7 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         "description": policy.description,
         "layers": list(policy.layers),
         "compat": policy.compat.value,
+        "accept": list(policy.accept),
         "abi": abi,
         "paths": [{"access": r.access.value, "path": r.path, "optional": r.optional,
                    "origin": r.origin} for r in policy.paths],
@@ -227,7 +231,8 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         "protections": _protections(policy, abi, gaps, substitutes),
         "substitutes": [str(sub) for sub in substitutes],
         "not_enforced": [str(gap) for gap in gaps],
-        "refused_in_strict": [str(gap) for gap in gaps if gap.strict],
+        "accepted": [str(gap) for gap in gaps if gap.accepted_by(policy)],
+        "refused_in_strict": [str(gap) for gap in gaps if gap.strict and not gap.accepted_by(policy)],
         "refused_grants": _refused_grants(policy, abi),
         "cautions": list(cautions(policy)),
         **({"credentials": _credentials(policy)} if policy.credentials else {}),

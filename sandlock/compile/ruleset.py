@@ -15,7 +15,7 @@ from typing import Optional
 from ..errors import LandlockError
 from ..linux import kernel
 from ..linux.process import PER_USER_LIMIT
-from ..policy.model import Access, Policy
+from ..policy.model import ACCEPTABLE_GAPS, Access, Policy
 from . import abi as A
 from . import grants
 
@@ -29,7 +29,9 @@ class Gap:
     """A protection the policy relies on that this kernel (or this caller) cannot apply.
 
     ``needs`` says what would enforce it when that is not a Landlock ABI
-    (``needs_abi`` 0). ``strict``: a strict-mode policy refuses to run with this gap.
+    (``needs_abi`` 0). ``strict``: a strict-mode policy refuses to run with this gap,
+    unless its ``accept`` names it (``name``, one of the policy model's ACCEPTABLE_GAPS;
+    empty: only best-effort accepts it).
     """
 
     protection: str
@@ -37,6 +39,15 @@ class Gap:
     consequence: str
     needs: str = ""
     strict: bool = True
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.name and self.name not in ACCEPTABLE_GAPS:
+            raise ValueError(f"gap name {self.name!r} is not in ACCEPTABLE_GAPS")
+
+    def accepted_by(self, policy: Policy) -> bool:
+        """Whether ``policy`` accepts this gap by name (``accept``)."""
+        return bool(self.name) and self.name in policy.accept
 
     def __str__(self) -> str:
         needs = self.needs or f"Landlock ABI {self.needs_abi}"
@@ -73,6 +84,8 @@ CONSEQUENCE = {
     "device ioctl restriction": "ioctl(2) on granted devices is not restricted",
     "signal scope": "the tool can signal every process of the same user",
 }
+#: The name `accept` takes for a substitute's protection left a gap (policy.model.ACCEPTABLE_GAPS).
+GAP_NAME = {"device ioctl restriction": "ioctl-dev", "signal scope": "signal-scope"}
 
 
 def grants_devices(policy: Policy) -> bool:
@@ -134,17 +147,21 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
     # (substitutes()): not a gap.
     if not net and policy.network.tcp:
         out.append(Gap("TCP port restriction", A.NET_SINCE,
-                       "TCP connect/bind is possible to and on any port, not only the granted ones"))
+                       "TCP connect/bind is possible to and on any port, not only the granted ones",
+                       name="tcp-ports"))
     if not fs & A.Fs.IOCTL_DEV and grants_devices(policy) \
             and not substituted(policy, abi, "device ioctl restriction"):
         out.append(Gap("device ioctl restriction", A.fs_since(A.Fs.IOCTL_DEV),
-                       CONSEQUENCE["device ioctl restriction"]))
+                       CONSEQUENCE["device ioctl restriction"],
+                       name=GAP_NAME["device ioctl restriction"]))
     if not scopes & A.Scope.SIGNAL and policy.scope.signals \
             and not substituted(policy, abi, "signal scope"):
-        out.append(Gap("signal scope", A.SCOPE_SINCE, CONSEQUENCE["signal scope"]))
+        out.append(Gap("signal scope", A.SCOPE_SINCE, CONSEQUENCE["signal scope"],
+                       name=GAP_NAME["signal scope"]))
     if not scopes & A.Scope.ABSTRACT_UNIX_SOCKET and policy.scope.abstract_unix and policy.network.unix:
         out.append(Gap("abstract unix socket scope", A.SCOPE_SINCE,
-                       "the tool can connect to abstract unix sockets outside the sandbox"))
+                       "the tool can connect to abstract unix sockets outside the sandbox",
+                       name="abstract-unix"))
     return tuple(out)
 
 
@@ -158,11 +175,11 @@ def process_gap(limit: Optional[int], cgroup_why: Optional[str], root: bool) -> 
     if root:
         return Gap(f"process limit (processes = {limit})", 0,
                    "RLIMIT_NPROC does not bind root: the tool can fork without limit "
-                   "(a fork bomb can take the machine down)", needs)
+                   "(a fork bomb can take the machine down)", needs, name="processes")
     return Gap(f"{PER_USER_LIMIT} (processes = {limit})", 0,
                "enforced with RLIMIT_NPROC instead, which counts every process of this user, "
                "not of the sandbox (the tool may fork only while this user has fewer than "
-               f"{limit} processes in all)", needs, strict=False)
+               f"{limit} processes in all)", needs, strict=False, name="processes")
 
 
 def caller_gaps(policy: Policy) -> tuple[Gap, ...]:
@@ -178,7 +195,8 @@ def caller_gaps(policy: Policy) -> tuple[Gap, ...]:
                        "the policy switches it off ([scope] signals = false): the tool can stop "
                        "or kill every process of this user, sandlock's launcher (whose timeout "
                        "then never fires) and the caller included",
-                       "[scope] signals = true, or compat = \"best-effort\" to accept this"))
+                       "[scope] signals = true, or accept = [\"signal-scope\"] to accept this",
+                       name="signal-scope"))
     limit = policy.limits.processes
     if limit is not None:
         from ..linux import cgroups

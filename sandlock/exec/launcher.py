@@ -604,8 +604,8 @@ def _own_gate(compiled: Compiled, signals: Optional[Signals], body: object,
               ) -> tuple[Optional[SignalGate], Optional[Callable[[], None]]]:
     """A listener of its own for a command whose policy needs the gate and whose caller
     put it on no other listener (``signals`` None); ``hook`` then installs it as well.
-    Not for a Python call's spare (``body``): the API refuses call() under the gate."""
-    if not compiled.signal_gate or signals is not None or body is not None:
+    A Python call's spare (``body``) gets one too, in the supervisor that forks it."""
+    if not compiled.signal_gate or signals is not None:
         return None, hook
     from ..linux.signalgate import SignalGate, Signals
 

@@ -213,7 +213,8 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str, server: int) -> Non
     from ..linux import kernel
 
     spare: Optional[_Spare] = None
-    prepared: Optional[tuple[compiler.Compiled, bytes]] = None  # the policy spares get
+    #: the policy spares get, its token, and whether its calls are mediated ([network] allow)
+    prepared: Optional[tuple[compiler.Compiled, bytes, bool]] = None
     def leaving() -> None:  # its pids cgroup too ([limits] processes)
         if spare is not None:
             spare.discard()
@@ -236,7 +237,7 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str, server: int) -> Non
         if token is not None and prepared is None:
             # Its own copy of the ruleset fd: the request's is closed after the call.
             ruleset_fd = os.dup(fds[4]) if request["ruleset"] else -1
-            prepared = (_compiled(request, ruleset_fd), token)
+            prepared = (_compiled(request, ruleset_fd), token, request.get("mediate") is not None)
         # Nothing of this call survives into the next: the child's end (launcher's
         # Child._reap) kills and reaps every process re-parented to this supervisor.
         _serve_one(request, fds, notes_w, kind, spare, taken)
@@ -247,7 +248,7 @@ def _supervise(ctrl: socket.socket, notes_w: int, kind: str, server: int) -> Non
         if use < MAX_USES:
             if prepared is not None:
                 try:
-                    spare = _Spare(*prepared)
+                    spare = _Spare(*prepared[:2], mediated=prepared[2])
                 except OSError:
                     spare = None  # fork failed (RLIMIT_NPROC, memory): the next call forks
             _note(notes_w, b"i")
@@ -310,12 +311,20 @@ class _Spare:
     so it starts with no call's secrets, like a child forked at the call.
     """
 
-    def __init__(self, compiled: Any, token: bytes, ahead: bool = True) -> None:
-        """``ahead``: made before its call (not at it), so it also rehearses one."""
+    def __init__(self, compiled: Any, token: bytes, ahead: bool = True,
+                 mediated: bool = False) -> None:
+        """``ahead``: made before its call (not at it), so it also rehearses one.
+        ``mediated``: its call comes with the host allowlist's filter ([network] allow),
+        whose listener, the mediator's, then carries the signal gate (Landlock ABI < 6):
+        the spare gets no gate's listener of its own (a process gets one listener), and
+        runs nothing of the call before that filter is installed (:meth:`take`)."""
         from . import launcher
         from .callee import _spare_body
 
         self.token = token
+        #: The signal gate is the mediator's (checked against the call in :meth:`take`).
+        self.carried = mediated and compiled.signal_gate
+        self.gated = compiled.signal_gate
         #: The spare's setup channel: the call's descriptors go down it, and a setup
         #: failure comes back on it. The spare closes its end before the function runs,
         #: so nothing the function writes can read as a setup report (issue 12).
@@ -325,8 +334,11 @@ class _Spare:
         handoff = theirs.fileno()
         cmd = launcher.Command(sys.executable, (sys.executable,), (), None)
         try:
+            from ..linux.signalgate import Signals
+
             self.starting: Any = launcher.Starting(compiled, cmd, stdio=(-1, -1, -1),
-                                                   body=lambda: _spare_body(handoff, ahead))
+                                                   body=lambda: _spare_body(handoff, ahead),
+                                                   signals=Signals() if self.carried else None)
         except BaseException:
             self.sock.close()
             raise
@@ -344,6 +356,18 @@ class _Spare:
         """
         import array
 
+        from ..errors import SetupError
+
+        if self.carried != (self.gated and request.get("mediate") is not None):
+            self.discard()
+            raise SetupError("malformed request: the call's mediation and its spare's signal "
+                             "gate disagree")
+        if self.carried:
+            try:
+                _mediator_carries(request)
+            except SetupError:
+                self.discard()
+                raise
         child = self.starting.confirm()
         mediate = _mediate_fd(request, fds)
         try:
@@ -396,6 +420,9 @@ class _Spare:
         if self.starting.errr >= 0:
             os.close(self.starting.errr)
         self.starting.discard_group()
+        if self.starting.gate is not None:  # its signal gate (Landlock ABI < 6)
+            self.starting.gate.stop()
+            self.starting.gate = None
         self.close()
 
 
@@ -425,7 +452,8 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
             compiled = _compiled(request, fds[4] if request["ruleset"] else -1)
             try:
                 if request["kind"] == "call":  # no spare ready: one made now, for this call
-                    spare = _Spare(compiled, request.get("policy") or b"", ahead=False)
+                    spare = _Spare(compiled, request.get("policy") or b"", ahead=False,
+                                   mediated=request.get("mediate") is not None)
                     child = spare.take(request, fds)
                 else:
                     recorder = _recorder(request)
@@ -433,8 +461,11 @@ def _serve_one(request: dict[str, Any], fds: list[int], notes_w: int, kind: str,
                     if recorder is not None:  # recorder first: the mediation filter
                         hook = _hooks(recorder.in_child, hook)  # refuses new listeners
                     # the signal gate (Landlock ABI < 6): on the recorder's listener if
-                    # any, else Starting gives the child one of its own
+                    # any, else the mediator's under [network] allow, else Starting gives
+                    # the child one of its own
                     signals = launcher.carry_signals(compiled.signal_gate, recorder)
+                    if signals is None and compiled.signal_gate and hook is not None:
+                        signals = _mediator_carries(request)
                     steps = _steps(request, compiled, cmd,
                                    hook is not None or compiled.signal_gate)
                     starting = launcher.Starting(compiled, cmd, stdio=(stdin, stdout, stderr),
@@ -488,6 +519,22 @@ def _mediate_fd(request: dict[str, Any], fds: Sequence[int]) -> int:
     """The socket for the listener of a call under ``[network] allow`` (after the
     ruleset fd, before a Python call's memfd and result pipe), or -1."""
     return fds[4 + bool(request["ruleset"])] if request.get("mediate") else -1
+
+
+def _mediator_carries(request: dict[str, Any]) -> Any:
+    """The signal gate's handler, when the mediator of a call under ``[network] allow``
+    carries it (:func:`sandlock.net.mediator.serve`): a process may have only one
+    listener, so the child gets no gate of its own; the program it installs for the
+    mediator must begin with the gate's filter, else the call is refused, never run
+    without the signal scope."""
+    from ..errors import SetupError
+    from ..linux.signalgate import Signals
+
+    signals = Signals()
+    if not bytes(request["mediate"]).startswith(signals.prefix):
+        raise SetupError("malformed request: the signal gate is needed (Landlock ABI < 6) "
+                         "and the mediator's filter does not carry it")
+    return signals
 
 
 def _listener_hook(request: dict[str, Any], fds: Sequence[int]) -> Any:

@@ -73,14 +73,16 @@ class RemoteMediation:
     :class:`sandlock.net.connect.Mediation` (``proxy.environment()``,
     ``gate.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, signals: bool = False) -> None:
+        """``signals``: the connect gate's listener also carries the signal gate
+        (Landlock ABI < 6; :mod:`sandlock.linux.signalgate`): the tool gets one listener."""
         import pickle
 
         from ..errors import SetupError
 
         network = policy.network
         config = pickle.dumps((tuple((r.low, r.high) for r in network.connect),
-                               network.allow, network.deny, network.hosts))
+                               network.allow, network.deny, network.hosts, signals is True))
         self.events: list[str] = []
         self._stopped = False
         self._proc, self._sock = start_process("serve")
@@ -201,11 +203,15 @@ def serve(fd: int) -> None:
     code = 1
     mediation: Optional[Mediation] = None
     try:
-        ports, allow, deny, hosts = pickle.loads(sock.recv(1 << 20))
+        ports, allow, deny, hosts, signals = pickle.loads(sock.recv(1 << 20))
         policy: Any = SimpleNamespace(network=SimpleNamespace(
             connect=tuple(SimpleNamespace(low=low, high=high) for low, high in ports),
             allow=allow, deny=deny, hosts=hosts))
         mediation = Mediation(policy)
+        if signals:  # the signal gate rides on the connect gate's listener (before its bpf goes)
+            from ..linux.signalgate import Signals
+
+            mediation.gate.gate_signals(Signals())
         sock.sendmsg([json.dumps({"env": mediation.proxy.environment(),
                                   "bpf": mediation.gate.notify_bpf.hex()}).encode()],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS,

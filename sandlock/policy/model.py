@@ -67,6 +67,29 @@ class Compat(str, enum.Enum):
     BEST_EFFORT = "best-effort"
 
 
+#: The gaps a strict policy may accept one by one (``accept = [NAME, ...]``, ``--accept
+#: NAME``, ``Sandbox(accept=...)``), every other gap still refused: the stable name, and
+#: the protection it gives up (each :class:`sandlock.compile.ruleset.Gap` carries its name).
+#: Filesystem confinement (no Landlock at all) has none: only best-effort runs without it.
+ACCEPTABLE_GAPS = {
+    "tcp-ports": "TCP port restriction (Landlock ABI 4)",
+    "ioctl-dev": "device ioctl restriction (Landlock ABI 5)",
+    "abstract-unix": "abstract unix socket scope (Landlock ABI 6)",
+    "signal-scope": "signal scope (Landlock ABI 6, or the signal gate; or [scope] signals = false)",
+    "processes": "process limit of [limits] processes (a pids cgroup this caller can create)",
+}
+
+
+def accept_names(value: object) -> tuple[str, ...]:
+    """``accept``: names of :data:`ACCEPTABLE_GAPS`, each checked (an error names its index)."""
+    names = _string_list(value)
+    for index, name in enumerate(names):
+        if name not in ACCEPTABLE_GAPS:
+            raise _Bad(f"unknown gap name {name!r} (expected one of: {', '.join(ACCEPTABLE_GAPS)})",
+                       (index,))
+    return names
+
+
 @dataclass(frozen=True)
 class PathRule:
     path: str
@@ -142,6 +165,8 @@ class Policy:
     source: str = "<policy>"
     description: str = ""
     compat: Compat = Compat.STRICT
+    #: Names of :data:`ACCEPTABLE_GAPS` a strict run accepts (reported, never silent).
+    accept: tuple[str, ...] = ()
     paths: tuple[PathRule, ...] = ()
     network: Network = field(default_factory=Network)
     scope: Scopes = field(default_factory=Scopes)
@@ -158,6 +183,17 @@ class Policy:
         from dataclasses import replace
 
         return replace(self, compat=compat)
+
+    def with_accept(self, names: Sequence[str], source: str = "--accept") -> Policy:
+        """This policy accepting the gaps ``names`` too (a PolicyError naming ``source``
+        and the name for one that is not in :data:`ACCEPTABLE_GAPS`)."""
+        from dataclasses import replace
+
+        try:
+            added = accept_names(list(names))
+        except _Bad as bad:
+            raise PolicyError(str(bad), source=source) from None
+        return replace(self, accept=_union((*self.accept, *added)))
 
     def with_timeout(self, timeout: float | None) -> Policy:
         from dataclasses import replace
@@ -485,6 +521,7 @@ SCHEMA: dict[str, Validator | dict[str, Validator]] = {
     "description": _string,
     "extends": _string_list,
     "compat": _compat,
+    "accept": accept_names,
     "filesystem": {"read": _path_entries, "write": _path_entries, "exec": _path_entries},
     "network": {"connect": parse_ports, "bind": _bind_ports, "udp": _boolean, "unix": _boolean,
                 "allow": _host_rules("allow"), "deny": _host_rules("deny"), "hosts": _host_pins},
@@ -828,6 +865,7 @@ def _merge(layers: list[_Layer], variables: Mapping[str, str], check_paths: bool
         source=layers[-1].source,
         description=get("description", ""),
         compat=get("compat", Compat.STRICT),
+        accept=merged.get("accept", ()),  # every layer's, like every list: see README
         paths=_union(paths),
         network=Network(merged.get("network.connect", ()), merged.get("network.bind", ()),
                         get("network.udp", False), get("network.unix", False),
