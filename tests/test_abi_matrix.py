@@ -37,6 +37,10 @@ ABIS = (1, 2, 3, 4, 5, 6)
 EXPECTED_REFUSALS: dict[str, tuple[str, int]] = {
     # [network] connect: the TCP port restriction is Landlock ABI 4's (no substitute yet).
     "https_client": ("tcp-ports", 4),
+    "psql": ("tcp-ports", 4),
+    "redis_cli": ("tcp-ports", 4),
+    # [network] unix: the abstract unix socket scope is Landlock ABI 6's (no substitute yet).
+    "chromium": ("abstract-unix", 6),
 }
 
 #: Rows where an ABI's run is documented as stricter than the reference (a substitute
