@@ -154,7 +154,7 @@ run_item() {  # run_item ENGINE USER ITEM: one container, one item; PASS or FAIL
            --env PATH=/opt/sandlock/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
     timeout 600 "$(client "$engine")" "${args[@]}" "$IMAGE" \
         /bin/bash /opt/sandlock-ci/container_items.sh "$item" >"$log" 2>&1 || rc=$?
-    why="$(grep '^FAIL: ' "$log" | tail -1 | sed 's/^FAIL: //' | tr -d '\000-\010\013-\037\177')"
+    why="$(grep '^FAIL: ' "$log" | tail -1 | sed 's/^FAIL: //' | tr -d '\000-\010\013-\037\177' || true)"
     [ -n "$why" ] || why="exit $rc: $(tail -1 "$log" | tr -d '\000-\010\013-\037\177')"
     if known="$(known_reason "$item" "$engine" "$user")"; then
         if [ "$rc" = 0 ]; then
@@ -183,7 +183,8 @@ main() {
     for engine in "${ENGINES[@]}"; do
         start=$SECONDS
         [ "$engine" = docker ] && start_dockerd
-        run_engine "$engine" import "$WORK/rootfs.tar" "$IMAGE" >/dev/null
+        run_engine "$engine" import "$WORK/rootfs.tar" "$IMAGE" >"$LOGS/$engine.import.log" 2>&1 \
+            || { cat "$LOGS/$engine.import.log" >&2; exit 1; }
         IMPORTED+=("$engine")
         [ "$engine" = podman ] && podman_fallback
         echo "containers: $engine: imported in $((SECONDS - start))s; $(run_engine "$engine" version 2>/dev/null \
