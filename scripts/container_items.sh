@@ -62,7 +62,7 @@ allow = ["web.test:8080"]
 hosts = { "web.test" = "127.0.0.1" }
 EOF
     out="$(sandlock run --policy web.toml -- curl -fsS --max-time 20 http://web.test:8080/ok.txt 2>&1)" \
-        || { echo "$out"; fail "the allowed host:port was not reachable"; }
+        || { echo "$out"; fail "the allowed host:port was not reachable: $(grep -m1 'sandlock: network' <<< "$out" || true)"; }
     echo "$out"
     [ "$out" = "allowed page" ] || fail "the allowed host:port answered something else"
     rc=0; out="$(sandlock run --policy web.toml -- curl -fsS --max-time 20 http://web.test:8081/ok.txt 2>&1)" || rc=$?
@@ -189,10 +189,11 @@ EOF
 check() { sandlock check || fail "sandlock check exited $?"; }
 
 probe() {  # probe NAME: every escape the shipped policy does not grant is blocked
-    local out
-    out="$(sandlock probe --policy "$CI/policies/$1.toml" --var workspace="$WORK/ws" 2>&1)" \
-        || { echo "$out"; fail "probe of $1 exited $?: $(grep -E 'ESCAPE|error' <<< "$out" | head -3 | tr '\n' ' ')"; }
-    echo "$out" | tail -3
+    local out rc=0 why
+    out="$(sandlock probe --policy "$CI/policies/$1.toml" --var workspace="$WORK/ws" 2>&1)" || rc=$?
+    echo "$out"
+    why="$(grep -E 'ESCAPE' <<< "$out" | head -3 | tr '\n' ' ' || true)"
+    [ "$rc" = 0 ] || fail "probe of $1 exited $rc: ${why:-$(head -1 <<< "$out")}"
 }
 
 bench() {  # the median wall time of 20 `sandlock run ... -- /bin/true`
