@@ -6,15 +6,12 @@
 #
 #   scripts/fresh_machine_test.sh [root|user]...    # default: root user
 #
-# Needs root, debootstrap and the Debian mirror (SANDLOCK_DEBIAN_MIRROR). The packages
-# debootstrap fetches are kept in a tarball under /var/cache (rebuilt after a week), so
-# a rootfs takes about half a minute to make. Inside, the tests run with
+# Needs root, debootstrap and the Debian mirror: each rootfs comes from
+# scripts/debian_rootfs.sh (about half a minute from its cache). Inside, the tests run with
 # SANDLOCK_EXPECT_TOOLS=1: a test tool that scripts/system-packages.txt does not list
 # fails instead of skipping.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-SUITE=bookworm
-MIRROR="${SANDLOCK_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 INSTALL='scripts/install.sh && . ~/.venvs/sandlock/bin/activate'
 FIRST='sandlock run --policy read_file --var workspace=$PWD -- cat notes.md'
 TEST='scripts/test.sh'
@@ -23,10 +20,6 @@ for line in "$INSTALL" "$FIRST" "$TEST"; do
 done
 
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (debootstrap, chroot, mount)" >&2; exit 1; }
-command -v debootstrap >/dev/null || "$ROOT/scripts/system-packages.sh" ensure ci
-if [ -d /var/cache ]; then CACHE=/var/cache/sandlock-ci; else CACHE="$HOME/.cache/sandlock-ci"; fi
-mkdir -p "$CACHE"
-TARBALL="$CACHE/debootstrap-$SUITE-minbase-python3.tgz"
 WORK="$(mktemp -d /var/tmp/sandlock-fresh.XXXXXX)"
 ROOTS=()
 TIMES=()
@@ -60,13 +53,7 @@ timed() {  # timed LABEL COMMAND...: run it, note how long it took
 
 fresh_root() {  # fresh_root DIR: Debian minbase + python3, mounts, resolver, this tree
     local dir="$1"
-    if [ ! -s "$TARBALL" ] || [ -n "$(find "$TARBALL" -mtime +7)" ]; then
-        debootstrap --variant=minbase --include=python3 --make-tarball="$TARBALL.new" \
-            "$SUITE" "$WORK/download" "$MIRROR" >/dev/null
-        mv "$TARBALL.new" "$TARBALL"
-    fi
-    debootstrap --variant=minbase --include=python3 --unpack-tarball="$TARBALL" \
-        "$SUITE" "$dir" "$MIRROR" >/dev/null
+    "$ROOT/scripts/debian_rootfs.sh" "$dir"
     ROOTS+=("$dir")
     mount -t proc proc "$dir/proc"
     mount --rbind /sys "$dir/sys" && mount --make-rslave "$dir/sys"
