@@ -32,7 +32,7 @@ sandlock run --policy read_file --var workspace=$PWD -- cat notes.md
 git init -q . && git -c user.name=me -c user.email=me@example.com commit -q --allow-empty -m first
 sandlock learn -o git-log.toml -- git log --oneline    # one recorded run, permissive but no secrets
 grep -n WARNING git-log.toml || true                   # review it (and edit): broader grants first
-sandlock run --policy git-log.toml -- git log --oneline'
+sandlock run --policy git-log.toml --var workspace=$PWD -- git log --oneline'
 
 quickstart() {
     local line out
@@ -143,7 +143,7 @@ learn() {  # learn writes a draft under which the same command runs confined
     local out
     cd ws
     sandlock learn -o draft.toml -- cat notes.md || fail "learn exited $?"
-    out="$(sandlock run --policy draft.toml -- cat notes.md 2>&1)" || { echo "$out"; fail "run of the draft failed"; }
+    out="$(sandlock run --policy draft.toml --var workspace="$PWD" -- cat notes.md 2>&1)" || { echo "$out"; fail "run of the draft failed"; }
     [ "$out" = "hello from the workspace" ] || { echo "$out"; fail "run of the draft printed something else"; }
 }
 

@@ -32,10 +32,9 @@ ITEMS+=(bench)
 # What fails today, one row per item, engine and user (* for any): "ITEM ENGINE USER REASON".
 # A failure listed here is reported and tolerated; a pass of a listed row is an error.
 KNOWN_FAILING=(
-    "allowlist docker * sandlock: network: refused connection of pid N: sandlock may not take its socket (the process made itself non-dumpable, so ptrace access rules forbid pidfd_getfd): Docker's default seccomp profile allows pidfd_getfd only with CAP_SYS_PTRACE"
-    "processes * root sandlock: procs.toml: cannot enforce the process limit (processes = 16) (needs a pids cgroup this caller can create; none here: no cgroup hierarchy has the pids controller): RLIMIT_NPROC does not bind root"
-    "probe.python_runner * root sandlock: /opt/sandlock-ci/policies/python_runner.toml: cannot enforce the process limit (processes = 64) (needs a pids cgroup this caller can create; none here: no cgroup hierarchy has the pids controller): RLIMIT_NPROC does not bind root"
-    "probe.shell * root sandlock: /opt/sandlock-ci/policies/shell.toml: cannot enforce the process limit (processes = 128) (needs a pids cgroup this caller can create; none here: no cgroup hierarchy has the pids controller): RLIMIT_NPROC does not bind root"
+    "processes * root sandlock: procs.toml: cannot enforce the process limit (processes = 16) (needs a pids cgroup this caller can create; none here: the cgroup v1 pids hierarchy is mounted read-only, a container's default cgroup mount): RLIMIT_NPROC does not bind root"
+    "probe.python_runner * root sandlock: /opt/sandlock-ci/policies/python_runner.toml: cannot enforce the process limit (processes = 64) (needs a pids cgroup this caller can create; none here: the cgroup v1 pids hierarchy is mounted read-only, a container's default cgroup mount): RLIMIT_NPROC does not bind root"
+    "probe.shell * root sandlock: /opt/sandlock-ci/policies/shell.toml: cannot enforce the process limit (processes = 128) (needs a pids cgroup this caller can create; none here: the cgroup v1 pids hierarchy is mounted read-only, a container's default cgroup mount): RLIMIT_NPROC does not bind root"
 )
 
 [ "$(id -u)" = 0 ] || { echo "$0: needs root (debootstrap, chroot, the engines)" >&2; exit 1; }
