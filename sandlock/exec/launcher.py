@@ -34,6 +34,7 @@ from ..linux import cgroups, kernel
 from ..linux.process import FORWARDED_SIGNALS, children, reap_descendants
 from ..policy import environment
 from . import engine, spec
+from .spec import Command as Command  # data, defined with the steps; still importable here
 
 # Start-up is paid on every `sandlock run`: nothing the cached run path skips
 # (policy parsing, dataclasses, typing, fnmatch/re, threading) is imported here at
@@ -78,30 +79,6 @@ def resolve_command(name: str, path: Optional[str]) -> str:
     if seen_non_executable:
         raise ExecError(f"{seen_non_executable}: permission denied", ExitCode.NOT_EXECUTABLE)
     raise ExecError(f"{name}: command not found", ExitCode.NOT_FOUND)
-
-
-class Command:
-    """What to execute: resolved path, argv, the whole environment, working directory."""
-
-    __slots__ = ("executable", "argv", "env", "cwd")
-
-    def __init__(self, executable: str, argv: tuple[str, ...], env: tuple[tuple[str, str], ...],
-                 cwd: Optional[str] = None) -> None:
-        self.executable = executable
-        self.argv = argv
-        self.env = env
-        self.cwd = cwd
-
-    def __repr__(self) -> str:
-        return (f"Command(executable={self.executable!r}, argv={self.argv!r}, "
-                f"env=<{len(self.env)} vars>, cwd={self.cwd!r})")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Command) and (self.executable, self.argv, self.env, self.cwd) == (
-            other.executable, other.argv, other.env, other.cwd)
-
-    def __hash__(self) -> int:
-        return hash((self.executable, self.argv, self.env, self.cwd))
 
 
 def prepare_command(policy: Policy, argv: Sequence[str], *, caller_env: Optional[Mapping[str, str]] = None,
