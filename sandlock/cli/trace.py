@@ -114,7 +114,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
                                 "have; trace a copy of the policy without `allow` (its refusals "
                                 "are reported by `sandlock run` as they happen)")
         compiled = compiler.compile_policy(loaded, prepared(loaded))  # as `run` compiles it
-        cmd = launcher.prepare_command(loaded, list(command))
+        cmd = launcher.prepare_command(compiled, list(command))
         for line in compiled.warnings:
             say(f"warning: NOT enforced on this kernel: {line}")
         failure: Optional[SandlockError] = None

@@ -86,43 +86,7 @@ KNOWN_FIELDS = {
 }
 #: Attributes of compiler.Compiled the cached path reproduces.
 KNOWN_COMPILED = {"policy", "abi", "gaps", "ruleset_fd", "bpf", "rlimits", "_fprog", "_keep",
-                  "cgroup", "signal_gate"}
-
-
-class _Limits:
-    __slots__ = ("timeout",)
-
-    def __init__(self, timeout: Optional[float]) -> None:
-        self.timeout = timeout
-
-
-class _Env:
-    __slots__ = ("passed", "set")
-
-    def __init__(self, passed: tuple[str, ...], set_: tuple[tuple[str, str], ...]) -> None:
-        self.passed = passed
-        self.set = set_
-
-
-class _Network:
-    """A cached policy never has host rules (issue 7): those are not cacheable."""
-
-    __slots__ = ("allow", "deny", "hosts")
-
-    def __init__(self) -> None:
-        self.allow = self.deny = self.hosts = ()
-
-
-class CachedPolicy:
-    """The parts of a Policy the launcher reads after compilation (source, env, timeout)."""
-
-    __slots__ = ("source", "env", "limits", "network")
-
-    def __init__(self, source: str, env: _Env, limits: _Limits) -> None:
-        self.source = source
-        self.env = env
-        self.limits = limits
-        self.network = _Network()
+                  "cgroup", "signal_gate", "source", "env_passed", "env_set", "timeout"}
 
 
 #: The shape of an entry's value (see _value), checked in full before any of it is used:
@@ -167,8 +131,10 @@ class Entry:
 
     def __init__(self, value: dict[str, Any], policy_file: str) -> None:
         passed, set_ = value["env"]
-        self.policy = CachedPolicy(value["source"], _Env(tuple(passed), tuple(set_)),
-                                   _Limits(value["timeout"]))
+        #: The run's facts (:class:`sandlock.compile.compiler.Compiled`), as compiled.
+        self.source: str = value["source"]
+        self.env: tuple[tuple[str, ...], tuple[tuple[str, str], ...]] = (tuple(passed), tuple(set_))
+        self.timeout: Optional[float] = value["timeout"]
         self.plan = value["plan"]
         self.warnings: tuple[str, ...] = tuple(value["warnings"])
         self.bpf: bytes = value["bpf"]
@@ -204,8 +170,12 @@ class Entry:
         fd = grants.build_ruleset(abi, handled_fs, handled_net, scoped, paths, ports, file_only,
                                   write_rights, self.policy_files)
         # Gaps are kept as their one-line descriptions: Compiled.warnings prints str(gap).
-        return Compiled(self.policy, abi, self.warnings, fd,  # type: ignore[arg-type]
-                        self.bpf, self.rlimits, self.cgroup, signal_gate=self.signal_gate)
+        compiled = Compiled(None, abi, self.warnings, fd,  # type: ignore[arg-type]
+                            self.bpf, self.rlimits, self.cgroup, signal_gate=self.signal_gate)
+        compiled.source = self.source
+        compiled.env_passed, compiled.env_set = self.env
+        compiled.timeout = self.timeout
+        return compiled
 
 
 class Lookup:
@@ -476,7 +446,7 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
     checks = tuple((rule.path, rule.path in present) for rule in dict.fromkeys(everything.paths))
     plan = ruleset.plan(policy, compiled.abi)
     return {
-        "source": policy.source,
+        "source": compiled.source,
         "layers": tuple(_layer_files(policy)),
         "checks": checks,
         "plan": (plan.abi, plan.handled_fs, plan.handled_net, plan.scoped, plan.paths, plan.ports,
@@ -485,8 +455,8 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
         "bpf": bytes(compiled.bpf),
         "signal_gate": compiled.signal_gate,
         "rlimits": tuple((int(r), int(v)) for r, v in compiled.rlimits),
-        "env": (tuple(policy.env.passed), tuple(policy.env.set)),
-        "timeout": policy.limits.timeout,
+        "env": (tuple(compiled.env_passed), tuple(compiled.env_set)),
+        "timeout": compiled.timeout,
         "cgroup": None if policy.limits.processes is None else _cgroup_key(*cgroups.find()),
     }
 

@@ -32,7 +32,6 @@ import time
 from ..errors import ExecError, ExitCode, SetupError
 from ..linux import cgroups, kernel
 from ..linux.process import FORWARDED_SIGNALS, children, reap_descendants
-from ..policy import environment
 from . import engine, spec
 from .spec import Command as Command  # data, defined with the steps; still importable here
 
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from ..compile.compiler import Compiled
     from ..linux.signalgate import SignalGate, Signals
     from ..net.connect import Mediation
-    from ..policy.model import Policy
     from ..trace.record import Recorder
 
 
@@ -81,13 +79,16 @@ def resolve_command(name: str, path: Optional[str]) -> str:
     raise ExecError(f"{name}: command not found", ExitCode.NOT_FOUND)
 
 
-def prepare_command(policy: Policy, argv: Sequence[str], *, caller_env: Optional[Mapping[str, str]] = None,
+def prepare_command(compiled: Compiled, argv: Sequence[str], *,
+                    caller_env: Optional[Mapping[str, str]] = None,
                     cwd: Optional[str] = None) -> Command:
+    """The command for ``argv``: found on the caller's PATH, with the environment the
+    compiled policy gives the tool."""
     caller = os.environ if caller_env is None else caller_env
     if not argv:
         raise ExecError("no command given", ExitCode.NOT_FOUND)
     exe = resolve_command(argv[0], caller.get("PATH"))
-    env = environment.build(policy.env.passed, policy.env.set, caller)
+    env = compiled.environment(caller)
     return Command(exe, tuple(argv), tuple(env.items()), cwd)
 
 
@@ -471,10 +472,11 @@ def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forwar
               _mediation: Optional[Mediation], recorder: Optional[Recorder],
               report: Optional[Callable[[str], None]]) -> Child:
     """:func:`run`, through the host allowlist's proxy and connect gate when the policy has one."""
-    if compiled.policy.network.allow and _mediation is None:  # host allowlist (issue 7)
+    if compiled.network is not None and _mediation is None:  # host allowlist (issue 7)
         from ..net.connect import Mediation
 
-        with Mediation(compiled.policy, report) as mediation:  # proxy + connect gate
+        # Mediation reads only ``.network`` of what it is given: the plan's
+        with Mediation(compiled, report) as mediation:  # type: ignore[arg-type]  # proxy + connect gate
             return _run(compiled, mediation.command(cmd), timeout, forward_signals, mediation,
                         recorder, report)
     return _run(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)
@@ -482,7 +484,7 @@ def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forwar
 
 def _hint(compiled: Compiled, cmd: Command, child: Child, report: Callable[[str], None]) -> None:
     """One line when the command failed: where to look for what the policy refused."""
-    if compiled.policy.network.allow:
+    if compiled.network is not None:
         # trace cannot record beside the host allowlist's supervisor; and a tool that
         # resolves names itself gets no DNS here, which it reports as its own error.
         report(f"hint: the command exited with {child.returncode}; this policy reaches the "
@@ -537,7 +539,7 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
-        limit = timeout if timeout is not None else compiled.policy.limits.timeout
+        limit = timeout if timeout is not None else compiled.timeout
         child.wait(limit)
     finally:
         for signum, handler in previous.items():

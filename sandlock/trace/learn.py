@@ -151,7 +151,7 @@ def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: O
             except LandlockError:
                 if attempt == 2:
                     raise
-        cmd = launcher.prepare_command(policy, list(argv))
+        cmd = launcher.prepare_command(compiled, list(argv))
         code = 0
         with compiled, T.Recorder(programs=True) as recorder:
             try:
