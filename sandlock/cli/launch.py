@@ -47,7 +47,7 @@ def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     """The policy named on the command line: a file (``data``: its bytes, when the
     caller already read them), or a tool of a registry."""
     if tool is not None:
-        from ..policy.registry import Registry
+        from ..api.registry import Registry
 
         if policies is None:
             raise SandlockError("--tool needs --policies DIR (or a policies file)")

@@ -19,11 +19,19 @@ from ..linux import cgroups, kernel
 # On `sandlock run`'s per-call path (the cache rebuilds a Compiled): nothing heavy here.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Optional, Sequence
+    from typing import Mapping, Optional, Protocol, Sequence
 
-    from ..net.routes import Routes
     from ..policy.model import Limits, Network, Policy
     from . import ruleset
+
+    class Routes(Protocol):
+        """What compiling needs of a credential route server (:mod:`sandlock.net.routes`,
+        a layer above, which is not imported): the port it listens on, and stopping it."""
+
+        @property
+        def port(self) -> int: ...
+
+        def stop(self) -> None: ...
 
 
 #: Compiled(cgroup=DISCOVER): look for a pids cgroup base now (cgroups.find).

@@ -460,8 +460,9 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
     """
     kernel.set_child_subreaper()
     if compiled.routes is not None:  # credential routes (issue 16), granted by compile_policy
-        from ..net.routes import serving
+        from ..net.routes import Routes, serving
 
+        assert isinstance(compiled.routes, Routes)  # the API's remote ones never come here
         with serving(compiled.routes, cmd) as routed_cmd:  # serving for this run only
             return _mediated(compiled, routed_cmd, timeout, forward_signals, _mediation,
                              recorder, report)

@@ -1015,8 +1015,9 @@ def _serving(compiled: compiler.Compiled, command: launcher.Command
     if compiled.routes is None:
         yield command
         return
-    from ..net.routes import serving
+    from ..net.routes import Routes, serving
 
+    assert isinstance(compiled.routes, Routes)  # prepared by _routes, in this process
     with serving(compiled.routes, command) as routed:
         yield routed
 
