@@ -75,7 +75,7 @@ PROFILE_DIR = os.path.join(PACKAGE_DIR, "policy", "profiles")
 #: uncacheable unless it holds its default value: never silently skip a feature.
 KNOWN_FIELDS = {
     "Policy": {"source", "description", "compat", "paths", "network", "scope", "env", "limits",
-               "syscalls", "layers", "inputs"},
+               "syscalls", "layers", "inputs", "absent"},
     "PathRule": {"path", "access", "optional", "origin"},
     "PortRange": {"low", "high"},
     "Network": {"connect", "bind", "udp", "unix"},
@@ -182,22 +182,19 @@ class Lookup:
     """The cache slot for one `sandlock run` invocation: a hit (``entry``) or a slot to fill."""
 
     def __init__(self, key: tuple[Any, ...], directory: int, name: str, secret: bytes,
-                 entry: Optional[Entry], policy_file: str, text: bytes,
-                 variables: Mapping[str, str]) -> None:
+                 entry: Optional[Entry], policy_file: str) -> None:
         self.key = key
         self.directory = directory  #: a descriptor of the verified cache directory
         self.name = name
         self.entry = entry
         self._secret = secret
         self._policy_file = policy_file
-        self._text = text
-        self._variables = dict(variables)
 
     def store(self, policy: Policy, compiled: Compiled) -> None:
         """Save ``compiled`` for next time. Never raises: a cache that cannot be
         written only costs speed, it must not change what the command does."""
         try:
-            value = _value(policy, compiled, self._policy_file, self._text, self._variables)
+            value = _value(policy, compiled, self._policy_file)
             if value is not None:
                 _write(self.directory, self.name, self._secret, self.key, value)
         except Exception:  # noqa: BLE001 - see docstring
@@ -335,7 +332,7 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
         return None
     name = _digest(key)
     return Lookup(key, directory, name, secret, _read(directory, name, secret, key, policy_file),
-                  policy_file, text, variables)
+                  policy_file)
 
 
 # ----------------------------------------------------------------------------
@@ -429,10 +426,8 @@ def _cgroup_key(found: Any, why: str) -> tuple[Any, ...]:
     return (None, why) if found is None else tuple(found.wire())
 
 
-def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
-           variables: Mapping[str, str]) -> Optional[dict[str, Any]]:
+def _value(policy: Policy, compiled: Compiled, policy_file: str) -> Optional[dict[str, Any]]:
     from ..linux import cgroups
-    from ..policy.model import load_policy
     from . import ruleset
     from .abi import FILE_ONLY, WRITE_RIGHTS
     from .compiler import Compiled as CompiledType
@@ -440,10 +435,9 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
     if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
             or not _cacheable(policy) or policy.source != policy_file):
         return None
-    # Every rule, including optional paths that are absent now (they were skipped).
-    everything = load_policy(policy_file, variables, check_paths=False, data=text)
-    present = {rule.path for rule in policy.paths}
-    checks = tuple((rule.path, rule.path in present) for rule in dict.fromkeys(everything.paths))
+    # Every policy path: those granted exist, the optional ones skipped did not (loaded once).
+    checks = (*((path, True) for path in dict.fromkeys(rule.path for rule in policy.paths)),
+              *((path, False) for path in policy.absent))
     plan = ruleset.plan(policy, compiled.abi)
     return {
         "source": compiled.source,
