@@ -45,6 +45,11 @@ GUARDS: tuple[Guard, ...] = (
           "stored_key != key or not well_formed(value) or ",
           "stored_key != key or ",
           (INTEGRITY + "test_a_malformed_authentic_entry_is_a_miss",)),
+    Guard("cache: the optional paths a miss skipped are re-checked on a hit",
+          "sandlock/compile/cache.py",
+          "              *((path, False) for path in policy.absent))",
+          "              )",
+          ("tests/test_fastpath.py::test_optional_path_that_appears_is_granted",)),
     # What is protected is checked twice, by descriptor and by filesystem position (the
     # mount check): switching one off leaves the other; this switches off the set itself.
     Guard("protected set", "sandlock/compile/grants.py",
