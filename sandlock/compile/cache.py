@@ -86,7 +86,8 @@ KNOWN_FIELDS = {
 }
 #: Attributes of compiler.Compiled the cached path reproduces.
 KNOWN_COMPILED = {"policy", "abi", "gaps", "ruleset_fd", "bpf", "rlimits", "_fprog", "_keep",
-                  "cgroup", "signal_gate", "source", "env_passed", "env_set", "timeout"}
+                  "cgroup", "signal_gate", "source", "env_passed", "env_set", "timeout",
+                  "landlock"}
 
 
 #: The shape of an entry's value (see _value), checked in full before any of it is used:
@@ -428,17 +429,16 @@ def _cgroup_key(found: Any, why: str) -> tuple[Any, ...]:
 
 def _value(policy: Policy, compiled: Compiled, policy_file: str) -> Optional[dict[str, Any]]:
     from ..linux import cgroups
-    from . import ruleset
     from .abi import FILE_ONLY, WRITE_RIGHTS
     from .compiler import Compiled as CompiledType
 
+    plan = compiled.landlock
     if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
-            or not _cacheable(policy) or policy.source != policy_file):
+            or not _cacheable(policy) or policy.source != policy_file or plan is None):
         return None
     # Every policy path: those granted exist, the optional ones skipped did not (loaded once).
     checks = (*((path, True) for path in dict.fromkeys(rule.path for rule in policy.paths)),
               *((path, False) for path in policy.absent))
-    plan = ruleset.plan(policy, compiled.abi)
     return {
         "source": compiled.source,
         "layers": tuple(_layer_files(policy)),

@@ -78,6 +78,9 @@ class Compiled:
     env_set: tuple[tuple[str, str], ...] = ()
     timeout: Optional[float] = None
     network: Optional[Network] = None
+    #: The Landlock plan the ruleset was built from (what the compiled-policy cache stores;
+    #: None when the plan was itself read back from it, or sent to a fork server).
+    landlock: Optional[ruleset.Plan] = None
 
     def __init__(self, policy: Optional[Policy], abi: int, gaps: tuple[ruleset.Gap, ...],
                  ruleset_fd: int, bpf: bytes, rlimits: tuple[tuple[int, int], ...],
@@ -314,7 +317,9 @@ def _compile(policy: Policy) -> Compiled:
     bpf = seccomp.bpf_for(seccomp.plan(policy, abi))
     fd = build_rules(policy, plan)
     rlimits = clamp_to_hard_limits(rlimits_for(policy.limits))
-    return Compiled(policy, abi, gaps + caller, fd, bpf, rlimits, signal_gate=gate)
+    compiled = Compiled(policy, abi, gaps + caller, fd, bpf, rlimits, signal_gate=gate)
+    compiled.landlock = plan
+    return compiled
 
 
 def build_rules(policy: Policy, plan: ruleset.Plan) -> int:
