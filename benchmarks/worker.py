@@ -123,7 +123,7 @@ class Ours:
         self.launcher, self.compiler, self.policy = launcher, compiler, policy
         self.true_policy: str = config["true_policy"]
         self.compiled = compiler.compile_policy(policy.load_policy(self.true_policy, {}))
-        self.true_cmd = launcher.prepare_command(self.compiled.policy, TRUE)
+        self.true_cmd = launcher.prepare_command(self.compiled, TRUE)
         self.cache: dict[str, Any] = {}
         self.api: Optional[Api] = None
         if config.get("api"):
@@ -200,7 +200,7 @@ class Ours:
         compiled = self.compiler.compile_policy(loaded)
         t2 = time.perf_counter()
         try:
-            cmd = launcher.prepare_command(compiled.policy, argv)
+            cmd = launcher.prepare_command(compiled, argv)
             code = self.spawn_wait(compiled, cmd, capture)
         finally:
             compiled.close()
@@ -280,7 +280,7 @@ class Ours:
             self.cache[key] = self.compiler.compile_policy(
                 self.policy.load_policy(arg["policy"], arg["vars"]))
         compiled = self.cache[key]
-        cmd = self.launcher.prepare_command(compiled.policy, arg["argv"])
+        cmd = self.launcher.prepare_command(compiled, arg["argv"])
         t0 = time.perf_counter()
         code = self.spawn_wait(compiled, cmd, capture=True)
         elapsed = time.perf_counter() - t0
@@ -333,8 +333,8 @@ class Api:
         return int(result.returncode)
 
     def registry(self, directory: str) -> Any:
-        """``sandlock.policy.registry.Registry`` over a directory of ``TOOL.toml`` policies."""
-        from sandlock.policy.registry import Registry
+        """``sandlock.api.registry.Registry`` over a directory of ``TOOL.toml`` policies."""
+        from sandlock.api.registry import Registry
 
         return Registry(directory)
 

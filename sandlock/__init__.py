@@ -22,7 +22,7 @@ _EXPORTS = {
     "STDOUT": "api.sandbox", "DEVNULL": "api.sandbox", "start": "api.sandbox",
     "shutdown": "api.sandbox",
     "Result": "api.results", "Outcome": "api.results", "RemoteTraceback": "api.results",
-    "Registry": "policy.registry",
+    "Registry": "api.registry",
     "Policy": "policy.model", "load_policy": "policy.model", "loads_policy": "policy.model",
     "policy_from_dict": "policy.model",
     "SandlockError": "errors", "PolicyError": "errors", "KernelSupportError": "errors",
@@ -33,6 +33,7 @@ _EXPORTS = {
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads each on first use
+    from .api.registry import Registry
     from .api.results import Outcome, RemoteTraceback, Result
     from .api.sandbox import DEVNULL, PIPE, STDOUT, Process, Sandbox, shutdown, start
     from .errors import (
@@ -49,7 +50,6 @@ if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ loads each 
         TimeoutExpired,
     )
     from .policy.model import Policy, load_policy, loads_policy, policy_from_dict
-    from .policy.registry import Registry
 
 __all__ = [
     "CallError", "CommandFailed", "DEVNULL", "ExecError", "ExitCode", "KernelSupportError",

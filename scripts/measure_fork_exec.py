@@ -73,7 +73,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         policy = loads_policy(POLICY, source=str(Path(tmp) / "measure.toml"))
         compiled = compiler.compile_policy(policy)
-        command = launcher.prepare_command(policy, ["/usr/bin/true"])
+        command = launcher.prepare_command(compiled, ["/usr/bin/true"])
         read_end, write_end = os.pipe()
         launcher.TIMING_FD = write_end
         fork, path, total, spawn = [], [], [], []

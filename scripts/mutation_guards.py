@@ -51,6 +51,16 @@ GUARDS: tuple[Guard, ...] = (
           "stored_key != key or not well_formed(value) or ",
           "stored_key != key or ",
           (INTEGRITY + "test_a_malformed_authentic_entry_is_a_miss",)),
+    Guard("layers: exec/ runs the plan and reads no policy", "sandlock/exec/launcher.py",
+          "    env = compiled.environment(caller)\n",
+          "    from ..policy import environment\n"
+          "    env = environment.build(compiled.env_passed, compiled.env_set, caller)\n",
+          ("tests/test_layout.py::test_exec_reads_no_policy",)),
+    Guard("cache: the optional paths a miss skipped are re-checked on a hit",
+          "sandlock/compile/cache.py",
+          "              *((path, False) for path in policy.absent))",
+          "              )",
+          ("tests/test_fastpath.py::test_optional_path_that_appears_is_granted",)),
     # What is protected is checked twice, by descriptor and by filesystem position (the
     # mount check): switching one off leaves the other; this switches off the set itself.
     Guard("protected set", "sandlock/compile/grants.py",

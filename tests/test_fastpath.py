@@ -294,3 +294,36 @@ def test_a_change_to_the_code_that_shapes_an_entry_makes_every_entry_stale(
         before = after
     os.utime(copy / "exec" / "launcher.py", ns=(1, 1))
     assert fastpath._code_id() == before
+
+
+# Counts the loads of the policy (sandlock.policy.model._merge: one per parse, whatever it
+# extends) in a `sandlock run` of a fresh interpreter.
+COUNTING_RUNNER = """\
+import json, sys
+from sandlock.policy import model
+merged = []
+real = model._merge
+model._merge = lambda *a, **k: merged.append(1) or real(*a, **k)
+from sandlock.cli import launch
+code = launch.main_run(sys.argv[1:])
+sys.stderr.write("\\n" + json.dumps({"code": code, "loads": len(merged)}))
+"""
+
+
+def test_a_miss_loads_the_policy_once(workspace: Path, cache_env: dict[str, str]) -> None:
+    """The plan is made from one load: the entry's path checks (the optional paths skipped
+    included) come from it, not from loading the policy again to store it."""
+    require_abi(1, "filesystem confinement")
+    pol = write_policy(workspace.parent,
+                       CAT_POLICY + 'write = [{ path = "${ws}/gone", optional = true }]\n')
+    loads = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", COUNTING_RUNNER, "--policy", str(pol), "--var",
+                               f"ws={workspace}", "--", "cat", str(workspace / "notes.md")],
+                              env=cache_env, capture_output=True, text=True, timeout=60, check=False)
+        head, _, last = done.stderr.rpartition("\n")
+        info = json.loads(last)
+        assert info["code"] == 0, head
+        loads.append(info["loads"])
+    assert loads == [1, 0]  # the miss loads once and stores; the hit loads nothing
+    assert len(entries(cache_env)) == 1

@@ -1,10 +1,12 @@
 """The package's layout holds: every module imports, and no two modules need each other.
 
-The graph is read with :mod:`ast` from the source, counting only imports that run when a
-module is first imported (module level, including ``try``/``if`` blocks there, but not
-``if TYPE_CHECKING:`` blocks, which never run, nor imports inside functions, which run
-later and are how a lower layer may call up on purpose). A cycle of module-level imports
-makes the result depend on which module is imported first.
+The graph is read with :mod:`ast` from the source. Module-level imports (including
+``try``/``if`` blocks there, not ``if TYPE_CHECKING:`` blocks) run when a module is first
+imported: a cycle of them makes the result depend on which module is imported first. The
+layers and the cycles are also checked counting every import, inside functions and
+``if TYPE_CHECKING:`` blocks too: deferring an import hides a dependency from the
+interpreter, not from a reader. (The package's own ``__init__`` is the public facade: its
+type-only block names the public classes for type checkers and runs nothing.)
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import pathlib
 
 import pytest
 
@@ -80,13 +83,30 @@ def _at_run_time(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
     return out
 
 
-def imports(name: str, path: str, known: set[str], *, lazy: bool = False) -> set[str]:
-    """The package's modules that ``name`` imports at module level (``lazy``: anywhere)."""
+def _anywhere(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """Every import, ``if TYPE_CHECKING:`` blocks and functions included."""
+    out: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.append(node)
+        else:
+            out += _anywhere([c for c in ast.iter_child_nodes(node) if isinstance(c, ast.stmt)])
+    return out
+
+
+def imports(name: str, path: str, known: set[str], *, lazy: bool = False,
+            every: bool = False) -> set[str]:
+    """The package's modules that ``name`` imports at module level (``lazy``: anywhere it
+    can run; ``every``: anywhere, type-only imports too, except in the public facade)."""
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read(), path)
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
     out = set()
-    for node in (_at_run_time if lazy else _module_level)(tree.body):
+    if every:
+        reader = _at_run_time if name == PACKAGE else _anywhere
+    else:
+        reader = _at_run_time if lazy else _module_level
+    for node in reader(tree.body):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -107,10 +127,11 @@ def imports(name: str, path: str, known: set[str], *, lazy: bool = False) -> set
     return out
 
 
-def graph(*, lazy: bool = False) -> dict[str, set[str]]:
+def graph(*, lazy: bool = False, every: bool = False) -> dict[str, set[str]]:
     found = modules()
     known = set(found)
-    return {name: imports(name, path, known, lazy=lazy) for name, path in found.items()}
+    return {name: imports(name, path, known, lazy=lazy, every=every)
+            for name, path in found.items()}
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -171,6 +192,22 @@ def test_the_graph_sees_imports() -> None:
     assert "sandlock.cli.run" in edges["sandlock.__main__"]
     assert "sandlock.cli.main" not in edges["sandlock.cli.run"]  # only inside main()
     assert "sandlock.cli.main" in graph(lazy=True)["sandlock.cli.run"]
+    every = graph(every=True)
+    assert "sandlock.compile.compiler" not in graph(lazy=True)["sandlock.exec.spec"]
+    assert "sandlock.compile.compiler" in every["sandlock.exec.spec"]  # if TYPE_CHECKING:
+    assert "sandlock.cli.main" in every["sandlock.cli.run"]
+    assert "sandlock.api.sandbox" not in every[PACKAGE]  # the facade's type-only names
+
+
+def test_the_graph_sees_hidden_upward_imports(tmp_path: pathlib.Path) -> None:
+    """Positive control: an upward import in a function or a type-only block is found."""
+    source = tmp_path / "mod.py"
+    source.write_text("TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from ..policy import model\n"
+                      "def f() -> None:\n    from ..api import sandbox\n")
+    known = set(modules())
+    found = imports("sandlock.exec.mod", str(source), known, every=True)
+    assert found == {"sandlock.policy.model", "sandlock.api.sandbox"}
+    assert not imports("sandlock.exec.mod", str(source), known)
 
 
 def test_the_cycle_finder_finds_cycles() -> None:
@@ -184,11 +221,12 @@ def test_no_import_cycle() -> None:
 
 
 def test_no_cycle_through_imports_inside_functions() -> None:
-    """Deferring an import into a function hides a cycle from the interpreter, not from a
-    reader: two modules that call each other belong together or need a third below both."""
-    found = cycles(graph(lazy=True))
-    assert not found, "import cycles (counting imports inside functions): " + "; ".join(
-        " <-> ".join(c) for c in found)
+    """Deferring an import into a function or a type-only block hides a cycle from the
+    interpreter, not from a reader: two modules that call each other belong together or
+    need a third below both."""
+    found = cycles(graph(every=True))
+    assert not found, "import cycles (counting imports inside functions and type-only " \
+        "ones): " + "; ".join(" <-> ".join(c) for c in found)
 
 
 def test_layers_import_downwards() -> None:
@@ -196,3 +234,21 @@ def test_layers_import_downwards() -> None:
     upward = sorted(f"{name} -> {target}" for name, targets in graph().items() for target in targets
                     if layer(target) > layer(name))
     assert not upward, "module-level imports of a higher layer: " + "; ".join(upward)
+
+
+def test_layers_import_downwards_everywhere() -> None:
+    """The same, counting imports inside functions and type-only ones: a lower layer never
+    calls up, not even later (the plan carries what exec/ needs; the API calls down)."""
+    upward = sorted(f"{name} -> {target}" for name, targets in graph(every=True).items()
+                    for target in targets if layer(target) > layer(name))
+    assert not upward, "imports of a higher layer: " + "; ".join(upward)
+
+
+def test_exec_reads_no_policy() -> None:
+    """Executors run a compiled plan (:class:`sandlock.compile.compiler.Compiled`), never the
+    policy: every fact a run needs is in the plan, the same for the CLI, the API and the
+    probe. No module of exec/ imports policy/, in any way."""
+    found = sorted(f"{name} -> {target}" for name, targets in graph(every=True).items()
+                   for target in targets if name.startswith("sandlock.exec.")
+                   and target.startswith("sandlock.policy"))
+    assert not found, "exec/ imports policy/: " + "; ".join(found)

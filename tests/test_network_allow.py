@@ -721,7 +721,7 @@ def test_thousand_connections_leak_no_descriptor_or_thread(
     before = fds()
     with compiler.compile_policy(policy) as compiled:
         opened = fds()
-        cmd = launcher.prepare_command(policy, [PYTHON, "-c", textwrap.dedent(code)])
+        cmd = launcher.prepare_command(compiled, [PYTHON, "-c", textwrap.dedent(code)])
         events: list[str] = []
         child = launcher.run(compiled, cmd, forward_signals=False, report=events.append)
         assert child.returncode == 0

@@ -472,7 +472,7 @@ def test_waiting_in_process_spares_the_hosts_other_children(workspace: Path) -> 
         policy = loads_policy('version = 1\nextends = ["base"]\n'
                               '[filesystem]\nexec = ["/usr/bin/true"]\n')
         with compiler.compile_policy(policy) as compiled:
-            child = launcher.spawn(compiled, launcher.prepare_command(policy, ["/usr/bin/true"]))
+            child = launcher.spawn(compiled, launcher.prepare_command(compiled, ["/usr/bin/true"]))
             assert child.wait() == 0
         assert host_child.poll() is None, "the launcher killed a child that was not the tool's"
     finally:

@@ -222,7 +222,7 @@ def _confined(tmp_path: Path, abi: int, monkeypatch: pytest.MonkeyPatch, argv: l
     policy = load_policy(str(policy_file), {})
     with compiler.compile_policy(policy) as compiled:
         assert compiled.signal_gate
-        cmd = launcher.prepare_command(policy, argv)
+        cmd = launcher.prepare_command(compiled, argv)
         code = launcher.run(compiled, cmd, forward_signals=False).returncode
     assert code is not None
     return code

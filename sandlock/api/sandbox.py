@@ -333,7 +333,9 @@ class Sandbox:
             if self._routes is not None:
                 self._routes.stop()
             raise
-        self.policy = self._compiled.policy  #: as compiled: the route's port among its grants
+        compiled_policy = self._compiled.policy  # compiled here: never None
+        assert compiled_policy is not None
+        self.policy = compiled_policy  #: as compiled: the route's port among its grants
         self._trusted = trusted
         self._max_result = max_result_size
         from ..policy.environment import matcher

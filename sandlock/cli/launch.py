@@ -47,7 +47,7 @@ def load(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     """The policy named on the command line: a file (``data``: its bytes, when the
     caller already read them), or a tool of a registry."""
     if tool is not None:
-        from ..policy.registry import Registry
+        from ..api.registry import Registry
 
         if policies is None:
             raise SandlockError("--tool needs --policies DIR (or a policies file)")
@@ -109,72 +109,76 @@ def prepared(loaded: Policy) -> Optional[Routes]:
     return prepare(loaded, say)
 
 
+def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[str],
+                variables: Mapping[str, str], timeout: Optional[str], best_effort: bool,
+                accept: Sequence[str] = ()) -> Compiled:
+    """The plan of a run named on the command line, consulting the cache of compiled
+    policies (:mod:`sandlock.compile.cache`) first: a policy file compiled before, unchanged,
+    is read back instead of parsed (no policy model, tomllib or seccomp compiler is
+    imported). Any doubt means a miss: then the policy is loaded once, compiled (with its
+    credential routes listening, carried by the plan) and stored. A run that accepts a gap
+    (``accept``, `--accept`) is compiled afresh: the cache's key does not hold it."""
+    from ..compile import compiler
+
+    cached = None
+    data = None
+    if policy is not None and tool is None:
+        from ..compile import cache as fastpath
+        from ..policy.profiles import policy_file
+
+        policy = policy_file(policy)  # a bare name: the shipped policy of that name
+        data = _read_once(policy)
+        cached = None if accept else fastpath.lookup(policy, data, variables, timeout,
+                                                     best_effort)
+    try:
+        if cached is not None and cached.entry is not None:
+            from ..compile.grants import GrantError
+
+            try:
+                return cached.entry.compile()
+            except GrantError:
+                pass  # the full path reports it with the policy's line
+        loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data, accept)
+        from ..policy.model import cautions
+
+        for line in cautions(loaded):  # once: a cache hit does not come here
+            say(f"warning: {line}")
+        routes = prepared(loaded)
+        try:
+            compiled = compiler.compile_policy(loaded, routes)
+        except BaseException:
+            if routes is not None:
+                routes.stop()
+            raise
+        if cached is not None:  # never stores a policy with [credentials] (their port)
+            cached.store(loaded, compiled)
+        return compiled
+    finally:
+        if cached is not None:  # done with the cache: its directory is not the tool's
+            import os
+
+            os.close(cached.directory)
+
+
 def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
             best_effort: bool, argv: Sequence[str], *, tool: Optional[str] = None,
             policies: Optional[str] = None, accept: Sequence[str] = ()) -> int:
-    """Load, compile, launch and wait; every failure becomes a message and an exit code.
-
-    A policy file compiled before, unchanged, is read back from the cache of compiled
-    policies (:mod:`sandlock.compile.cache`) instead of being parsed: that skips importing
-    the policy model, tomllib and the seccomp compiler. Any doubt means a miss.
-    """
+    """Compile (:func:`compile_run`, the cache inside), then run the plan and wait; every
+    failure becomes a message and an exit code."""
     try:
-        from ..compile import compiler
+        compiled = compile_run(policy, tool, policies, variables, timeout, best_effort, accept)
         from ..exec import launcher
 
-        cached = compiled = None
-        routes = None  # the credential routes of the policy, once it is loaded
-        data = None
-        if policy is not None and tool is None:
-            from ..compile import cache as fastpath
-            from ..policy.profiles import policy_file
-
-            policy = policy_file(policy)  # a bare name: the shipped policy of that name
-            data = _read_once(policy)
-            # The key does not hold --accept: a run that accepts a gap is compiled afresh.
-            cached = None if accept else fastpath.lookup(policy, data, variables, timeout,
-                                                         best_effort)
-        loaded: Policy  # on a hit, the CachedPolicy view: the parts the launcher reads
         try:
-            if cached is not None and cached.entry is not None:
-                from ..compile.grants import GrantError
-
-                try:
-                    compiled = cached.entry.compile()
-                    loaded = cached.entry.policy  # type: ignore[assignment]
-                except GrantError:
-                    compiled = None  # the full path reports it with the policy's line
-            if compiled is None:
-                loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data,
-                                   accept)
-                from ..policy.model import cautions
-
-                for line in cautions(loaded):  # once: a cache hit does not come here
-                    say(f"warning: {line}")
-                routes = prepared(loaded)
-                try:
-                    compiled = compiler.compile_policy(loaded, routes)
-                except BaseException:
-                    if routes is not None:
-                        routes.stop()
-                    raise
-                if cached is not None:  # never stores a policy with [credentials] (their port)
-                    cached.store(loaded, compiled)
-        finally:
-            if cached is not None:  # done with the cache: its directory is not the tool's
-                import os
-
-                os.close(cached.directory)
-        try:
-            command = launcher.prepare_command(loaded, argv)
+            command = launcher.prepare_command(compiled, argv)
             warn_gaps(compiled)
             child = launcher.run(compiled, command, report=say)
         finally:
             compiled.close()  # the ruleset descriptor: the child is done with it
-            if routes is not None:
-                routes.stop()
+            if compiled.routes is not None:
+                compiled.routes.stop()
         if child.timed_out:
-            say(f"timeout: {argv[0]} ran longer than {loaded.limits.timeout:g}s; killed its "
+            say(f"timeout: {argv[0]} ran longer than {compiled.timeout:g}s; killed its "
                 "process tree")
         elif child.signal is not None and child.signal not in QUIET_SIGNALS:
             say(killed_by(argv[0], child.signal, compiled.rlimits))

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import click
 
@@ -20,6 +20,9 @@ from ..trace.emit import printable
 from .launch import load_full, parse_vars, prepared
 from .launch import say as _say_raw
 from .paths import PathArg
+
+if TYPE_CHECKING:
+    from ..trace.learn import Draft
 
 _CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
@@ -114,7 +117,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
                                 "have; trace a copy of the policy without `allow` (its refusals "
                                 "are reported by `sandlock run` as they happen)")
         compiled = compiler.compile_policy(loaded, prepared(loaded))  # as `run` compiles it
-        cmd = launcher.prepare_command(loaded, list(command))
+        cmd = launcher.prepare_command(compiled, list(command))
         for line in compiled.warnings:
             say(f"warning: NOT enforced on this kernel: {line}")
         failure: Optional[SandlockError] = None
@@ -176,8 +179,6 @@ def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
     files (also printed on stderr). Review it, then use it with
     `sandlock run --policy FILE -- COMMAND`.
     """
-    from ..trace.learn import learn_policy
-
     try:
         _check_support()
         draft, code = learn_policy(list(command), extends=tuple(extends), timeout=timeout,
@@ -202,6 +203,67 @@ def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
         say(f"learn: the command exited with {code} during the recorded run: the draft covers "
             "only what it did before that")
     raise click.exceptions.Exit(code)
+
+
+def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: Optional[str] = None,
+                 report: Optional[Callable[[str], None]] = None, allow_net: bool = False,
+                 allow_unix: bool = False) -> tuple[Draft, int]:
+    """Run ``argv`` recorded; return (the draft, the command's exit code). (Here, above
+    exec/ and trace/: it runs the command through the launcher, then drafts from the record.)"""
+    import shutil
+    import tempfile
+
+    from ..compile import compiler, ruleset
+    from ..errors import LandlockError, PolicyError
+    from ..exec import launcher
+    from ..policy.model import loads_policy, parse_duration
+    from ..trace import emit
+    from ..trace import record as T
+    from ..trace.learn import check_cwd, draft, recording_policy
+
+    cwd = os.path.realpath(os.getcwd())
+    home = os.path.realpath(os.path.expanduser("~"))
+    check_cwd(cwd, home)
+    tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="sandlock-learn-"))
+    try:
+        for attempt in range(3):  # an entry of a shared directory (/tmp) may vanish meanwhile
+            text = recording_policy(cwd, tmpdir, home, allow_net=allow_net, allow_unix=allow_unix)
+            policy = loads_policy(text, source="<learn>")
+            if timeout is not None:
+                try:
+                    policy = policy.with_timeout(parse_duration(timeout))
+                except Exception as exc:  # _Bad from the duration parser
+                    raise SandlockError(f"--timeout: {exc}") from None
+            try:
+                compiled = compiler.compile_policy(policy)
+                break
+            except LandlockError:
+                if attempt == 2:
+                    raise
+            except PolicyError as exc:  # a write grant `run` refuses: the working directory
+                raise SandlockError(f"learn: the recorded run may write its working directory "
+                                    f"{emit.printable(cwd)}, and sandlock refuses that grant: "
+                                    f"{exc.reason}; run learn in the tool's project "
+                                    "directory") from None
+        cmd = launcher.prepare_command(compiled, list(argv))
+        code = 0
+        with compiled, T.Recorder(programs=True) as recorder:
+            try:
+                child = launcher.run(compiled, cmd, report=report, recorder=recorder)
+                code = int(child.returncode or 0)
+            except SandlockError as exc:
+                if report is not None:
+                    report(str(exc))
+                code = int(exc.exit_code)
+            recorder.stop()
+        abi = ruleset.detect_abi()
+        learned = T.Judge.for_policy(policy, abi)
+        result = draft(recorder.events, abi, argv=argv, cwd=cwd, tmpdir=tmpdir, home=home,
+                       allowed=learned, extends=extends)
+        return result, code
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
 
 
 def register(group: Any) -> None:

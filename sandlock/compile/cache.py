@@ -76,7 +76,7 @@ PROFILE_DIR = os.path.join(PACKAGE_DIR, "policy", "profiles")
 #: uncacheable unless it holds its default value: never silently skip a feature.
 KNOWN_FIELDS = {
     "Policy": {"source", "description", "compat", "paths", "network", "scope", "env", "limits",
-               "syscalls", "layers", "inputs"},
+               "syscalls", "layers", "inputs", "absent"},
     "PathRule": {"path", "access", "optional", "origin"},
     "PortRange": {"low", "high"},
     "Network": {"connect", "bind", "udp", "unix"},
@@ -87,43 +87,8 @@ KNOWN_FIELDS = {
 }
 #: Attributes of compiler.Compiled the cached path reproduces.
 KNOWN_COMPILED = {"policy", "abi", "gaps", "ruleset_fd", "bpf", "rlimits", "_fprog", "_keep",
-                  "cgroup", "signal_gate"}
-
-
-class _Limits:
-    __slots__ = ("timeout",)
-
-    def __init__(self, timeout: Optional[float]) -> None:
-        self.timeout = timeout
-
-
-class _Env:
-    __slots__ = ("passed", "set")
-
-    def __init__(self, passed: tuple[str, ...], set_: tuple[tuple[str, str], ...]) -> None:
-        self.passed = passed
-        self.set = set_
-
-
-class _Network:
-    """A cached policy never has host rules (issue 7): those are not cacheable."""
-
-    __slots__ = ("allow", "deny", "hosts")
-
-    def __init__(self) -> None:
-        self.allow = self.deny = self.hosts = ()
-
-
-class CachedPolicy:
-    """The parts of a Policy the launcher reads after compilation (source, env, timeout)."""
-
-    __slots__ = ("source", "env", "limits", "network")
-
-    def __init__(self, source: str, env: _Env, limits: _Limits) -> None:
-        self.source = source
-        self.env = env
-        self.limits = limits
-        self.network = _Network()
+                  "cgroup", "signal_gate", "source", "env_passed", "env_set", "timeout",
+                  "landlock"}
 
 
 #: The shape of an entry's value (see _value), checked in full before any of it is used:
@@ -168,8 +133,10 @@ class Entry:
 
     def __init__(self, value: dict[str, Any], policy_file: str) -> None:
         passed, set_ = value["env"]
-        self.policy = CachedPolicy(value["source"], _Env(tuple(passed), tuple(set_)),
-                                   _Limits(value["timeout"]))
+        #: The run's facts (:class:`sandlock.compile.compiler.Compiled`), as compiled.
+        self.source: str = value["source"]
+        self.env: tuple[tuple[str, ...], tuple[tuple[str, str], ...]] = (tuple(passed), tuple(set_))
+        self.timeout: Optional[float] = value["timeout"]
         self.plan = value["plan"]
         self.warnings: tuple[str, ...] = tuple(value["warnings"])
         self.bpf: bytes = value["bpf"]
@@ -205,30 +172,31 @@ class Entry:
         fd = grants.build_ruleset(abi, handled_fs, handled_net, scoped, paths, ports, file_only,
                                   write_rights, self.policy_files)
         # Gaps are kept as their one-line descriptions: Compiled.warnings prints str(gap).
-        return Compiled(self.policy, abi, self.warnings, fd,  # type: ignore[arg-type]
-                        self.bpf, self.rlimits, self.cgroup, signal_gate=self.signal_gate)
+        compiled = Compiled(None, abi, self.warnings, fd,  # type: ignore[arg-type]
+                            self.bpf, self.rlimits, self.cgroup, signal_gate=self.signal_gate)
+        compiled.source = self.source
+        compiled.env_passed, compiled.env_set = self.env
+        compiled.timeout = self.timeout
+        return compiled
 
 
 class Lookup:
     """The cache slot for one `sandlock run` invocation: a hit (``entry``) or a slot to fill."""
 
     def __init__(self, key: tuple[Any, ...], directory: int, name: str, secret: bytes,
-                 entry: Optional[Entry], policy_file: str, text: bytes,
-                 variables: Mapping[str, str]) -> None:
+                 entry: Optional[Entry], policy_file: str) -> None:
         self.key = key
         self.directory = directory  #: a descriptor of the verified cache directory
         self.name = name
         self.entry = entry
         self._secret = secret
         self._policy_file = policy_file
-        self._text = text
-        self._variables = dict(variables)
 
     def store(self, policy: Policy, compiled: Compiled) -> None:
         """Save ``compiled`` for next time. Never raises: a cache that cannot be
         written only costs speed, it must not change what the command does."""
         try:
-            value = _value(policy, compiled, self._policy_file, self._text, self._variables)
+            value = _value(policy, compiled, self._policy_file)
             if value is not None:
                 _write(self.directory, self.name, self._secret, self.key, value)
         except Exception:  # noqa: BLE001 - see docstring
@@ -366,7 +334,7 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
         return None
     name = _digest(key)
     return Lookup(key, directory, name, secret, _read(directory, name, secret, key, policy_file),
-                  policy_file, text, variables)
+                  policy_file)
 
 
 # ----------------------------------------------------------------------------
@@ -460,24 +428,20 @@ def _cgroup_key(found: Any, why: str) -> tuple[Any, ...]:
     return (None, why) if found is None else tuple(found.wire())
 
 
-def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
-           variables: Mapping[str, str]) -> Optional[dict[str, Any]]:
+def _value(policy: Policy, compiled: Compiled, policy_file: str) -> Optional[dict[str, Any]]:
     from ..linux import cgroups
-    from ..policy.model import load_policy
-    from . import ruleset
     from .abi import FILE_ONLY, WRITE_RIGHTS
     from .compiler import Compiled as CompiledType
 
+    plan = compiled.landlock
     if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
-            or not _cacheable(policy) or policy.source != policy_file):
+            or not _cacheable(policy) or policy.source != policy_file or plan is None):
         return None
-    # Every rule, including optional paths that are absent now (they were skipped).
-    everything = load_policy(policy_file, variables, check_paths=False, data=text)
-    present = {rule.path for rule in policy.paths}
-    checks = tuple((rule.path, rule.path in present) for rule in dict.fromkeys(everything.paths))
-    plan = ruleset.plan(policy, compiled.abi)
+    # Every policy path: those granted exist, the optional ones skipped did not (loaded once).
+    checks = (*((path, True) for path in dict.fromkeys(rule.path for rule in policy.paths)),
+              *((path, False) for path in policy.absent))
     return {
-        "source": policy.source,
+        "source": compiled.source,
         "layers": tuple(_layer_files(policy)),
         "checks": checks,
         "plan": (plan.abi, plan.handled_fs, plan.handled_net, plan.scoped, plan.paths, plan.ports,
@@ -486,8 +450,8 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str, text: bytes,
         "bpf": bytes(compiled.bpf),
         "signal_gate": compiled.signal_gate,
         "rlimits": tuple((int(r), int(v)) for r, v in compiled.rlimits),
-        "env": (tuple(policy.env.passed), tuple(policy.env.set)),
-        "timeout": policy.limits.timeout,
+        "env": (tuple(compiled.env_passed), tuple(compiled.env_set)),
+        "timeout": compiled.timeout,
         "cgroup": None if policy.limits.processes is None else _cgroup_key(*cgroups.find()),
     }
 

@@ -19,11 +19,19 @@ from ..linux import cgroups, kernel
 # On `sandlock run`'s per-call path (the cache rebuilds a Compiled): nothing heavy here.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Callable, Optional, Sequence
+    from typing import Callable, Mapping, Optional, Protocol, Sequence
 
-    from ..net.routes import Routes
-    from ..policy.model import Limits, Policy
+    from ..policy.model import Limits, Network, Policy
     from . import ruleset
+
+    class Routes(Protocol):
+        """What compiling needs of a credential route server (:mod:`sandlock.net.routes`,
+        a layer above, which is not imported): the port it listens on, and stopping it."""
+
+        @property
+        def port(self) -> int: ...
+
+        def stop(self) -> None: ...
 
 
 #: Compiled(cgroup=DISCOVER): look for a pids cgroup base now (cgroups.find).
@@ -60,11 +68,33 @@ class Compiled:
     #: for Landlock's signal scope below ABI 6 (an instance attribute only then).
     signal_gate = False
 
-    def __init__(self, policy: Policy, abi: int, gaps: tuple[ruleset.Gap, ...], ruleset_fd: int,
-                 bpf: bytes, rlimits: tuple[tuple[int, int], ...],
+    #: The run's facts besides the kernel's (the one place every executor reads them; exec/
+    #: never reads the policy): where the policy came from, for messages; the environment
+    #: spec (:func:`sandlock.policy.environment.build`: names passed, then pairs set); the
+    #: wall-clock limit in seconds; the policy's ``[network]`` when it has a host allowlist
+    #: (the proxy and connect gate read it, :mod:`sandlock.net.connect`), else None.
+    source = ""
+    env_passed: tuple[str, ...] = ()
+    env_set: tuple[tuple[str, str], ...] = ()
+    timeout: Optional[float] = None
+    network: Optional[Network] = None
+    #: The Landlock plan the ruleset was built from (what the compiled-policy cache stores;
+    #: None when the plan was itself read back from it, or sent to a fork server).
+    landlock: Optional[ruleset.Plan] = None
+
+    def __init__(self, policy: Optional[Policy], abi: int, gaps: tuple[ruleset.Gap, ...],
+                 ruleset_fd: int, bpf: bytes, rlimits: tuple[tuple[int, int], ...],
                  cgroup: Optional[cgroups.Base] | str = DISCOVER, *,
                  signal_gate: bool = False) -> None:
+        #: The policy compiled (None when read back from the cache): for the API and the
+        #: probe, which judge against it; exec/ reads only the facts above.
         self.policy = policy
+        if policy is not None:
+            self.source = policy.source
+            self.env_passed, self.env_set = tuple(policy.env.passed), tuple(policy.env.set)
+            self.timeout = policy.limits.timeout
+            if policy.network.allow:
+                self.network = policy.network
         self.abi = abi
         self.gaps = gaps
         self.ruleset_fd = ruleset_fd
@@ -77,7 +107,7 @@ class Compiled:
             self.cgroup = cgroups.find()[0] if cgroup == DISCOVER else cgroup  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return (f"Compiled(policy={self.policy.source!r}, abi={self.abi}, gaps={self.gaps!r}, "
+        return (f"Compiled(policy={self.source!r}, abi={self.abi}, gaps={self.gaps!r}, "
                 f"ruleset_fd={self.ruleset_fd}, bpf=<{len(self.bpf) // 8} insns>, "
                 f"rlimits={self.rlimits!r})")
 
@@ -104,6 +134,13 @@ class Compiled:
         if not in_group:
             return self.rlimits
         return tuple(pair for pair in self.rlimits if pair[0] != resource.RLIMIT_NPROC)
+
+    def environment(self, caller: Mapping[str, str]) -> dict[str, str]:
+        """The tool's whole environment from the caller's (the one filter:
+        :func:`sandlock.policy.environment.build`)."""
+        from ..policy import environment
+
+        return environment.build(self.env_passed, self.env_set, caller)
 
     def close(self) -> None:
         if self.ruleset_fd >= 0:
@@ -387,7 +424,9 @@ def _compile(policy: Policy) -> Compiled:
     bpf = seccomp.bpf_for(seccomp.plan(policy, abi))
     fd = build_rules(policy, plan)
     rlimits = clamp_to_hard_limits(rlimits_for(policy.limits))
-    return Compiled(policy, abi, gaps + caller, fd, bpf, rlimits, signal_gate=gate)
+    compiled = Compiled(policy, abi, gaps + caller, fd, bpf, rlimits, signal_gate=gate)
+    compiled.landlock = plan
+    return compiled
 
 
 def build_rules(policy: Policy, plan: ruleset.Plan) -> int:

@@ -32,8 +32,8 @@ import time
 from ..errors import ExecError, ExitCode, SetupError
 from ..linux import cgroups, kernel
 from ..linux.process import FORWARDED_SIGNALS, children, reap_descendants
-from ..policy import environment
 from . import engine, spec
+from .spec import Command as Command  # data, defined with the steps; still importable here
 
 # Start-up is paid on every `sandlock run`: nothing the cached run path skips
 # (policy parsing, dataclasses, typing, fnmatch/re, threading) is imported here at
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from ..compile.compiler import Compiled
     from ..linux.signalgate import SignalGate, Signals
     from ..net.connect import Mediation
-    from ..policy.model import Policy
     from ..trace.record import Recorder
 
 
@@ -80,37 +79,16 @@ def resolve_command(name: str, path: Optional[str]) -> str:
     raise ExecError(f"{name}: command not found", ExitCode.NOT_FOUND)
 
 
-class Command:
-    """What to execute: resolved path, argv, the whole environment, working directory."""
-
-    __slots__ = ("executable", "argv", "env", "cwd")
-
-    def __init__(self, executable: str, argv: tuple[str, ...], env: tuple[tuple[str, str], ...],
-                 cwd: Optional[str] = None) -> None:
-        self.executable = executable
-        self.argv = argv
-        self.env = env
-        self.cwd = cwd
-
-    def __repr__(self) -> str:
-        return (f"Command(executable={self.executable!r}, argv={self.argv!r}, "
-                f"env=<{len(self.env)} vars>, cwd={self.cwd!r})")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Command) and (self.executable, self.argv, self.env, self.cwd) == (
-            other.executable, other.argv, other.env, other.cwd)
-
-    def __hash__(self) -> int:
-        return hash((self.executable, self.argv, self.env, self.cwd))
-
-
-def prepare_command(policy: Policy, argv: Sequence[str], *, caller_env: Optional[Mapping[str, str]] = None,
+def prepare_command(compiled: Compiled, argv: Sequence[str], *,
+                    caller_env: Optional[Mapping[str, str]] = None,
                     cwd: Optional[str] = None) -> Command:
+    """The command for ``argv``: found on the caller's PATH, with the environment the
+    compiled policy gives the tool."""
     caller = os.environ if caller_env is None else caller_env
     if not argv:
         raise ExecError("no command given", ExitCode.NOT_FOUND)
     exe = resolve_command(argv[0], caller.get("PATH"))
-    env = environment.build(policy.env.passed, policy.env.set, caller)
+    env = compiled.environment(caller)
     return Command(exe, tuple(argv), tuple(env.items()), cwd)
 
 
@@ -482,8 +460,9 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
     """
     kernel.set_child_subreaper()
     if compiled.routes is not None:  # credential routes (issue 16), granted by compile_policy
-        from ..net.routes import serving
+        from ..net.routes import Routes, serving
 
+        assert isinstance(compiled.routes, Routes)  # the API's remote ones never come here
         with serving(compiled.routes, cmd) as routed_cmd:  # serving for this run only
             return _mediated(compiled, routed_cmd, timeout, forward_signals, _mediation,
                              recorder, report)
@@ -494,10 +473,11 @@ def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forwar
               _mediation: Optional[Mediation], recorder: Optional[Recorder],
               report: Optional[Callable[[str], None]]) -> Child:
     """:func:`run`, through the host allowlist's proxy and connect gate when the policy has one."""
-    if compiled.policy.network.allow and _mediation is None:  # host allowlist (issue 7)
+    if compiled.network is not None and _mediation is None:  # host allowlist (issue 7)
         from ..net.connect import Mediation
 
-        with Mediation(compiled.policy, report) as mediation:  # proxy + connect gate
+        # Mediation reads only ``.network`` of what it is given: the plan's
+        with Mediation(compiled, report) as mediation:  # type: ignore[arg-type]  # proxy + connect gate
             return _run(compiled, mediation.command(cmd), timeout, forward_signals, mediation,
                         recorder, report)
     return _run(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)
@@ -507,14 +487,14 @@ def _hint(compiled: Compiled, cmd: Command, child: Child, report: Callable[[str]
           mediation: Optional[Mediation] = None) -> None:
     """One line when the command failed: where to look for what the policy refused. The
     network hint only when the host allowlist refused a connection of this run."""
-    if compiled.policy.network.allow and (mediation is None or mediation.events):
+    if compiled.network is not None and (mediation is None or mediation.events):
         # trace cannot record beside the host allowlist's supervisor; and a tool that
         # resolves names itself gets no DNS here, which it reports as its own error.
         report(f"hint: the command exited with {child.returncode}; this policy reaches the "
                "network only through sandlock's proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY): a "
                "tool that ignores them cannot even resolve names; refusals are reported above")
         return
-    if compiled.policy.network.allow:  # nothing refused on the network: look elsewhere
+    if compiled.network is not None:  # nothing refused on the network: look elsewhere
         report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; no "
                "connection was refused; `sandlock trace` of this policy without [network] allow "
                "lists the files and ports it refused")
@@ -567,7 +547,7 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
         if mask is not None:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
-        limit = timeout if timeout is not None else compiled.policy.limits.timeout
+        limit = timeout if timeout is not None else compiled.timeout
         child.wait(limit)
     finally:
         for signum, handler in previous.items():

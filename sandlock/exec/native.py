@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from typing import Optional, Sequence
 
     from ..compile.compiler import Compiled
-    from .launcher import Command
+    from .spec import Command
 
 #: Built by setup.py next to its source; absent only in an install made with
 #: SANDLOCK_NO_NATIVE=1 (the API then starts commands through its fork server).

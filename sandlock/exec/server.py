@@ -263,7 +263,7 @@ def _compiled(request: dict[str, Any], ruleset_fd: int) -> Any:
 
     wire = request["cgroup"]
     base = None if wire is None else cgroups.Base(*wire)
-    return compiler.Compiled(None, 0, (), ruleset_fd,  # type: ignore[arg-type]
+    return compiler.Compiled(None, 0, (), ruleset_fd,
                              request["bpf"], tuple(request["rlimits"]), base,
                              signal_gate=request.get("signals") is True)
 

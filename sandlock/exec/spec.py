@@ -22,12 +22,35 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Collection, Sequence, Union
+    from typing import Collection, Optional, Sequence, Union
 
     from ..compile.compiler import Compiled
-    from .launcher import Command
 
     Step = tuple[Union[str, int], ...]
+
+class Command:
+    """What to execute: resolved path, argv, the whole environment, working directory."""
+
+    __slots__ = ("executable", "argv", "env", "cwd")
+
+    def __init__(self, executable: str, argv: tuple[str, ...], env: tuple[tuple[str, str], ...],
+                 cwd: Optional[str] = None) -> None:
+        self.executable = executable
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+
+    def __repr__(self) -> str:
+        return (f"Command(executable={self.executable!r}, argv={self.argv!r}, "
+                f"env=<{len(self.env)} vars>, cwd={self.cwd!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Command) and (self.executable, self.argv, self.env, self.cwd) == (
+            other.executable, other.argv, other.env, other.cwd)
+
+    def __hash__(self) -> int:
+        return hash((self.executable, self.argv, self.env, self.cwd))
+
 
 #: The version of the step language and of the request wire (:mod:`sandlock.exec.wire`).
 #: A helper speaking another version is an error, never a fallback.

@@ -36,7 +36,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Sequence
 
-    from .launcher import Command
+    from .spec import Command
 
 #: The fork server's kinds of request, each with its own socket and pool of supervisors.
 KINDS = ("exec", "call")

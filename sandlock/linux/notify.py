@@ -24,7 +24,17 @@ from . import kernel
 from .kernel import NOTIF_ID_VALID, NOTIF_RECV, NOTIF_SEND, NOTIF_SIZE, RESP_FORMAT
 
 if TYPE_CHECKING:
-    from .signalgate import Signals
+    from typing import Protocol
+
+    class Signals(Protocol):
+        """What a listener needs of the signal gate's handler it carries
+        (:class:`sandlock.linux.signalgate.Signals`, which imports this module)."""
+
+        prefix: bytes
+        numbers: dict[int, str]
+
+        def notified(self, listener: Listener, ident: int, tid: int, nr: int,
+                     args: tuple[int, ...]) -> None: ...
 
 
 def gate_unsupported() -> Optional[str]:

@@ -258,6 +258,7 @@ class SignalGate(Listener):
     carries :class:`Signals` (:meth:`Listener.gate_signals`)."""
 
     name = "sandlock-signals"
+    signals: Signals  # the gate's own handler, always set
 
     def __init__(self, signals: Signals) -> None:
         super().__init__(program())

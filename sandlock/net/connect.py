@@ -68,7 +68,7 @@ from ..policy.netrules import NetRules, format_target
 from .proxy import Proxy
 
 if TYPE_CHECKING:
-    from ..exec.launcher import Command
+    from ..exec.spec import Command
     from ..policy.model import Policy
 
 

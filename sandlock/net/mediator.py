@@ -42,7 +42,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Optional
 
-    from ..exec.launcher import Command
+    from ..exec.spec import Command
     from ..policy.model import Policy
 
 #: Seconds the caller waits for the mediator's answer (start-up is ~30 ms).

@@ -45,7 +45,7 @@ from .mediator import START_TIMEOUT, end_process, raise_nofile, start_process
 
 if TYPE_CHECKING:
     from ..errors import PolicyError
-    from ..exec.launcher import Command
+    from ..exec.spec import Command
     from ..policy.credentials import CredentialError
     from ..policy.model import Policy
 

@@ -178,6 +178,9 @@ class Policy:
     credentials: tuple[Any, ...] = ()
     #: (source, text) of every layer read from a file or profile, exactly as compiled
     inputs: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    #: The optional paths skipped because they did not exist when loaded (the compiled-policy
+    #: cache re-checks them on a hit, without loading the policy a second time).
+    absent: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     def with_compat(self, compat: Compat) -> Policy:
         from dataclasses import replace
@@ -842,13 +845,14 @@ def _merge(layers: list[_Layer], variables: Mapping[str, str], check_paths: bool
     env_set: dict[str, str] = {}
     env_given = False
     paths: list[PathRule] = []
+    absent: list[str] = []
     for layer in layers:
         for key, value in layer.values.items():
             section, _, name = key.partition(".")
             if key in ("extends", "version", "env"):
                 env_given = env_given or key == "env"
             elif section == "filesystem":
-                paths += _resolve_paths(layer, name, value, variables, check_paths)
+                paths += _resolve_paths(layer, name, value, variables, check_paths, absent)
             elif key == "env.set":
                 for var, raw in value:
                     try:
@@ -880,12 +884,13 @@ def _merge(layers: list[_Layer], variables: Mapping[str, str], check_paths: bool
         layers=tuple(layer.source for layer in layers),
         credentials=_merge_credentials(layers, merged.get("credentials", ()), variables),
         inputs=tuple((layer.source, layer.text) for layer in layers if layer.text is not None),
+        absent=_union(absent),
     )
 
 
 def _resolve_paths(
     layer: _Layer, name: str, entries: tuple[tuple[str, bool], ...], variables: Mapping[str, str],
-    check_paths: bool = True,
+    check_paths: bool = True, absent: list[str] | None = None,
 ) -> list[PathRule]:
     access = Access(name)
     out = []
@@ -908,6 +913,8 @@ def _resolve_paths(
             raise layer.error(f"write access to {path!r} is never allowed", key)
         if check_paths and not os.path.exists(path):
             if optional:
+                if absent is not None:
+                    absent.append(path)
                 continue
             raise layer.error(f"{path!r} does not exist (mark it {{ path = ..., optional = true }} "
                               "if it may be absent)", key)

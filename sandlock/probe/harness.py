@@ -962,7 +962,6 @@ def _launch(policy: Policy, harness: Harness, executor: str = "launcher"
     argv = [_interpreter(), "-I", "-S", "-B", "-c", source]
     caller = dict(os.environ)
     caller[ENV_CANARY] = harness.canary
-    command = launcher.prepare_command(policy, argv, caller_env=caller)
     policy = _with_echo(policy, harness.cfg)
     routes = _routes(policy, harness)
     try:
@@ -972,6 +971,7 @@ def _launch(policy: Policy, harness: Harness, executor: str = "launcher"
             routes.stop()
         raise
     try:
+        command = launcher.prepare_command(compiled, argv, caller_env=caller)
         with _serving(compiled, command) as command:
             command = launcher.Command(command.executable, (*argv, json.dumps(harness.cfg)),
                                        command.env, command.cwd)
@@ -1015,8 +1015,9 @@ def _serving(compiled: compiler.Compiled, command: launcher.Command
     if compiled.routes is None:
         yield command
         return
-    from ..net.routes import serving
+    from ..net.routes import Routes, serving
 
+    assert isinstance(compiled.routes, Routes)  # prepared by _routes, in this process
     with serving(compiled.routes, command) as routed:
         yield routed
 
@@ -1059,10 +1060,10 @@ def _run_launcher(compiled: compiler.Compiled, command: launcher.Command,
                   stdio: tuple[int, int, int]) -> None:
     """As `sandlock run` runs a command: forked from this process."""
     mediation = None
-    if compiled.policy.network.allow:  # the same proxy + connect gate as `sandlock run`
+    if compiled.network is not None:  # the same proxy + connect gate as `sandlock run`
         from ..net.connect import Mediation
 
-        mediation = Mediation(compiled.policy)
+        mediation = Mediation(compiled)  # type: ignore[arg-type]  # it reads only .network
         command = mediation.command(command)
     try:
         child = launcher.spawn(compiled, command, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
@@ -1083,7 +1084,8 @@ def _run_api(compiled: compiler.Compiled, command: launcher.Command,
     from ..errors import PolicyError
     from ..exec import native
 
-    policy = compiled.policy
+    policy = compiled.policy  # compiled by _launch: never None
+    assert policy is not None
     if policy.network.allow or policy.credentials:
         raise PolicyError(f"sandlock probe --executor {executor}: a policy with [network] allow or "
                           "[credentials] is probed through the launcher only")

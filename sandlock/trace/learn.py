@@ -16,13 +16,11 @@ way a name the tool chose reaches the text."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..compile import abi as A
-from ..errors import LandlockError, PolicyError, SandlockError
+from ..errors import SandlockError
 from ..policy.model import DEFAULT_ENV_PASS
 from . import emit
 from . import record as T
@@ -109,58 +107,6 @@ def check_cwd(cwd: str, home: str) -> None:
                             f"{emit.printable(inside[0])}, which the recorded run could then read "
                             "and the draft would grant (\"${cwd}\"); run learn in the tool's "
                             "project directory")
-
-
-def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: Optional[str] = None,
-                 report: Optional[Callable[[str], None]] = None, allow_net: bool = False,
-                 allow_unix: bool = False) -> tuple["Draft", int]:
-    """Run ``argv`` recorded; return (the draft, the command's exit code)."""
-    from ..compile import compiler, ruleset
-    from ..exec import launcher
-    from ..policy.model import loads_policy, parse_duration
-
-    cwd = os.path.realpath(os.getcwd())
-    home = os.path.realpath(os.path.expanduser("~"))
-    check_cwd(cwd, home)
-    tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="sandlock-learn-"))
-    try:
-        for attempt in range(3):  # an entry of a shared directory (/tmp) may vanish meanwhile
-            text = recording_policy(cwd, tmpdir, home, allow_net=allow_net, allow_unix=allow_unix)
-            policy = loads_policy(text, source="<learn>")
-            if timeout is not None:
-                try:
-                    policy = policy.with_timeout(parse_duration(timeout))
-                except Exception as exc:  # _Bad from the duration parser
-                    raise SandlockError(f"--timeout: {exc}") from None
-            try:
-                compiled = compiler.compile_policy(policy)
-                break
-            except LandlockError:
-                if attempt == 2:
-                    raise
-            except PolicyError as exc:  # a write grant `run` refuses: the working directory
-                raise SandlockError(f"learn: the recorded run may write its working directory "
-                                    f"{emit.printable(cwd)}, and sandlock refuses that grant: "
-                                    f"{exc.reason}; run learn in the tool's project "
-                                    "directory") from None
-        cmd = launcher.prepare_command(policy, list(argv))
-        code = 0
-        with compiled, T.Recorder(programs=True) as recorder:
-            try:
-                child = launcher.run(compiled, cmd, report=report, recorder=recorder)
-                code = int(child.returncode or 0)
-            except SandlockError as exc:
-                if report is not None:
-                    report(str(exc))
-                code = int(exc.exit_code)
-            recorder.stop()
-        abi = ruleset.detect_abi()
-        learned = T.Judge.for_policy(policy, abi)
-        result = draft(recorder.events, abi, argv=argv, cwd=cwd, tmpdir=tmpdir, home=home,
-                       allowed=learned, extends=extends)
-        return result, code
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Union
 
 from ..errors import PolicyError
-from .model import _parse_text, _read, loads_policy, policy_from_dict
+from ..policy.model import _parse_text, _read, loads_policy, policy_from_dict
 
 if TYPE_CHECKING:
-    from ..api.sandbox import Result, Sandbox
-    from .model import Policy
+    from ..policy.model import Policy
+    from .sandbox import Result, Sandbox
 
 #: Sandboxes kept per registry (each holds one ruleset fd).
 CACHE_SIZE = 32
@@ -98,7 +98,7 @@ class Registry:
 
     def sandbox(self, tool: str, vars: Optional[Mapping[str, str]] = None) -> Sandbox:
         """The compiled sandbox of ``tool`` for these variables, built once and cached."""
-        from ..api.sandbox import Sandbox
+        from .sandbox import Sandbox
 
         key = (tool, tuple(sorted((vars or {}).items())))
         with self._lock:
