@@ -1,8 +1,8 @@
 """Accepting one named gap (``accept = [NAME]``, ``run --accept NAME``, ``Sandbox(accept=)``).
 
 ``SANDLOCK_ABI=3`` makes sandlock build an ABI-3 ruleset on this newer kernel: a policy
-with a TCP port grant and a device grant then has two gaps (``tcp-ports``, ABI 4;
-``ioctl-dev``, ABI 5). Accepting one must leave the run strict for the other: refused,
+with a TCP port grant and Unix sockets then has two gaps (``tcp-ports``, ABI 4;
+``abstract-unix``, ABI 6; a device grant has a substitute below ABI 5, no gap). Accepting one must leave the run strict for the other: refused,
 exit 125, the message naming the other. Accepting both runs and reports both. The
 positive control of the refusal is the same policy accepting both (or best-effort),
 which runs: the refusal is the strict check's, not a crash.
@@ -17,18 +17,20 @@ from pathlib import Path
 import pytest
 from conftest import PYTHON, require_abi, run_confined, sandlock, write_policy
 
-#: Two gaps at ABI 3: TCP port rules (ABI 4), and ioctls on a granted device (ABI 5).
+#: Two gaps at ABI 3: TCP port rules (ABI 4), and the abstract unix socket scope of a
+#: policy with Unix sockets (ABI 6).
 TWO_GAPS = """\
 version = 1
 extends = ["python"]
 {head}
 [filesystem]
-read = ["/dev/tty", "{outside}"]
+read = ["{outside}"]
 [network]
 connect = [9]
+unix = true
 """
 
-IOCTL = "device ioctl restriction"
+IOCTL = "abstract unix socket scope"
 TCP = "TCP port restriction"
 
 
@@ -51,13 +53,13 @@ def test_accept_one_of_two_still_refuses(tmp_path: Path) -> None:
     policy = _policy(tmp_path, 'accept = ["tcp-ports"]')
     done = run_confined(policy, ["/bin/true"], env=_env())
     assert done.returncode == 125, done.stderr
-    assert IOCTL in done.stderr and "[accept: ioctl-dev]" in done.stderr
+    assert IOCTL in done.stderr and "[accept: abstract-unix]" in done.stderr
     assert TCP not in done.stderr  # the accepted one is not what refuses
     assert "--accept NAME" in done.stderr
 
 
 def test_accept_one_by_option_still_refuses(tmp_path: Path) -> None:
-    done = run_confined(_policy(tmp_path), ["/bin/true"], env=_env(), extra=["--accept", "ioctl-dev"])
+    done = run_confined(_policy(tmp_path), ["/bin/true"], env=_env(), extra=["--accept", "abstract-unix"])
     assert done.returncode == 125, done.stderr
     assert TCP in done.stderr and IOCTL not in done.stderr
 
@@ -66,13 +68,13 @@ def test_accept_both_runs_and_reports_both(tmp_path: Path) -> None:
     """Positive control of the refusals above: policy key and option together (a union)."""
     policy = _policy(tmp_path, 'accept = ["tcp-ports"]')
     done = run_confined(policy, [PYTHON, "-c", "print('ran')"], env=_env(),
-                        extra=["--accept=ioctl-dev"])
+                        extra=["--accept=abstract-unix"])
     assert done.returncode == 0, done.stderr
     assert done.stdout == "ran\n"
     warned = [line for line in done.stderr.splitlines() if "[accepted:" in line]
     assert len(warned) == 2, done.stderr
     assert any(TCP in line and "[accepted: tcp-ports]" in line for line in warned)
-    assert any(IOCTL in line and "[accepted: ioctl-dev]" in line for line in warned)
+    assert any(IOCTL in line and "[accepted: abstract-unix]" in line for line in warned)
 
 
 def test_accepted_run_stays_confined(tmp_path: Path) -> None:
@@ -81,7 +83,7 @@ def test_accepted_run_stays_confined(tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("secret\n")
     secret.chmod(0o644)
-    policy = _policy(tmp_path, 'accept = ["tcp-ports", "ioctl-dev"]')
+    policy = _policy(tmp_path, 'accept = ["tcp-ports", "abstract-unix"]')
     code = ("import sys\nprint(open(sys.argv[1]).read().strip())\n"
             "try:\n    open(sys.argv[2])\nexcept PermissionError:\n    print('refused')\n")
     done = run_confined(policy, [PYTHON, "-c", code, str(tmp_path / "granted.txt"), str(secret)],
@@ -107,12 +109,12 @@ def test_unknown_name_on_the_command_line(tmp_path: Path) -> None:
 def test_extends_accepts_the_union(tmp_path: Path) -> None:
     """A layer's accept adds to the layers it extends (every list key merges so)."""
     base = write_policy(tmp_path, 'version = 1\naccept = ["tcp-ports"]\n', name="base.toml")
-    policy = _policy(tmp_path, f'accept = ["ioctl-dev"]\nextends = ["python", "{base}"]'
+    policy = _policy(tmp_path, f'accept = ["abstract-unix"]\nextends = ["python", "{base}"]'
                      ).read_text().replace('extends = ["python"]\n', "", 1)
     child = write_policy(tmp_path, policy, name="child.toml")
     done = run_confined(child, [PYTHON, "-c", "pass"], env=_env())
     assert done.returncode == 0, done.stderr
-    assert "[accepted: tcp-ports]" in done.stderr and "[accepted: ioctl-dev]" in done.stderr
+    assert "[accepted: tcp-ports]" in done.stderr and "[accepted: abstract-unix]" in done.stderr
 
 
 def test_scope_signals_off_needs_its_name(tmp_path: Path) -> None:
@@ -141,7 +143,7 @@ def test_explain_and_check_list_them(tmp_path: Path) -> None:
     from sandlock.policy.model import ACCEPTABLE_GAPS
 
     assert [item["name"] for item in check["gap_names"]] == list(ACCEPTABLE_GAPS)
-    assert "ioctl-dev" in sandlock("check").stdout
+    assert "abstract-unix" in sandlock("check").stdout
 
 
 def test_api_accept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,7 +155,7 @@ def test_api_accept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(KernelSupportError, match=IOCTL) as refused:
         api.Sandbox(policy, accept=["tcp-ports"])
     assert TCP not in str(refused.value)
-    with api.Sandbox(policy, accept=["tcp-ports", "ioctl-dev"]) as box:
+    with api.Sandbox(policy, accept=["tcp-ports", "abstract-unix"]) as box:
         assert len(box.warnings) == 2
         assert all("[accepted: " in line for line in box.warnings)
         assert box.grants()["not_enforced"] == box.warnings
