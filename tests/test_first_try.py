@@ -352,3 +352,59 @@ def test_jq_sed_awk_pipeline(policies: Path, work: Path, env: dict[str, str], ho
                                       "jq -rn 'env.API_KEY'"], env, workspace=work)
     no_secret(stolen)
     assert os.path.exists(home / ".ssh" / "id_rsa")
+
+
+def test_rg_searches_the_workspace(work: Path, env: dict[str, str], home: Path) -> None:
+    require_tool("rg")
+    (work / "src").mkdir()
+    (work / "src" / "main.py").write_text("def needle():\n    return 42\n")
+    done = confined(Path("shell"), ["sh", "-c", f"cd {work} && rg -n needle"], env,
+                    workspace=work)
+    assert done.returncode == 0, done.stderr
+    assert "src/main.py:1:def needle():" in done.stdout
+    stolen = confined(Path("shell"), ["rg", "-uu", "PRIVATE", str(home)], env, workspace=work)
+    no_secret(stolen)
+
+
+def _wheel(directory: Path) -> Path:
+    """A one-module wheel, made by hand (no build backend, no index)."""
+    import zipfile
+
+    path = directory / "hello_first_try-1.0-py3-none-any.whl"
+    info = "hello_first_try-1.0.dist-info"
+    files = {"hello_first_try.py": "X = 42\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: hello-first-try\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\n"
+                              "Tag: py3-none-any\n"}
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+        wheel.writestr(f"{info}/RECORD", "".join(f"{n},,\n" for n in [*files, f"{info}/RECORD"]))
+    return path
+
+
+def test_pip_installs_a_wheel_into_a_venv(policies: Path, work: Path, env: dict[str, str],
+                                          private_tmp: Path) -> None:
+    python = require_tool("python3")
+    venv = work / "venv"
+    made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"no venv with pip here (Debian package python3-venv): {made.stderr[-200:]}")
+    wheel = _wheel(work)
+    policy = write_policy(policies, """\
+        version = 1
+        extends = ["venv", "tmpdir"]
+        [filesystem]
+        write = ["${venv}"]
+        read = ["${workspace}"]
+        """)
+    done = confined(policy, [str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                             "--no-index", str(wheel)],
+                    {k: v for k, v in env.items() if k != "HOME"},
+                    venv=venv, workspace=work, private_tmp=private_tmp)
+    assert done.returncode == 0, done.stderr
+    used = subprocess.run([str(venv / "bin" / "python"), "-c", "import hello_first_try as h; print(h.X)"],
+                          capture_output=True, text=True)
+    assert used.stdout.strip() == "42", used.stderr
+    no_secret(done)
+
