@@ -1,9 +1,11 @@
-"""A function tests/test_process_limit.py runs confined with Sandbox.call() (standard
-library only: the confined process imports this module afresh)."""
+"""Functions of the process-limit tests: one they run confined with Sandbox.call()
+(standard library only: the confined process imports this module afresh), and the
+clean-up of the cgroups they make."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 
@@ -21,3 +23,26 @@ def spawn_sleepers(count: int) -> int:
             os._exit(0)
         made += 1
     return made
+
+
+def remove_cgroup_tree(path: str, *, keep_top: bool = False) -> None:
+    """Kill the members of ``path`` and of every group below it and remove them, deepest
+    first (``keep_top``: not ``path`` itself). On cgroup v1 killing a group does not
+    reach the groups nested inside it."""
+    for where, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
+        if keep_top and where == path:
+            continue
+        for _ in range(1000):
+            with open(os.path.join(where, "cgroup.procs")) as procs:
+                pids = [int(line) for line in procs if line.strip()]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            os.rmdir(where)
+        except OSError:
+            pass

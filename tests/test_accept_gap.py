@@ -2,10 +2,11 @@
 
 ``SANDLOCK_ABI=3`` makes sandlock build an ABI-3 ruleset on this newer kernel: a policy
 with a TCP port grant and Unix sockets then has two gaps (``tcp-ports``, ABI 4;
-``abstract-unix``, ABI 6; a device grant has a substitute below ABI 5, no gap). Accepting one must leave the run strict for the other: refused,
-exit 125, the message naming the other. Accepting both runs and reports both. The
-positive control of the refusal is the same policy accepting both (or best-effort),
-which runs: the refusal is the strict check's, not a crash.
+``abstract-unix``, ABI 6; a device grant has a substitute below ABI 5, no gap).
+Accepting one must leave the run strict for the other: refused, exit 125, the message
+naming the other. Accepting both runs and reports both. The positive control of the
+refusal is the same policy accepting both (or best-effort), which runs: the refusal is
+the strict check's, not a crash.
 """
 
 from __future__ import annotations

@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
+import limit_tools
 import pytest
 from conftest import IS_ROOT, PYTHON, require_abi, write_policy
 
@@ -61,25 +61,6 @@ def sandlock_env() -> dict[str, str]:
     return env
 
 
-def _remove_tree(path: str) -> None:
-    """Kill and remove ``path`` and the groups below it, deepest first."""
-    for where, _, _ in sorted(os.walk(path), key=lambda w: -len(w[0])):
-        for _ in range(1000):
-            with open(os.path.join(where, "cgroup.procs")) as procs:
-                pids = [int(line) for line in procs if line.strip()]
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        try:
-            os.rmdir(where)
-        except OSError:
-            pass
-
-
 @pytest.fixture
 def container() -> Iterator[cgroups.Group]:
     """The container's cgroup: a pids cgroup of the test below the host's hierarchy,
@@ -92,7 +73,7 @@ def container() -> Iterator[cgroups.Group]:
     try:
         yield group
     finally:
-        _remove_tree(path)
+        limit_tools.remove_cgroup_tree(path)
         group.path = ""
 
 

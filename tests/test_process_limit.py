@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -108,23 +107,7 @@ class Outer:
         """Kill and remove the groups the run left inside the cap (a run that failed or
         hung leaves its own group there: with cgroup v1 the cap's kill does not reach a
         nested group), then the cap itself."""
-        for where, _, _ in sorted(os.walk(self.group.path), key=lambda w: -len(w[0])):
-            if where == self.group.path:
-                continue
-            for _ in range(1000):
-                with open(os.path.join(where, "cgroup.procs")) as procs:
-                    pids = [int(line) for line in procs if line.strip()]
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            try:
-                os.rmdir(where)
-            except OSError:
-                pass
+        limit_tools.remove_cgroup_tree(self.group.path, keep_top=True)
         self.group.close()
 
 
