@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_network_allow import Server, http_server, needs_kernel, net_policy  # noqa: F401
 from test_trace import cli, policy
 
 from sandlock.cli.launch import load_full
@@ -121,3 +122,50 @@ def test_the_recorder_is_what_refuses(work: Path, capfd: pytest.CaptureFixture[s
     recorder told to CONTINUE everything); with the policy's rules the recorder refuses."""
     assert _traced_errnos(work, True, capfd)[:4] == [1, 1, 1, 1]
     assert _traced_errnos(work, False, capfd)[:4] == [0, 0, 0, 0]
+
+
+ALLOW_PROBE = """
+import errno, socket, urllib.request, urllib.error
+for host in ("a.example.test", "example.test"):
+    try:
+        print(host, urllib.request.urlopen(f"http://{host}:%(port)d/").status)
+    except urllib.error.HTTPError as e:
+        print(host, e.code)
+s = socket.socket()
+try:
+    s.connect(("127.0.0.1", %(port)d)); print("direct OK")
+except OSError as e:
+    print("direct", errno.errorcode[e.errno])
+try:
+    open(%(secret)r).read(); print("file OK")
+except OSError as e:
+    print("file", errno.errorcode[e.errno])
+"""
+
+
+def test_trace_records_a_policy_with_a_host_allowlist(work: Path, home: Path,  # noqa: F811
+                                                      http_server: Server) -> None:
+    """The connect gate rides on the recorder's listener: the refused file is reported,
+    the allowlist still answers 403 for an unlisted host and refuses a direct connect;
+    the allowed host is reached (the gate works, the refusals are not a broken network)."""
+    needs_kernel()
+    port = http_server.port
+    secret = work.parent / "unlisted.txt"
+    secret.write_text("not for the tool\n")
+    strict = net_policy(work.parent, [f"a.example.test:{port}"])
+    code = ALLOW_PROBE % {"port": port, "secret": str(secret)}
+    expected = ["a.example.test 200", "example.test 403", "direct EACCES", "file EACCES"]
+    ran = cli(["run", "--policy", str(strict), "--", PYTHON, "-c", code], work, home)
+    assert ran.stdout.splitlines() == expected, ran.stderr
+    before = http_server.accepted
+    traced = cli(["trace", "--policy", str(strict), "--json", "--report", "-", "--",
+                  PYTHON, "-c", code], work, home)
+    assert traced.returncode == 0, traced.stderr
+    lines = traced.stdout[:traced.stdout.index("{")].splitlines()
+    assert lines == expected, traced.stderr
+    assert http_server.accepted == before + 1  # only the allowed host, through the proxy
+    report = json.loads(traced.stdout[traced.stdout.index("{"):])
+    assert {"right": "read", "path": str(secret), "section": "filesystem",
+            "grant": f'read += "{secret}"'} in report["denials"]
+    assert "refused direct connection to 127.0.0.1" in traced.stderr
+    assert "refused example.test" in traced.stderr

@@ -110,13 +110,6 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     try:
         _check_support()
         loaded = load_full(policy, tool, policies, parse_vars(variables), timeout, best_effort, None)
-        if loaded.network.allow:
-            # One seccomp notification listener per process: the host allowlist's connect
-            # supervisor already needs it (the kernel would answer EBUSY).
-            raise SandlockError("trace cannot record a policy with [network] allow: its connect "
-                                "supervisor holds the only notification listener a process may "
-                                "have; trace a copy of the policy without `allow` (its refusals "
-                                "are reported by `sandlock run` as they happen)")
         # As `run` compiles it, but socket(2) refusals are the recorder's (same rules, same
         # errno), so that they are seen: the policy filter's errno would outrank them.
         compiled = compiler.compile_policy(loaded, prepared(loaded), sockets_recorded=True)

@@ -515,6 +515,10 @@ def _run(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_sig
 
 def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
                _mediation: Optional[Mediation], recorder: Optional[Recorder]) -> Child:
+    if recorder is not None and _mediation is not None:
+        # One listener per process: the connect gate rides on the recorder's (its filter,
+        # the new-listener refusal included, goes first in the recorder's program).
+        recorder.carry(_mediation.gate)
     hooks = [h.in_child for h in (recorder, _mediation) if h is not None]  # recorder first:
     # the mediation filter refuses new listeners
     # the signal gate (Landlock ABI < 6) rides on the recorder's or the connect gate's

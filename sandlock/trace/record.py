@@ -178,10 +178,15 @@ class Recorder(Listener):
         self.stop()
 
     # -- the recorder thread
-    def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
+    def _dispatch(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
+        """socket(2) is refused by the policy's rules first, as the policy's filter would
+        before any listener (the connect gate this recorder carries included)."""
         if self.sockets is not None and _BY_NR.get(nr) == "socket":
-            self._socket(ident, tid, args, self.sockets)
-            return
+            if self._socket(ident, tid, args, self.sockets):
+                return
+        super()._dispatch(ident, tid, nr, args)
+
+    def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
         try:
             event = self._describe(tid, _BY_NR.get(nr, ""), args)
             if event is not None and self._valid(ident):
@@ -193,10 +198,12 @@ class Recorder(Listener):
         # Always CONTINUE: Landlock and the policy's filter decide in the tool.
         self._respond(ident, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
 
-    def _socket(self, ident: int, tid: int, args: tuple[int, ...], rules: tuple[Rule, ...]) -> None:
+    def _socket(self, ident: int, tid: int, args: tuple[int, ...], rules: tuple[Rule, ...]) -> bool:
         """socket(2) in a recorded run: refused exactly as the policy's filter would (the
-        same rules, the same errno, decided on the notification's own arguments), else
-        CONTINUEd; a refusal is recorded. Any failure here refuses (EPERM)."""
+        same rules, the same errno, decided on the notification's own arguments) and
+        recorded; True when answered so. Any failure here refuses (EPERM). A socket the
+        rules allow goes on (False): to the connect gate if it claims it, else it is
+        recorded and CONTINUEd (:meth:`_notified`)."""
         error = errno.EPERM
         try:
             error = refusal(rules, "socket", args)
@@ -208,8 +215,7 @@ class Recorder(Listener):
             error = error or errno.EPERM
         if error:
             self._respond(ident, -error)
-        else:
-            self._respond(ident, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
+        return bool(error)
 
     def _describe(self, tid: int, name: str, args: Sequence[int]) -> Optional[Event]:
         if not name:
