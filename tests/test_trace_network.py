@@ -143,8 +143,8 @@ except OSError as e:
 """
 
 
-def test_trace_records_a_policy_with_a_host_allowlist(work: Path, home: Path,  # noqa: F811
-                                                      http_server: Server) -> None:
+def test_trace_records_a_policy_with_a_host_allowlist(
+        work: Path, home: Path, http_server: Server) -> None:  # noqa: F811
     """The connect gate rides on the recorder's listener: the refused file is reported,
     the allowlist still answers 403 for an unlisted host and refuses a direct connect;
     the allowed host is reached (the gate works, the refusals are not a broken network)."""
