@@ -9,14 +9,25 @@ each socket(2) got.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from test_network_allow import Server, http_server, needs_kernel, net_policy  # noqa: F401
+from test_substitutes import (
+    ALLOW,
+    NO_SCOPE,
+    SIGNAL_ATTACKS,
+    _dead,
+    _gate_policy,
+    _program,
+    victim,  # noqa: F401
+)
 from test_trace import cli, policy
 
 from sandlock.cli.launch import load_full
@@ -169,3 +180,30 @@ def test_trace_records_a_policy_with_a_host_allowlist(
             "grant": f'read += "{secret}"'} in report["denials"]
     assert "refused direct connection to 127.0.0.1" in traced.stderr
     assert "refused example.test" in traced.stderr
+
+
+def _trace_at_abi5(policy_file: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
+           "LANG": "C.UTF-8", "SANDLOCK_ABI": "5", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    return subprocess.run([sys.executable, "-P", "-m", "sandlock", "trace", "--policy",
+                           str(policy_file), "--", *argv], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("scoped", [True, False])
+def test_signal_gate_rides_with_the_connect_gate_on_the_recorder(
+        tmp_path: Path, victim: subprocess.Popen[bytes], scoped: bool) -> None:  # noqa: F811
+    """Landlock ABI 5 (no signal scope), [network] allow, traced: the recorder's listener
+    carries the connect gate and the signal gate; a kill of a process outside is refused.
+    Control: the same policy without the signal scope kills it (the attack works)."""
+    from conftest import require_abi
+
+    require_abi(5, "pretending ABI 5")
+    script = _program(tmp_path, SIGNAL_ATTACKS["kill"])
+    if scoped:
+        policy_file = _gate_policy(tmp_path, "", ALLOW)
+    else:
+        policy_file = _gate_policy(tmp_path, NO_SCOPE[0], ALLOW + "\n" + NO_SCOPE[1])
+    result = _trace_at_abi5(policy_file, [PYTHON, str(script), str(victim.pid)])
+    assert result.returncode == (errno.EPERM if scoped else 0), result.stderr
+    assert _dead(victim) != scoped
