@@ -488,16 +488,16 @@ def _hint(compiled: Compiled, cmd: Command, child: Child, report: Callable[[str]
     """One line when the command failed: where to look for what the policy refused. The
     network hint only when the host allowlist refused a connection of this run."""
     if compiled.network is not None and (mediation is None or mediation.events):
-        # trace cannot record beside the host allowlist's supervisor; and a tool that
-        # resolves names itself gets no DNS here, which it reports as its own error.
+        # A tool that resolves names itself gets no DNS here, which it reports as its
+        # own error.
         report(f"hint: the command exited with {child.returncode}; this policy reaches the "
                "network only through sandlock's proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY): a "
                "tool that ignores them cannot even resolve names; refusals are reported above")
         return
     if compiled.network is not None:  # nothing refused on the network: look elsewhere
         report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; no "
-               "connection was refused; `sandlock trace` of this policy without [network] allow "
-               "lists the files and ports it refused")
+               "connection was refused; `sandlock trace` with the same options lists the files, "
+               "ports and sockets it refused")
         return
     report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; "
            "`sandlock trace` with the same options lists what the policy refused it")
