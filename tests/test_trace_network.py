@@ -151,6 +151,11 @@ try:
     open(%(secret)r).read(); print("file OK")
 except OSError as e:
     print("file", errno.errorcode[e.errno])
+for args in ((socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_UDP), (socket.AF_UNIX, 1, 0)):
+    try:
+        socket.socket(*args).close(); print("socket OK")
+    except OSError as e:
+        print("socket", errno.errorcode[e.errno])
 """
 
 
@@ -165,7 +170,8 @@ def test_trace_records_a_policy_with_a_host_allowlist(
     secret.write_text("not for the tool\n")
     strict = net_policy(work.parent, [f"a.example.test:{port}"])
     code = ALLOW_PROBE % {"port": port, "secret": str(secret)}
-    expected = ["a.example.test 200", "example.test 403", "direct EACCES", "file EACCES"]
+    expected = ["a.example.test 200", "example.test 403", "direct EACCES", "file EACCES",
+                "socket EPERM", "socket EPERM"]  # the policy's rules before the gate's
     ran = cli(["run", "--policy", str(strict), "--", PYTHON, "-c", code], work, home)
     assert ran.stdout.splitlines() == expected, ran.stderr
     before = http_server.accepted
@@ -180,6 +186,8 @@ def test_trace_records_a_policy_with_a_host_allowlist(
             "grant": f'read += "{secret}"'} in report["denials"]
     assert "refused direct connection to 127.0.0.1" in traced.stderr
     assert "refused example.test" in traced.stderr
+    assert {"right": "socket", "path": "AF_UNIX SOCK_STREAM socket", "section": "network",
+            "grant": "unix = true"} in report["denials"]
 
 
 def _trace_at_abi5(policy_file: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
