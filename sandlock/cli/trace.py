@@ -102,6 +102,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     and seccomp refuse exactly what they refuse under `run`.
     """
     from ..compile import compiler
+    from ..compile.seccomp import socket_rules
     from ..exec import launcher
     from ..trace.record import Judge, Recorder
 
@@ -109,19 +110,17 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     try:
         _check_support()
         loaded = load_full(policy, tool, policies, parse_vars(variables), timeout, best_effort, None)
-        if loaded.network.allow:
-            # One seccomp notification listener per process: the host allowlist's connect
-            # supervisor already needs it (the kernel would answer EBUSY).
-            raise SandlockError("trace cannot record a policy with [network] allow: its connect "
-                                "supervisor holds the only notification listener a process may "
-                                "have; trace a copy of the policy without `allow` (its refusals "
-                                "are reported by `sandlock run` as they happen)")
-        compiled = compiler.compile_policy(loaded, prepared(loaded))  # as `run` compiles it
+        # As `run` compiles it, but socket(2) refusals are the recorder's (same rules, same
+        # errno), so that they are seen: the policy filter's errno would outrank them.
+        compiled = compiler.compile_policy(loaded, prepared(loaded), sockets_recorded=True)
         cmd = launcher.prepare_command(compiled, list(command))
         for line in compiled.warnings:
             say(f"warning: NOT enforced on this kernel: {line}")
         failure: Optional[SandlockError] = None
-        with compiled, Recorder(network_mediated=bool(loaded.network.allow)) as recorder:
+        # The network the filter was compiled from ([credentials] adds its route's port).
+        sockets = socket_rules((compiled.policy or loaded).network)
+        with compiled, Recorder(network_mediated=bool(loaded.network.allow),
+                                sockets=sockets) as recorder:
             try:
                 child = launcher.run(compiled, cmd, report=say, recorder=recorder)
                 code = int(child.returncode or 0)
@@ -141,13 +140,13 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     else:
         lines = [f"sandlock: trace: {d}\n" for d in denials]
         if not denials:
-            lines.append(f"sandlock: trace: nothing refused by the filesystem or TCP rules "
+            lines.append(f"sandlock: trace: nothing refused by the filesystem, TCP or socket rules "
                          f"({recorded} calls recorded)\n")
         if lost:
             lines.append(f"sandlock: trace: {lost} calls could not be read (their process "
                          "ended first)\n")
-        lines.append("sandlock: trace: not seen here: socket families and syscalls the seccomp "
-                     "filter refuses, hosts refused by [network] allow (reported as they happen)\n")
+        lines.append("sandlock: trace: not seen here: syscalls the seccomp filter refuses, hosts "
+                     "refused by [network] allow (reported as they happen)\n")
         _emit(report, "".join(lines))
     raise click.exceptions.Exit(code)
 

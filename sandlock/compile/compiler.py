@@ -249,16 +249,19 @@ def caller_shortage() -> Optional[str]:
     return None
 
 
-def compile_policy(policy: Policy, routes: Optional[Routes] = None) -> Compiled:
+def compile_policy(policy: Policy, routes: Optional[Routes] = None, *,
+                   sockets_recorded: bool = False) -> Compiled:
     """Check kernel support, build the Landlock ruleset and the seccomp BPF.
 
     A policy with ``[credentials]`` needs ``routes`` (:func:`_compile_routed`).
+    ``sockets_recorded``: for `sandlock trace` only, whose recorder then answers socket(2)
+    (:func:`sandlock.compile.seccomp.plan`).
     A caller out of descriptors or processes gets a SetupError that says so (libseccomp's
     lookup, the ruleset and the grants fail in ways that would read as something else)."""
     from ..errors import SandlockError, SetupError
 
     try:
-        return _compile_routed(policy, routes)
+        return _compile_routed(policy, routes, sockets_recorded)
     except (OSError, SandlockError) as exc:
         why = caller_shortage()
         if why is None:
@@ -266,13 +269,14 @@ def compile_policy(policy: Policy, routes: Optional[Routes] = None) -> Compiled:
         raise SetupError(f"cannot compile {policy.source}: {why}") from exc
 
 
-def _compile_routed(policy: Policy, routes: Optional[Routes]) -> Compiled:
+def _compile_routed(policy: Policy, routes: Optional[Routes], sockets_recorded: bool = False
+                    ) -> Compiled:
     """A policy with ``[credentials]`` is compiled with its route server already listening
     (``routes``, :func:`sandlock.net.routes.prepare`): its grants
     (:func:`sandlock.policy.credentials.effective`) are added here, before the ruleset
     and the filter are built, for every executor alike; the Compiled carries the routes."""
     if not getattr(policy, "credentials", ()):
-        return _compile(policy)
+        return _compile(policy, sockets_recorded)
     if routes is None:
         from ..errors import SetupError
 
@@ -280,7 +284,7 @@ def _compile_routed(policy: Policy, routes: Optional[Routes]) -> Compiled:
                          "before the policy is compiled (sandlock.net.routes.prepare)")
     from ..policy.model import effective
 
-    compiled = _compile(effective(policy, routes.port))
+    compiled = _compile(effective(policy, routes.port), sockets_recorded)
     compiled.routes = routes
     return compiled
 
@@ -399,7 +403,7 @@ def enforced(plan: ruleset.Plan, has: Optional[Callable[[str], bool]] = None
     return gaps, tuple(kept)
 
 
-def _compile(policy: Policy) -> Compiled:
+def _compile(policy: Policy, sockets_recorded: bool = False) -> Compiled:
     from ..policy.model import Compat, check_limits
     from . import ruleset, seccomp
 
@@ -421,7 +425,7 @@ def _compile(policy: Policy) -> Compiled:
         raise process_failure(policy, refused[0])
     if policy.syscalls.allow or policy.syscalls.deny:
         seccomp.check_names(policy)
-    bpf = seccomp.bpf_for(seccomp.plan(policy, abi))
+    bpf = seccomp.bpf_for(seccomp.plan(policy, abi, sockets_recorded=sockets_recorded))
     fd = build_rules(policy, plan)
     rlimits = clamp_to_hard_limits(rlimits_for(policy.limits))
     compiled = Compiled(policy, abi, gaps + caller, fd, bpf, rlimits, signal_gate=gate)

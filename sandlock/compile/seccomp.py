@@ -236,6 +236,43 @@ def socket_grants(network: Network) -> dict[int, dict[int, tuple[int, ...]]]:
     return grants
 
 
+def socket_grant(family: int, kind: int) -> str:
+    """The ``[network]`` line that grants a socket of ``family`` and ``kind`` (its type,
+    :data:`SOCK_TYPE_MASK` bits), as :func:`socket_grants` reads the policy; "" when no
+    policy line grants it (a family or type sandlock never allows)."""
+    if family == AF_UNIX:
+        return "unix = true"
+    if family in (AF_INET, AF_INET6):
+        return {SOCK_STREAM: "connect = [PORT] (any TCP grant)", SOCK_DGRAM: "udp = true"}.get(kind, "")
+    return ""
+
+
+def socket_rules(network: Network) -> tuple[Rule, ...]:
+    """The socket(2) and socketpair(2) refusals of ``network``: the policy filter's, and in a
+    recorded run (:func:`plan` with ``sockets_recorded``) the recorder's, which answers
+    socket(2) by :func:`refusal` on these same rules (:mod:`sandlock.trace.record`)."""
+    return tuple(_socket_rules(socket_grants(network)))
+
+
+def _compare(cmp: Cmp, args: tuple[int, ...]) -> bool:
+    """One comparison as the kernel runs libseccomp's program: on the 64-bit argument."""
+    value = args[cmp.arg] & 0xFFFFFFFFFFFFFFFF
+    if cmp.op == MASKED_EQ:
+        return value & cmp.mask == cmp.value
+    return {NE: value != cmp.value, LT: value < cmp.value, LE: value <= cmp.value,
+            EQ: value == cmp.value, GE: value >= cmp.value, GT: value > cmp.value}[cmp.op]
+
+
+def refusal(rules: tuple[Rule, ...], syscall: str, args: tuple[int, ...]) -> int:
+    """The errno the filter compiled from ``rules`` answers ``syscall`` with ``args``, 0 when
+    it allows it (every rule of one syscall here has one errno, so the first match is the
+    filter's answer)."""
+    for rule in rules:
+        if rule.syscall == syscall and all(_compare(cmp, args) for cmp in rule.args):
+            return rule.errno
+    return 0
+
+
 def _socket_rules(grants: dict[int, dict[int, tuple[int, ...]]]) -> list[Rule]:
     rules = [Rule("socket", args=(Cmp(0, GE, AF_MAX),))]
     for family in range(AF_MAX):
@@ -316,10 +353,15 @@ def signal_rules() -> list[Rule]:
             Rule("ioctl", args=(_eq32(1, FIOSETOWN),)), Rule("ioctl", args=(_eq32(1, SIOCSPGRP),))]
 
 
-def plan(policy: Policy, abi: int = NEWEST_ABI) -> tuple[Rule, ...]:
+def plan(policy: Policy, abi: int = NEWEST_ABI, *, sockets_recorded: bool = False) -> tuple[Rule, ...]:
     """The rules of the filter for ``policy`` on Landlock ABI ``abi``: pure data, no
     kernel involved. ``abi`` decides the substitutes for protections it lacks
-    (:func:`sandlock.compile.ruleset.substitutes`)."""
+    (:func:`sandlock.compile.ruleset.substitutes`).
+
+    ``sockets_recorded`` (`sandlock trace` only): the socket(2) refusals are left out, for
+    the recorder to answer from the same rules (:func:`socket_rules`, :func:`refusal`) and
+    report: an errno here outranks its notification, which would never see them. A run
+    without the recorder's filter must never get this plan."""
     from .ruleset import substituted
 
     allow = set(policy.syscalls.allow) - set(NEVER_ALLOW)
@@ -363,7 +405,8 @@ def plan(policy: Policy, abi: int = NEWEST_ABI) -> tuple[Rule, ...]:
     rules += [Rule("sendto", args=(Cmp(3, MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN),)),
               Rule("sendmsg", args=(Cmp(2, MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN),)),
               Rule("sendmmsg", args=(Cmp(3, MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN),))]
-    rules += _socket_rules(socket_grants(policy.network))
+    rules += [rule for rule in socket_rules(policy.network)
+              if not (sockets_recorded and rule.syscall == "socket")]
     return tuple(rules)
 
 

@@ -488,16 +488,16 @@ def _hint(compiled: Compiled, cmd: Command, child: Child, report: Callable[[str]
     """One line when the command failed: where to look for what the policy refused. The
     network hint only when the host allowlist refused a connection of this run."""
     if compiled.network is not None and (mediation is None or mediation.events):
-        # trace cannot record beside the host allowlist's supervisor; and a tool that
-        # resolves names itself gets no DNS here, which it reports as its own error.
+        # A tool that resolves names itself gets no DNS here, which it reports as its
+        # own error.
         report(f"hint: the command exited with {child.returncode}; this policy reaches the "
                "network only through sandlock's proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY): a "
                "tool that ignores them cannot even resolve names; refusals are reported above")
         return
     if compiled.network is not None:  # nothing refused on the network: look elsewhere
         report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; no "
-               "connection was refused; `sandlock trace` of this policy without [network] allow "
-               "lists the files and ports it refused")
+               "connection was refused; `sandlock trace` with the same options lists the files, "
+               "ports and sockets it refused")
         return
     report(f"hint: {os.path.basename(cmd.argv[0])} exited with {child.returncode}; "
            "`sandlock trace` with the same options lists what the policy refused it")
@@ -515,6 +515,10 @@ def _run(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_sig
 
 def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
                _mediation: Optional[Mediation], recorder: Optional[Recorder]) -> Child:
+    if recorder is not None and _mediation is not None:
+        # One listener per process: the connect gate rides on the recorder's (its filter,
+        # the new-listener refusal included, goes first in the recorder's program).
+        recorder.carry(_mediation.gate)
     hooks = [h.in_child for h in (recorder, _mediation) if h is not None]  # recorder first:
     # the mediation filter refuses new listeners
     # the signal gate (Landlock ABI < 6) rides on the recorder's or the connect gate's

@@ -57,6 +57,11 @@ class Listener:
     name = "sandlock-notify"
     #: The signal gate's handler when this listener also carries it (:meth:`gate_signals`).
     signals: Optional[Signals] = None
+    #: The listener whose descriptor receives this one's calls (:meth:`carry`), else None.
+    carrier: Optional[Listener] = None
+    #: The filter placed before another listener's program when it carries this one
+    #: (:meth:`carry`): this listener's calls return here, every other call falls through.
+    prefix = b""
 
     def __init__(self, bpf: bytes) -> None:
         self.notify_bpf = bpf
@@ -65,6 +70,7 @@ class Listener:
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread: Optional[threading.Thread] = None
         self.listener = -1
+        self._riders: list[Listener] = []
 
     def gate_signals(self, signals: Signals) -> None:
         """Also answer the signal gate's calls (:mod:`sandlock.linux.signalgate`): its
@@ -75,6 +81,24 @@ class Listener:
         self.notify_bpf = signals.prefix + self.notify_bpf
         self._prog, self._keep = kernel.make_fprog(self.notify_bpf)
 
+    def carry(self, rider: Listener) -> None:
+        """Also receive ``rider``'s calls: its :attr:`prefix` goes first in this listener's
+        program, each call it :meth:`claims` is handed to its :meth:`_notified`, and it
+        answers on this listener's descriptor (the kernel gives a process one listener,
+        see :meth:`gate_signals`). ``rider`` then installs nothing and runs no thread of
+        its own. Before fork only."""
+        if not rider.prefix or rider.carrier is not None:
+            raise ValueError(f"{rider.name} cannot ride on another listener")
+        rider.carrier = self
+        self._riders.append(rider)
+        self.notify_bpf = rider.prefix + self.notify_bpf
+        self._prog, self._keep = kernel.make_fprog(self.notify_bpf)
+
+    def claims(self, nr: int, args: tuple[int, ...]) -> bool:
+        """Whether a call is one of this listener's when another carries it: exactly the
+        calls its :attr:`prefix` notifies."""
+        return False
+
     @property
     def child_end(self) -> int:
         """The socket on which the child sends its listener (:meth:`install`)."""
@@ -82,11 +106,14 @@ class Listener:
 
     # -- in the forked child, after the policy's filter, just before execve
     def install(self) -> None:
-        kernel.install_listener(self._prog, self._child_end.fileno())
+        if self.carrier is None:  # else the carrier's program holds this one's prefix
+            kernel.install_listener(self._prog, self._child_end.fileno())
 
     # -- in the parent
     def start(self) -> None:
         self._child_end.close()
+        if self.carrier is not None:
+            return  # the carrier's thread receives this one's calls
         self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
 
@@ -98,7 +125,8 @@ class Listener:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        for fd in (self._stop_r, self._stop_w, self.listener):
+        own = self.listener if self.carrier is None else -1  # a carrier closes its own
+        for fd in (self._stop_r, self._stop_w, own):
             if fd >= 0:
                 os.close(fd)
         self._stop_r = self._stop_w = self.listener = -1
@@ -109,6 +137,8 @@ class Listener:
         try:
             self._serve()
         finally:
+            for rider in self._riders:
+                rider.listener = -1
             if self.listener >= 0:
                 os.close(self.listener)
                 self.listener = -1
@@ -123,6 +153,8 @@ class Listener:
         if not fds:
             return  # the child failed before installing the filter
         self.listener = fds[0]
+        for rider in self._riders:
+            rider.listener = self.listener
         poller.unregister(self._parent_end.fileno())
         poller.register(self.listener, select.POLLIN)
         while True:
@@ -147,6 +179,14 @@ class Listener:
         if self.signals is not None and nr in self.signals.numbers:
             self.signals.notified(self, ident, tid, nr, args)
             return
+        self._dispatch(ident, tid, nr, args)
+
+    def _dispatch(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
+        """A call to the rider that :meth:`claims` it, else to this listener."""
+        for rider in self._riders:
+            if rider.claims(nr, args):
+                rider._notified(ident, tid, nr, args)
+                return
         self._notified(ident, tid, nr, args)
 
     def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:

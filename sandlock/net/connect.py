@@ -84,15 +84,18 @@ SOCK_FLAGS = socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
 NOT_TCP = ("UNIX", "UDP", "UDPv6")
 
 
-def notify_filter() -> bytes:
+def prefix() -> bytes:
     """Classic BPF: connect, listen and socket(AF_INET/AF_INET6, SOCK_STREAM...) ->
-    USER_NOTIF; seccomp(NEW_LISTENER) -> EPERM; else ALLOW.
+    USER_NOTIF; seccomp(NEW_LISTENER) -> EPERM; every other call, and a foreign
+    architecture, falls through to the instruction after the prefix (:func:`notify_filter`
+    puts ALLOW there; a recorder that carries the gate, its own program:
+    :meth:`sandlock.linux.notify.Listener.carry`). :meth:`ConnectGate.claims` names the
+    same calls.
 
-    Foreign architectures fall through to ALLOW here because the main filter,
-    loaded first, already kills them (and it refuses the sockets it does not grant
-    before this filter's notification counts: ERRNO wins over USER_NOTIF). Arguments
-    are read at their low 32 bits (little-endian offsets), as the kernel does for
-    ``int`` arguments.
+    Foreign architectures fall through because the main filter, loaded first, already
+    kills them (and it refuses the sockets it does not grant before this filter's
+    notification counts: ERRNO wins over USER_NOTIF). Arguments are read at their low
+    32 bits (little-endian offsets), as the kernel does for ``int`` arguments.
     """
     def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
         return struct.pack("=HBBI", code, jt, jf, k)
@@ -100,25 +103,36 @@ def notify_filter() -> bytes:
     ld_abs, jeq, jset, alu_and, ret = 0x20, 0x15, 0x45, 0x54, 0x06
     return b"".join([
         op(ld_abs, 4),                                  # 0: A = arch
-        op(jeq, AUDIT_ARCH[MACHINE], 0, 14),            # 1: foreign -> 16 (allow)
+        op(jeq, AUDIT_ARCH[MACHINE], 0, 15),            # 1: foreign -> 17 (after the prefix)
         op(ld_abs, 0),                                  # 2: A = nr
-        op(jeq, NR["connect"], 14, 0),                  # 3: connect -> 18 (notify)
-        op(jeq, NR["listen"], 13, 0),                   # 4: listen -> 18 (notify)
+        op(jeq, NR["connect"], 12, 0),                  # 3: connect -> 16 (notify)
+        op(jeq, NR["listen"], 11, 0),                   # 4: listen -> 16 (notify)
         op(jeq, NR["socket"], 0, 6),                    # 5: not socket -> 12
         op(ld_abs, 16),                                 # 6: A = low half of args[0] (family)
         op(jeq, socket.AF_INET, 1, 0),                  # 7: inet -> 9
-        op(jeq, socket.AF_INET6, 0, 8),                 # 8: not inet6 -> 17 (allow)
+        op(jeq, socket.AF_INET6, 0, 8),                 # 8: not inet6 -> 17 (after)
         op(ld_abs, 24),                                 # 9: A = low half of args[1] (type)
         op(alu_and, SOCK_TYPE_MASK),                    # 10: A &= SOCK_TYPE_MASK
-        op(jeq, socket.SOCK_STREAM, 6, 5),              # 11: stream -> 18 (notify), else 17
-        op(jeq, NR["seccomp"], 0, 3),                   # 12: not seccomp -> 16 (allow)
+        op(jeq, socket.SOCK_STREAM, 4, 5),              # 11: stream -> 16 (notify), else 17
+        op(jeq, NR["seccomp"], 0, 4),                   # 12: not seccomp -> 17 (after)
         op(ld_abs, 24),                                 # 13: A = low half of args[1] (flags)
-        op(jset, kernel.SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, 1),  # 14: listener -> 15 (EPERM)
+        op(jset, kernel.SECCOMP_FILTER_FLAG_NEW_LISTENER, 0, 2),  # 14: listener -> 15, else 17
         op(ret, SECCOMP_RET_ERRNO | errno.EPERM),       # 15
-        op(ret, SECCOMP_RET_ALLOW),                     # 16
-        op(ret, SECCOMP_RET_ALLOW),                     # 17
-        op(ret, kernel.SECCOMP_RET_USER_NOTIF),         # 18
+        op(ret, kernel.SECCOMP_RET_USER_NOTIF),         # 16
     ])
+
+
+def notify_filter() -> bytes:
+    """The gate alone: :func:`prefix`, then ALLOW."""
+    return prefix() + struct.pack("=HBBI", 0x06, 0, 0, SECCOMP_RET_ALLOW)
+
+
+def _claimed(nr: int, args: tuple[int, ...]) -> bool:
+    """The calls :func:`prefix` notifies, told apart from the rest on a shared listener."""
+    if nr in (NR["connect"], NR["listen"]):
+        return True
+    return nr == NR["socket"] and args[0] & 0xFFFFFFFF in (socket.AF_INET, socket.AF_INET6) \
+        and args[1] & SOCK_TYPE_MASK == socket.SOCK_STREAM
 
 
 def check_support() -> None:
@@ -154,6 +168,7 @@ class ConnectGate(Listener):
     docstring."""
 
     name = "sandlock-connect"
+    prefix = prefix()
 
     def __init__(self, ports: tuple[tuple[int, int], ...], rules: NetRules,
                  proxy: tuple[str, int], report: Callable[[str], None]) -> None:
@@ -202,6 +217,9 @@ class ConnectGate(Listener):
             os.close(self._wake_r)
             os.close(self._wake_w)
             self._wake_r = self._wake_w = -1
+
+    def claims(self, nr: int, args: tuple[int, ...]) -> bool:
+        return _claimed(nr, args)
 
     def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
         try:

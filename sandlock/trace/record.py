@@ -16,8 +16,12 @@ filter decide as they would without tracing
 What was copied is used only to *describe* the call, never to answer it, so a tool
 that rewrites its memory after the copy can only make the record wrong, not the
 sandbox weaker. A syscall the policy's filter refuses with an errno never reaches a
-notifying filter (the errno action takes precedence), so seccomp refusals of a
-socket family are not seen here.
+notifying filter (the errno action takes precedence). So a recorded run's policy filter
+leaves out its socket(2) refusals (:func:`sandlock.compile.seccomp.plan` with
+``sockets_recorded``), and the recorder answers socket(2) itself, from the same rules
+and with the same errno (:func:`sandlock.compile.seccomp.refusal`): its arguments are
+integers in the notification, nothing the tool can change after the check. A socket
+call the recorder cannot answer (its thread gone) fails with ENOSYS: refused too.
 
 Which recorded accesses were refused is then computed by :class:`Judge` from the
 same Landlock rights the ruleset was built from (:func:`sandlock.compile.ruleset.plan`),
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from ..compile import abi as A
+from ..compile.seccomp import Rule, refusal, socket_grant
 from ..linux import kernel
 from ..linux.kernel import (
     SECCOMP_RET_ALLOW,
@@ -128,6 +133,7 @@ class Event:
     family: int = -1
     sock_type: int = -1
     program: str = ""  #: the calling process's executable (learn only)
+    refused: int = 0  #: the errno the recorder answered (a socket the policy refuses)
 
 
 def _kind(path: str, follow: bool) -> str:
@@ -150,9 +156,14 @@ class Recorder(Listener):
 
     name = "sandlock-trace"
 
-    def __init__(self, *, network_mediated: bool = False, programs: bool = False) -> None:
+    def __init__(self, *, network_mediated: bool = False, programs: bool = False,
+                 sockets: Optional[tuple[Rule, ...]] = None) -> None:
         super().__init__(notify_filter(network_mediated))
         self._programs = programs
+        #: The policy's socket rules (:func:`sandlock.compile.seccomp.socket_rules`) when its
+        #: filter was compiled without them (``sockets_recorded``): this recorder enforces
+        #: them. None: the policy's filter does, and socket(2) is CONTINUEd.
+        self.sockets = sockets
         self._dirs: dict[str, str] = {}  #: realpath of directories, cleared on any change
         self.events: list[Event] = []
         self.lost = 0  #: notifications that could not be read (the caller went away)
@@ -167,6 +178,14 @@ class Recorder(Listener):
         self.stop()
 
     # -- the recorder thread
+    def _dispatch(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
+        """socket(2) is refused by the policy's rules first, as the policy's filter would
+        before any listener (the connect gate this recorder carries included)."""
+        if self.sockets is not None and _BY_NR.get(nr) == "socket":
+            if self._socket(ident, tid, args, self.sockets):
+                return
+        super()._dispatch(ident, tid, nr, args)
+
     def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
         try:
             event = self._describe(tid, _BY_NR.get(nr, ""), args)
@@ -178,6 +197,25 @@ class Recorder(Listener):
             self.lost += 1
         # Always CONTINUE: Landlock and the policy's filter decide in the tool.
         self._respond(ident, 0, SECCOMP_USER_NOTIF_FLAG_CONTINUE)
+
+    def _socket(self, ident: int, tid: int, args: tuple[int, ...], rules: tuple[Rule, ...]) -> bool:
+        """socket(2) in a recorded run: refused exactly as the policy's filter would (the
+        same rules, the same errno, decided on the notification's own arguments) and
+        recorded; True when answered so. Any failure here refuses (EPERM). A socket the
+        rules allow goes on (False): to the connect gate if it claims it, else it is
+        recorded and CONTINUEd (:meth:`_notified`)."""
+        error = errno.EPERM
+        try:
+            error = refusal(rules, "socket", args)
+            if error:
+                program = _readlink(f"/proc/{tid}/exe") if self._programs else ""
+                self.events.append(Event("socket", family=args[0] & 0xFFFFFFFF,
+                                         sock_type=args[1] & 0xF, program=program, refused=error))
+        except Exception:  # noqa: BLE001 - deny by default
+            error = error or errno.EPERM
+        if error:
+            self._respond(ident, -error)
+        return bool(error)
 
     def _describe(self, tid: int, name: str, args: Sequence[int]) -> Optional[Event]:
         if not name:
@@ -669,6 +707,10 @@ class Judge:
     def denials(self, events: Iterable[Event]) -> list[Denial]:
         out: dict[tuple[str, str, int], Denial] = {}
         for event in events:
+            if event.syscall == "socket" and event.refused:
+                denial = socket_denial(event)
+                out.setdefault((denial.right, denial.path, -1), denial)
+                continue
             for need in needs(event, self.abi):
                 if not self.refused(need):
                     continue
@@ -678,6 +720,22 @@ class Judge:
                     out[key] = Denial(need.right, shown(need.path), need.port, need.detail,
                                       section, line, warning)
         return list(out.values())
+
+
+def _constant(prefix: str, value: int) -> str:
+    for member in (socket.AddressFamily if prefix == "AF_" else socket.SocketKind):
+        if member.value == value and member.name.startswith(prefix):
+            return member.name
+    return f"{prefix}{value}"
+
+
+def socket_denial(event: Event) -> Denial:
+    """A socket(2) the recorder refused for the policy, with the ``[network]`` line that
+    grants it (:func:`sandlock.compile.seccomp.socket_grant`, the table the filter uses)."""
+    what = f"{_constant('AF_', event.family)} {_constant('SOCK_', event.sock_type)} socket"
+    grant = socket_grant(event.family, event.sock_type)
+    return Denial("socket", what, section="network",
+                  grant=grant or "(no policy line: sandlock allows no such socket)")
 
 
 # ----------------------------------------------------------------------------
