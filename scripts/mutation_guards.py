@@ -37,6 +37,7 @@ SUBST = "tests/test_substitutes.py::"
 GATE = "tests/test_connect_gate.py::"
 IOCTL = "tests/test_substitute_ioctl.py::"
 FIRST = "tests/test_first_try_messages.py::"
+TNET = "tests/test_trace_network.py::"
 KEY = "tests/test_cache_key.py::"
 UNTRUSTED_KEY = KEY + "test_untrusted_key_file_turns_the_cache_off"
 ACCEPT = "tests/test_accept_gap.py::"
@@ -216,8 +217,8 @@ GUARDS: tuple[Guard, ...] = (
           "                and fnmatchcase(path, self.glob))",
           (ATTACKS + "test_deny_rules_read_the_path_in_any_case_and_get_covers_head",)),
     Guard("credential route: granted before compiling", "sandlock/compile/compiler.py",
-          "    compiled = _compile(effective(policy, routes.port))",
-          "    compiled = _compile(policy)",
+          "    compiled = _compile(effective(policy, routes.port), sockets_recorded)",
+          "    compiled = _compile(policy, sockets_recorded)",
           (ATTACKS + "test_sandlock_run_grants_the_route_before_compiling[no-network-section]",
            ATTACKS + "test_the_api_grants_the_route_before_compiling[no-network-section]")),
     Guard("learn: control characters escaped", "sandlock/trace/emit.py",
@@ -481,4 +482,22 @@ GUARDS: tuple[Guard, ...] = (
           "        elif child.signal is not None and child.signal not in QUIET_SIGNALS:",
           "        elif False:",
           (FIRST + "test_signal_death_named",)),
+    Guard("trace's recorder refuses sockets by the policy's rules", "sandlock/trace/record.py",
+          '            error = refusal(rules, "socket", args)',
+          "            error = 0",
+          (TNET + "test_the_recorder_is_what_refuses",
+           TNET + "test_trace_names_the_refused_family_and_its_grant")),
+    Guard("the connect gate claims its calls on a shared listener", "sandlock/net/connect.py",
+          "        return _claimed(nr, args)",
+          "        return False",
+          (TNET + "test_trace_records_a_policy_with_a_host_allowlist",)),
+    Guard("the connect gate notifies stream sockets", "sandlock/net/connect.py",
+          "        op(jeq, socket.SOCK_STREAM, 4, 5),",
+          "        op(jeq, socket.SOCK_STREAM, 5, 5),",
+          (GATE + "test_a_tcp_socket_the_gate_did_not_make_cannot_connect",
+           TNET + "test_trace_records_a_policy_with_a_host_allowlist")),
+    Guard("trace carries the connect gate", "sandlock/exec/launcher.py",
+          "        recorder.carry(_mediation.gate)",
+          "        pass",
+          (TNET + "test_trace_records_a_policy_with_a_host_allowlist",)),
 )
