@@ -24,7 +24,6 @@ from sandlock.linux import kernel
 from sandlock.trace import record as T
 from sandlock.trace.learn import cover
 
-SANDLOCK = str(Path(sys.executable).with_name("sandlock"))
 REPO = Path(__file__).resolve().parent.parent
 SECRET = PLANTED_KEY
 
@@ -33,17 +32,13 @@ pytestmark = pytest.mark.skipif(T.supported() is not None, reason=str(T.supporte
 
 def cli(args: Sequence[str], cwd: Path, home: Path, timeout: float = 120
         ) -> subprocess.CompletedProcess[str]:
-    """The installed entry point (not ``python -m``, which would put ``cwd`` on the
-    import path and so make it a directory no policy may write)."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
-    entry = [SANDLOCK]
-    if not os.path.exists(SANDLOCK):  # the source tree (-P: not the working directory)
-        entry = [sys.executable, "-P", "-m", "sandlock"]
-        env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([*entry, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
+    """The sandlock of the tree under test (an installed copy would not be the one the
+    mutation check changed), with -P: ``python -m`` would otherwise put ``cwd`` on the
+    import path and so make it a directory no policy may write."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
+           "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-P", "-m", "sandlock", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def policy(directory: Path, body: str, name: str = "strict.toml") -> Path:
