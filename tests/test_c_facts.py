@@ -233,3 +233,20 @@ def test_the_resource_count_is_the_kernels() -> None:
     if not header.exists():
         pytest.skip(f"no {header} here")
     assert int(define(header.read_text(), "RLIM_NLIMITS")) == spec.RLIM_NLIMITS
+
+
+@pytest.mark.parametrize("message", [b"s +10", b"s  10", b"s 10 ", b"s 010x", b"s 65", b"s 0"])
+def test_the_c_helper_ignores_a_malformed_signal_message(box: sandlock.Sandbox, message: bytes) -> None:
+    """A call's "s N" message is read with the same grammar: a malformed one is not sent
+    on (strtol took "+10" and " 10" for SIGUSR1). Then "s 10" is: the positive control."""
+    import time
+
+    script = "trap 'exit 7' USR1; echo ready; while :; do sleep 0.05; done"
+    box_sh = sandlock.Sandbox({"extends": ["base"], "filesystem": {"exec": ["/bin/sh", "/usr/bin/sleep"]}})
+    with box_sh, box_sh.popen(["/bin/sh", "-c", script], stdout=sandlock.PIPE) as proc:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        proc._call.send(message)
+        time.sleep(0.3)  # let a wrongly sent signal arrive (a shell that exits shows it)
+        assert proc.poll() is None, f"{message!r} was taken for a signal"
+        proc._call.send(b"s %d" % signal.SIGUSR1)
+        assert proc.wait(timeout=10) == 7
