@@ -26,7 +26,8 @@
  *         step], [memfd]
  *   data  u32 version, u32 nsteps, u32 nargs, u32 nenv (native byte order), then nsteps,
  *         nargs and nenv NUL-terminated strings and nothing after: the child's steps
- *         (sandlock/exec/spec.py: "name" or "name=arg[:arg]"), the supervisor's
+ *         (sandlock/exec/spec.py: "name" or "name=arg[:arg]"; numbers are ASCII decimal
+ *         digits only, range-checked: parse_decimal), the supervisor's
  *         arguments, then the command's environment (already filtered by the policy).
  *         version == 0: the data, in the same layout, is in the memfd, the last fd.
  *         Another version, an unknown step, or a list without caps, cloexec, nnp and
