@@ -5,7 +5,8 @@ the forwarded signals (:mod:`sandlock.linux.process`), the step names in their o
 and the steps no list may lack (:mod:`sandlock.exec.spec`), the exit codes
 (:mod:`sandlock.errors`), the size a request may have inline
 (:mod:`sandlock.exec.native`), the per-run cgroups' name prefix
-(:mod:`sandlock.linux.cgroups`). Each is read here from the C source as text and
+(:mod:`sandlock.linux.cgroups`), the stage a failed step reports
+(:data:`sandlock.exec.engine.STAGES`). Each is read here from the C source as text and
 compared with the table it copies (as ``tests/test_tables.py`` does for the syscall
 numbers); :func:`test_the_comparison_is_not_vacuous` changes one side of each and
 requires the drift to be found.
@@ -27,8 +28,8 @@ from conftest import proc_state, require_abi, require_native
 
 import sandlock
 from sandlock.errors import ExitCode
+from sandlock.exec import engine, spec
 from sandlock.exec import native as nativeexec
-from sandlock.exec import spec
 from sandlock.linux import cgroups, process
 
 HELPER = Path(spec.__file__).resolve().parent / "helper" / "sandlock_exec.c"
@@ -72,6 +73,11 @@ def drift(text: str) -> list[str]:
         out.append(f"REQUEST_MAX {request_max} <= native.INLINE_LIMIT")
     if define(text, "GROUP_PREFIX") != f'"{cgroups.PREFIX}"':
         out.append(f"GROUP_PREFIX != {cgroups.PREFIX!r}")
+    # The stage a failed step reports (engine.STAGES; the other steps report "setup").
+    stages = {step.lower(): stage for step, stage in
+              re.findall(r'case S_(\w+):[^\n]*\n\s*stage = "(\w+)";', text)}
+    if stages != {step: stage for step, stage in engine.STAGES.items() if step != spec.NOTIFY}:
+        out.append(f"the child's stages {stages} != engine.STAGES")
     return out
 
 
@@ -88,6 +94,7 @@ def test_the_c_helpers_copies_are_the_python_tables() -> None:
     ("#define TIMED_OUT 124", "#define TIMED_OUT 142"),
     ("#define REQUEST_MAX (64 * 1024)", "#define REQUEST_MAX (32 * 1024)"),
     ('#define GROUP_PREFIX "sandlock-"', '#define GROUP_PREFIX "sandlock_"'),
+    ('stage = "landlock";', 'stage = "ruleset";'),
 ])
 def test_the_comparison_is_not_vacuous(old: str, new: str) -> None:
     """One side changed: the drift is found (the positive control of the test above)."""
