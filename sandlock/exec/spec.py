@@ -120,6 +120,20 @@ def encode(steps: Sequence[Step]) -> list[str]:
     return out
 
 
+#: The kernel's number of resource limits (RLIM_NLIMITS, the same on every architecture:
+#: include/uapi/asm-generic/resource.h): a step's RESOURCE is below it.
+RLIM_NLIMITS = 16
+#: The largest rlim_t (RLIM_INFINITY, 64 bits): a step's VALUE is at most this.
+RLIM_MAX = 2**64 - 1
+
+
+def _decimal(text: str, largest: int) -> bool:
+    """Whether ``text`` is ASCII decimal digits only, at least one, at most ``largest``:
+    the C helper's parse_decimal(). ``int()`` alone takes " 5", "+5", "-1", "1_0" and
+    other scripts' digits."""
+    return text.isascii() and text.isdigit() and int(text) <= largest
+
+
 def decode(strings: Sequence[str]) -> tuple[Step, ...]:
     """The inverse of :func:`encode`; ValueError for a step this version does not know."""
     steps: list[Step] = []
@@ -130,7 +144,10 @@ def decode(strings: Sequence[str]) -> tuple[Step, ...]:
         if name == CHDIR:
             steps.append((name, rest))
         elif name == RLIMIT:
-            res, _, value = rest.partition(":")
+            res, colon, value = rest.partition(":")
+            if not (sep and colon and _decimal(res, RLIM_NLIMITS - 1) and _decimal(value, RLIM_MAX)):
+                raise ValueError(f"bad rlimit step {text!r}: not rlimit=RESOURCE:VALUE in decimal "
+                                 f"digits, RESOURCE below {RLIM_NLIMITS}, VALUE at most {RLIM_MAX}")
             steps.append((name, int(res), int(value)))
         elif sep:
             raise ValueError(f"confinement step {name!r} takes no argument")

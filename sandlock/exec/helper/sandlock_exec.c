@@ -26,7 +26,8 @@
  *         step], [memfd]
  *   data  u32 version, u32 nsteps, u32 nargs, u32 nenv (native byte order), then nsteps,
  *         nargs and nenv NUL-terminated strings and nothing after: the child's steps
- *         (sandlock/exec/spec.py: "name" or "name=arg[:arg]"), the supervisor's
+ *         (sandlock/exec/spec.py: "name" or "name=arg[:arg]"; numbers are ASCII decimal
+ *         digits only, range-checked: parse_decimal), the supervisor's
  *         arguments, then the command's environment (already filtered by the policy).
  *         version == 0: the data, in the same layout, is in the memfd, the last fd.
  *         Another version, an unknown step, or a list without caps, cloexec, nnp and
@@ -60,8 +61,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,7 +112,12 @@ struct cap_data { unsigned int effective, permitted, inheritable; };
 
 #define SOCK 3 /* the server's control socket; in a supervisor, its call socket */
 #define RULESET 4
+/* Copies of Python facts: tests/test_c_facts.py compares each with the table it copies. */
 #define LAUNCHER_FAILED 125 /* sandlock.errors.ExitCode.LAUNCHER */
+#define TIMED_OUT 124       /* sandlock.errors.ExitCode.TIMEOUT */
+/* Passed on to the command (sandlock/linux/process.py FORWARDED_SIGNALS). */
+#define FORWARDED_SIGNALS SIGINT, SIGTERM, SIGHUP, SIGQUIT
+#define GROUP_PREFIX "sandlock-" /* sandlock/linux/cgroups.py PREFIX */
 #define MAX_STEPS 64
 #define WIRE_VERSION 3 /* sandlock/exec/spec.py VERSION */
 #define REQUEST_MAX (64 * 1024) /* nativeexec.INLINE_LIMIT stays below: more goes in a memfd */
@@ -121,13 +129,15 @@ enum step_kind { S_CGROUP, S_SESSION, S_PARENT, S_SIGNALS, S_STDIO, S_CHDIR, S_R
 static const char *const step_names[N_STEP_KINDS] = {
     "cgroup", "session", "parent", "signals", "stdio", "chdir", "rlimit", "caps",
     "cloexec", "nnp", "landlock", "seccomp", "exec"};
+/* The steps no list may lack (sandlock/exec/spec.py REQUIRED). */
+static const enum step_kind required_steps[] = {S_CAPS, S_CLOEXEC, S_NNP, S_SECCOMP};
 /* Parsed steps and options (static: nothing the vfork child may touch lives in a frame
  * it returns to). */
 static struct step { enum step_kind kind; const char *path; int resource; rlim_t value; } steps[MAX_STEPS];
 static int n_steps, report_start, has_ruleset;
 static double timeout = -1;
 /* -p/-g/-G: the call's pids cgroup (see group_make) */
-static long long pids_limit = -1;
+static unsigned long long pids_limit; /* 0: none */
 static int cgroup_version;
 static const char *cgroup_base, *cgroup_relative;
 static char group_path[4096], group_line[4096];
@@ -139,20 +149,84 @@ static unsigned long long now_ns(void) {
     return (unsigned long long)t.tv_sec * 1000000000ULL + (unsigned long long)t.tv_nsec;
 }
 
+/* snprintf's result as a length: 0 on an error, the stored length if it was cut. For
+ * text that is only reported; a path or a name that must not be cut uses format_all(). */
+static size_t clamp(int len, size_t size) {
+    return len < 0 ? 0 : (size_t)len >= size ? size - 1 : (size_t)len;
+}
+
+/* snprintf into `out` whole, or -1 (ENAMETOOLONG) if it does not fit. */
+__attribute__((format(printf, 3, 4)))
+static int format_all(char *out, size_t size, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    int len = vsnprintf(out, size, fmt, args);
+    va_end(args);
+    if (len < 0 || (size_t)len >= size) {
+        if (size) out[0] = 0;
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return len;
+}
+
+/* All of `len` bytes, through short writes and EINTR; -1 on any other failure. */
+static int write_all(int fd, const char *data, size_t len) {
+    while (len) {
+        ssize_t n = write(fd, data, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        data += n, len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Up to `size` bytes, through short reads and EINTR, until EOF; -1 on a failure. */
+static ssize_t read_all(int fd, char *buf, size_t size) {
+    size_t got = 0;
+    while (got < size) {
+        ssize_t n = read(fd, buf + got, size - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return -1;
+        if (n == 0) break;
+        got += (size_t)n;
+    }
+    return (ssize_t)got;
+}
+
+/* The `len` bytes at `text` as a decimal number: ASCII digits only, at least one (no
+ * sign, no space: strtoull would take " 5", "+5", and "-1" as ULLONG_MAX), at most `max`;
+ * else -1 (EINVAL). The grammar of sandlock/exec/spec.py decode(). */
+static int parse_decimal(const char *text, size_t len, unsigned long long max,
+                         unsigned long long *out) {
+    unsigned long long value = 0;
+    errno = EINVAL;
+    if (len == 0) return -1;
+    for (size_t i = 0; i < len; i++) {
+        unsigned digit = (unsigned)(text[i] - '0');
+        if (text[i] < '0' || text[i] > '9' || value > (max - digit) / 10 || digit > max) return -1;
+        value = value * 10 + digit;
+    }
+    *out = value;
+    return 0;
+}
+
 static void say(const char *text, size_t len) {
-    send(SOCK, text, len, MSG_NOSIGNAL); /* the caller may be gone: the tree dies anyway */
+    /* A SOCK_SEQPACKET message goes whole or not at all. The caller may be gone: the tree
+     * dies anyway. */
+    while (send(SOCK, text, len, MSG_NOSIGNAL) < 0 && errno == EINTR) {}
 }
 
 /* "F 125 SetupError\n...": the caller raises SetupError. Never blocks (the server
  * answers this way too, and must not wait on one call). */
 static void refuse(int sock, const char *what) {
     char text[512];
-    int len = snprintf(text, sizeof text, "F 125 SetupError\nsandlock-exec: %s: %s", what,
-                       strerror(errno));
+    size_t len = clamp(snprintf(text, sizeof text, "F 125 SetupError\nsandlock-exec: %s: %s", what,
+                                strerror(errno)), sizeof text);
     /* Closed with unread messages (the BPF), the socket would make the caller's next
      * recv fail with ECONNRESET instead of returning this: discard them first. */
     while (recv(sock, NULL, 0, MSG_DONTWAIT | MSG_TRUNC) > 0) {}
-    send(sock, text, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (send(sock, text, len, MSG_NOSIGNAL | MSG_DONTWAIT) < 0 && errno == EINTR) {}
 }
 
 static void fail(const char *what) { /* in a supervisor only */
@@ -194,7 +268,7 @@ static void child(pid_t parent, int errw, struct sock_fprog *prog, char **argv) 
         case S_CGROUP: /* first: everything the child and its descendants do is counted */
             stage = "cgroup";
             if (group_procs < 0) { errno = EBADF; goto failed; }
-            if (write(group_procs, "0", 1) != 1) goto failed; /* "0" is the writer */
+            if (write_all(group_procs, "0", 1) < 0) goto failed; /* "0" is the writer */
             break;
         case S_SESSION:
             if (setsid() < 0) goto failed;
@@ -254,8 +328,9 @@ static void child(pid_t parent, int errw, struct sock_fprog *prog, char **argv) 
 failed:;
     int err = errno;
     char report[512];
-    int len = snprintf(report, sizeof report, "%s%c%d%c%s", stage, 0, err, 0, strerror(err));
-    if (write(errw, report, (size_t)len) < 0) { /* nothing more to do */ }
+    size_t len = clamp(snprintf(report, sizeof report, "%s%c%d%c%s", stage, 0, err, 0, strerror(err)),
+                       sizeof report);
+    if (write_all(errw, report, len) < 0) { /* nothing more to do */ }
     _exit(LAUNCHER_FAILED);
 }
 
@@ -284,16 +359,14 @@ static void parse_steps(char **text, uint32_t count) {
         if (kind == S_CHDIR) {
             if (!arg || !arg[1]) fail("chdir without a directory");
             step->path = arg + 1;
-        } else if (kind == S_RLIMIT) {
-            char *value, *end;
-            if (!arg) fail("rlimit without a value");
-            errno = 0;
-            long resource = strtol(arg + 1, &value, 10);
-            if (errno || value == arg + 1 || *value != ':' || resource < 0 || resource >= RLIM_NLIMITS)
+        } else if (kind == S_RLIMIT) { /* rlimit=RESOURCE:VALUE, each parse_decimal's */
+            const char *value = arg ? strchr(arg + 1, ':') : NULL;
+            unsigned long long resource, limit;
+            if (!value) fail("bad rlimit step: not rlimit=RESOURCE:VALUE");
+            if (parse_decimal(arg + 1, (size_t)(value - arg - 1), RLIM_NLIMITS - 1, &resource) < 0 ||
+                parse_decimal(value + 1, strlen(value + 1), (rlim_t)-1, &limit) < 0)
                 fail("bad rlimit step");
-            step->resource = (int)resource;
-            step->value = (rlim_t)strtoull(value + 1, &end, 10);
-            if (errno || end == value + 1 || *end || value[1] == '-') fail("bad rlimit step");
+            step->resource = (int)resource, step->value = (rlim_t)limit;
             errno = EPROTO;
         } else if (arg) {
             fail("a confinement step that takes no argument has one");
@@ -302,22 +375,36 @@ static void parse_steps(char **text, uint32_t count) {
     }
     n_steps = (int)count;
     errno = EPROTO;
-    if (!seen[S_CAPS] || !seen[S_CLOEXEC] || !seen[S_NNP] || !seen[S_SECCOMP] || last != S_EXEC)
-        fail("a confinement without caps, cloexec, nnp, seccomp or exec");
+    for (size_t i = 0; i < sizeof required_steps / sizeof required_steps[0]; i++)
+        if (!seen[required_steps[i]]) fail("a confinement without caps, cloexec, nnp, seccomp or exec");
+    if (last != S_EXEC) fail("a confinement without caps, cloexec, nnp, seccomp or exec");
     has_ruleset = seen[S_LANDLOCK];
     if (seen[S_CGROUP] != (pids_limit > 0)) fail("the cgroup step and -p go together");
 }
 
-/* Children of this (single-threaded) process: /proc/PID/task/TID/children. */
-static int children(pid_t *pids, int max) {
-    char path[64], buf[4096];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/children", getpid(), getpid());
+/* The children reader reads one buffer and takes at most CHILDREN_MAX pids from it; its
+ * callers read again until none is left. The file is "PID PID ... " (each pid and a
+ * space), a pid has at most PID_DIGITS digits (below PID_MAX_LIMIT, 4194304 on 64-bit:
+ * include/linux/threads.h), so the first CHILDREN_MAX pids end within CHILDREN_MAX *
+ * (PID_DIGITS + 1) bytes, the last one's space included: with that many bytes of text in
+ * the buffer (its last byte is the NUL) no pid it takes is cut. */
+#define CHILDREN_MAX 512
+#define PID_DIGITS 7
+#define CHILDREN_BUFFER 4096
+_Static_assert(CHILDREN_MAX * (PID_DIGITS + 1) <= CHILDREN_BUFFER,
+               "the children reader could take a pid cut at the buffer's end");
+
+/* Children of this (single-threaded) process: /proc/PID/task/TID/children
+ * (sandlock/linux/process.py children(), for one thread). */
+static int children(pid_t pids[CHILDREN_MAX]) {
+    char path[64], buf[CHILDREN_BUFFER];
+    if (format_all(path, sizeof path, "/proc/%d/task/%d/children", getpid(), getpid()) < 0) return 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC), n = 0;
     if (fd < 0) return 0;
-    ssize_t len = read(fd, buf, sizeof buf - 1);
+    ssize_t len = read_all(fd, buf, sizeof buf - 1);
     close(fd);
     buf[len > 0 ? len : 0] = 0;
-    for (char *p = buf, *end; n < max; p = end) {
+    for (char *p = buf, *end; n < CHILDREN_MAX; p = end) {
         long pid = strtol(p, &end, 10);
         if (end == p) break;
         pids[n++] = (pid_t)pid;
@@ -328,12 +415,12 @@ static int children(pid_t *pids, int max) {
 /* This process is the child subreaper (PR_SET_CHILD_SUBREAPER): daemons and setsid
  * escapees of the command are re-parented here. Kill and reap until none is left. */
 static void kill_descendants(void) {
-    pid_t pids[512];
+    pid_t pids[CHILDREN_MAX];
     siginfo_t info;
     int n;
     /* The common case, no child left at all, costs one waitid (ECHILD), not a /proc read. */
     while (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
-           (n = children(pids, 512)) > 0) {
+           (n = children(pids)) > 0) {
         for (int i = 0; i < n; i++) kill(pids[i], SIGKILL);
         for (int i = 0; i < n; i++) waitpid(pids[i], NULL, 0);
     }
@@ -344,12 +431,13 @@ static void kill_descendants(void) {
 
 static int write_file(const char *dir, const char *name, const char *text) {
     char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (format_all(path, sizeof path, "%s/%s", dir, name) < 0) return -1;
     int fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0) return -1;
-    ssize_t len = (ssize_t)strlen(text), n = write(fd, text, (size_t)len);
+    int written = write_all(fd, text, strlen(text)), err = errno;
     close(fd);
-    return n == len ? 0 : -1;
+    errno = err;
+    return written;
 }
 
 /* SIGKILL every member until none is left: cgroup.kill on v2; else each member by
@@ -359,23 +447,26 @@ static void group_kill(void) {
     if (!group_path[0]) return;
     if (cgroup_version == 2) write_file(group_path, "cgroup.kill", "1");
     char path[4200], buf[8192], member[8192];
-    snprintf(path, sizeof path, "%s/cgroup.procs", group_path);
+    if (format_all(path, sizeof path, "%s/cgroup.procs", group_path) < 0) return;
     for (int round = 0; round < 10000; round++) {
         int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) return;
-        ssize_t len = read(fd, buf, sizeof buf - 1);
+        ssize_t len = read_all(fd, buf, sizeof buf - 1);
         close(fd);
         if (len <= 0) return;
         buf[len] = 0;
+        /* A full buffer may end in a cut pid: leave it to the next round. */
+        char *last = (size_t)len == sizeof buf - 1 ? strrchr(buf, '\n') : NULL;
+        if (last) last[1] = 0;
         for (char *p = buf, *end;; p = end) {
             long pid = strtol(p, &end, 10);
             if (end == p) break;
             int pidfd = (int)syscall(__NR_pidfd_open, (pid_t)pid, 0U);
             if (pidfd < 0) continue;
             char proc[64];
-            snprintf(proc, sizeof proc, "/proc/%ld/cgroup", pid);
-            int cg = open(proc, O_RDONLY | O_CLOEXEC);
-            ssize_t got = cg < 0 ? -1 : read(cg, member, sizeof member - 1);
+            int cg = format_all(proc, sizeof proc, "/proc/%ld/cgroup", pid) < 0 ? -1 :
+                     open(proc, O_RDONLY | O_CLOEXEC);
+            ssize_t got = cg < 0 ? -1 : read_all(cg, member, sizeof member - 1);
             if (cg >= 0) close(cg);
             if (got > 0) {
                 member[got] = 0;
@@ -402,18 +493,23 @@ static void group_remove(void) {
 static void group_make(void) {
     unsigned int tag = 0;
     if (syscall(SYS_getrandom, &tag, sizeof tag, 0U) != (long)sizeof tag) tag ^= (unsigned)now_ns();
-    snprintf(group_path, sizeof group_path, "%s/sandlock-%d-%08x", cgroup_base, getpid(), tag);
     const char *rel = cgroup_relative[strlen(cgroup_relative) - 1] == '/' ? "" : "/";
-    snprintf(group_line, sizeof group_line, ":%s%ssandlock-%d-%08x\n", cgroup_relative, rel,
-             getpid(), tag);
+    /* Cut, the path would name another directory, and the line match another group's. */
+    if (format_all(group_path, sizeof group_path, "%s/" GROUP_PREFIX "%d-%08x", cgroup_base, getpid(),
+               tag) < 0 ||
+        format_all(group_line, sizeof group_line, ":%s%s" GROUP_PREFIX "%d-%08x\n", cgroup_relative, rel,
+               getpid(), tag) < 0) {
+        group_path[0] = 0;
+        fail("the pids cgroup's path is too long");
+    }
     if (mkdir(group_path, 0755) < 0) {
         group_path[0] = 0;
         fail("cannot create the pids cgroup of [limits] processes");
     }
     char text[32], path[4200];
-    snprintf(text, sizeof text, "%lld", pids_limit);
-    snprintf(path, sizeof path, "%s/cgroup.procs", group_path);
-    if (write_file(group_path, "pids.max", text) < 0 ||
+    if (format_all(text, sizeof text, "%llu", pids_limit) < 0 ||
+        format_all(path, sizeof path, "%s/cgroup.procs", group_path) < 0 ||
+        write_file(group_path, "pids.max", text) < 0 ||
         (group_procs = open(path, O_WRONLY | O_CLOEXEC)) < 0) {
         int err = errno;
         group_remove();
@@ -436,17 +532,21 @@ static void options(int argc, char **argv) {
     int opt;
     while ((opt = getopt(argc, argv, "+st:p:g:G:")) != -1) {
         if (opt == 's') report_start = 1;
-        else if (opt == 't') {
+        else if (opt == 't') { /* seconds as Python's repr(float) writes them: 30.0, 1e-05 */
             char *end;
             errno = 0;
             timeout = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(timeout >= 0)) { errno = EINVAL; fail("bad -t"); }
+            if (optarg[0] < '0' || optarg[0] > '9' || strspn(optarg, "0123456789.e+-") != strlen(optarg) ||
+                errno || *end || !(timeout >= 0)) {
+                errno = EINVAL;
+                fail("bad -t");
+            }
         }
         else if (opt == 'p') {
-            char *end;
-            errno = 0;
-            pids_limit = strtoll(optarg, &end, 10);
-            if (errno || end == optarg || *end || pids_limit < 1) { errno = EINVAL; fail("bad -p"); }
+            if (parse_decimal(optarg, strlen(optarg), LLONG_MAX, &pids_limit) < 0 || pids_limit < 1) {
+                errno = EINVAL;
+                fail("bad -p");
+            }
         } else if (opt == 'g') {
             if ((optarg[0] != '1' && optarg[0] != '2') || optarg[1] != ':' || optarg[2] != '/') {
                 errno = EINVAL;
@@ -485,8 +585,8 @@ static void supervise(char **command) {
      * launcher.FORWARDED_SIGNALS). Blocked before fork; the child unblocks them. */
     sigset_t mask;
     sigemptyset(&mask);
-    int forwarded[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
-    for (int i = 0; i < 4; i++) sigaddset(&mask, forwarded[i]);
+    const int forwarded[] = {FORWARDED_SIGNALS};
+    for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++) sigaddset(&mask, forwarded[i]);
     sigaddset(&mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sigfd = signalfd(-1, &mask, SFD_CLOEXEC);
@@ -529,7 +629,7 @@ static void supervise(char **command) {
     for (int fd = 0; fd <= RULESET; fd++)
         if (fd != SOCK) close(fd);
     char text[128];
-    if (report_start) say(text, (size_t)snprintf(text, sizeof text, "S %d", pid));
+    if (report_start) say(text, clamp(snprintf(text, sizeof text, "S %d", pid), sizeof text));
 
     int timed_out = 0, done = 0, listening = 1;
     while (!done) {
@@ -554,9 +654,9 @@ static void supervise(char **command) {
             if (len < 0 && errno == EAGAIN) continue;
             if (len <= 0 || message[0] == 'K') kill_tree = 1, listening = len > 0;
             else if (message[0] == 's' && message[1] == ' ') {
-                char *end;
-                long signum = strtol(message + 2, &end, 10);
-                if (end != message + 2 && !*end && signum > 0 && signum < 65) kill(-pid, (int)signum);
+                unsigned long long signum;
+                if (parse_decimal(message + 2, strlen(message + 2), 64, &signum) == 0 && signum > 0)
+                    kill(-pid, (int)signum);
             }
         }
         if (kill_tree && !done) {
@@ -570,8 +670,8 @@ static void supervise(char **command) {
     kill_descendants();
     group_remove();
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    int code = timed_out ? 124 : sig ? 128 + sig : WEXITSTATUS(status);
-    say(text, (size_t)snprintf(text, sizeof text, "E %d %d %d %d", code, sig, timed_out, pid));
+    int code = timed_out ? TIMED_OUT : sig ? 128 + sig : WEXITSTATUS(status);
+    say(text, clamp(snprintf(text, sizeof text, "E %d %d %d %d", code, sig, timed_out, pid), sizeof text));
 }
 
 /* An idle supervisor receives its request here. */
@@ -585,7 +685,7 @@ static char **split(char **at, char *end, uint32_t count, int first) {
     for (uint32_t i = 0; vector && i < count; i++) {
         char *nul = memchr(*at, 0, (size_t)(end - *at));
         if (!nul) { free(vector); return NULL; }
-        vector[first + i] = *at;
+        vector[(size_t)first + i] = *at;
         *at = nul + 1;
     }
     return vector;
@@ -659,8 +759,8 @@ static int is_supervisor(pid_t pid) {
  * (before kill_descendants), its command's orphans are re-parented here, as this
  * process is their next subreaper. Killed, they come back as SIGCHLD and are reaped. */
 static void kill_strays(void) {
-    pid_t pids[512];
-    int n = children(pids, 512);
+    pid_t pids[CHILDREN_MAX];
+    int n = children(pids);
     for (int i = 0; i < n; i++)
         if (!is_supervisor(pids[i])) kill(pids[i], SIGKILL);
 }
@@ -794,10 +894,12 @@ int main(void) {
     privileged = has_capabilities();
     if (chdir("/") < 0) return LAUNCHER_FAILED; /* requests name their directory (chdir) */
     char hello[256];
-    int len = snprintf(hello, sizeof hello, "V %d", WIRE_VERSION);
-    for (int kind = 0; kind < N_STEP_KINDS; kind++)
-        len += snprintf(hello + len, sizeof hello - (size_t)len, " %s", step_names[kind]);
-    if (send(SOCK, hello, (size_t)len, MSG_NOSIGNAL) != len) return LAUNCHER_FAILED;
+    int len = format_all(hello, sizeof hello, "V %d", WIRE_VERSION);
+    for (int kind = 0; len >= 0 && kind < N_STEP_KINDS; kind++) {
+        int more = format_all(hello + len, sizeof hello - (size_t)len, " %s", step_names[kind]);
+        len = more < 0 ? -1 : len + more;
+    }
+    if (len < 0 || send(SOCK, hello, (size_t)len, MSG_NOSIGNAL) != len) return LAUNCHER_FAILED;
     sigset_t chld;
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
