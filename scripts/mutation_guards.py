@@ -38,6 +38,7 @@ GATE = "tests/test_connect_gate.py::"
 IOCTL = "tests/test_substitute_ioctl.py::"
 FIRST = "tests/test_first_try_messages.py::"
 TNET = "tests/test_trace_network.py::"
+CFACTS = "tests/test_c_facts.py::"
 KEY = "tests/test_cache_key.py::"
 UNTRUSTED_KEY = KEY + "test_untrusted_key_file_turns_the_cache_off"
 ACCEPT = "tests/test_accept_gap.py::"
@@ -500,4 +501,23 @@ GUARDS: tuple[Guard, ...] = (
           "        recorder.carry(_mediation.gate)",
           "        pass",
           (TNET + "test_trace_records_a_policy_with_a_host_allowlist",)),
+    Guard("the C helper's strict numbers", "sandlock/exec/helper/sandlock_exec.c",
+          "        if (text[i] < '0' || text[i] > '9' || value > (max - digit) / 10"
+          " || digit > max) return -1;",
+          "        if (text[i] == 0 && digit > max) return -1;",
+          (CFACTS + "test_the_c_helper_refuses_a_malformed_number[rlimit=0:+5]",
+           CFACTS + "test_the_c_helper_refuses_a_malformed_number[rlimit= 0:5]")),
+    Guard("the C helper refuses a cut cgroup path", "sandlock/exec/helper/sandlock_exec.c",
+          "    if (format_all(group_path, sizeof group_path,",
+          "    if (snprintf(group_path, sizeof group_path,",
+          (CFACTS + "test_a_cgroup_path_too_long_is_refused_not_cut",)),
+    Guard("spec.decode's strict numbers", "sandlock/exec/spec.py",
+          "    return text.isascii() and text.isdigit() and int(text) <= largest",
+          "    return bool(text.strip()) and int(text) <= largest",
+          (CFACTS + "test_python_refuses_a_malformed_number[rlimit=0:+5]",
+           CFACTS + "test_python_refuses_a_malformed_number[rlimit= 0:5]")),
+    Guard("the C helper's copies match the Python tables", "sandlock/exec/helper/sandlock_exec.c",
+          "#define FORWARDED_SIGNALS SIGINT, SIGTERM, SIGHUP, SIGQUIT",
+          "#define FORWARDED_SIGNALS SIGINT, SIGTERM, SIGHUP",
+          (CFACTS + "test_the_c_helpers_copies_are_the_python_tables",)),
 )
