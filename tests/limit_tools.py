@@ -8,6 +8,24 @@ import os
 import signal
 import time
 
+#: The directory of the tests (a confined call imports this module from there).
+TESTS = os.path.dirname(os.path.realpath(__file__))
+#: The process limit of the limit tests' policy.
+LIMIT = 6
+#: Forks LIMIT + 5 sleepers; prints how many forks succeeded (the tool itself is one
+#: of the LIMIT processes).
+SPAWN = (f"import sys; sys.path.insert(0, {TESTS!r}); import limit_tools; "
+         f"print(limit_tools.spawn_sleepers({LIMIT + 5}))")
+#: A policy that runs SPAWN under ``processes = LIMIT``.
+POLICY = f"""\
+version = 1
+extends = ["python"]
+[filesystem]
+read = [{TESTS!r}]
+[limits]
+processes = {LIMIT}
+timeout = "60s"
+"""
 
 def spawn_sleepers(count: int) -> int:
     """Fork up to ``count`` children that sleep (bounded: 30 s); return how many forks

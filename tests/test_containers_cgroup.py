@@ -34,18 +34,8 @@ from sandlock.linux import cgroups
 TESTS = str(Path(__file__).resolve().parent)
 HOST_BASE, HOST_WHY = cgroups.find()
 OUTER_MAX = 100
-LIMIT = 6
-SPAWN = f"import sys; sys.path.insert(0, {TESTS!r}); import limit_tools; " \
-        f"print(limit_tools.spawn_sleepers({LIMIT + 5}))"
-POLICY = f"""\
-version = 1
-extends = ["python"]
-[filesystem]
-read = [{TESTS!r}]
-[limits]
-processes = {LIMIT}
-timeout = "60s"
-"""
+LIMIT = limit_tools.LIMIT
+SPAWN, POLICY = limit_tools.SPAWN, limit_tools.POLICY
 FIND = "from sandlock.linux import cgroups; b, why = cgroups.find(); " \
        "print(b.wire() if b else None); print(why)"
 

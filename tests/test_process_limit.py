@@ -37,20 +37,8 @@ BASE, WHY_NOT = cgroups.find()
 needs_cgroup = pytest.mark.skipif(
     BASE is None, reason=f"this caller cannot create a pids cgroup ({WHY_NOT})")
 OUTER_MAX = 300
-LIMIT = 6
-#: Forks LIMIT + 5 sleepers; prints how many forks succeeded (the tool itself is one
-#: of the LIMIT processes).
-SPAWN = f"import sys; sys.path.insert(0, {TESTS!r}); import limit_tools; " \
-        f"print(limit_tools.spawn_sleepers({LIMIT + 5}))"
-POLICY = f"""\
-version = 1
-extends = ["python"]
-[filesystem]
-read = [{TESTS!r}]
-[limits]
-processes = {LIMIT}
-timeout = "60s"
-"""
+LIMIT = limit_tools.LIMIT
+SPAWN, POLICY = limit_tools.SPAWN, limit_tools.POLICY
 
 
 @pytest.fixture(autouse=True)
