@@ -39,8 +39,6 @@ EXPECTED_REFUSALS: dict[str, tuple[str, int]] = {
     "https_client": ("tcp-ports", 4),
     "psql": ("tcp-ports", 4),
     "redis_cli": ("tcp-ports", 4),
-    # [network] unix: the abstract unix socket scope is Landlock ABI 6's (no substitute yet).
-    "chromium": ("abstract-unix", 6),
 }
 
 #: Rows where an ABI's run is documented as stricter than the reference (a substitute

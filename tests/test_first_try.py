@@ -324,6 +324,8 @@ def test_headless_chromium_renders_a_page(policies: Path, work: Path, env: dict[
         extends = ["chromium"]
         [filesystem]
         read = ["${workspace}"]
+        [network]
+        unix = true  # the README's advice: Chromium's lock is a Unix socket
         """)
 
     def render(url: str) -> subprocess.CompletedProcess[str]:
