@@ -412,11 +412,13 @@ def test_stub_exports_its_real_path_and_state_directory(stage: Stage) -> None:
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         def started() -> bool:
-            # The kernel switches /proc/PID/exe before it lays out the new environment:
-            # wait until both are there.
+            # The kernel switches /proc/PID/exe before it lays out the new environment
+            # (until then environ is the stub's, which has other SANDLOCK_ names): wait
+            # until both are there.
             try:
                 return (os.readlink(f"/proc/{child.pid}/exe").startswith(str(stage.bins))
-                        and b"SANDLOCK_" in Path(f"/proc/{child.pid}/environ").read_bytes())
+                        and b"\0SANDLOCK_STUB=" in b"\0" + Path(f"/proc/{child.pid}/environ")
+                        .read_bytes())
             except OSError:
                 return False
         assert eventually(started, 60), "the unpacked program did not start"
