@@ -85,6 +85,24 @@ def descendants(pid: int) -> list[int]:
     return children + [p for c in children for p in descendants(c)]
 
 
+@functools.lru_cache(maxsize=None)
+def _private_mounts() -> Optional[str]:
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "true"],
+                          capture_output=True, text=True)
+    return None if done.returncode == 0 else done.stderr.strip()
+
+
+def require_private_mounts() -> None:
+    """Skip unless ``unshare -m --propagation private`` works here (root): it does not
+    in a chroot whose root is not a mount point ("cannot change root filesystem
+    propagation")."""
+    why = _private_mounts()
+    if why is not None:
+        pytest.skip(f"cannot make a private mount namespace here: {why}")
+
+
 def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     """Run ``target`` in a daemon thread; the returned dict gets its ``value`` or ``error``."""
     outcome: dict[str, Any] = {}

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import require_abi, write_policy
+from conftest import require_abi, require_private_mounts, write_policy
 
 from sandlock.compile import cache, cachekey
 
@@ -268,6 +268,7 @@ def test_key_file_from_another_filesystem_is_not_trusted(scene: Scene, tmp_path:
     shm = Path("/dev/shm")
     if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
         pytest.skip("needs /dev/shm on another filesystem than the test's directory")
+    require_private_mounts()
     scene.key_dir.mkdir(parents=True, mode=0o700)
     scene.key.write_bytes(KNOWN)
     scene.key.chmod(0o600)

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import limit_tools
 import pytest
-from conftest import IS_ROOT, PYTHON, require_abi, write_policy
+from conftest import IS_ROOT, PYTHON, require_abi, require_private_mounts, write_policy
 
 from sandlock.linux import cgroups
 
@@ -86,6 +86,7 @@ def in_shape(group: cgroups.Group, mount: str, *argv: str, cgroupns: bool = Fals
             script.append(f"mount -o remount,bind,ro {shlex.quote(mount)}")
         script.append(f"umount -l {shlex.quote(host)}")
         script.append("exec " + shlex.join(argv))
+    require_private_mounts()
     return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-e", "-c",
                            "\n".join(script)], capture_output=True, text=True,
                           env=sandlock_env(), timeout=120)
@@ -144,6 +145,7 @@ def test_cgroup_namespace_with_a_mount_from_outside_names_the_cause(
     """A new cgroup namespace that kept the host's mount: its root lies above the
     namespace (``/..``), so this process's cgroup cannot be placed in it."""
     host = HOST_BASE.path if HOST_BASE else ""
+    require_private_mounts()
     kept = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-e", "-c",
          f"echo $$ > {shlex.quote(container.path)}/cgroup.procs; exec unshare -C "
@@ -181,6 +183,7 @@ def test_v2_hierarchy_without_pids_names_the_cause(tmp_path: Path,
     script = (f"echo $$ > {shlex.quote(container.path)}/cgroup.procs; "
               f"mount -t cgroup2 none {shlex.quote(str(v2))}; umount -l {shlex.quote(host)}; "
               + shlex.join([sys.executable, "-c", FIND]))
+    require_private_mounts()
     found = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-e", "-c",
                             script], capture_output=True, text=True, env=sandlock_env(),
                            timeout=60)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import IS_ROOT, require_abi
+from conftest import IS_ROOT, require_abi, require_private_mounts
 
 WORKTREE = str(Path(__file__).resolve().parent.parent)
 POLICY = 'version = 1\nextends = ["base"]\n[filesystem]\nexec = ["/usr/bin/true"]\n'
@@ -51,6 +51,7 @@ def run_in_rootfs(tmp_path: Path, owner: int, mode: int = 0o755) -> subprocess.C
     script = (f"{binds} mount -t proc proc {shlex.quote(str(root))}/proc; "
               f"exec chroot {shlex.quote(str(root))} env -C /tmp SANDLOCK_NO_CACHE=1 "
               f"PYTHONPATH={shlex.quote(WORKTREE)} " + shlex.join(inner))
+    require_private_mounts()
     return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-e", "-c", script],
                           capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
