@@ -68,6 +68,8 @@ if off == "read_key":  # trusts whatever the key name leads to
     cachekey.read_key = lax
 elif off == "secrets":
     grants._secrets = lambda: []
+elif off == "blocking_open":  # opens the key file as a plain open(2) would: waits on a FIFO
+    cachekey._READ &= ~os.O_NONBLOCK
 from sandlock.cli import launch
 code = launch.main_run(sys.argv[1:])
 sys.stderr.write("\\n" + json.dumps({"code": code, "parsed": "sandlock.policy.model" in sys.modules}))
@@ -94,7 +96,7 @@ class Scene:
                         TEST_KEY_DIR=str(self.key_dir))
 
     def run(self, argv: list[str], refuse: str = "EPERM", policy: Path | None = None,
-            guard_off: str = "", wrap: tuple[str, ...] | list[str] = ()
+            guard_off: str = "", wrap: tuple[str, ...] | list[str] = (), timeout: float = 60
             ) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
         """`sandlock run` of ``argv``; the keyring refused with errno ``refuse`` (or not
         at all: ``refuse=""``); ``wrap``: a command line that runs the rest."""
@@ -103,7 +105,7 @@ class Scene:
         args = ["--policy", str(policy or self.policy), "--var", f"ws={self.ws}", "--", *argv]
         done = subprocess.run([*prefix, sys.executable, "-c", RUNNER, *args], env=env,
                               capture_output=True, text=True, errors="surrogateescape",
-                              timeout=60, check=False)
+                              timeout=timeout, check=False)
         head, _, last = done.stderr.rpartition("\n")
         done.stderr = head
         return done, json.loads(last)
@@ -288,6 +290,21 @@ def test_key_file_from_another_filesystem_is_not_trusted(scene: Scene, tmp_path:
                                   guard_off="read_key"))
     finally:
         source.unlink()
+
+
+def test_key_file_that_is_a_fifo_cannot_hang_the_launcher(scene: Scene) -> None:
+    """A FIFO in the key file's place (a tool that could reach the directory once, or
+    another process of the user): opening it for reading would wait for a writer for
+    ever. The launcher opens without blocking, finds no regular file, runs uncached."""
+    scene.key_dir.mkdir(parents=True, mode=0o700)
+    os.mkfifo(scene.key, 0o600)
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], timeout=30)
+    assert (info["code"], info["parsed"], done.stdout) == (0, True, "hello from the workspace\n")
+    line = scene.check()
+    assert line["available"] is False and "not a regular file" in str(line["detail"]), line
+    # positive control: an open that blocks waits on the FIFO until the test gives up
+    with pytest.raises(subprocess.TimeoutExpired):
+        scene.run(["cat", str(scene.ws / "notes.md")], guard_off="blocking_open", timeout=5)
 
 
 # ----------------------------------------------------------------------------
