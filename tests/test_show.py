@@ -63,10 +63,11 @@ def _explain(policy: Path, guard: str, tty: bool) -> str:
 
 @pytest.fixture
 def hostile_policy(tmp_path: Path) -> tuple[Path, str]:
-    """A policy granting a directory whose name is :data:`HOSTILE`; (policy, its path)."""
+    """A policy in, and granting, a directory whose name is :data:`HOSTILE`; (policy, the
+    directory above)."""
     target = tmp_path / HOSTILE
     target.mkdir(parents=True)
-    policy = tmp_path / "p.toml"
+    policy = target / "p.toml"
     policy.write_text(f"version = 1\n[filesystem]\nread = [{toml_string(str(target))}]\n")
     return policy, str(tmp_path)
 
@@ -75,7 +76,9 @@ def hostile_policy(tmp_path: Path) -> tuple[Path, str]:
 def test_explain_shows_a_hostile_path_escaped(hostile_policy: tuple[Path, str], tty: bool) -> None:
     policy, base = hostile_policy
     out = _explain(policy, "on", tty)
-    assert f"{base}/{SHOWN}" in out, out
+    assert f"\npolicy: {base}/{SHOWN}/p.toml\n" in "\n" + out, out  # a line
+    assert f"  {base}/{SHOWN}  " in out and f"\t{base}/{SHOWN}\t" not in out if tty else \
+        f"\t{base}/{SHOWN}\t" in out  # a cell
     for raw in ("\x1b", "\r", "\x07"):
         assert raw not in out, repr(raw)
 
