@@ -120,8 +120,9 @@ def test_draft_parses_to_exactly_the_grants_when_names_are_hostile(tmp_path: Pat
 def test_toml_values_read_back_as_written() -> None:
     """The draft's arrays and inline tables (:func:`emit.toml_value`) hold hostile
     strings, as keys too, as exactly themselves, on one line."""
-    value = {"k": NASTY, "TMPDIR": "${workspace}", "n": [1, 65535], "b": [True, False],
-             **{name: name for name in NASTY}}
+    value: dict[str, emit.TomlValue] = {
+        "k": NASTY, "TMPDIR": "${workspace}", "n": [1, 65535], "b": [True, False],
+        **{name: name for name in NASTY}}
     text = f"v = {emit.toml_value(value)}"
     assert "\n" not in text and text.isprintable()
     assert grants(text) == {"v": value}
