@@ -117,6 +117,17 @@ def test_draft_parses_to_exactly_the_grants_when_names_are_hostile(tmp_path: Pat
     assert f"not granted: read {_printable(str(refused))}" in text
 
 
+def test_toml_values_read_back_as_written() -> None:
+    """The draft's arrays and inline tables (:func:`emit.toml_value`) hold hostile
+    strings, as keys too, as exactly themselves, on one line."""
+    value: dict[str, emit.TomlValue] = {
+        "k": NASTY, "TMPDIR": "${workspace}", "n": [1, 65535], "b": [True, False],
+        **{name: name for name in NASTY}}
+    text = f"v = {emit.toml_value(value)}"
+    assert "\n" not in text and text.isprintable()
+    assert grants(text) == {"v": value}
+
+
 def test_draft_never_names_a_path_it_cannot_spell(tmp_path: Path) -> None:
     """A policy expands ``${...}``, and cannot hold a name that is not UTF-8: such a
     file is left out (and said), never granted under another name."""

@@ -257,7 +257,7 @@ def _dependency_dir(target: Path) -> Path:
     import importlib.util
 
     target.mkdir()
-    for module in ("click", "rich", "markdown_it", "mdurl", "pygments", "pyseccomp"):
+    for module in ("click", "pyseccomp"):
         spec = importlib.util.find_spec(module)
         assert spec is not None and spec.origin is not None
         source = Path(spec.origin)

@@ -1,4 +1,4 @@
-"""The full command-line interface (click; rich for people, plain text otherwise).
+"""The full command-line interface (click; what people read is printed by :mod:`.show`).
 
 `sandlock run` normally goes through the lighter parser in :mod:`sandlock.cli.run`;
 it is defined here too so that ``sandlock run --help`` documents it.
@@ -16,6 +16,7 @@ import click
 
 from .. import __version__
 from ..errors import ExitCode, SandlockError
+from . import show
 from .launch import SUMMARY as RUN_SUMMARY
 from .launch import load, main_run, parse_vars
 from .paths import PathArg
@@ -29,10 +30,8 @@ Examples:
 """
 
 
-def _console(stderr: bool = False) -> Any:
-    from rich.console import Console
-
-    return Console(stderr=stderr, highlight=False, markup=False, soft_wrap=True)
+def _console(stderr: bool = False) -> show.Lines:
+    return show.Lines(stderr)
 
 
 def _fail(exc: SandlockError) -> click.exceptions.Exit:
@@ -41,20 +40,8 @@ def _fail(exc: SandlockError) -> click.exceptions.Exit:
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """A rich table on a terminal, tab-separated lines otherwise."""
-    if not sys.stdout.isatty():
-        print(f"# {title}")
-        for row in rows:
-            print("\t".join(row))
-        return
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
-    _console().print(table)
+    """Aligned columns on a terminal, tab-separated lines otherwise; every cell escaped."""
+    show.table(title, columns, rows)
 
 
 @click.group(epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
@@ -151,10 +138,9 @@ def explain(policy: str | None, tool: str | None, policies: str | None,
     for item in report["protections"]:
         out.print(f"{item['protection']}: {item['enforced_by']}")
     for line in report["cautions"]:
-        out.print(f"WARNING: {line}", markup=False, highlight=False)
+        out.print(f"WARNING: {line}")
     for line in report["refused_grants"]:
-        out.print(f"REFUSED: `sandlock run` will not start with this grant: {line}",
-                  markup=False, highlight=False)
+        out.print(f"REFUSED: `sandlock run` will not start with this grant: {line}")
     if report["not_enforced"]:
         out.print("NOT enforced on this kernel:")
         for line in report["not_enforced"]:
@@ -411,13 +397,15 @@ def probe(policy: str, variables: Sequence[str], as_json: bool, executor: str) -
         for line in report.not_enforced:
             out.print(f"NOT enforced on this kernel: {line}")
         for line in report.later_runs:
-            out.print(f"later runs: {line}", markup=False, highlight=False)
+            out.print(f"later runs: {line}")
         _table("escape attempts", ["probe", "verdict", "why"],
                [[r.id, r.verdict, r.reason or r.detail] for r in report.results])
         counts = ", ".join(f"{n} {k}" for k, n in sorted(report.counts().items()))
         out.print(f"{counts}: {'OK' if report.ok else 'FAILED'}")
         if report.stderr and not report.ok:
-            out.print(f"probe stderr:\n{report.stderr}")
+            out.print("probe stderr:")
+            for line in report.stderr.splitlines():
+                out.print(line)
     if not report.ok:
         raise click.exceptions.Exit(1)
 

@@ -10,13 +10,16 @@ newline, a quote or an escape sequence must stay one name wherever it goes.
   the policy loader reads back as exactly ``text``; :class:`Unspellable` when no
   policy can name it (see :func:`policy_path`).
 - :func:`toml_comment`: ``# `` and :func:`printable` text.
+- :func:`toml_value`: a boolean, integer, string, array or inline table, every string
+  in it through :func:`toml_string`.
 - Command lines: :func:`command` (``shlex.join``), then :func:`printable`.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
-from typing import Sequence
+from typing import Mapping, Sequence, Union
 
 _SHORT = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
@@ -72,6 +75,29 @@ def policy_path(path: str, home: str = "") -> str:
     if home.startswith("/") and home != "/" and path.startswith(home.rstrip("/") + "/"):
         return toml_string("~" + path[len(home.rstrip("/")):])
     return toml_string(path)
+
+
+#: What :func:`toml_value` writes.
+TomlValue = Union[bool, int, str, Sequence["TomlValue"], Mapping[str, "TomlValue"]]
+
+
+def toml_value(value: TomlValue) -> str:
+    """``value`` as TOML (https://toml.io/en/v1.0.0): arrays on one line, tables inline,
+    a key bare only when TOML reads it as itself."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return toml_string(value)
+    if isinstance(value, Mapping):
+        pairs = [f"{_key(key)} = {toml_value(item)}" for key, item in value.items()]
+        return "{ " + ", ".join(pairs) + " }" if pairs else "{}"
+    return "[" + ", ".join(toml_value(item) for item in value) + "]"
+
+
+def _key(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else toml_string(name)
 
 
 def toml_comment(text: str) -> str:
