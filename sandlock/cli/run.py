@@ -1,4 +1,4 @@
-"""`sandlock run`: the per-call path, kept free of click and rich.
+"""`sandlock run`: the per-call path, kept free of click and of the printing module.
 
 Start-up is paid on every tool call, and importing click alone costs ~30 ms, so
 `run` parses its few options by hand (:func:`sandlock.cli.launch.main_run`, from the one
