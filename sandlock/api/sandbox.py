@@ -316,6 +316,7 @@ class Sandbox:
             loaded = loaded.with_accept(names, "accept=")
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
+        self._mediator: Any = None  #: net.mediator.MediatorProcess of ``[network] allow``
         if loaded.network.allow:
             from ..net.connect import check_support
 
@@ -397,6 +398,8 @@ class Sandbox:
                 self._compiled.close()
         if getattr(self, "_routes", None) is not None:
             self._routes.stop()
+        if getattr(self, "_mediator", None) is not None:
+            self._mediator.close()  # calls under way keep their proxy and gate
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -467,15 +470,20 @@ class Sandbox:
 
     def _mediation(self) -> Optional[Mediation]:
         """A new proxy and connect gate for one call, if the policy has host
-        allowlists (``[network] allow``): in a mediator process of their own
-        (:mod:`sandlock.net.mediator`), never in this one, until the call ends."""
+        allowlists (``[network] allow``): in the Sandbox's mediator process
+        (:mod:`sandlock.net.mediator`, started on the first such call and kept warm),
+        never in this one, until the call ends."""
         if not self.policy.network.allow:
             return None
-        from ..net.mediator import RemoteMediation
+        from ..net.mediator import MediatorProcess, RemoteMediation
 
+        with self._lock:
+            if self._mediator is None:
+                self._mediator = MediatorProcess(self.policy)
         # the signal gate (Landlock ABI < 6) rides on its listener (trace=True, whose
         # recorder would carry it, is refused under [network] allow: _trace_rules)
-        return RemoteMediation(self.policy, self._compiled.signal_gate)  # type: ignore[return-value]
+        return RemoteMediation(self.policy, self._compiled.signal_gate,  # type: ignore[return-value]
+                               self._mediator)
 
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),
