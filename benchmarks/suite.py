@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from . import api_series
 from .contenders import MULTIKERNEL_VERSION, Setup, version_of
 from .measure import (
     Batch,
@@ -472,6 +473,8 @@ def run_all(ctx: Context, only: Optional[set[str]] = None) -> dict[str, Any]:
         ("concurrency", lambda: concurrency(ctx)),
         ("session", lambda: session(ctx)),
         ("workloads", lambda: workloads(ctx)),
+        ("api", lambda: api_series.step(ctx.plan.session_rounds + 4, 50,
+                                        ctx.plan.rounds_whole // 2)),
     ]
     for name, step in steps:
         if only and name not in only:
