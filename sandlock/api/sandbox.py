@@ -23,7 +23,6 @@ from __future__ import annotations
 import io
 import marshal
 import os
-import pickle
 import socket
 import sys
 import threading
@@ -49,7 +48,6 @@ from ..exec.wire import setup_failure
 from ..policy.model import Compat, Policy, load_policy, loads_policy, policy_from_dict
 from .pump import _earliest, _now, _Pump, _wait_readable
 from .results import Outcome, RemoteTraceback, Result, _decode, _denials, _result
-from .unpickle import _rebuild, _trusted_types
 
 if TYPE_CHECKING:
     from ..net.connect import Mediation
@@ -304,7 +302,7 @@ class Sandbox:
                 isinstance(k, str) and isinstance(v, str) for k, v in vars.items())):
             raise TypeError(f"vars must be a mapping of str to str, not {vars!r:.80}")
         timeout = _check_timeout(timeout)
-        trusted = _trusted_types(trusted_types)
+        trusted = _trusted(trusted_types)
         if type(max_result_size) is not int:
             raise TypeError(f"max_result_size must be an int, not {type(max_result_size).__name__}")
         if max_result_size <= 0:
@@ -751,6 +749,8 @@ class Sandbox:
 
     def _start_call(self, func: Callable[..., Any], args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> "_CallJob":
+        import pickle  # call() only: run() and its Sandbox never load it
+
         name = getattr(func, "__qualname__", repr(func))
         try:
             payload = pickle.dumps((func, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
@@ -841,7 +841,19 @@ class _CallJob:
             how = f"was killed by signal {sig}" if sig else f"exited with code {code}"
             raise CallError(f"{name}: the confined process {how} before returning a result",
                             exit_code=code)
+        from .unpickle import _rebuild
+
         return _rebuild(name, data, self.trusted, code)
+
+
+def _trusted(types_: Any) -> dict[tuple[str, str], type]:
+    """:func:`sandlock.api.unpickle._trusted_types`, whose module (and pickle) is loaded
+    only when classes are named: a Sandbox that never calls a function needs neither."""
+    if isinstance(types_, tuple) and not types_:
+        return {}
+    from .unpickle import _trusted_types
+
+    return _trusted_types(types_)
 
 
 def _check_trace(trace: Any) -> None:
