@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
+ROOT = REPO  #: where the measured sandlock package is (--root)
 TRUE = "/bin/true"
 #: A small policy: what /bin/true and a confined Python function need.
 POLICY: dict[str, Any] = {"extends": ["python"],
@@ -132,8 +133,8 @@ def measure_starts(count: int) -> dict[str, Any]:
     """Fresh processes (the package's bytecode compiled first, as an install has it)."""
     import compileall
 
-    compileall.compile_dir(str(REPO / "sandlock"), quiet=2)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    compileall.compile_dir(str(ROOT / "sandlock"), quiet=2)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     imports, firsts, walls, floors = [], [], [], []
     for _ in range(count):
@@ -226,9 +227,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--starts", type=int, default=15, help="fresh processes timed (0: none)")
     parser.add_argument("--json", action="store_true", help="print only the JSON results")
+    parser.add_argument("--root", type=Path, default=REPO,
+                        help="the directory holding the sandlock package to measure (another "
+                        "checkout's, for a before/after comparison; default: this one)")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    data: dict[str, Any] = {"calls": args.calls, "load_before": os.getloadavg()[0]}
+    global ROOT
+    ROOT = args.root.resolve()
+    sys.path.insert(0, str(ROOT))
+    data: dict[str, Any] = {"calls": args.calls, "root": str(ROOT),
+                            "load_before": os.getloadavg()[0]}
     data["series"] = measure_series(args.rounds, args.calls)
     if args.starts:
         data["starts"] = measure_starts(args.starts)
