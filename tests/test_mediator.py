@@ -171,3 +171,23 @@ def test_a_socket_handed_over_within_one_call_connects(tmp_path: Path) -> None:
                        capture_output=True, text=True)
     assert both.returncode == 0, both.stderr
     assert both.stdout.strip() == "0", both
+
+
+def test_the_mediator_ends_with_its_sandbox_and_never_restarts(tmp_path: Path) -> None:
+    """One mediator process for a Sandbox's calls; close() ends it, and a call after
+    close() is refused without starting another."""
+    from conftest import eventually
+
+    box = sandlock.Sandbox({"extends": ["python"], "network": {"allow": ["example.test:443"]}})
+    pids = set()
+    for _ in range(3):
+        assert box.run([PYTHON, "-c", "pass"]).returncode == 0
+        pids.add(box._mediator._proc.pid)
+    assert len(pids) == 1  # the same process served the three calls
+    process = box._mediator._proc
+    assert process.poll() is None  # warm between calls
+    box.close()
+    assert eventually(lambda: process.poll() is not None)
+    with pytest.raises(sandlock.SandlockError, match="closed"):
+        box.run([PYTHON, "-c", "pass"])
+    assert box._mediator._proc is None

@@ -476,6 +476,8 @@ class Sandbox:
         from ..net.mediator import MediatorProcess, RemoteMediation
 
         with self._lock:
+            if self._closed:  # never start a mediator for a Sandbox that is closed
+                raise SandlockError("this Sandbox is closed")
             if self._mediator is None:
                 self._mediator = MediatorProcess(self.policy)
         # the signal gate (Landlock ABI < 6) rides on its listener (trace=True, whose

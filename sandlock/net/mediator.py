@@ -38,6 +38,7 @@ the agent.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -94,6 +95,7 @@ class MediatorProcess:
         self._proc: Any = None
         self._sock: Optional[socket.socket] = None
         self._owner = -1
+        self._closed = False
 
     def open_call(self, signals: bool) -> socket.socket:
         """A new call's socket: the mediator answers on it with the call's proxy
@@ -102,6 +104,8 @@ class MediatorProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with self._lock:
+                if self._closed:
+                    raise OSError(errno.EBADF, "the Sandbox was closed")
                 for attempt in (0, 1):
                     if self._sock is None or self._owner != os.getpid():
                         self._start()
@@ -143,8 +147,10 @@ class MediatorProcess:
             threading.Thread(target=proc.wait, name="sandlock-mediator-reap", daemon=True).start()
 
     def close(self) -> None:
-        """Calls under way go on; the process exits when the last one has ended."""
+        """Calls under way go on; the process exits when the last one has ended. No
+        call opens after this (the process is never started again)."""
         with self._lock:
+            self._closed = True
             self._end()
 
 
