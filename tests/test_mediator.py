@@ -190,4 +190,6 @@ def test_the_mediator_ends_with_its_sandbox_and_never_restarts(tmp_path: Path) -
     assert eventually(lambda: process.poll() is not None)
     with pytest.raises(sandlock.SandlockError, match="closed"):
         box.run([PYTHON, "-c", "pass"])
+    with pytest.raises(OSError, match="closed"):  # a call that passed the Sandbox's check
+        box._mediator.open_call(False)
     assert box._mediator._proc is None
