@@ -473,8 +473,7 @@ def run_all(ctx: Context, only: Optional[set[str]] = None) -> dict[str, Any]:
         ("concurrency", lambda: concurrency(ctx)),
         ("session", lambda: session(ctx)),
         ("workloads", lambda: workloads(ctx)),
-        ("api", lambda: api_series.step(ctx.plan.session_rounds + 4, 50,
-                                        ctx.plan.rounds_whole // 2)),
+        ("api", lambda: api_series.step(*((2, 20, 3) if ctx.plan.quick else (15, 50, 15)))),
     ]
     for name, step in steps:
         if only and name not in only:
