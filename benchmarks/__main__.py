@@ -13,7 +13,8 @@ from . import report
 from .contenders import Setup
 from .suite import REPO, Context, Plan, run_all
 
-STEPS = ("inprocess", "whole", "paths", "memory", "concurrency", "session", "workloads")
+STEPS = ("inprocess", "whole", "paths", "memory", "concurrency", "session", "workloads",
+         "api")
 
 
 def main() -> int:

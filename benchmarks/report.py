@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+from . import api_series
+
 Stats = dict[str, dict[str, float]]
 
 
@@ -181,6 +183,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
                 for name, s in ses.items()]
         out += table(["mode", "ratio", "session", "per call", "spread"], rows)
 
+    out += api_series.table(results.get("api", {}))
     work = results.get("workloads", {})
     if work:
         bpf = results["machine"].get("seccomp_instructions", "?")

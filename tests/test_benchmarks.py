@@ -115,3 +115,19 @@ def test_quick_harness_end_to_end(tmp_path: Path) -> None:
     assert "**In-process: `/bin/true` confined from a Python caller**" in text
     assert "| launcher, compiled once |" in text
     assert (out / "results.json").exists()
+
+
+def test_api_series_reports_every_series_and_its_targets() -> None:
+    """``benchmarks.api_series`` (the ``api`` step): one round of two calls per series,
+    one fresh start; its table names each series and each target of issue 25."""
+    from benchmarks import api_series
+
+    data = api_series.step(rounds=1, calls=2, starts=1)
+    assert {"subprocess.run", "Sandbox.run", "Sandbox.run, trace=True",
+            "Sandbox.call(operator.add)"} <= set(data["series"])
+    assert data["starts"]["n"] == 1
+    text = "\n".join(api_series.table(data))
+    for row in ("| Sandbox.run over subprocess.run, per call |",
+                "| Sandbox.run, trace=True / Sandbox.run |",
+                "| `import sandlock` + first `Sandbox()` |"):
+        assert row in text

@@ -16,7 +16,7 @@ from typing import Any
 
 import helper_tools
 import pytest
-from conftest import REPO, require_abi
+from conftest import PYTHON, REPO, require_abi
 
 import sandlock
 from sandlock.net import listener
@@ -90,3 +90,106 @@ def test_the_proxy_holds_at_most_the_cap_of_connections_with_a_report(tmp_path: 
     assert result.returncode == 0, result
     assert any(f"{listener.MAX_CLIENTS} are open (the limit per server)" in line
                for line in result.network_events), result.network_events
+
+
+# ----------------------------------------------------------------------------
+# One warm mediator per Sandbox, a proxy and a connect gate per call in it
+
+#: give PATH: make a TCP socket (through the call's gate), hand it over a Unix socket at
+#: PATH, wait until the taker is done. take PATH PORT: receive it and connect it to
+#: 127.0.0.1:PORT (a port the policy grants); print 0 or the errno's name. both: the
+#: two in one call (a forked child gives).
+HAND_OVER = """
+import array, errno, os, socket, sys, time
+def give(path):
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path + ".tmp")
+    server.listen(1)
+    os.rename(path + ".tmp", path)
+    peer, _ = server.accept()
+    peer.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [tcp.fileno()]))])
+    peer.recv(1)
+def take(path, port):
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    peer.connect(path)
+    _, fds, _, _ = socket.recv_fds(peer, 1, 1)
+    tcp = socket.socket(fileno=fds[0])
+    try:
+        tcp.connect(("127.0.0.1", port))
+        print(0)
+    except OSError as exc:
+        print(errno.errorcode.get(exc.errno, exc.errno))
+    peer.send(b"x")
+if sys.argv[1] == "give":
+    give(sys.argv[2])
+elif sys.argv[1] == "take":
+    take(sys.argv[2], int(sys.argv[3]))
+elif os.fork() == 0:
+    give(sys.argv[2])
+    os._exit(0)
+else:
+    take(sys.argv[2], int(sys.argv[3]))
+    os.wait()
+"""
+
+
+def _hand_over_box(tmp_path: Path) -> tuple[Any, int, Any]:
+    import socket
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    policy = {"extends": ["python"], "filesystem": {"write": [str(tmp_path)]},
+              "network": {"allow": ["example.test:443"], "connect": [port], "unix": True}}
+    return sandlock.Sandbox(policy, timeout=60), port, listening
+
+
+def test_a_socket_one_calls_gate_made_is_refused_to_another_call(tmp_path: Path) -> None:
+    """Calls of one Sandbox share its mediator process, never a gate: a TCP socket made
+    through call A's gate, handed to call B's tool, cannot connect (B's gate did not
+    make it: EACCES, with a report), though A's gate would have let it."""
+    box, port, listening = _hand_over_box(tmp_path)
+    path = str(tmp_path / "hand")
+    with box, listening:
+        giver = box.popen([PYTHON, "-c", HAND_OVER, "give", path])
+        taker = box.run([PYTHON, "-c", HAND_OVER, "take", path, str(port)],
+                        capture_output=True, text=True)
+        assert giver.wait() == 0
+    assert taker.returncode == 0, taker.stderr
+    assert taker.stdout.strip() == "EACCES"
+    assert any("sandlock did not make" in line for line in taker.network_events), taker
+
+
+def test_a_socket_handed_over_within_one_call_connects(tmp_path: Path) -> None:
+    """Positive control: the same hand-over between two processes of one call (one gate
+    made and holds the socket) connects, so the refusal above is the gates' separation."""
+    box, port, listening = _hand_over_box(tmp_path)
+    with box, listening:
+        both = box.run([PYTHON, "-c", HAND_OVER, "both", str(tmp_path / "hand"), str(port)],
+                       capture_output=True, text=True)
+    assert both.returncode == 0, both.stderr
+    assert both.stdout.strip() == "0", both
+
+
+def test_the_mediator_ends_with_its_sandbox_and_never_restarts(tmp_path: Path) -> None:
+    """One mediator process for a Sandbox's calls; close() ends it, and a call after
+    close() is refused without starting another."""
+    from conftest import eventually
+
+    box = sandlock.Sandbox({"extends": ["python"], "network": {"allow": ["example.test:443"]}})
+    pids = set()
+    for _ in range(3):
+        assert box.run([PYTHON, "-c", "pass"]).returncode == 0
+        pids.add(box._mediator._proc.pid)
+    assert len(pids) == 1  # the same process served the three calls
+    process = box._mediator._proc
+    assert process.poll() is None  # warm between calls
+    box.close()
+    assert eventually(lambda: process.poll() is not None)
+    with pytest.raises(sandlock.SandlockError, match="closed"):
+        box.run([PYTHON, "-c", "pass"])
+    with pytest.raises(OSError, match="closed"):  # a call that passed the Sandbox's check
+        box._mediator.open_call(False)
+    assert box._mediator._proc is None

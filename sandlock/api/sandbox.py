@@ -23,7 +23,6 @@ from __future__ import annotations
 import io
 import marshal
 import os
-import pickle
 import socket
 import sys
 import threading
@@ -49,7 +48,6 @@ from ..exec.wire import setup_failure
 from ..policy.model import Compat, Policy, load_policy, loads_policy, policy_from_dict
 from .pump import _earliest, _now, _Pump, _wait_readable
 from .results import Outcome, RemoteTraceback, Result, _decode, _denials, _result
-from .unpickle import _rebuild, _trusted_types
 
 if TYPE_CHECKING:
     from ..net.connect import Mediation
@@ -304,7 +302,7 @@ class Sandbox:
                 isinstance(k, str) and isinstance(v, str) for k, v in vars.items())):
             raise TypeError(f"vars must be a mapping of str to str, not {vars!r:.80}")
         timeout = _check_timeout(timeout)
-        trusted = _trusted_types(trusted_types)
+        trusted = _trusted(trusted_types)
         if type(max_result_size) is not int:
             raise TypeError(f"max_result_size must be an int, not {type(max_result_size).__name__}")
         if max_result_size <= 0:
@@ -316,6 +314,7 @@ class Sandbox:
             loaded = loaded.with_accept(names, "accept=")
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
+        self._mediator: Any = None  #: net.mediator.MediatorProcess of ``[network] allow``
         if loaded.network.allow:
             from ..net.connect import check_support
 
@@ -397,6 +396,8 @@ class Sandbox:
                 self._compiled.close()
         if getattr(self, "_routes", None) is not None:
             self._routes.stop()
+        if getattr(self, "_mediator", None) is not None:
+            self._mediator.close()  # calls under way keep their proxy and gate
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -467,15 +468,22 @@ class Sandbox:
 
     def _mediation(self) -> Optional[Mediation]:
         """A new proxy and connect gate for one call, if the policy has host
-        allowlists (``[network] allow``): in a mediator process of their own
-        (:mod:`sandlock.net.mediator`), never in this one, until the call ends."""
+        allowlists (``[network] allow``): in the Sandbox's mediator process
+        (:mod:`sandlock.net.mediator`, started on the first such call and kept warm),
+        never in this one, until the call ends."""
         if not self.policy.network.allow:
             return None
-        from ..net.mediator import RemoteMediation
+        from ..net.mediator import MediatorProcess, RemoteMediation
 
+        with self._lock:
+            if self._closed:  # never start a mediator for a Sandbox that is closed
+                raise SandlockError("this Sandbox is closed")
+            if self._mediator is None:
+                self._mediator = MediatorProcess(self.policy)
         # the signal gate (Landlock ABI < 6) rides on its listener (trace=True, whose
         # recorder would carry it, is refused under [network] allow: _trace_rules)
-        return RemoteMediation(self.policy, self._compiled.signal_gate)  # type: ignore[return-value]
+        return RemoteMediation(self.policy, self._compiled.signal_gate,  # type: ignore[return-value]
+                               self._mediator)
 
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),
@@ -743,6 +751,8 @@ class Sandbox:
 
     def _start_call(self, func: Callable[..., Any], args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> "_CallJob":
+        import pickle  # call() only: run() and its Sandbox never load it
+
         name = getattr(func, "__qualname__", repr(func))
         try:
             payload = pickle.dumps((func, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
@@ -833,7 +843,19 @@ class _CallJob:
             how = f"was killed by signal {sig}" if sig else f"exited with code {code}"
             raise CallError(f"{name}: the confined process {how} before returning a result",
                             exit_code=code)
+        from .unpickle import _rebuild
+
         return _rebuild(name, data, self.trusted, code)
+
+
+def _trusted(types_: Any) -> dict[tuple[str, str], type]:
+    """:func:`sandlock.api.unpickle._trusted_types`, whose module (and pickle) is loaded
+    only when classes are named: a Sandbox that never calls a function needs neither."""
+    if isinstance(types_, tuple) and not types_:
+        return {}
+    from .unpickle import _trusted_types
+
+    return _trusted_types(types_)
 
 
 def _check_trace(trace: Any) -> None:

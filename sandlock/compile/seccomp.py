@@ -435,18 +435,36 @@ def _pyseccomp() -> Any:
 
     pyseccomp looks the library up with ctypes.util.find_library, which reads the
     system's ldconfig cache: a machine without libseccomp2 has none. The binary
-    (scripts/build_binary.sh) carries libseccomp.so.2 in its bundle directory.
+    (scripts/build_binary.sh) carries libseccomp.so.2 in its bundle directory. Each lookup
+    is answered by the soname itself when dlopen loads it, which is what find_library
+    would have named, without its ``ldconfig -p`` process.
     """
-    bundle = getattr(sys, "_MEIPASS", None)
-    bundled = os.path.join(bundle, "libseccomp.so.2") if bundle else ""
-    if "pyseccomp" in sys.modules or not os.path.exists(bundled):
+    if "pyseccomp" in sys.modules:
         import pyseccomp
 
         return pyseccomp
+    bundle = getattr(sys, "_MEIPASS", None)
+    bundled = os.path.join(bundle, "libseccomp.so.2") if bundle else ""
+    import ctypes
     import ctypes.util
 
     system = ctypes.util.find_library
-    ctypes.util.find_library = lambda name: bundled if name == "seccomp" else system(name)
+    sonames = {"c": "libc.so.6", "seccomp": bundled if os.path.exists(bundled) else
+               "libseccomp.so.2"}
+
+    def find_library(name: str) -> Any:
+        """The soname find_library would name, when dlopen finds it: find_library runs
+        ``ldconfig -p`` (a process, ~5 ms) for each of pyseccomp's two lookups."""
+        known = sonames.get(name)
+        try:
+            if known is not None:
+                ctypes.CDLL(known)  # what pyseccomp does with the name next
+                return known
+        except OSError:
+            pass
+        return system(name)
+
+    ctypes.util.find_library = find_library
     try:
         import pyseccomp
     finally:

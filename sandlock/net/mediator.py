@@ -8,29 +8,37 @@ the connect gate (which reads the tool's memory through ``/proc/TID/mem``),
 is attacker-facing: a tool controls every byte it parses and can open connections
 until a descriptor limit is reached. ``sandlock run`` runs it in the launcher,
 which holds nothing but the run. The API's caller is an agent holding API keys and
-conversations, so for each call this module starts a mediator: a clean exec of
-``sys.executable -I -S`` with an empty environment (never a fork of the caller),
-which runs :class:`sandlock.net.connect.Mediation` for that one call and exits when
-the caller stops it or goes away (EOF on its socket). A tool that opens thousands
-of connections exhausts the mediator's descriptors, not the agent's; and there are
-at most :data:`sandlock.net.listener.MAX_CLIENTS` of them per run anyway.
+conversations, so a Sandbox whose policy has ``allow`` starts a mediator on its first such
+call: a clean exec of ``sys.executable -I -S`` with an empty environment (never a fork of
+the caller), kept warm for the Sandbox's later calls (a Python start-up is ~50 ms, a
+call's proxy and gate ~1 ms). Each call gets a :class:`sandlock.net.connect.Mediation`
+of its own in it, on a socket of its own: its own proxy and its own connect gate, so a
+socket one call's tool made through its gate is unknown to every other call's gate
+(refused, EACCES). A tool that opens thousands of connections exhausts the mediator's
+descriptors, not the agent's (the Sandbox's other calls under way share that process);
+and there are at most :data:`sandlock.net.listener.MAX_CLIENTS` of them per call anyway.
 
 The credential route server (:mod:`sandlock.net.routes`) parses every HTTP request the
 tool sends it and holds the secrets it attaches; under the API it runs the same way, in
 a process started for the Sandbox: the agent sends it the credentials and secrets, asks
 it for each call's placeholders, and reads back only short JSON answers, checked.
 
-Mediation wire (one SOCK_SEQPACKET socketpair, fd 3 in the mediator): the caller sends the
-rules (pickled ``(ports, allow, deny, hosts)``: the mediator trusts its caller);
-the mediator answers ``{"env": proxy environment, "bpf": notify BPF in hex}`` (JSON) with the socket
-on which the confined child sends its listener (SCM_RIGHTS); the caller's ``stop``
-(or EOF) ends it; it answers ``stop`` with the JSON list of its events. The caller reads
-JSON only, with a size bound, and checks its shape: the mediator parses every byte of
-the tool's traffic, so what it says back is never unmarshalled in the agent.
+Mediation wire. The control socket (fd 3 in the mediator): the caller sends the rules
+once (pickled ``(ports, allow, deny, hosts)``: the mediator trusts its caller), then per
+call ``call`` (or ``call signals``: the gate's listener also carries the signal gate)
+with the call's own SOCK_SEQPACKET socket (SCM_RIGHTS). On a call's socket the mediator
+answers ``{"env": proxy environment, "bpf": notify BPF in hex}`` (JSON) with the socket
+on which the confined child sends its listener (SCM_RIGHTS); the caller's ``stop`` (or
+EOF) ends that call's proxy and gate; it answers ``stop`` with the JSON list of the
+call's events. The mediator exits once the control socket and every call's socket have
+closed. The caller reads JSON only, with a size bound, and checks its shape: the mediator
+parses every byte of the tool's traffic, so what it says back is never unmarshalled in
+the agent.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -48,6 +56,8 @@ if TYPE_CHECKING:
 #: Seconds the caller waits for the mediator's answer (start-up is ~30 ms).
 START_TIMEOUT = 30.0
 _STOP = b"stop"
+#: A new call (its socket rides along), and one whose gate also carries the signal gate.
+_CALL, _SIGNALS = b"call", b"call signals"
 
 
 class _Environment:
@@ -68,36 +78,119 @@ class _Listener:
         self.notify_bpf = notify_bpf
 
 
-class RemoteMediation:
-    """The caller's handle on one call's mediator process; used as api.py uses a
-    :class:`sandlock.net.connect.Mediation` (``proxy.environment()``,
-    ``gate.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
+class MediatorProcess:
+    """The caller's handle on a Sandbox's mediator process: started once (a Python
+    start-up, ~50 ms) and kept warm for the Sandbox's calls. Each call gets a proxy and a
+    connect gate of its own in it (:meth:`open_call`), on a socket of its own: what one
+    call's gate holds (the sockets its tool made) is never another call's."""
 
-    def __init__(self, policy: Policy, signals: bool = False) -> None:
-        """``signals``: the connect gate's listener also carries the signal gate
-        (Landlock ABI < 6; :mod:`sandlock.linux.signalgate`): the tool gets one listener."""
+    def __init__(self, policy: Policy) -> None:
         import pickle
-
-        from ..errors import SetupError
+        import threading
 
         network = policy.network
-        config = pickle.dumps((tuple((r.low, r.high) for r in network.connect),
-                               network.allow, network.deny, network.hosts, signals is True))
+        self._config = pickle.dumps((tuple((r.low, r.high) for r in network.connect),
+                                     network.allow, network.deny, network.hosts))
+        self._lock = threading.Lock()
+        self._proc: Any = None
+        self._sock: Optional[socket.socket] = None
+        self._owner = -1
+        self._closed = False
+
+    def open_call(self, signals: bool) -> socket.socket:
+        """A new call's socket: the mediator answers on it with the call's proxy
+        environment and gate (see :class:`RemoteMediation`). Starts the process on first
+        use, and again if it died or this is a forked copy of its starter."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with self._lock:
+                if self._closed:
+                    raise OSError(errno.EBADF, "the Sandbox was closed")
+                for attempt in (0, 1):
+                    if self._sock is None or self._owner != os.getpid():
+                        self._start()
+                    assert self._sock is not None
+                    try:
+                        self._sock.sendmsg([_SIGNALS if signals else _CALL],
+                                           [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                             theirs.fileno().to_bytes(4, sys.byteorder))],
+                                           socket.MSG_NOSIGNAL)
+                        break
+                    except OSError:  # it died: the next attempt starts a new one
+                        self._end()
+                        if attempt:
+                            raise
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return ours
+
+    def _start(self) -> None:
+        self._end()
+        self._proc, self._sock = start_process("serve")
+        self._owner = os.getpid()
+        self._sock.send(self._config)
+
+    def _end(self) -> None:
+        proc, sock, self._proc, self._sock = self._proc, self._sock, None, None
+        if sock is None:
+            return
+        if self._owner != os.getpid():  # a forked copy: the process is its parent's
+            sock.close()
+            return
+        sock.close()  # EOF: the mediator ends once its calls have (their sockets close)
+        if proc.poll() is None:
+            import threading
+
+            threading.Thread(target=proc.wait, name="sandlock-mediator-reap", daemon=True).start()
+
+    def close(self) -> None:
+        """Calls under way go on; the process exits when the last one has ended. No
+        call opens after this (the process is never started again)."""
+        with self._lock:
+            self._closed = True
+            self._end()
+
+
+class RemoteMediation:
+    """The caller's handle on one call's proxy and connect gate in a mediator process;
+    used as api.py uses a :class:`sandlock.net.connect.Mediation` (``proxy.environment()``,
+    ``gate.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
+
+    def __init__(self, policy: Policy, signals: bool = False,
+                 process: Optional[MediatorProcess] = None) -> None:
+        """``signals``: the connect gate's listener also carries the signal gate
+        (Landlock ABI < 6; :mod:`sandlock.linux.signalgate`): the tool gets one listener.
+        ``process``: the Sandbox's warm mediator; without one, a process for this call
+        alone (ended with it)."""
+        from ..errors import SetupError
+
         self.events: list[str] = []
         self._stopped = False
-        self._proc, self._sock = start_process("serve")
+        self._own = process is None
+        self._process = MediatorProcess(policy) if process is None else process
         try:
-            self._sock.send(config)
+            self._sock = self._process.open_call(signals is True)
+        except OSError as exc:
+            raise SetupError(f"the network mediator for [network] allow did not start ({exc})"
+                             ) from None
+        try:
             self._sock.settimeout(START_TIMEOUT)
             data, fds, _, _ = socket.recv_fds(self._sock, 1 << 16, 1)
             self._sock.settimeout(None)
             if not data or len(fds) != 1:
+                for fd in fds:
+                    os.close(fd)
                 raise OSError("no answer")
             env, bpf = _answer(data)
         except (OSError, ValueError, EOFError, TypeError) as exc:
-            end_process(self._proc, self._sock)
-            raise SetupError(f"the network mediator for [network] allow did not start ({exc}; "
-                             f"exit status {self._proc.returncode})") from None
+            self._sock.close()
+            if self._own:
+                self._process.close()
+            raise SetupError(f"the network mediator for [network] allow did not start ({exc})"
+                             ) from None
         self.proxy = _Environment(env)
         self.gate = _Listener(fds[0], bpf)
 
@@ -118,7 +211,7 @@ class RemoteMediation:
             self.gate.child_end = -1
 
     def stop(self) -> None:
-        """End the mediator (once); keep what it refused."""
+        """End the call's proxy and gate (once); keep what they refused."""
         if self._stopped:
             return
         self._stopped = True
@@ -132,7 +225,9 @@ class RemoteMediation:
         except (OSError, ValueError, EOFError, TypeError):
             pass  # it died: nothing to report, and nothing of it is left to stop
         finally:
-            end_process(self._proc, self._sock, gently=True)
+            self._sock.close()
+            if self._own:
+                self._process.close()
 
 
 def _answer(data: bytes) -> tuple[dict[str, str], bytes]:
@@ -191,22 +286,47 @@ def start_process(main: str, module: str = "sandlock.net.mediator") -> tuple[Any
 
 
 def serve(fd: int) -> None:
-    """Main of the mediator process (never returns)."""
+    """Main of the mediator process (never returns): the rules once, then a thread per
+    call; ends when the caller's socket and every call's have closed."""
     import pickle
+    import threading
     from types import SimpleNamespace
-
-    from .connect import Mediation
 
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)
-    raise_nofile()  # room for MAX_CLIENTS clients and their upstreams
-    code = 1
-    mediation: Optional[Mediation] = None
+    raise_nofile()  # room for MAX_CLIENTS clients and their upstreams, per call
+    calls: list[threading.Thread] = []
     try:
-        ports, allow, deny, hosts, signals = pickle.loads(sock.recv(1 << 20))
+        ports, allow, deny, hosts = pickle.loads(sock.recv(1 << 20))
         policy: Any = SimpleNamespace(network=SimpleNamespace(
             connect=tuple(SimpleNamespace(low=low, high=high) for low, high in ports),
             allow=allow, deny=deny, hosts=hosts))
+        while True:
+            said, fds, _, _ = socket.recv_fds(sock, 64, 1)
+            if not fds:
+                break  # EOF (or a message without its socket: the caller is broken)
+            call = socket.socket(fileno=fds[0])
+            for extra in fds[1:]:
+                os.close(extra)
+            calls = [t for t in calls if t.is_alive()]
+            thread = threading.Thread(target=_serve_call, args=(policy, call, said == _SIGNALS),
+                                      name="sandlock-mediator-call", daemon=True)
+            thread.start()
+            calls.append(thread)
+    except BaseException:  # noqa: BLE001 - the caller sees EOF on each call and reports it
+        pass
+    for thread in calls:
+        thread.join()
+    os._exit(0)
+
+
+def _serve_call(policy: Any, sock: socket.socket, signals: bool) -> None:
+    """One call: its own proxy and connect gate (a new listener, a new table of held
+    sockets), until the caller says ``stop`` or closes the call's socket."""
+    from .connect import Mediation
+
+    mediation: Optional[Mediation] = None
+    try:
         mediation = Mediation(policy)
         if signals:  # the signal gate rides on the connect gate's listener (before its bpf goes)
             from ..linux.signalgate import Signals
@@ -221,12 +341,11 @@ def serve(fd: int) -> None:
         mediation.stop()
         if said == _STOP:
             sock.send(json.dumps(list(mediation.events)[:1000]).encode())
-        code = 0
     except BaseException:  # noqa: BLE001 - the caller sees EOF and reports it
         if mediation is not None:
             mediation.stop()
     finally:
-        os._exit(code)
+        sock.close()
 
 
 def raise_nofile() -> None:
