@@ -426,3 +426,7 @@ from .trace import register as _register_recording  # noqa: E402 - after the gro
 
 _register_recording(cli)  # `trace` and `learn`
 
+
+from .hook import register as _register_hooks  # noqa: E402 - after the group exists
+
+_register_hooks(cli)  # `hook claude-code` and `shell`
