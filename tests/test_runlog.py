@@ -103,7 +103,7 @@ def _edit_exit(line: bytes) -> bytes:
     ("truncated", "cut off its end"),
     ("reordered", "does not follow record 0"),
     ("cut-line", "is cut"),
-])
+], ids=["removed", "edited", "truncated", "reordered", "cut-line"])
 def test_tampering_is_detected(logged: Path, attack: str, says: str) -> None:
     first, second, third = lines(logged)
     _rewrite(logged, {"removed": [first, third], "edited": [first, _edit_exit(second), third],
@@ -146,7 +146,7 @@ def test_grant_reaching_the_log_is_refused(log_dir: Path, ws: Path, tmp_path: Pa
                           "--var", f"workspace={ws}", "--", "/bin/true"], capture_output=True,
                          text=True, env={**env, "PYTHONPATH": str(REPO)}, timeout=60)
     assert off.returncode == 0, off.stderr
-    done = run(log_dir, ws, "/bin/true", policy=str(policy))  # the cached plan is not reused
+    done = run(log_dir, ws, "/bin/true", policy=str(policy))  # a cache hit checks grants again
     assert done.returncode == 125 and str(log_dir) in done.stderr, done.stderr
     assert ("run log" if grant == "read" else "state directory") in done.stderr
     assert not (log_dir / runlog.LOG_FILE).exists()

@@ -234,7 +234,7 @@ def _key(policy_file: str, text: bytes, variables: Mapping[str, str], timeout: O
     return (FORMAT, __version__, _code_id(), os.uname().machine, os.geteuid(),
             kernel.landlock_abi(), env.get("SANDLOCK_ABI"), os.getcwd(), env.get("HOME"),
             env.get("TMPDIR"), env.get("XDG_CACHE_HOME"), env.get("SANDLOCK_STUB"),
-            env.get("SANDLOCK_STATE_DIR"), env.get("SANDLOCK_LOG"), tuple(sys.path), policy_file,
+            env.get("SANDLOCK_STATE_DIR"), tuple(sys.path), policy_file,
             os.path.realpath(policy_file), text, tuple(sorted(variables.items())), timeout,
             best_effort)
 
