@@ -179,3 +179,10 @@ def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     assert runlog.directory() is None and runlog.exposed() == []
     monkeypatch.setenv(runlog.ENV, "0")
     assert runlog.directory() is None
+
+
+@pytest.mark.parametrize("value", ["relative/dir", "yes"])
+def test_a_log_that_names_no_place_is_an_error(value: str, ws: Path) -> None:
+    done = cli(Path(value), "run", "--policy", "shell", "--var", f"workspace={ws}", "--",
+               "/bin/true")
+    assert done.returncode == 125 and "SANDLOCK_LOG must be" in done.stderr, done.stderr

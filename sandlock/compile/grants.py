@@ -228,7 +228,7 @@ def _state_dirs() -> list[str]:
     stub_state = os.environ.get(ENV_STATE, "")
     if os.path.isabs(stub_state):
         out.append(stub_state)
-    from .runlog import exposed as run_log
+    from .logdir import exposed as run_log
 
     out += [where for where, _ in run_log()]  # SANDLOCK_LOG=DIR: its chain is the state too
     return out
@@ -661,7 +661,7 @@ class SecretCheck(WriteCheck):
 def _secrets() -> list[tuple[str, str]]:
     """(path, what it is) of every secret no grant may reach, now."""
     from .cachekey import exposed
-    from .runlog import exposed as run_log
+    from .logdir import exposed as run_log
 
     key = exposed()
     return run_log() + ([] if key is None else [(key, "the key that authenticates sandlock's "

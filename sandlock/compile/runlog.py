@@ -39,7 +39,9 @@ from __future__ import annotations
 
 import os
 
-from ..errors import SandlockError
+from .logdir import ENV, LogError, directory, exposed
+
+__all__ = ["ENV", "LogError", "append", "directory", "exposed", "log_run", "verify"]
 
 TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
 if TYPE_CHECKING:
@@ -47,7 +49,6 @@ if TYPE_CHECKING:
 
     from .compiler import Compiled
 
-ENV = "SANDLOCK_LOG"
 LOG_FILE = "runs.jsonl"
 ANCHORS = "anchors"
 GENESIS = "0" * 64
@@ -60,34 +61,6 @@ MAX_FIELD = 4096
 MAX_ITEMS = 200
 FIELDS = ("seq", "time", "user", "uid", "policy", "policy_sha256", "command", "exit",
           "refused", "reports", "credentials", "api", "prev")
-
-
-class LogError(SandlockError):
-    """The run log cannot be written or read as it must be (exit code 125)."""
-
-
-def directory() -> Optional[str]:
-    """The log's directory while the log is on, else None."""
-    value = os.environ.get(ENV, "")
-    if not value or value == "0":
-        return None
-    if value == "1":
-        from .cachekey import key_directory
-
-        state = key_directory()
-        return None if state is None else os.path.join(state, "log")
-    if not os.path.isabs(value):
-        return os.path.join("/nonexistent-relative-SANDLOCK_LOG", value)  # refused below
-    return os.path.normpath(value)
-
-
-def exposed() -> list[tuple[str, str]]:
-    """(path, what it is) of the log no grant may reach, while it is on."""
-    where = directory()
-    if where is None:
-        return []
-    return [(where, "sandlock's run log (SANDLOCK_LOG): a tool that reads it learns every "
-                    "logged command; no grant may reach it while the log is on")]
 
 
 def _key() -> bytes:
