@@ -5,7 +5,7 @@
 #   ci/run-step.sh install [SOURCE]    pip-install sandlock into $SANDLOCK_VENV; SOURCE is
 #                                      what pip installs (default: the sandlock tree this
 #                                      script is in)
-#   ci/run-step.sh run POLICY COMMAND  run COMMAND with /bin/sh -c inside the sandbox of
+#   ci/run-step.sh run POLICY COMMAND  run COMMAND (`sandlock shell`: /bin/sh -c) in the sandbox of
 #                                      POLICY (a file, or a shipped profile's name), the
 #                                      working directory (the job's checkout) as ${workspace}
 #
@@ -52,7 +52,7 @@ run)
         IFS="$old_ifs"
     fi
     echo "sandlock: this step runs confined by $policy" >&2
-    exec "$venv/bin/sandlock" run "$@" -- /bin/sh -c "$command"
+    exec "$venv/bin/sandlock" shell "$@" -c "$command"  # the one way a command string runs
     ;;
 *)
     echo "usage: $0 install [SOURCE] | run POLICY COMMAND" >&2

@@ -67,6 +67,7 @@ ATTACKS = [
     ("backticks", "echo `cat {s}`"),
     ("newline", "true\ncat {s}"),
     ("background", "cat {s} &\nwait"),
+    ("option", "-i\ncat {s}"),
 ]
 
 
@@ -83,7 +84,8 @@ def test_attack_stays_inside(name: str, template: str, workspace: Path, outside:
     assert "INSIDE-42" in done.stdout, done.stderr  # the command ran, in the sandbox
     assert SECRET not in done.stdout + done.stderr
     # Control: outside the hook (or behind the hand-quoted wrapper) it reads the secret.
-    control = bash(naive(command) if name == "quote" else command, workspace)
+    control = subprocess.run(["bash", "-c", "--", naive(command) if name == "quote" else command],
+                             capture_output=True, text=True, cwd=workspace, timeout=60)
     assert SECRET in control.stdout
 
 
@@ -96,7 +98,7 @@ def test_shell_gets_exactly_the_command(name: str, template: str, tmp_path: Path
     line = json.loads(claude_code.answer(hook_input(command), rules, {}, prefix=["printf", "%s\\0"])
                       )["hookSpecificOutput"]["updatedInput"]["command"]
     args = bash(line, tmp_path).stdout.split("\0")[:-1]
-    assert args == ["run", "--policy", "shell", "--", "/bin/sh", "-c", command]
+    assert args == ["run", "--policy", "shell", "--", "/bin/sh", "-c", "--", command]
 
 
 @pytest.mark.parametrize("data", [
@@ -194,10 +196,19 @@ def test_shell_runs_command_confined(workspace: Path, outside: Path) -> None:
     assert SECRET in bash(command, workspace).stdout  # control: unconfined, it reads it
 
 
-@pytest.mark.parametrize("args", [(), ("-i",), ("-l", "-c", "true"), ("-c",)])
+@pytest.mark.parametrize("args", [(), ("-i",), ("-l", "-c", "true"), ("-c",), ("-lc", "true")])
 def test_shell_runs_nothing_else(args: tuple[str, ...], workspace: Path) -> None:
     done = _shell(*policy_options(workspace), *args)
     assert done.returncode == 125 and "only `sandlock shell" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["--help", "--policy=/", "--rules", "-c"])
+def test_shell_command_is_never_an_option(command: str, workspace: Path) -> None:
+    """What follows -c is the command, whatever it looks like: the confined shell gets
+    it (and, here, fails to find it), sandlock's options are not touched."""
+    done = _shell(*policy_options(workspace), "-c", f"{command}; echo INSIDE-$((6*7))",
+                  cwd=workspace)
+    assert "INSIDE-42" in done.stdout and "Usage" not in done.stdout, done.stderr
 
 
 def test_shell_without_policy_refuses(workspace: Path) -> None:

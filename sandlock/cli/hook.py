@@ -65,25 +65,51 @@ def claude_code(policy: Optional[str], registry: Optional[str], rules: Optional[
     sys.stdout.write(text + "\n")
 
 
+SHELL_USAGE = ("sandlock shell [--policy P | --registry DIR] [--rules FILE] [--var NAME=VALUE]... "
+               "-c COMMAND [NAME ARGS...]")
+
+
 @click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                 "allow_interspersed_args": False})
-@_options
+                                 "help_option_names": []}, add_help_option=False,
+               short_help="A SHELL that runs each -c COMMAND confined.")
 @click.pass_context
-def shell(ctx: click.Context, policy: Optional[str], registry: Optional[str],
-          rules: Optional[str], variables: Sequence[str]) -> None:
+def shell(ctx: click.Context) -> None:
     """A SHELL that runs `-c COMMAND [NAME ARGS...]` confined, the policy chosen as the
     Claude Code hook chooses it. Nothing else: no interactive shell, no other option.
+
+    Parsed here, not by click: nothing after ``-c`` is an option (a command ``--help``
+    or ``--policy=x`` is the command), and COMMAND, NAME and ARGS go to the confined
+    shell as they are.
     """
     from ..integrations.shell_rules import load_rules, run_arguments
 
     args = list(ctx.args)
-    if len(args) < 2 or args[0] != "-c":
-        say("shell: only `sandlock shell [OPTIONS] -c COMMAND [NAME ARGS...]` is run "
-            "(no interactive shell, no other shell option)")
+    given: dict[str, str] = {}
+    pairs: list[str] = []
+    while args and args[0] != "-c":
+        name, eq, value = args.pop(0).partition("=")
+        if name in ("-h", "--help") and not eq:
+            click.echo(f"Usage: {SHELL_USAGE}\n\n{shell.__doc__}")
+            return
+        if name not in ("--policy", "--registry", "--rules", "--var"):
+            say(f"shell: only `{SHELL_USAGE}` is run (no interactive shell, no other shell "
+                f"option; got {printable(name)!r})")
+            raise click.exceptions.Exit(ExitCode.LAUNCHER)
+        if not eq:
+            if not args:
+                say(f"shell: {name} needs a value")
+                raise click.exceptions.Exit(ExitCode.LAUNCHER)
+            value = args.pop(0)
+        if name == "--var":
+            pairs.append(value)
+        else:
+            given[name] = value
+    if len(args) < 2:
+        say(f"shell: only `{SHELL_USAGE}` is run (no interactive shell, no other shell option)")
         raise click.exceptions.Exit(ExitCode.LAUNCHER)
     try:
-        chosen = load_rules(rules, policy, registry)
-        run_args = run_arguments(chosen.choose(args[1]), parse_vars(variables), args[1], args[2:])
+        chosen = load_rules(given.get("--rules"), given.get("--policy"), given.get("--registry"))
+        run_args = run_arguments(chosen.choose(args[1]), parse_vars(pairs), args[1], args[2:])
     except SandlockError as exc:
         say(printable(str(exc)))
         raise click.exceptions.Exit(ExitCode.LAUNCHER) from None

@@ -9,7 +9,7 @@ The hook answers on standard output with::
                             "permissionDecisionReason": "...",
                             "updatedInput": {..., "command": "<rewritten>"}}}
 
-where ``<rewritten>`` is ``sandlock run --policy P -- /bin/sh -c '<original>'``
+where ``<rewritten>`` is ``sandlock run --policy P -- /bin/sh -c -- '<original>'``
 (:func:`sandlock.integrations.shell_rules.rewritten`). Every other answer is a refusal,
 given as exit status 2 with the reason on standard error: Claude Code blocks the call
 on status 2 whatever else the hook printed, so input this hook cannot read is never

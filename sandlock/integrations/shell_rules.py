@@ -191,11 +191,12 @@ def checked_command(command: object) -> str:
 def run_arguments(choice: Choice, variables: Mapping[str, str], command: str,
                   shell_args: Sequence[str] = ()) -> list[str]:
     """`sandlock run`'s arguments (after ``run``) that run ``command`` confined by
-    ``choice``: the policy options, ``--var``s, then ``-- /bin/sh -c COMMAND``."""
+    ``choice``: the policy options, ``--var``s, then ``-- /bin/sh -c -- COMMAND`` (the
+    second ``--``: a command that begins with ``-`` is the command, not shell options)."""
     out = choice.options()
     for name, value in variables.items():
         out += ["--var", f"{name}={value}"]
-    return [*out, "--", SHELL, "-c", checked_command(command), *shell_args]
+    return [*out, "--", SHELL, "-c", "--", checked_command(command), *shell_args]
 
 
 def sandlock_argv() -> list[str]:
