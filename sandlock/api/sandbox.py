@@ -326,6 +326,9 @@ class Sandbox:
             # serving for the Sandbox's lifetime, from a process of its own
             self._routes = prepare(loaded, None, credentials, remote=True)
             self._routes.start()
+        from ..compile.runlog import directory as run_log
+
+        self._log = run_log()  #: the run log's directory the grants are checked against
         try:
             self._compiled = compiler.compile_policy(loaded, self._routes)
         except BaseException:
@@ -717,7 +720,7 @@ class Sandbox:
                                  session=session)
         writes = {mine[0]: input or b""} if mine[0] >= 0 else {}
         pump = _Pump(call, writes, [fd for fd in mine[1:] if fd >= 0])
-        return _RunJob(call, pump, args, mine, decode, encoding, errors)
+        return _RunJob(call, pump, args, mine, decode, encoding, errors, self)
 
     def call(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Run ``func(*args, **kwargs)`` in a confined process; return or raise its outcome.
@@ -810,12 +813,20 @@ class _RunJob:
     decode: bool
     encoding: Optional[str]
     errors: Optional[str]
+    sandbox: Optional[Sandbox] = None
 
     def result(self) -> Result:
         out = [self.pump.output.get(fd) if fd >= 0 else None for fd in self.mine[1:]]
         if self.decode:
             out = [_decode(data, self.encoding, self.errors) for data in out]
-        return _result(self.call, self.args, out[0], out[1])
+        result = _result(self.call, self.args, out[0], out[1])
+        if self.sandbox is not None and self.sandbox._log is not None:  # the run log is on
+            from ..compile.runlog import log_run
+
+            log_run(self.sandbox._compiled, result.args, result.returncode,
+                    result.network_events, [str(d) for d in result.denials], api=True,
+                    checked=self.sandbox._log)
+        return result
 
 
 @dataclass

@@ -172,7 +172,13 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         try:
             command = launcher.prepare_command(compiled, argv)
             warn_gaps(compiled)
-            child = launcher.run(compiled, command, report=say)
+            events: list[str] = []
+
+            def report(line: str) -> None:  # kept for the run log (network refusals)
+                events.append(line)
+                say(line)
+
+            child = launcher.run(compiled, command, report=report)
         finally:
             compiled.close()  # the ruleset descriptor: the child is done with it
             if compiled.routes is not None:
@@ -184,12 +190,29 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
             say(killed_by(argv[0], child.signal, compiled.rlimits))
         if child.returncode and not child.timed_out and needs_no_sandbox(argv):
             say(CHROMIUM_HINT)
+        log_run(compiled, argv, int(child.returncode or 0), events)
         return int(child.returncode or 0)
     except SandlockError as exc:
         say(str(exc))
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return ExitCode.SIGNAL_BASE + 2
+
+
+def log_run(compiled: Compiled, argv: Sequence[str], code: int, events: Sequence[str]) -> None:
+    """The run's record, when the run log is on (off: one environment lookup)."""
+    import os
+
+    if not os.environ.get("SANDLOCK_LOG"):
+        return
+    from ..compile.runlog import LogError
+    from ..compile.runlog import log_run as append
+
+    try:
+        append(compiled, argv, code, events)
+    except LogError as exc:
+        raise SandlockError(f"run log: {exc} (the command exited {code}; this run is not "
+                            "logged)") from None
 
 
 def warn_gaps(compiled: Compiled) -> None:

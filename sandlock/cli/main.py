@@ -414,3 +414,9 @@ from .trace import register as _register_recording  # noqa: E402 - after the gro
 
 _register_recording(cli)  # `trace` and `learn`
 
+
+from .hook import register as _register_hooks  # noqa: E402 - after the group exists
+from .log import log as _log_command  # noqa: E402
+
+_register_hooks(cli)  # `hook claude-code` and `shell`
+cli.add_command(_log_command)  # `log --verify`

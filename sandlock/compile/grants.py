@@ -228,6 +228,9 @@ def _state_dirs() -> list[str]:
     stub_state = os.environ.get(ENV_STATE, "")
     if os.path.isabs(stub_state):
         out.append(stub_state)
+    from .logdir import exposed as run_log
+
+    out += [where for where, _ in run_log()]  # SANDLOCK_LOG=DIR: its chain is the state too
     return out
 
 
@@ -658,10 +661,12 @@ class SecretCheck(WriteCheck):
 def _secrets() -> list[tuple[str, str]]:
     """(path, what it is) of every secret no grant may reach, now."""
     from .cachekey import exposed
+    from .logdir import exposed as run_log
 
     key = exposed()
-    return [] if key is None else [(key, "the key that authenticates sandlock's "
-                                         "compiled-policy cache (kept in a file here)")]
+    return run_log() + ([] if key is None else [(key, "the key that authenticates sandlock's "
+                                                      "compiled-policy cache (kept in a file "
+                                                      "here)")])
 
 
 def _module_files() -> dict[tuple[int, int], str]:

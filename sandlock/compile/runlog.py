@@ -1,0 +1,324 @@
+"""The run log: one JSON line per run, chained and authenticated (issue 27).
+
+Off by default; ``SANDLOCK_LOG=1`` in the launcher's environment (`sandlock run`, or
+the process that makes a :class:`sandlock.Sandbox`) turns it on, in
+``<home>/.cache/sandlock/log`` (``<home>`` from the password database, as the cache
+key: :func:`sandlock.compile.cachekey.key_directory`); ``SANDLOCK_LOG=/abs/dir`` puts
+it in that directory. Each run then appends to ``runs.jsonl`` one record: time, user,
+policy file and the SHA-256 of its bytes, command, exit status, and the run's
+reports — what the policy refused when traced, network refusals, credential-route
+refusals (method, path, rule: the route server's own lines, which never hold the
+secret). Every string is written JSON-escaped (``ensure_ascii``): a tool's file or
+command name cannot add a line or a terminal escape to the log.
+
+Why off: while the log is on, no grant of any right may reach its directory
+(:func:`exposed`, checked with the cache key's file by
+:class:`sandlock.compile.grants.SecretCheck`, and as a state directory for write
+grants): a policy that reads the whole home directory is then refused. Each logged
+run also costs a key lookup, a lock, an append and an anchor rewrite.
+
+The chain: record ``n`` carries ``seq = n`` and ``prev``, the ``mac`` of record ``n-1``
+(64 zeros for the first), and its own ``mac``, HMAC-SHA256 over its other fields with
+a key derived from the compiled-policy cache's key (:mod:`sandlock.compile.cachekey`:
+the kernel keyring, no tool can reach it; or the key file no grant may reach). So a
+record removed, edited or moved breaks the chain, and no one without the key can
+write a record that continues it. The tail (records cut off the end, or the whole
+file replaced by an older copy of itself) is caught by the anchor: the count and last
+``mac``, itself authenticated, kept in sandlock's state directory
+(``anchors/<hash of the log's directory>``), which no grant of any run may write,
+whatever that run's policy and whether or not it logs. `sandlock log --verify`
+checks all of it.
+
+Not covered: a process of this uid that is not confined (it can read the key file
+where the key is a file, and rewrite anything), and a run that dies before it logs
+(SIGKILL of the launcher). Records are appended without fsync: a crash of the
+machine may lose the last ones, which verify then reports.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .logdir import ENV, LogError, directory, exposed
+
+__all__ = ["ENV", "LogError", "append", "directory", "exposed", "log_run", "verify"]
+
+TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
+if TYPE_CHECKING:
+    from typing import Any, Optional, Sequence
+
+    from .compiler import Compiled
+
+LOG_FILE = "runs.jsonl"
+ANCHORS = "anchors"
+GENESIS = "0" * 64
+#: What the key of the log is derived from the cache's key with (domain separation: a
+#: tag for one can never stand for the other).
+DERIVE = b"sandlock:run-log:v1"
+#: The largest log verify reads whole, and the largest record.
+MAX_LOG = 256 << 20
+MAX_FIELD = 4096
+MAX_ITEMS = 200
+FIELDS = ("seq", "time", "user", "uid", "policy", "policy_sha256", "command", "exit",
+          "refused", "reports", "credentials", "api", "prev")
+
+
+def _key() -> bytes:
+    import hashlib
+    import hmac
+
+    from .cache import open_private_dir
+    from .cachekey import secret
+
+    key, where = secret(open_private_dir)
+    if key is None:
+        raise LogError(f"the run log needs the cache key to authenticate its records: {where}")
+    return hmac.new(key, DERIVE, hashlib.sha256).digest()
+
+
+def _mac(key: bytes, record: dict[str, Any]) -> str:
+    import hashlib
+    import hmac
+    import json
+
+    body = {k: v for k, v in record.items() if k != "mac"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def _anchor_mac(key: bytes, log_dir: str, count: int, last: str) -> str:
+    import hashlib
+    import hmac
+
+    return hmac.new(key, f"anchor\0{log_dir}\0{count}\0{last}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def _anchor_name(log_dir: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(os.fsencode(log_dir)).hexdigest()[:32]
+
+
+def _open_dirs(log_dir: str, create: bool) -> tuple[int, int]:
+    """Descriptors of the log's directory and of the anchors' (private, reached
+    without a link: :func:`sandlock.compile.cache.open_private_dir`)."""
+    from .cache import open_private_dir
+    from .cachekey import key_directory
+
+    state = key_directory()
+    if state is None:
+        raise LogError("the run log needs a home directory in the password database (its "
+                       "anchor lives in sandlock's state directory)")
+    logs = open_private_dir(log_dir, create=create, private_from=1)
+    if logs is None:
+        raise LogError(f"{log_dir!r} cannot be opened or made as a private directory (owned "
+                       f"by uid {os.geteuid()}, no access for group or others, reached without "
+                       "a symbolic link through directories only root or this uid can write)")
+    anchors = open_private_dir(os.path.join(state, ANCHORS), create=create, private_from=1)
+    if anchors is None:
+        os.close(logs)
+        raise LogError(f"{os.path.join(state, ANCHORS)!r} cannot be opened or made as a "
+                       "private directory")
+    return logs, anchors
+
+
+def _read_anchor(anchors: int, log_dir: str, key: bytes) -> tuple[int, str]:
+    """(count, last mac) of the log in ``log_dir``; (0, GENESIS) with no anchor yet."""
+    import json
+
+    from ..policy.readfile import read_policy_bytes
+
+    try:
+        data = read_policy_bytes(_anchor_name(log_dir), anchors, os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return 0, GENESIS
+    except OSError as exc:
+        raise LogError(f"cannot read the run log's anchor: {exc.strerror}") from None
+    try:
+        found = json.loads(data)
+        count, last, mac = found["count"], found["last"], found["mac"]
+        if not isinstance(count, int) or not isinstance(last, str) or not isinstance(mac, str):
+            raise ValueError
+    except (ValueError, KeyError, TypeError):
+        raise LogError("the run log's anchor is malformed") from None
+    import hmac
+
+    if not hmac.compare_digest(mac, _anchor_mac(key, log_dir, count, last)):
+        raise LogError("the run log's anchor is not authentic")
+    return count, last
+
+
+def _write_anchor(anchors: int, log_dir: str, key: bytes, count: int, last: str) -> None:
+    import json
+
+    name = _anchor_name(log_dir)
+    tmp = f".{name}.{os.getpid()}.{os.urandom(6).hex()}"
+    text = json.dumps({"log": log_dir, "count": count, "last": last,
+                       "mac": _anchor_mac(key, log_dir, count, last)})
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600, dir_fd=anchors)
+    try:
+        os.write(fd, text.encode() + b"\n")
+    finally:
+        os.close(fd)
+    os.rename(tmp, name, src_dir_fd=anchors, dst_dir_fd=anchors)
+
+
+def _clip(value: object) -> object:
+    if isinstance(value, str):
+        return value if len(value) <= MAX_FIELD else value[:MAX_FIELD] + "...[cut]"
+    if isinstance(value, (list, tuple)):
+        items = [_clip(v) for v in list(value)[:MAX_ITEMS]]
+        return items + (["...[cut]"] if len(value) > MAX_ITEMS else [])
+    return value
+
+
+def _policy_hash(source: str) -> Optional[str]:
+    import hashlib
+
+    from ..policy.readfile import read_policy_bytes
+
+    try:
+        return hashlib.sha256(read_policy_bytes(source)).hexdigest()
+    except (OSError, ValueError):
+        return None
+
+
+def append(source: str, command: Sequence[str], exit_code: int, *,
+           refused: Sequence[str] = (), reports: Sequence[str] = (),
+           credentials: Sequence[str] = (), api: bool = False) -> None:
+    """Append one record for a finished run (no-op while the log is off)."""
+    log_dir = directory()
+    if log_dir is None:
+        return
+    import fcntl
+    import json
+    import time
+
+    key = _key()
+    logs, anchors = _open_dirs(log_dir, create=True)
+    try:
+        fd = os.open(LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=logs)
+        try:
+            _check_file(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one writer at a time: the chain is a sequence
+            count, last = _read_anchor(anchors, log_dir, key)
+            try:
+                import pwd
+
+                user = pwd.getpwuid(os.geteuid()).pw_name
+            except (ImportError, KeyError):
+                user = ""
+            record: dict[str, Any] = {
+                "seq": count + 1,
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "user": user, "uid": os.geteuid(), "policy": _clip(source),
+                "policy_sha256": _policy_hash(source),
+                "command": _clip(list(command)), "exit": exit_code,
+                "refused": _clip(list(refused)), "reports": _clip(list(reports)),
+                "credentials": _clip(list(credentials)), "api": api, "prev": last}
+            record["mac"] = _mac(key, record)
+            line = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+            os.write(fd, line.encode() + b"\n")
+            _write_anchor(anchors, log_dir, key, count + 1, record["mac"])
+        finally:
+            os.close(fd)  # releases the lock
+    finally:
+        os.close(logs)
+        os.close(anchors)
+
+
+def log_run(compiled: Compiled, argv: Sequence[str], code: int, events: Sequence[str] = (),
+            refused: Sequence[str] = (), api: bool = False,
+            checked: Optional[str] = None) -> None:
+    """Append the record of a run of ``compiled`` (`sandlock run`, the API), when the log
+    is on. ``events``: the run's report lines (network refusals; the credential route's
+    lines are taken from ``compiled.routes``). ``checked``: the log directory the plan's
+    grants were checked against (the API compiles once, runs later): a log turned on or
+    moved since is an error, since no check kept the plan's grants away from it."""
+    where = directory()
+    if where is None:
+        return
+    if checked is not None and checked != where:
+        raise LogError(f"{ENV} changed after this policy was compiled: its grants were not "
+                       "checked against the log; make a new Sandbox")
+    routes = None if api else compiled.routes
+    credentials = tuple(getattr(routes, "events", ())) if routes is not None else ()
+    try:
+        append(compiled.source, argv, code, refused=refused, api=api,
+               reports=[e for e in events if e not in credentials], credentials=credentials)
+    except OSError as exc:
+        raise LogError(f"cannot write the run log: {exc.strerror or exc}") from None
+
+
+def _check_file(fd: int) -> None:
+    from stat import S_ISREG
+
+    info = os.fstat(fd)
+    if not S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_nlink != 1:
+        raise LogError("the run log is not a regular file of this uid with one link")
+
+
+def verify(path: Optional[str] = None) -> tuple[int, list[str]]:
+    """(records checked, problems): every record authentic and in sequence, the
+    last one the anchor names. ``path``: a log file (default: the configured one)."""
+    import hmac
+    import json
+
+    if path is None:
+        log_dir = directory()
+        if log_dir is None:
+            raise LogError(f"the run log is off: set {ENV}=1 (or a directory), or name a file")
+        path = os.path.join(log_dir, LOG_FILE)
+    log_dir = os.path.dirname(os.path.abspath(path))
+    key = _key()
+    logs, anchors = _open_dirs(log_dir, create=False)
+    try:
+        from ..policy.readfile import read_bounded
+
+        try:
+            fd = os.open(os.path.basename(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, dir_fd=logs)
+        except OSError as exc:
+            raise LogError(f"cannot open {path!r}: {exc.strerror}") from None
+        try:
+            _check_file(fd)
+            data = read_bounded(fd, MAX_LOG)
+        finally:
+            os.close(fd)
+        if data is None:
+            raise LogError(f"{path!r} is larger than {MAX_LOG} bytes")
+        count, anchored = _read_anchor(anchors, log_dir, key)
+    finally:
+        os.close(logs)
+        os.close(anchors)
+    problems: list[str] = []
+    last, seq = GENESIS, 0
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    elif lines:
+        problems.append(f"line {len(lines)}: the last record is cut (no newline)")
+    for number, raw in enumerate(lines, 1):
+        try:
+            record = json.loads(raw)
+            if not isinstance(record, dict) or sorted(record) != sorted((*FIELDS, "mac")):
+                raise ValueError
+        except ValueError:
+            problems.append(f"line {number}: not a record")
+            continue
+        if not hmac.compare_digest(str(record["mac"]), _mac(key, record)):
+            problems.append(f"line {number}: record {record['seq']!r} was altered (its MAC "
+                            "does not match)")
+        if record["seq"] != seq + 1 or record["prev"] != last:
+            problems.append(f"line {number}: record {record['seq']!r} does not follow record "
+                            f"{seq} (a record before it was removed, or records reordered)")
+        seq = record["seq"] if isinstance(record["seq"], int) else -1
+        last = str(record["mac"])
+    if (seq, last) != (count, anchored):
+        problems.append(f"the anchor names {count} records ending in {anchored[:16]}..., the "
+                        f"log ends at record {seq}: records were cut off its end, or the "
+                        "log was replaced by an older copy")
+    return len(lines), problems

@@ -1,0 +1,89 @@
+"""Claude Code's PreToolUse hook: each Bash command rewritten to run under sandlock.
+
+Claude Code runs the hook before a tool call with a JSON object on standard input
+(``hook_event_name`` "PreToolUse", ``tool_name``, ``tool_input`` — for Bash its
+``command`` —, ``cwd``, ``session_id``; https://docs.claude.com/en/docs/claude-code/hooks).
+The hook answers on standard output with::
+
+    {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "allow",
+                            "permissionDecisionReason": "...",
+                            "updatedInput": {..., "command": "<rewritten>"}}}
+
+where ``<rewritten>`` is ``sandlock run --policy P -- /bin/sh -c -- '<original>'``
+(:func:`sandlock.integrations.shell_rules.rewritten`). Every other answer is a refusal,
+given as exit status 2 with the reason on standard error: Claude Code blocks the call
+on status 2 whatever else the hook printed, so input this hook cannot read is never
+let through unconfined (a malformed answer would be, where exit status 0 means "no
+decision").
+
+Input is bounded (:data:`MAX_INPUT`) and checked field by field; anything unexpected
+is a refusal.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from .shell_rules import Refused, Rules, checked_command, rewritten
+
+#: The most hook input read, in bytes (a Bash call is a few kilobytes).
+MAX_INPUT = 1 << 20
+EVENT = "PreToolUse"
+TOOL = "Bash"
+#: Exit status that makes Claude Code block the tool call (stderr goes to the model).
+BLOCK = 2
+
+
+@dataclass(frozen=True)
+class Call:
+    """The part of the hook's input this hook acts on."""
+
+    tool_input: dict[str, Any]
+    command: str
+    cwd: Optional[str]
+    session_id: Optional[str]
+
+
+def parse(data: bytes) -> Call:
+    """The Bash call in the hook's input; Refused for anything else."""
+    if len(data) > MAX_INPUT:
+        raise Refused(f"the hook input is larger than {MAX_INPUT} bytes")
+    try:
+        found = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise Refused(f"the hook input is not JSON ({type(exc).__name__})") from None
+    if not isinstance(found, dict):
+        raise Refused("the hook input is not a JSON object")
+    if found.get("hook_event_name") != EVENT:
+        raise Refused(f"this hook answers {EVENT} events only (configure it under "
+                      f"\"{EVENT}\" in settings.json)")
+    if found.get("tool_name") != TOOL:
+        raise Refused(f"this hook confines {TOOL} commands only (give it the matcher "
+                      f"\"{TOOL}\" in settings.json)")
+    tool_input = found.get("tool_input")
+    if not isinstance(tool_input, dict):
+        raise Refused("tool_input is not a JSON object")
+    command = checked_command(tool_input.get("command"))
+    cwd = found.get("cwd")
+    session = found.get("session_id")
+    return Call(tool_input, command, cwd if isinstance(cwd, str) else None,
+                session if isinstance(session, str) else None)
+
+
+def answer(data: bytes, rules: Rules, variables: Mapping[str, str], *, ask: bool = False,
+           prefix: Optional[Sequence[str]] = None) -> str:
+    """The hook's JSON answer to ``data``: allow the call with its command rewritten.
+    Raises Refused when it must be blocked. ``ask``: let the user confirm the rewritten
+    command (``"ask"``) instead of approving it (``"allow"``)."""
+    call = parse(data)
+    choice = rules.choose(call.command)
+    updated = dict(call.tool_input)
+    updated["command"] = rewritten(choice, variables, call.command, prefix)
+    return json.dumps({"hookSpecificOutput": {
+        "hookEventName": EVENT,
+        "permissionDecision": "ask" if ask else "allow",
+        "permissionDecisionReason": f"sandlock: confined by {choice.name()}",
+        "updatedInput": updated,
+    }})

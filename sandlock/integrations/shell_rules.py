@@ -1,0 +1,218 @@
+"""Which policy confines a shell command, and the one command line that runs it so.
+
+Used by Claude Code's hook (:mod:`sandlock.integrations.claude_code`) and by
+`sandlock shell`: both take a command string a model wrote and must run exactly it,
+confined, under a policy chosen by the user's rules.
+
+The rules (``--rules FILE``, TOML)::
+
+    [[rule]]
+    match = '^git( |$)'     # a Python regular expression, searched in the command
+    policy = "git"          # a policy file (relative to this file) or a shipped profile
+    [[rule]]
+    match = '^(npm|npx) '
+    tool = "npm"            # with --registry DIR: a tool of that registry
+    [default]
+    policy = "shell"        # no rule matched (else: the command is refused)
+
+The first rule whose ``match`` is found in the command wins. A pattern chooses among
+policies the user wrote; it is not a boundary: ``git status; curl ...`` matches
+``^git`` and runs, all of it, under the git policy. So every policy a rule names must
+be one the user accepts for any command.
+
+The command never passes through a string this module builds by hand: the rewritten
+line is ``shlex.join`` of an argument list whose last element is the command itself,
+so the shell that reads it hands ``/bin/sh -c`` exactly the original text (quotes,
+newlines, ``$(...)``, backticks included). Text no shell argument can hold (a NUL) or
+that ``execve`` would refuse (longer than :data:`MAX_COMMAND`) is refused here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from ..errors import PolicyError, SandlockError
+
+#: The longest command accepted, in characters: below the kernel's limit on one argument
+#: (MAX_ARG_STRLEN, 32 pages: 131072 bytes, execve(2)) with room for UTF-8.
+MAX_COMMAND = 32768
+#: The shell the command runs in, inside the sandbox.
+SHELL = "/bin/sh"
+
+
+class Refused(SandlockError):
+    """The command is not run: no rule chose a policy, or the input cannot be trusted."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """``sandlock run``'s options that name the policy: ``--policy FILE`` or
+    ``--tool NAME --policies DIR``."""
+
+    policy: Optional[str] = None
+    tool: Optional[str] = None
+    registry: Optional[str] = None
+
+    def options(self) -> list[str]:
+        if self.tool is not None:
+            assert self.registry is not None
+            return ["--tool", self.tool, "--policies", self.registry]
+        assert self.policy is not None
+        return ["--policy", self.policy]
+
+    def name(self) -> str:
+        return f"tool {self.tool}" if self.tool is not None else f"policy {self.policy}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: re.Pattern[str]
+    choice: Choice
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The user's rules, then the default (None: refuse a command no rule matched)."""
+
+    rules: tuple[Rule, ...]
+    default: Optional[Choice]
+
+    def choose(self, command: str) -> Choice:
+        for rule in self.rules:
+            if rule.pattern.search(command):
+                return rule.choice
+        if self.default is None:
+            raise Refused("no rule of the hook's rules matches this command and there is no "
+                          "default policy: refused")
+        return self.default
+
+
+def _policy_argument(value: str, base: str) -> str:
+    """A policy named by a rule: a shipped profile's bare name as is, a path made
+    absolute from ``base`` (the command runs in another directory)."""
+    from ..policy.profiles import is_name
+
+    if is_name(value):
+        return value
+    return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+
+
+def _choice(table: object, where: str, source: str, registry: Optional[str],
+            base: str) -> Choice:
+    if not isinstance(table, dict):
+        raise PolicyError("expected a table", source=source, key=where)
+    keys = set(table) - {"match"}
+    if keys not in ({"policy"}, {"tool"}):
+        raise PolicyError("give exactly one of policy = FILE or tool = NAME (and match in a "
+                          "rule)", source=source, key=where)
+    value = table.get("policy", table.get("tool"))
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise PolicyError("expected a non-empty string", source=source, key=where)
+    if "tool" in table:
+        if registry is None:
+            raise PolicyError("tool = NAME needs --registry DIR", source=source, key=where)
+        return Choice(tool=value, registry=registry)
+    return Choice(policy=_policy_argument(value, base))
+
+
+def load_rules(rules_file: Optional[str], policy: Optional[str],
+               registry: Optional[str]) -> Rules:
+    """The rules of ``--rules FILE`` (if any), with ``--policy P`` as the default."""
+    registry = None if registry is None else os.path.abspath(registry)
+    default = None if policy is None else Choice(policy=_policy_argument(policy, os.getcwd()))
+    if rules_file is None:
+        if default is None:
+            raise SandlockError("give --policy P, or --rules FILE (with --registry DIR for "
+                                "tools)")
+        return Rules((), default)
+    if sys.version_info >= (3, 11):
+        import tomllib as _toml
+    else:  # pragma: no cover - Python < 3.11
+        import tomli as _toml
+
+    from ..policy.readfile import read_policy_bytes
+
+    try:
+        data = _toml.loads(read_policy_bytes(rules_file).decode("utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError, TOMLDecodeError
+        raise PolicyError(f"cannot read the rules: {getattr(exc, 'strerror', None) or exc}",
+                          source=rules_file) from None
+    base = os.path.dirname(os.path.abspath(rules_file))
+    unknown = sorted(set(data) - {"rule", "default"})
+    if unknown:
+        raise PolicyError("unknown key (expected [[rule]] and [default])", source=rules_file,
+                          key=unknown[0])
+    found = data.get("rule", [])
+    if not isinstance(found, list):
+        raise PolicyError("expected [[rule]] tables", source=rules_file, key="rule")
+    rules = []
+    for index, table in enumerate(found):
+        where = f"rule[{index}]"
+        choice = _choice(table, where, rules_file, registry, base)
+        match = table.get("match")
+        if not isinstance(match, str):
+            raise PolicyError("expected match = 'REGEX'", source=rules_file, key=f"{where}.match")
+        try:
+            pattern = re.compile(match)
+        except re.error as exc:
+            raise PolicyError(f"not a regular expression: {exc}", source=rules_file,
+                              key=f"{where}.match") from None
+        rules.append(Rule(pattern, choice))
+    if "default" in data:
+        if default is not None:
+            raise SandlockError(f"{rules_file}: [default] and --policy both name the default "
+                                "policy: keep one")
+        default = _choice(data["default"], "default", rules_file, registry, base)
+    return Rules(tuple(rules), default)
+
+
+def checked_command(command: object) -> str:
+    """The command if a shell argument can hold it exactly; Refused otherwise."""
+    if not isinstance(command, str):
+        raise Refused(f"the command is not a string ({type(command).__name__})")
+    if not command.strip():
+        raise Refused("the command is empty")
+    if "\0" in command:
+        raise Refused("the command holds a NUL character, which no shell argument can hold")
+    if len(command) > MAX_COMMAND:
+        raise Refused(f"the command is longer than {MAX_COMMAND} characters")
+    try:
+        command.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refused("the command is not valid Unicode (a lone surrogate)") from None
+    return command
+
+
+def run_arguments(choice: Choice, variables: Mapping[str, str], command: str,
+                  shell_args: Sequence[str] = ()) -> list[str]:
+    """`sandlock run`'s arguments (after ``run``) that run ``command`` confined by
+    ``choice``: the policy options, ``--var``s, then ``-- /bin/sh -c -- COMMAND`` (the
+    second ``--``: a command that begins with ``-`` is the command, not shell options)."""
+    out = choice.options()
+    for name, value in variables.items():
+        out += ["--var", f"{name}={value}"]
+    return [*out, "--", SHELL, "-c", "--", checked_command(command), *shell_args]
+
+
+def sandlock_argv() -> list[str]:
+    """How the rewritten command starts sandlock: this same sandlock. The console
+    script by its absolute path when that is what runs; otherwise this interpreter with
+    ``-P`` (the working directory, which a tool may write, is not put on the import
+    path) and ``-m sandlock``."""
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if os.path.basename(script) == "sandlock" and os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-P", "-m", "sandlock"]
+
+
+def rewritten(choice: Choice, variables: Mapping[str, str], command: str,
+              prefix: Optional[Sequence[str]] = None) -> str:
+    """The one shell line that runs ``command`` confined: ``shlex.join``, nothing
+    joined by hand."""
+    head = list(sandlock_argv() if prefix is None else prefix)
+    return shlex.join([*head, "run", *run_arguments(choice, variables, command)])

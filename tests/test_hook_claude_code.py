@@ -1,0 +1,216 @@
+"""`sandlock hook claude-code` and `sandlock shell`: the command a model wrote runs,
+exactly, inside the sandbox, or not at all.
+
+Each attack is run as Claude Code would: documented hook JSON in, the answer's
+``updatedInput.command`` executed by bash. A planted secret outside the policy must
+not come out; the same command without the hook (or behind a hand-quoted wrapper)
+prints it, so the attack is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from sandlock.integrations import claude_code, shell_rules
+from tests.conftest import REPO
+
+SECRET = "top secret"
+
+
+def hook_input(command: Any, **extra: Any) -> bytes:
+    data = {"session_id": "s1", "transcript_path": "/dev/null", "cwd": os.getcwd(),
+            "permission_mode": "default", "hook_event_name": "PreToolUse", "tool_name": "Bash",
+            "tool_input": {"command": command, "description": "a command"}}
+    data.update(extra)
+    return json.dumps(data).encode()
+
+
+def hook(data: bytes, *options: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "sandlock", "hook", "claude-code", *options],
+                          input=data, capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def bash(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The Bash tool: the command line run by bash."""
+    return subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def rewritten(done: subprocess.CompletedProcess[bytes]) -> str:
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)["hookSpecificOutput"]
+    assert answer["hookEventName"] == "PreToolUse" and answer["permissionDecision"] == "allow"
+    assert answer["updatedInput"]["description"] == "a command"  # the rest kept
+    command = answer["updatedInput"]["command"]
+    assert isinstance(command, str)
+    return command
+
+
+def policy_options(workspace: Path) -> tuple[str, ...]:
+    return ("--policy", "shell", "--var", f"workspace={workspace}")
+
+
+#: (name, command): each reads the secret when it runs outside the sandbox (directly,
+#: or, for "quote", once it breaks out of a hand-quoted ``sh -c '...'``).
+ATTACKS = [
+    ("plain", "cat {s}"),
+    ("quote", "echo x'; cat {s}; echo '"),
+    ("substitution", 'echo "$(cat {s})"'),
+    ("backticks", "echo `cat {s}`"),
+    ("newline", "true\ncat {s}"),
+    ("background", "cat {s} &\nwait"),
+    ("option", "-i\ncat {s}"),
+]
+
+
+def naive(command: str) -> str:
+    """A wrapper joined by hand: the injection this hook must not be."""
+    return f"true -- /bin/sh -c '{command}'"
+
+
+@pytest.mark.parametrize(("name", "template"), ATTACKS, ids=[a[0] for a in ATTACKS])
+def test_attack_stays_inside(name: str, template: str, workspace: Path, outside: Path) -> None:
+    command = template.format(s=outside / "secret.txt") + "\necho INSIDE-$((6*7))"
+    line = rewritten(hook(hook_input(command), *policy_options(workspace)))
+    done = bash(line, workspace)
+    assert "INSIDE-42" in done.stdout, done.stderr  # the command ran, in the sandbox
+    assert SECRET not in done.stdout + done.stderr
+    # Control: outside the hook (or behind the hand-quoted wrapper) it reads the secret.
+    control = subprocess.run(["bash", "-c", "--", naive(command) if name == "quote" else command],
+                             capture_output=True, text=True, cwd=workspace, timeout=60)
+    assert SECRET in control.stdout
+
+
+@pytest.mark.parametrize(("name", "template"), ATTACKS, ids=[a[0] for a in ATTACKS])
+def test_shell_gets_exactly_the_command(name: str, template: str, tmp_path: Path) -> None:
+    """bash hands the wrapped shell exactly the model's text: the rewritten line run
+    with ``printf`` in sandlock's place prints its arguments one by one."""
+    command = template.format(s="/x y/'\"$HOME") + " \\ \t'\"`$(id)`\"'"
+    rules = shell_rules.Rules((), shell_rules.Choice(policy="shell"))
+    line = json.loads(claude_code.answer(hook_input(command), rules, {}, prefix=["printf", "%s\\0"])
+                      )["hookSpecificOutput"]["updatedInput"]["command"]
+    args = bash(line, tmp_path).stdout.split("\0")[:-1]
+    assert args == ["run", "--policy", "shell", "--", "/bin/sh", "-c", "--", command]
+
+
+@pytest.mark.parametrize("data", [
+    b"{", b"[]", b"null", b"\xff\xfe", b'{"hook_event_name": "PreToolUse"}',
+    hook_input("true", hook_event_name="PostToolUse"),
+    hook_input("true", tool_name="Write"),
+    hook_input(["cat", "/etc/passwd"]),
+    hook_input(""),
+    hook_input("true\0cat /x"),
+    hook_input("x" * (shell_rules.MAX_COMMAND + 1)),
+    json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_input": "true"}).encode(),
+    b"[" * 100000,
+], ids=["truncated", "array", "null", "not-utf8", "no-tool", "other-event", "other-tool",
+        "command-list", "empty", "nul", "huge-command", "input-not-object", "deep-nesting"])
+def test_malformed_input_is_blocked(data: bytes) -> None:
+    done = hook(data, "--policy", "shell")
+    assert done.returncode == claude_code.BLOCK, done
+    assert done.stdout == b""  # no answer Claude Code could take for an approval
+    assert done.stderr.startswith(b"sandlock: ") and b"Traceback" not in done.stderr
+
+
+def test_limits_have_controls() -> None:
+    """The longest command accepted passes; one more character is refused (above)."""
+    assert rewritten(hook(hook_input("x" * shell_rules.MAX_COMMAND), "--policy", "shell"))
+
+
+def test_huge_input_is_blocked() -> None:
+    done = hook(b" " * (claude_code.MAX_INPUT + 1) + hook_input("true"), "--policy", "shell")
+    assert done.returncode == claude_code.BLOCK and done.stdout == b""
+    assert rewritten(hook(b" " * 1000 + hook_input("true"), "--policy", "shell"))
+
+
+def _rules(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "rules.toml"
+    path.write_text(text)
+    return path
+
+
+def test_first_matching_rule_wins(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, """
+        [[rule]]
+        match = '^git( |$)'
+        policy = "git"
+        [[rule]]
+        match = 'git'
+        policy = "policies/other.toml"
+        """.replace("\n        ", "\n"))
+    git = rewritten(hook(hook_input("git status"), "--rules", str(rules)))
+    assert "--policy git --" in git
+    other = rewritten(hook(hook_input("echo git"), "--rules", str(rules), "--policy", "shell"))
+    assert f"--policy {tmp_path}/policies/other.toml --" in other
+    default = rewritten(hook(hook_input("ls"), "--rules", str(rules), "--policy", "shell"))
+    assert "--policy shell --" in default
+    refused = hook(hook_input("ls"), "--rules", str(rules))  # no rule, no default
+    assert refused.returncode == claude_code.BLOCK and refused.stdout == b""
+    assert b"no rule" in refused.stderr
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("[[rule]]\nmatch = '('\npolicy = 'shell'\n", b"rule[0].match"),
+    ("[[rule]]\nmatch = 'x'\n", b"rule[0]"),
+    ("[[rule]]\nmatch = 'x'\ntool = 'git'\n", b"--registry"),
+    ("[other]\n", b"other"),
+    ("not toml [", b"cannot read the rules"),
+])
+def test_bad_rules_block(tmp_path: Path, text: str, says: bytes) -> None:
+    done = hook(hook_input("true"), "--rules", str(_rules(tmp_path, text)), "--policy", "shell")
+    assert done.returncode == claude_code.BLOCK and done.stdout == b""
+    assert says in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_registry_tool(tmp_path: Path, workspace: Path, outside: Path) -> None:
+    registry = tmp_path / "tools"
+    registry.mkdir()
+    (registry / "sh.toml").write_text('version = 1\nextends = ["shell"]\n')
+    rules = _rules(tmp_path, "[default]\ntool = 'sh'\n")
+    line = rewritten(hook(hook_input(f"cat {outside}/secret.txt; echo INSIDE"), "--registry",
+                          str(registry), "--rules", str(rules), "--var", f"workspace={workspace}"))
+    done = bash(line, workspace)
+    assert "INSIDE" in done.stdout and SECRET not in done.stdout, done.stderr
+
+
+def _shell(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedProcess[str]:
+    """``-P``: the workspace, the working directory, is not on the import path."""
+    return subprocess.run([sys.executable, "-P", "-m", "sandlock", "shell", *args],
+                          capture_output=True, text=True, timeout=60, cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_shell_runs_command_confined(workspace: Path, outside: Path) -> None:
+    command = f"cat {outside}/secret.txt; echo INSIDE-$((6*7)) \"$0\" \"$1\""
+    done = _shell(*policy_options(workspace), "-c", command, "name", "arg", cwd=workspace)
+    assert "INSIDE-42 name arg" in done.stdout, done.stderr
+    assert SECRET not in done.stdout
+    assert SECRET in bash(command, workspace).stdout  # control: unconfined, it reads it
+
+
+@pytest.mark.parametrize("args", [(), ("-i",), ("-l", "-c", "true"), ("-c",), ("-lc", "true")])
+def test_shell_runs_nothing_else(args: tuple[str, ...], workspace: Path) -> None:
+    done = _shell(*policy_options(workspace), *args)
+    assert done.returncode == 125 and "only `sandlock shell" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["--help", "--policy=/", "--rules", "-c"])
+def test_shell_command_is_never_an_option(command: str, workspace: Path) -> None:
+    """What follows -c is the command, whatever it looks like: the confined shell gets
+    it (and, here, fails to find it), sandlock's options are not touched."""
+    done = _shell(*policy_options(workspace), "-c", f"{command}; echo INSIDE-$((6*7))",
+                  cwd=workspace)
+    assert "INSIDE-42" in done.stdout and "Usage" not in done.stdout, done.stderr
+
+
+def test_shell_without_policy_refuses(workspace: Path) -> None:
+    done = _shell("-c", "true")
+    assert done.returncode == 125 and "--policy" in done.stderr
