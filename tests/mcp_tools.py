@@ -1,0 +1,101 @@
+"""Shared by the MCP tests: the SDK requirement and a blocking MCP client.
+
+The client is the SDK's own (``mcp.ClientSession`` over ``stdio_client``), driven from
+synchronous tests through an anyio blocking portal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SERVER = Path(__file__).resolve().parent / "mcp_server.py"
+HOSTILE = Path(__file__).resolve().parent / "mcp_hostile.py"
+
+
+def require_mcp() -> None:
+    """Skip without the mcp SDK (fail when SANDLOCK_EXPECT_INTEGRATIONS=1, as in CI)."""
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        message = "the mcp SDK is not installed (pip install 'sandlock[mcp]')"
+        if os.environ.get("SANDLOCK_EXPECT_INTEGRATIONS") == "1":
+            pytest.fail(f"{message}, but SANDLOCK_EXPECT_INTEGRATIONS=1")
+        pytest.skip(message)
+
+
+def sandlock_argv(*args: str) -> list[str]:
+    """``sandlock ARGS`` from this checkout (``-P``: the working directory is no import path)."""
+    return [sys.executable, "-P", "-m", "sandlock", *args]
+
+
+def python_policy(*reads: str, isolation: str = "call") -> str:
+    """A policy for the test server: the interpreter, the mcp SDK, this directory, ``reads``."""
+    import mcp
+
+    site = os.path.dirname(os.path.dirname(mcp.__file__))
+    grants = [sys.prefix, site, str(SERVER.parent), *reads]
+    return (f'version = 1\nextends = ["python"]\n[filesystem]\nread = {grants!r}\n'
+            f'[mcp]\nisolation = "{isolation}"\n').replace("'", '"')
+
+
+class Client:
+    """One MCP session; every method blocks until the answer is there."""
+
+    def __init__(self, portal: Any, session: Any) -> None:
+        self.portal = portal
+        self.session = session
+
+    def tools(self) -> list[str]:
+        return [tool.name for tool in self.portal.call(self.session.list_tools).tools]
+
+    def call(self, name: str, arguments: Optional[dict[str, Any]] = None) -> Any:
+        """The tool's result (``is_error`` for a tool's failure); an MCP error raises."""
+        return self.portal.call(self.session.call_tool, name, arguments or {})
+
+    def at_once(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
+        """The results of ``calls`` sent together (each an exception or a result)."""
+        import anyio
+
+        async def all_of() -> list[Any]:
+            out: list[Any] = [None] * len(calls)
+
+            async def one(index: int, name: str, arguments: dict[str, Any]) -> None:
+                try:
+                    out[index] = await self.session.call_tool(name, arguments)
+                except Exception as exc:  # an MCP error
+                    out[index] = exc
+
+            async with anyio.create_task_group() as group:
+                for index, (name, arguments) in enumerate(calls):
+                    group.start_soon(one, index, name, arguments)
+            return out
+
+        result: list[Any] = self.portal.call(all_of)
+        return result
+
+
+def text(result: Any) -> str:
+    return "".join(getattr(block, "text", "") for block in result.content)
+
+
+@contextlib.contextmanager
+def session(argv: Sequence[str], *, cwd: str, errlog: Path,
+            env: Optional[dict[str, str]] = None) -> Iterator[Client]:
+    """An initialized MCP session with the stdio server ``argv`` (its stderr to ``errlog``)."""
+    from anyio.from_thread import start_blocking_portal
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    environment = {"PYTHONPATH": str(REPO), **(env or {})}
+    params = StdioServerParameters(command=argv[0], args=list(argv[1:]), cwd=cwd, env=environment)
+    with open(errlog, "w", encoding="utf-8") as log, start_blocking_portal() as portal:
+        with portal.wrap_async_context_manager(stdio_client(params, errlog=log)) as streams:
+            with portal.wrap_async_context_manager(ClientSession(*streams)) as client:
+                portal.call(client.initialize)
+                yield Client(portal, client)
