@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
 from mcp_tools import HOSTILE, SERVER, python_policy, require_mcp, sandlock_argv, session, text
 
 SECRET = "s3cret-do-not-leak"
@@ -35,7 +34,6 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for tool in ("crash", "slow", "flood", "garbage", "spoof", "echo"):
         (registry / f"{tool}.toml").write_text(python_policy())
     (registry / "pid.toml").write_text(python_policy(isolation="tool"))
-    os.system(f"chmod -R a+rX {root}")  # noqa: S605 - readable by an unprivileged test run
     return {"root": root, "ws": ws, "registry": registry, "secret": secret}
 
 
