@@ -99,3 +99,33 @@ def session(argv: Sequence[str], *, cwd: str, errlog: Path,
             with portal.wrap_async_context_manager(ClientSession(*streams)) as client:
                 portal.call(client.initialize)
                 yield Client(portal, client)
+
+
+NODE_FILESYSTEM = "@modelcontextprotocol/server-filesystem"
+
+
+def npm_package(package: str) -> Path:
+    """``package`` installed by npm into $XDG_CACHE_HOME/sandlock-tests/npm (once); its
+    directory. Skips without npm or its registry, unless SANDLOCK_EXPECT_INTEGRATIONS=1."""
+    import shutil
+    import subprocess
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sandlock-tests" / "npm"
+    where = cache / "node_modules" / package
+    if (where / "package.json").is_file():
+        return where
+    reason = None
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        reason = "node and npm are not installed (Debian: nodejs npm)"
+    else:
+        cache.mkdir(parents=True, exist_ok=True)
+        run = subprocess.run(["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund",
+                              "--loglevel=error", package],
+                             capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        if run.returncode != 0 or not (where / "package.json").is_file():
+            reason = f"npm could not install {package} into {cache}: {run.stderr.strip()[-300:]}"
+    if reason is not None:
+        if os.environ.get("SANDLOCK_EXPECT_INTEGRATIONS") == "1":
+            pytest.fail(f"{reason}, but SANDLOCK_EXPECT_INTEGRATIONS=1")
+        pytest.skip(reason)
+    return where

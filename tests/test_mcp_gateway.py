@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from mcp_tools import HOSTILE, SERVER, python_policy, require_mcp, sandlock_argv, session, text
+from mcp_tools import (
+    HOSTILE,
+    NODE_FILESYSTEM,
+    SERVER,
+    npm_package,
+    python_policy,
+    require_mcp,
+    sandlock_argv,
+    session,
+    text,
+)
 
 SECRET = "s3cret-do-not-leak"
 
@@ -128,3 +138,24 @@ def test_registry_without_a_listing_policy_is_refused(place: dict[str, Path], tm
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert run.returncode == 125, run
     assert "no 'listing' or 'default' entry" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_node_filesystem_server(place: dict[str, Path], tmp_path: Path) -> None:
+    """The npm reference server, asked to serve all of / : the policy, not its own check,
+    keeps it to the workspace. Positive control: the same server unconfined reads the secret."""
+    package = npm_package(NODE_FILESYSTEM)
+    (tmp_path / "default.toml").write_text(
+        f'version = 1\nextends = ["node"]\n[filesystem]\nread = ["{package.parent.parent}", '
+        '"${workspace}"]\n')
+    server = ["node", str(package / "dist" / "index.js"), "/"]
+    argv = sandlock_argv("mcp", "--registry", str(tmp_path), "--var", f"workspace={place['ws']}",
+                         "--", *server)
+    with session(argv, cwd=str(place["ws"]), errlog=tmp_path / "gateway.err") as client:
+        assert {"read_text_file", "list_directory"} <= set(client.tools())
+        read = client.call("read_text_file", {"path": str(place["ws"] / "data.txt")})
+        assert text(read) == "hello from the workspace\n"
+        secret = client.call("read_text_file", {"path": str(place["secret"])})
+        assert secret.is_error and SECRET not in text(secret)
+        assert "EACCES" in text(secret) or "permission denied" in text(secret).lower()
+    with session(server, cwd=str(place["ws"]), errlog=tmp_path / "plain.err") as client:
+        assert text(client.call("read_text_file", {"path": str(place["secret"])})).strip() == SECRET
