@@ -83,6 +83,8 @@ class Tools:
         """Run ``argv`` under ``tool``'s sandbox in the workspace: the result, stdout, stderr."""
         from ...api.sandbox import DEVNULL
 
+        # stdin: never the server's (the protocol stream; the SDK diverts fd 0 while it
+        # serves, and this does not depend on it).
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             result = self.boxes[tool].run(
                 list(argv), cwd=self.workspace, stdout=out, stderr=err,
