@@ -46,6 +46,8 @@ DEFAULT = "default"
 MAX_CALLS = 16
 #: A server's stderr line is shown up to this many characters.
 MAX_STDERR_LINE = 2000
+#: How long a new instance may take to answer ``initialize`` (a server's start-up).
+START_TIMEOUT = 120.0
 #: How long a stopped instance gets to exit after its stdin closes, before it is killed.
 STOP_GRACE = 0.5
 
@@ -105,21 +107,23 @@ class Instance:
         self._send(wire.request(id, method, params))
         return id, slot
 
-    def wait(self, slot: _Slot) -> dict[str, Any]:
-        slot.done.wait()
+    def wait(self, slot: _Slot, timeout: Optional[float] = None) -> dict[str, Any]:
+        if not slot.done.wait(timeout):
+            raise ServerFailed(f"did not answer within {timeout:g} s")
         if slot.response is None:
             raise ServerFailed(self.failed or "stopped")
         return slot.response
 
-    def request(self, method: str, params: Optional[dict[str, Any]]) -> dict[str, Any]:
-        return self.wait(self.start(method, params)[1])
+    def request(self, method: str, params: Optional[dict[str, Any]],
+                timeout: Optional[float] = None) -> dict[str, Any]:
+        return self.wait(self.start(method, params)[1], timeout)
 
     def notify(self, message: dict[str, Any]) -> None:
         self._send(message)
 
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         """The handshake: ``initialize`` then ``notifications/initialized``; its response."""
-        response = self.request("initialize", params)
+        response = self.request("initialize", params, START_TIMEOUT)
         if "error" in response:
             raise ServerFailed(f"refused to initialize: {printable(str(response['error']))[:200]}")
         self.notify(wire.notification("notifications/initialized"))
@@ -303,8 +307,9 @@ class Gateway:
     def _notification(self, message: dict[str, Any]) -> None:
         if message["method"] == "notifications/cancelled":
             params = message.get("params") or {}
+            request = params.get("requestId")
             with self._lock:
-                target = self._inflight.get(params.get("requestId"))  # type: ignore[arg-type]
+                target = self._inflight.get(request) if wire.valid_id(request) else None
             if target is not None:
                 instance, id = target
                 self._quietly(instance.notify, wire.notification(
@@ -335,10 +340,13 @@ class Gateway:
         self._init = params
         try:
             self._listing = self._instance(self.listing_entry, LISTING)
-            self.send(wire.answer(id, self._listing.request("initialize", params)))
+            self.send(wire.answer(id, self._listing.request("initialize", params, START_TIMEOUT)))
             self._listing.notify(wire.notification("notifications/initialized"))
         except (SandlockError, ServerFailed) as exc:
             self._init = None
+            if self._listing is not None:
+                self._listing.stop()
+                self._listing = None
             self.send(wire.error(id, wire.SERVER_FAILED, f"the server could not start: {exc}"))
 
     def _forward(self, id: wire.Id, method: str, params: Optional[dict[str, Any]]) -> None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
 
 #: The largest message either side may send (bytes of one line). A longer one ends the
 #: connection it came on: the rest of that line cannot be told from a next message.
@@ -68,7 +71,7 @@ def encode(message: dict[str, Any]) -> bytes:
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
-def valid_id(value: object) -> bool:
+def valid_id(value: object) -> TypeGuard[Id]:
     return isinstance(value, (int, str)) and not isinstance(value, bool)
 
 
