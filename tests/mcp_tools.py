@@ -17,6 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SERVER = Path(__file__).resolve().parent / "mcp_server.py"
 HOSTILE = Path(__file__).resolve().parent / "mcp_hostile.py"
+#: A call that gets no answer in this time fails the test (a hang is a failure, quickly).
+CALL_TIMEOUT = 90.0
 
 
 def require_mcp() -> None:
@@ -57,7 +59,8 @@ class Client:
 
     def call(self, name: str, arguments: Optional[dict[str, Any]] = None) -> Any:
         """The tool's result (``is_error`` for a tool's failure); an MCP error raises."""
-        return self.portal.call(self.session.call_tool, name, arguments or {})
+        return self.portal.call(lambda: self.session.call_tool(
+            name, arguments or {}, read_timeout_seconds=CALL_TIMEOUT))
 
     def at_once(self, calls: Sequence[tuple[str, dict[str, Any]]]) -> list[Any]:
         """The results of ``calls`` sent together (each an exception or a result)."""
@@ -68,7 +71,8 @@ class Client:
 
             async def one(index: int, name: str, arguments: dict[str, Any]) -> None:
                 try:
-                    out[index] = await self.session.call_tool(name, arguments)
+                    out[index] = await self.session.call_tool(
+                        name, arguments, read_timeout_seconds=CALL_TIMEOUT)
                 except Exception as exc:  # an MCP error
                     out[index] = exc
 
