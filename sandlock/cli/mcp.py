@@ -70,6 +70,9 @@ def serve(workspace: str, hosts: tuple[str, ...]) -> None:
         server = build(workspace, hosts)
     except SandlockError as exc:
         raise _fail(exc) from None
+    except ImportError as exc:  # no mcp SDK, or a 1.x one (no mcp.server.mcpserver)
+        raise _fail(SandlockError(f"`sandlock mcp serve` needs the mcp SDK 2.x "
+                                  f"(pip install 'sandlock[mcp]'): {exc}")) from None
     server.run()
 
 

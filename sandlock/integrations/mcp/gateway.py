@@ -75,6 +75,7 @@ class Instance:
         self.process: Process = box.popen(list(argv), stdin=PIPE, stdout=PIPE, stderr=PIPE)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._waiting: dict[int, _Slot] = {}
         self.failed: Optional[str] = None
         self._threads = [threading.Thread(target=self._read, daemon=True),
@@ -86,7 +87,7 @@ class Instance:
 
     def _send(self, message: dict[str, Any]) -> None:
         data = wire.encode(message)
-        with self._lock:
+        with self._write_lock:  # not the state's lock: the reader must go on while this blocks
             stdin = self.process.stdin
             if stdin is None or stdin.closed:
                 raise ServerFailed(self.failed or "was stopped")
@@ -210,13 +211,18 @@ class Instance:
     def stop(self) -> None:
         """Close its stdin (MCP's stdio shutdown), then kill its tree if it is still there.
         (Only the reader thread waits for the process: one waiter on its supervisor.)"""
-        with self._lock:
-            stdin = self.process.stdin
-            if stdin is not None and not stdin.closed:
-                try:
-                    stdin.close()
-                except OSError:
-                    pass
+        if self._write_lock.acquire(timeout=STOP_GRACE):
+            try:
+                stdin = self.process.stdin
+                if stdin is not None and not stdin.closed:
+                    try:
+                        stdin.close()
+                    except OSError:
+                        pass
+            finally:
+                self._write_lock.release()
+        else:  # a write is stuck on a server that does not read: kill it to end the write
+            self.process.kill()
         self._threads[0].join(timeout=STOP_GRACE)
         if self._threads[0].is_alive():
             self.process.kill()
