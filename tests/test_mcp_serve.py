@@ -19,7 +19,8 @@ SECRET = "s3cret-of-the-user"
 
 class _Hello(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = f"hello from port {self.server.server_address[1]}".encode()
+        port = self.connection.getsockname()[1]
+        body = f"hello from port {port}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

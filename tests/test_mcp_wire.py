@@ -19,7 +19,12 @@ pytestmark = pytest.mark.any_user
 
 def _lines(data: bytes, limit: int) -> list[bytes]:
     read, write = os.pipe()
-    writer = threading.Thread(target=lambda: (os.write(write, data), os.close(write)))
+
+    def feed() -> None:
+        os.write(write, data)
+        os.close(write)
+
+    writer = threading.Thread(target=feed)
     writer.start()
     try:
         return list(wire.lines(read, limit))
