@@ -319,7 +319,7 @@ def test_validate_reports_every_schema_error_of_a_file(tmp_path: Path) -> None:
     assert (result.exit_code, result.stdout) == (125, "")
     assert result.stderr.splitlines() == [
         f"sandlock: {bad}:2: colour: unknown key (expected one of: version, description, extends, "
-        "compat, accept, filesystem, network, scope, env, limits, syscalls, credentials)",
+        "compat, accept, filesystem, network, scope, env, limits, syscalls, credentials, mcp)",
         f"sandlock: {bad}:4: network.connect[0]: invalid port range 0: ports are 1-65535, "
         "low <= high",
         f"sandlock: {bad}:6: env.pass[0]: invalid variable name or glob 'BAD-NAME'"]

@@ -60,7 +60,7 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
     """)
     assert str(error) == where(tmp_path, 2, "descripton") + (
         "unknown key (expected one of: version, description, extends, compat, accept, "
-        "filesystem, network, scope, env, limits, syscalls, credentials)")
+        "filesystem, network, scope, env, limits, syscalls, credentials, mcp)")
     assert (error.line, error.key, error.reason.startswith("unknown key")) == (2, "descripton", True)
 
 

@@ -413,6 +413,9 @@ def probe(policy: str, variables: Sequence[str], as_json: bool, executor: str) -
 from .trace import register as _register_recording  # noqa: E402 - after the group exists
 
 _register_recording(cli)  # `trace` and `learn`
+from .mcp import register as _register_mcp  # noqa: E402
+
+_register_mcp(cli)  # `mcp`: the MCP gateway and the ready server
 
 
 from .hook import register as _register_hooks  # noqa: E402 - after the group exists

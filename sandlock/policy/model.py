@@ -181,6 +181,8 @@ class Policy:
     #: The optional paths skipped because they did not exist when loaded (the compiled-policy
     #: cache re-checks them on a hit, without loading the policy a second time).
     absent: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    #: ``[mcp] isolation``: read only by the MCP gateway (:data:`MCP_ISOLATION`).
+    mcp_isolation: str = "call"
 
     def with_compat(self, compat: Compat) -> Policy:
         from dataclasses import replace
@@ -435,6 +437,18 @@ def _compat(value: object) -> Compat:
         raise _Bad(f'expected "strict" or "best-effort", got {text!r}') from None
 
 
+#: How the MCP gateway (``sandlock mcp``) runs a tool's server: a fresh confined
+#: instance per call, or one per tool kept warm (sandlock/integrations/mcp/gateway.py).
+MCP_ISOLATION = ("call", "tool")
+
+
+def _isolation(value: object) -> str:
+    text = _string(value)
+    if text not in MCP_ISOLATION:
+        raise _Bad(f'expected "call" or "tool", got {text!r}')
+    return text
+
+
 def _version(value: object) -> int:
     if _expect(value, int, "an integer") != 1:
         raise _Bad(f"unsupported policy version {value!r} (this sandlock reads version 1)")
@@ -536,6 +550,7 @@ SCHEMA: dict[str, Validator | dict[str, Validator]] = {
     },
     "syscalls": {"deny": _syscall_names, "allow": _syscall_names},
     "credentials": _credentials,
+    "mcp": {"isolation": _isolation},
 }
 
 
@@ -885,6 +900,7 @@ def _merge(layers: list[_Layer], variables: Mapping[str, str], check_paths: bool
         credentials=_merge_credentials(layers, merged.get("credentials", ()), variables),
         inputs=tuple((layer.source, layer.text) for layer in layers if layer.text is not None),
         absent=_union(absent),
+        mcp_isolation=get("mcp.isolation", "call"),
     )
 
 

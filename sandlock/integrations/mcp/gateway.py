@@ -1,0 +1,448 @@
+"""``sandlock mcp``: put any stdio MCP server behind sandlock, one policy per tool.
+
+The gateway is the agent's side: it runs unconfined, speaks MCP to the client on its own
+stdin/stdout, and starts the server only inside sandboxes, every time:
+
+* the handshake (``initialize``) and everything that is not a tool call (``tools/list``,
+  resources, prompts, ``ping``) go to one confined *listing* instance, under the registry's
+  ``listing`` entry, or ``default`` when there is none;
+* ``tools/call`` of tool NAME runs under the registry entry ``NAME`` (``NAME.toml`` or
+  ``[tools.NAME]``), else ``default``; a tool with neither is refused with an MCP error
+  naming it, never run under some other policy;
+* the entry's ``[mcp] isolation`` chooses how: ``"call"`` (the default) starts a fresh
+  confined instance for the call (initialize it, call, stop it), so no call sees another's
+  state and concurrent calls never share one; ``"tool"`` keeps one instance per entry warm
+  and sends it every call of the tools under it (ids remapped); one that exits is replaced
+  at the next call, and it lives at most its policy's ``limits.timeout``.
+
+Everything a server writes is hostile input (:mod:`.wire`): each message is bounded, parsed
+as JSON and classified by shape; a server that writes anything else on stdout is stopped
+and the calls waiting on it get an error. Its stderr reaches the gateway's stderr one
+escaped line at a time. Messages are relayed as the same JSON values, re-encoded, with the
+server-side ids replaced by the client's; requests from a server to the client (sampling,
+roots, elicitation) are answered "method not found" and not relayed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from ...errors import SandlockError
+from ...trace.emit import printable
+from . import wire
+
+if TYPE_CHECKING:
+    from ...api.registry import Registry
+    from ...api.sandbox import Process, Sandbox
+
+#: The registry entries with a meaning of their own (see the module's docstring).
+LISTING = "listing"
+DEFAULT = "default"
+#: Tool calls running at once; later ones wait for a slot.
+MAX_CALLS = 16
+#: A server's stderr line is shown up to this many characters.
+MAX_STDERR_LINE = 2000
+#: How long a new instance may take to answer ``initialize`` (a server's start-up).
+START_TIMEOUT = 120.0
+#: How long a stopped instance gets to exit after its stdin closes, before it is killed.
+STOP_GRACE = 0.5
+
+
+class ServerFailed(Exception):
+    """The instance cannot answer (it exited, or broke the protocol): the reason."""
+
+
+class _Slot:
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.response: Optional[dict[str, Any]] = None
+
+
+class Instance:
+    """One confined server process and the requests waiting on it."""
+
+    def __init__(self, box: Sandbox, argv: Sequence[str], label: str,
+                 notify_client: Callable[[dict[str, Any]], None], stderr: IO[str]) -> None:
+        from ...api.sandbox import PIPE
+
+        self.label = label
+        self._notify_client = notify_client
+        self._stderr = stderr
+        self.process: Process = box.popen(list(argv), stdin=PIPE, stdout=PIPE, stderr=PIPE)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._waiting: dict[int, _Slot] = {}
+        self.failed: Optional[str] = None
+        self._threads = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._relay_stderr, daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    # -- to the server
+
+    def _send(self, message: dict[str, Any]) -> None:
+        data = wire.encode(message)
+        with self._write_lock:  # not the state's lock: the reader must go on while this blocks
+            stdin = self.process.stdin
+            if stdin is None or stdin.closed:
+                raise ServerFailed(self.failed or "was stopped")
+            try:
+                stdin.write(data)
+                stdin.flush()
+            except (OSError, ValueError):
+                raise ServerFailed(self.failed or "stopped reading its input") from None
+
+    def start(self, method: str, params: Optional[dict[str, Any]]) -> tuple[int, _Slot]:
+        """Send a request; its id on this instance, and the slot its response arrives in."""
+        slot = _Slot()
+        with self._lock:
+            if self.failed is not None:
+                raise ServerFailed(self.failed)
+            id = next(self._ids)
+            self._waiting[id] = slot
+        self._send(wire.request(id, method, params))
+        return id, slot
+
+    def wait(self, slot: _Slot, timeout: Optional[float] = None) -> dict[str, Any]:
+        if not slot.done.wait(timeout):
+            raise ServerFailed(f"did not answer within {timeout:g} s")
+        if slot.response is None:
+            raise ServerFailed(self.failed or "stopped")
+        return slot.response
+
+    def request(self, method: str, params: Optional[dict[str, Any]],
+                timeout: Optional[float] = None) -> dict[str, Any]:
+        return self.wait(self.start(method, params)[1], timeout)
+
+    def notify(self, message: dict[str, Any]) -> None:
+        self._send(message)
+
+    def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The handshake: ``initialize`` then ``notifications/initialized``; its response."""
+        response = self.request("initialize", params, START_TIMEOUT)
+        if "error" in response:
+            raise ServerFailed(f"refused to initialize: {printable(str(response['error']))[:200]}")
+        self.notify(wire.notification("notifications/initialized"))
+        return response
+
+    # -- from the server
+
+    def _read(self) -> None:
+        stdout = self.process.stdout
+        assert stdout is not None
+        reason = None
+        try:
+            for line in wire.lines(stdout.fileno()):
+                try:
+                    message = wire.decode(line)
+                except ValueError:
+                    reason = "wrote a line that is not JSON on its stdout"
+                    break
+                kind = wire.kind(message)
+                if kind == "response":
+                    with self._lock:
+                        slot = self._waiting.pop(message["id"], None)
+                    if slot is not None:  # an id the gateway never sent: dropped
+                        slot.response = message
+                        slot.done.set()
+                elif kind == "notification":
+                    self._notify_client(message)
+                elif kind == "request":
+                    self._send(wire.error(message["id"], wire.METHOD_NOT_FOUND,
+                                          "the sandlock gateway relays no requests from a server"))
+                else:
+                    reason = "wrote a message that is not JSON-RPC on its stdout"
+                    break
+        except wire.TooLarge as exc:
+            reason = f"wrote {exc}"
+        except (OSError, ServerFailed):
+            pass
+        self._fail(reason)
+
+    def _fail(self, reason: Optional[str]) -> None:
+        if reason is not None:
+            self.process.kill()
+        try:
+            status = self.process.wait(timeout=5)
+        except SandlockError:
+            self.process.kill()
+            status = self.process.wait()
+        with self._lock:
+            if self.failed is None:
+                self.failed = reason or f"exited (status {status})"
+            waiting, self._waiting = self._waiting, {}
+        for slot in waiting.values():
+            slot.done.set()
+
+    def _relay_stderr(self) -> None:
+        stderr = self.process.stderr
+        assert stderr is not None
+        pending = b""
+        fd = stderr.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            *done, pending = (pending + chunk).split(b"\n")
+            pending = pending[-MAX_STDERR_LINE * 4:]  # a line never ending is cut, not kept
+            for line in done:
+                self._say(line)
+        if pending:
+            self._say(pending)
+
+    def _say(self, line: bytes) -> None:
+        text = printable(line.decode("utf-8", "replace")[:MAX_STDERR_LINE])
+        try:
+            self._stderr.write(f"sandlock mcp: [{printable(self.label)}] {text}\n")
+            self._stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+    # -- the end
+
+    def stop(self) -> None:
+        """Close its stdin (MCP's stdio shutdown), then kill its tree if it is still there.
+        (Only the reader thread waits for the process: one waiter on its supervisor.)"""
+        if self._write_lock.acquire(timeout=STOP_GRACE):
+            try:
+                stdin = self.process.stdin
+                if stdin is not None and not stdin.closed:
+                    try:
+                        stdin.close()
+                    except OSError:
+                        pass
+            finally:
+                self._write_lock.release()
+        else:  # a write is stuck on a server that does not read: kill it to end the write
+            self.process.kill()
+        self._threads[0].join(timeout=STOP_GRACE)
+        if self._threads[0].is_alive():
+            self.process.kill()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+
+class Gateway:
+    """The client's server: reads the client's messages, answers them from confined instances."""
+
+    def __init__(self, registry: Registry, argv: Sequence[str], *,
+                 variables: Optional[dict[str, str]] = None,
+                 stdout: Optional[IO[bytes]] = None, stderr: Optional[IO[str]] = None) -> None:
+        self.registry = registry
+        self.argv = tuple(argv)
+        self.variables = dict(variables or {})
+        self._out = stdout if stdout is not None else sys.stdout.buffer
+        self._err = stderr if stderr is not None else sys.stderr
+        self._out_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._warm_lock = threading.Lock()
+        self._calls = threading.BoundedSemaphore(MAX_CALLS)
+        self._init: Optional[dict[str, Any]] = None
+        self._listing: Optional[Instance] = None
+        self._warm: dict[str, Instance] = {}
+        #: client id -> (instance, its id there) of a request in flight (for cancellation)
+        self._inflight: dict[wire.Id, tuple[Instance, int]] = {}
+        self._workers: list[threading.Thread] = []
+        self.listing_entry = LISTING if LISTING in registry else DEFAULT
+        if self.listing_entry not in registry:
+            raise SandlockError(
+                f"{registry.source}: no {LISTING!r} or {DEFAULT!r} entry: the handshake and "
+                "tools/list need a policy to run the server under")
+        self.registry.sandbox(self.listing_entry, self.variables)  # policy errors now, not later
+
+    # -- the client
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = wire.encode(message)
+        with self._out_lock:
+            try:
+                self._out.write(data)
+                self._out.flush()
+            except (OSError, ValueError):
+                pass  # the client is gone; the input loop ends on its end of file
+
+    def serve(self, fd: int = 0) -> None:
+        """Answer the client on ``fd`` until it closes it; then stop every instance."""
+        try:
+            for line in wire.lines(fd):
+                self._dispatch(line)
+        except wire.TooLarge as exc:
+            self._say(f"the client {exc}; closing")
+        finally:
+            self.close()
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            message = wire.decode(line)
+        except ValueError:
+            self.send(wire.error(None, wire.PARSE_ERROR, "not JSON"))
+            return
+        kind = wire.kind(message)
+        if kind == "request":
+            self._request(message)
+        elif kind == "notification":
+            self._notification(message)
+        elif kind == "invalid":
+            id = message.get("id") if isinstance(message, dict) else None
+            self.send(wire.error(id if wire.valid_id(id) else None, wire.INVALID_REQUEST,
+                                 "not a JSON-RPC 2.0 message (batches are not part of MCP)"))
+        # a response: to a server's request, which the gateway never relays
+
+    def _request(self, message: dict[str, Any]) -> None:
+        id, method = message["id"], message["method"]
+        params = message.get("params")
+        if method == "initialize":
+            self._initialize(id, params or {})
+            return
+        if self._listing is None:
+            self.send(wire.error(id, wire.INVALID_REQUEST, "initialize first"))
+            return
+        target = self._call if method == "tools/call" else self._forward
+        worker = threading.Thread(target=target, args=(id, method, params), daemon=True)
+        self._workers = [w for w in self._workers if w.is_alive()] + [worker]
+        worker.start()
+
+    def _notification(self, message: dict[str, Any]) -> None:
+        if message["method"] == "notifications/cancelled":
+            params = message.get("params") or {}
+            request = params.get("requestId")
+            with self._lock:
+                target = self._inflight.get(request) if wire.valid_id(request) else None
+            if target is not None:
+                instance, id = target
+                self._quietly(instance.notify, wire.notification(
+                    "notifications/cancelled", {**params, "requestId": id}))
+            return
+        if message["method"] == "notifications/initialized":
+            return  # each instance gets its own from the gateway's handshake
+        if self._listing is not None:
+            self._quietly(self._listing.notify, message)
+
+    @staticmethod
+    def _quietly(send: Callable[[dict[str, Any]], None], message: dict[str, Any]) -> None:
+        try:
+            send(message)
+        except ServerFailed:
+            pass
+
+    # -- instances
+
+    def _instance(self, entry: str, label: str) -> Instance:
+        box = self.registry.sandbox(entry, self.variables)
+        return Instance(box, self.argv, label, self.send, self._err)
+
+    def _initialize(self, id: wire.Id, params: dict[str, Any]) -> None:
+        if self._init is not None:
+            self.send(wire.error(id, wire.INVALID_REQUEST, "already initialized"))
+            return
+        self._init = params
+        try:
+            self._listing = self._instance(self.listing_entry, LISTING)
+            self.send(wire.answer(id, self._listing.request("initialize", params, START_TIMEOUT)))
+            self._listing.notify(wire.notification("notifications/initialized"))
+        except (SandlockError, ServerFailed) as exc:
+            self._init = None
+            if self._listing is not None:
+                self._listing.stop()
+                self._listing = None
+            self.send(wire.error(id, wire.SERVER_FAILED, f"the server could not start: {exc}"))
+
+    def _forward(self, id: wire.Id, method: str, params: Optional[dict[str, Any]]) -> None:
+        assert self._listing is not None
+        self._relay(self._listing, id, method, params, "the server")
+
+    def _relay(self, instance: Instance, id: wire.Id, method: str,
+               params: Optional[dict[str, Any]], who: str) -> None:
+        try:
+            mine, slot = instance.start(method, params)
+            with self._lock:
+                self._inflight[id] = (instance, mine)
+            try:
+                self.send(wire.answer(id, instance.wait(slot)))
+            finally:
+                with self._lock:
+                    self._inflight.pop(id, None)
+        except ServerFailed as exc:
+            self.send(wire.error(id, wire.SERVER_FAILED, f"{who} {exc}"))
+
+    def entry(self, tool: str) -> Optional[str]:
+        """The registry entry a call of ``tool`` runs under, or None: refused."""
+        if tool in self.registry and tool != LISTING:
+            return tool
+        return DEFAULT if DEFAULT in self.registry else None
+
+    def _call(self, id: wire.Id, method: str, params: Optional[dict[str, Any]]) -> None:
+        name = (params or {}).get("name")
+        if not isinstance(name, str):
+            self.send(wire.error(id, wire.INVALID_PARAMS, "tools/call needs a tool name"))
+            return
+        entry = self.entry(name)
+        if entry is None:
+            self.send(wire.error(id, wire.TOOL_REFUSED,
+                                 f"tool {name!r} has no policy in the sandlock registry "
+                                 f"(no [tools.{name}], no default): refused"))
+            return
+        who = f"the server of tool {name!r}"
+        with self._calls:
+            try:
+                isolation = self.registry.sandbox(entry, self.variables).policy.mcp_isolation
+                instance = self._warm_instance(entry) if isolation == "tool" else None
+                fresh = instance is None
+                if instance is None:
+                    instance = self._instance(entry, name)
+            except (SandlockError, ServerFailed) as exc:
+                self.send(wire.error(id, wire.SERVER_FAILED, f"{who} could not start: {exc}"))
+                return
+            try:
+                if fresh:
+                    assert self._init is not None
+                    instance.initialize(self._init)
+                self._relay(instance, id, method, params, who)
+            except ServerFailed as exc:
+                self.send(wire.error(id, wire.SERVER_FAILED, f"{who} {exc}"))
+            finally:
+                if fresh:
+                    instance.stop()
+
+    def _warm_instance(self, entry: str) -> Instance:
+        with self._warm_lock:
+            instance = self._warm.get(entry)
+            if instance is not None and instance.failed is None:
+                return instance
+            if instance is not None:
+                instance.stop()
+            instance = self._instance(entry, f"{entry} (warm)")
+            try:
+                assert self._init is not None
+                instance.initialize(self._init)
+            except ServerFailed:
+                instance.stop()
+                raise
+            self._warm[entry] = instance
+            return instance
+
+    def _say(self, text: str) -> None:
+        try:
+            self._err.write(f"sandlock mcp: {printable(text)}\n")
+            self._err.flush()
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.join(timeout=1)
+        with self._warm_lock:
+            instances = list(self._warm.values())
+            self._warm.clear()
+        if self._listing is not None:
+            instances.append(self._listing)
+        for instance in instances:
+            instance.stop()

@@ -1,0 +1,124 @@
+"""MCP's stdio transport as the gateway reads it: one JSON-RPC message per line.
+
+Both sides' bytes are untrusted here (a confined server's most of all): a line is read
+with a hard size limit, decoded with :func:`json.loads` only (never evaluated), and a
+message is classified by its shape before anything looks inside it. See
+https://modelcontextprotocol.io/specification/2025-11-25/basic/transports#stdio
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
+
+#: The largest message either side may send (bytes of one line). A longer one ends the
+#: connection it came on: the rest of that line cannot be told from a next message.
+MAX_MESSAGE = 16 * 1024 * 1024
+
+#: JSON-RPC error codes (https://www.jsonrpc.org/specification#error_object).
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+#: The implementation-defined range: the gateway's own refusals and failures.
+TOOL_REFUSED = -32001
+SERVER_FAILED = -32002
+
+Id = Union[int, str]
+
+
+class TooLarge(Exception):
+    """A line longer than :data:`MAX_MESSAGE`."""
+
+
+def lines(fd: int, limit: int = MAX_MESSAGE) -> Iterator[bytes]:
+    """The lines read from ``fd`` (without the newline), each at most ``limit`` bytes,
+    until end of file. A longer line raises :class:`TooLarge` (nothing more is read)."""
+    pending = bytearray()
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries
+            continue
+        if not chunk:
+            if pending.strip():
+                yield bytes(pending)
+            return
+        pending += chunk
+        while True:
+            end = pending.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(pending[:end])
+            del pending[:end + 1]
+            if line.strip():
+                yield line
+        if len(pending) > limit:
+            raise TooLarge(f"a message longer than {limit} bytes")
+
+
+def decode(line: bytes) -> Any:
+    """The JSON value of one line (``ValueError`` if it is not JSON)."""
+    return json.loads(line)
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One message as a line (JSON escapes every newline inside it)."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def valid_id(value: object) -> TypeGuard[Id]:
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
+def kind(message: object) -> str:
+    """``request``, ``notification``, ``response`` or ``invalid``, by shape alone."""
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return "invalid"
+    method = message.get("method")
+    if method is not None:
+        if not isinstance(method, str) or not isinstance(message.get("params", {}), dict):
+            return "invalid"
+        if "id" not in message:
+            return "notification"
+        return "request" if valid_id(message["id"]) else "invalid"
+    if valid_id(message.get("id")) and (("result" in message) != ("error" in message)):
+        if "error" in message and not _error_object(message["error"]):
+            return "invalid"
+        return "response"
+    return "invalid"
+
+
+def _error_object(error: object) -> bool:
+    return (isinstance(error, dict) and isinstance(error.get("code"), int)
+            and not isinstance(error.get("code"), bool) and isinstance(error.get("message"), str))
+
+
+def request(id: Id, method: str, params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "id": id, "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+def notification(method: str, params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        message["params"] = params
+    return message
+
+
+def error(id: Optional[Id], code: int, text: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": text}}
+
+
+def answer(id: Id, response: dict[str, Any]) -> dict[str, Any]:
+    """``response`` (a checked :func:`kind` ``response``) under the client's ``id``; only
+    its ``result`` or ``error`` is kept, nothing else the server added at the top level."""
+    if "error" in response:
+        return {"jsonrpc": "2.0", "id": id, "error": response["error"]}
+    return {"jsonrpc": "2.0", "id": id, "result": response["result"]}
