@@ -41,10 +41,11 @@ def sandboxed_tool(tool: Union[BaseTool, Callable[..., Any]], *,
     ``venv`` profile). Its result comes back as plain data (``Sandbox.call``).
     """
     original = tool if isinstance(tool, BaseTool) else make_tool(tool)
-    if not isinstance(original, StructuredTool) or original.func is None:
+    function = (original.func or original.coroutine) if isinstance(original, StructuredTool) else None
+    if function is None:
         raise TypeError(f"{original.name}: only a function or a StructuredTool with a function "
                         f"(.func) can be confined, not a {type(original).__name__}")
-    target = confined_target(original.func, original.name)
+    target = confined_target(function, original.name)  # refuses a coroutine function
     box = sandbox_for(name or original.name, policy=policy, registry=registry,
                       sandbox=sandbox, vars=vars)
 
