@@ -33,7 +33,9 @@ def main() -> int:
     secret = os.path.join(tempfile.mkdtemp(), "api-key")  # outside the workspace
     with open(secret, "w", encoding="utf-8") as file:
         file.write("sk-not-for-tools\n")
-    backend = SandlockBackend(workspace)  # the built-in "shell" policy, workspace filled in
+    # The built-in "shell" policy with the workspace filled in; deepagents' file tools run
+    # python3 from PATH, so name the system's (which the policy grants), not a venv's.
+    backend = SandlockBackend(workspace, env={"PATH": "/usr/bin:/bin"})
 
     def call(tool: str, args: dict[str, object], ident: str) -> AIMessage:
         return AIMessage("", tool_calls=[{"name": tool, "args": args, "id": ident}])

@@ -27,6 +27,9 @@ import sandlock
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 SECRET = "sk-planted-secret"
+#: deepagents' file tools run python3 from PATH: the system's, which the shell profile
+#: grants (the test runner's PATH may name a venv's first)
+SYSTEM_PATH = {"PATH": "/usr/bin:/bin"}
 
 
 def need(module: str) -> ModuleType:
@@ -191,7 +194,7 @@ def test_deepagents_backend_confines_commands_and_files(places: dict[str, str]) 
     need("deepagents")
     from sandlock.integrations.deepagents import SandlockBackend
 
-    backend = SandlockBackend(places["workspace"])  # the shell profile
+    backend = SandlockBackend(places["workspace"], env=SYSTEM_PATH)  # the shell profile
     written = Path(places["workspace"], "sub", "out.txt")
     assert backend.write(str(written), "made in the sandbox\n").error is None
     assert written.read_text() == "made in the sandbox\n"
@@ -207,7 +210,7 @@ def test_deepagents_backend_confines_commands_and_files(places: dict[str, str]) 
     [up] = backend.upload_files([(os.path.join(places["vault"], "planted"), b"x")])
     assert up.error == "permission_denied" and not Path(places["vault"], "planted").exists()
     # positive control: the same backend under a policy that grants the vault
-    open_vault = SandlockBackend(places["workspace"], policy={
+    open_vault = SandlockBackend(places["workspace"], env=SYSTEM_PATH, policy={
         "extends": ["shell"], "filesystem": {"read": [places["vault"]]}})
     assert open_vault.execute(f"cat {places['secret']}").output == SECRET
     assert open_vault.download_files([places["secret"]])[0].content == SECRET.encode()
@@ -217,7 +220,7 @@ def test_deepagents_backend_reports_timeouts_and_refusals(places: dict[str, str]
     need("deepagents")
     from sandlock.integrations.deepagents import SandlockBackend
 
-    backend = SandlockBackend(places["workspace"], timeout=0.5)
+    backend = SandlockBackend(places["workspace"], env=SYSTEM_PATH, timeout=0.5)
     run = backend.execute("sleep 5")
     assert run.exit_code == 124 and "timed out after 0.5 s" in run.output
     assert backend.execute("").exit_code == 1

@@ -47,19 +47,24 @@ class SandlockBackend(BaseSandbox):
 
     One of ``policy`` (default ``"shell"``, filled with ``workspace`` and ``vars``),
     ``registry`` (its policy ``name``, default ``"shell"``) or ``sandbox``. Commands
-    start in ``workspace``.
+    start in ``workspace``, with the policy's environment and ``env`` (as
+    ``Sandbox.run``'s ``env=``). deepagents' file tools run ``python3`` from ``PATH``:
+    it must name an interpreter the policy grants (a venv's needs the venv profile;
+    ``env={"PATH": "/usr/bin:/bin"}`` picks the system's).
     """
 
     def __init__(self, workspace: str, *, policy: Optional[PolicyLike] = None,
                  registry: Optional[Registry] = None, sandbox: Optional[Sandbox] = None,
                  vars: Optional[Mapping[str, str]] = None, name: str = "shell",
-                 timeout: float = DEFAULT_TIMEOUT, max_output: int = MAX_OUTPUT) -> None:
+                 env: Optional[Mapping[str, str]] = None, timeout: float = DEFAULT_TIMEOUT,
+                 max_output: int = MAX_OUTPUT) -> None:
         self.workspace = os.path.abspath(workspace)
         if policy is None and registry is None and sandbox is None:
             policy = "shell"
         filled = None if sandbox is not None else {"workspace": self.workspace, **(vars or {})}
         self.sandbox = sandbox_for(name, policy=policy, registry=registry, sandbox=sandbox,
                                    vars=filled)
+        self.env = dict(env or {})
         self.timeout = timeout
         self.max_output = max_output
         self._id = f"sandlock-{uuid.uuid4().hex[:12]}"
@@ -78,7 +83,7 @@ class SandlockBackend(BaseSandbox):
                                    exit_code=1)
         limit = timeout if timeout else self.timeout
         result = self.sandbox.run(["/bin/sh", "-c", command], cwd=self.workspace,
-                                  stdout=PIPE, stderr=STDOUT, timeout=limit)
+                                  stdout=PIPE, stderr=STDOUT, timeout=limit, env=self.env)
         output = (result.stdout or b"").decode("utf-8", errors="replace")
         if result.outcome is Outcome.TIMED_OUT:
             output += f"\n[sandlock: timed out after {limit} s; the command's processes were killed]"
