@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import framework_tools
 import pytest
@@ -36,8 +36,9 @@ def need(module: str) -> ModuleType:
     """``module``, or skip (fail where SANDLOCK_EXPECT_INTEGRATIONS=1)."""
     if os.environ.get("SANDLOCK_EXPECT_INTEGRATIONS") == "1":
         return importlib.import_module(module)
-    return pytest.importorskip(module, reason=f"{module} is not installed (the 'langchain' "
-                               "or 'agents' extra); CI sets SANDLOCK_EXPECT_INTEGRATIONS=1")
+    return cast(ModuleType, pytest.importorskip(module, reason=f"{module} is not installed (the "
+                                                "'langchain' or 'agents' extra); CI sets "
+                                                "SANDLOCK_EXPECT_INTEGRATIONS=1"))
 
 
 @pytest.fixture
@@ -90,13 +91,14 @@ def test_wrapping_refuses_what_could_not_run_confined() -> None:
 def test_langchain_tool_keeps_its_interface() -> None:
     need("langchain_core")
     from langchain_core.tools import tool
+    from langchain_core.utils.function_calling import convert_to_openai_tool
 
     from sandlock.integrations.langchain import sandboxed_tool
 
     plain = tool(framework_tools.read_text)
     wrapped = sandboxed_tool(framework_tools.read_text, policy=policy())
     assert (wrapped.name, wrapped.description) == (plain.name, plain.description)
-    assert wrapped.tool_call_schema.model_json_schema() == plain.tool_call_schema.model_json_schema()
+    assert convert_to_openai_tool(wrapped) == convert_to_openai_tool(plain)  # what the model sees
 
 
 def test_openai_agents_tool_keeps_its_interface() -> None:
@@ -200,7 +202,8 @@ def test_deepagents_backend_confines_commands_and_files(places: dict[str, str]) 
     assert written.read_text() == "made in the sandbox\n"
     run = backend.execute("cat note.md sub/out.txt")
     assert (run.exit_code, run.output) == (0, "water the plants\nmade in the sandbox\n")
-    assert "water the plants" in backend.read(places["note"]).file_data["content"]
+    read = backend.read(places["note"]).file_data
+    assert read is not None and "water the plants" in read["content"]
 
     run = backend.execute(f"cat {places['secret']}")
     assert run.exit_code == 1 and "Permission denied" in run.output and SECRET not in run.output
@@ -241,7 +244,7 @@ def test_openai_agents_tool_reads_its_grant_not_a_secret(places: dict[str, str])
 
     set_tracing_disabled(True)
     box = sandlock.Sandbox(policy("${workspace}"), vars={"workspace": places["workspace"]})
-    tools = [sandboxed_function_tool(framework_tools.read_text, sandbox=box),
+    tools: list[Any] = [sandboxed_function_tool(framework_tools.read_text, sandbox=box),
              sandboxed_function_tool(framework_tools.close_ticket, sandbox=box),
              function_tool(framework_tools.read_text, name_override="unconfined_read")]
     model = ScriptedModel([

@@ -29,7 +29,7 @@ NOT_IMPORTED = {"sandlock.probe.payload", "sandlock.__main__"}
 #: a lower one.
 LAYERS = (("sandlock.errors", "sandlock.linux"), ("sandlock.policy",), ("sandlock.compile",),
           ("sandlock.exec", "sandlock.net", "sandlock.trace"),
-          ("sandlock.api", "sandlock.cli", "sandlock.probe"))
+          ("sandlock.api", "sandlock.cli", "sandlock.probe"), ("sandlock.integrations",))
 
 
 def modules() -> dict[str, str]:

@@ -42,7 +42,8 @@ def sandboxed_tool(tool: Union[BaseTool, Callable[..., Any]], *,
     """
     original = tool if isinstance(tool, BaseTool) else make_tool(tool)
     function = (original.func or original.coroutine) if isinstance(original, StructuredTool) else None
-    if function is None:
+    schema = original.args_schema
+    if function is None or schema is None:
         raise TypeError(f"{original.name}: only a function or a StructuredTool with a function "
                         f"(.func) can be confined, not a {type(original).__name__}")
     target = confined_target(function, original.name)  # refuses a coroutine function
@@ -62,7 +63,7 @@ def sandboxed_tool(tool: Union[BaseTool, Callable[..., Any]], *,
             raise ToolException(failure(exc)) from exc
 
     return StructuredTool(name=original.name, description=original.description,
-                          args_schema=original.args_schema, func=run, coroutine=arun,
+                          args_schema=schema, func=run, coroutine=arun,
                           return_direct=original.return_direct,
                           response_format=original.response_format, handle_tool_error=True,
                           metadata={**(original.metadata or {}), "sandlock": True})

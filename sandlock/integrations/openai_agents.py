@@ -47,7 +47,7 @@ def sandboxed_function_tool(func: Callable[..., Any], *, policy: Optional[Policy
     The policy must grant read on the directory ``func``'s module is imported from and
     on what it imports. Its result comes back as plain data (``Sandbox.call``).
     """
-    tool = tool_options.get("name_override") or getattr(func, "__name__", "tool")
+    tool = str(tool_options.get("name_override") or getattr(func, "__name__", "tool"))
     target = confined_target(func, tool)
     if function_schema(func).takes_context:
         raise TypeError(f"{tool}: a confined function cannot take the run context (it stays "
