@@ -60,7 +60,17 @@ def policy(*read: str) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------
-# Wrapping: refused early, and the interface kept
+# Wrapping: lazy, refused early, and the interface kept
+
+
+def test_sandlock_imports_no_framework() -> None:
+    code = ("import sys, sandlock, sandlock.integrations, sandlock.integrations._tools\n"
+            "sandlock.Sandbox, sandlock.Registry\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "{'langchain', 'langchain_core', 'langgraph', 'deepagents', 'agents', 'openai'}))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert (run.returncode, run.stdout, run.stderr) == (0, "[]\n", "")
 
 
 def test_wrapping_refuses_what_could_not_run_confined() -> None:
