@@ -274,6 +274,28 @@ def test_openai_agents_tool_reads_its_grant_not_a_secret(places: dict[str, str])
     assert outputs[3] == SECRET  # positive control: the same function, unwrapped
 
 
+def test_openai_agents_sandbox_client_confines_commands(places: dict[str, str]) -> None:
+    need("agents")
+    from agents.sandbox import Manifest
+    from agents.sandbox.sandboxes.unix_local import UnixLocalSandboxClient
+
+    from sandlock.integrations.openai_agents import SandlockSandboxClient
+
+    async def run(client: Any, *commands: str) -> list[Any]:
+        session = await client.create(manifest=Manifest(root=places["workspace"]))
+        async with session:
+            return [await session.exec(command) for command in commands]
+
+    made, leak = asyncio.run(run(SandlockSandboxClient(), "echo made > out; cat out note.md",
+                                 f"cat {places['secret']}"))
+    assert (made.exit_code, made.stdout) == (0, b"made\nwater the plants\n")
+    assert leak.exit_code == 1 and b"Permission denied" in leak.stderr
+    assert SECRET.encode() not in leak.stdout + leak.stderr
+    # positive control: the SDK's own local client runs the same command unconfined
+    [control] = asyncio.run(run(UnixLocalSandboxClient(), f"cat {places['secret']}"))
+    assert (control.exit_code, control.stdout) == (0, SECRET.encode())
+
+
 # ----------------------------------------------------------------------------
 # The examples, as a user runs them
 

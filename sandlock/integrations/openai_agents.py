@@ -8,16 +8,25 @@ which gets the arguments, not the agent's memory. What ``func`` raises, and what
 sandlock refuses, goes back to the model as the tool's output (``TypeName: message``;
 the SDK's default would hide it), and the run goes on.
 
+``SandlockSandboxClient`` is the SDK's sandbox client for ``SandboxAgent``: the SDK's
+own local client (``UnixLocalSandboxClient``, which confines nothing on Linux) with every
+command it starts (``exec``, PTY sessions) run by ``sandlock run`` under a policy, the
+session's workspace as ``${workspace}``.
+
 Imports ``agents`` (the ``agents`` extra); ``import sandlock`` does not.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, cast
 
 from agents import FunctionTool, RunContextWrapper, function_tool
 from agents.function_schema import function_schema
+from agents.sandbox.sandboxes.unix_local import UnixLocalSandboxClient, UnixLocalSandboxSession
 
 from ._tools import confined_target, failure, sandbox_for
 
@@ -25,7 +34,7 @@ if TYPE_CHECKING:
     from ..api.registry import Registry
     from ..api.sandbox import PolicyLike, Sandbox
 
-__all__ = ["sandboxed_function_tool"]
+__all__ = ["SandlockSandboxClient", "sandboxed_function_tool"]
 
 
 def _tell_the_model(context: RunContextWrapper[Any], error: Exception) -> str:
@@ -61,3 +70,54 @@ def sandboxed_function_tool(func: Callable[..., Any], *, policy: Optional[Policy
 
     tool_options.setdefault("failure_error_function", _tell_the_model)
     return function_tool(confined, **tool_options)
+
+
+class SandlockSandboxClient(UnixLocalSandboxClient):
+    """``UnixLocalSandboxClient`` whose sessions start every command confined:
+    ``sandlock run --policy POLICY --var workspace=ROOT [--var K=V]... -- COMMAND``.
+
+    ``policy`` is a policy file or a shipped profile's name (default ``"shell"``: every
+    program in /usr/bin, the workspace writable, no network), ``vars`` its other
+    variables. The session's file operations (``read``, ``write``, ``ls``...) stay the
+    SDK's own, in the agent's process, bounded by its workspace-path checks; what the
+    model runs is confined. Other keyword arguments go to ``UnixLocalSandboxClient``.
+    """
+
+    def __init__(self, policy: str = "shell", *, vars: Optional[Mapping[str, str]] = None,
+                 **options: Any) -> None:
+        super().__init__(**options)
+        if not isinstance(policy, str) or not policy:
+            raise TypeError(f"policy must be a policy file or a profile name, not {policy!r:.80}")
+        if "workspace" in (vars or {}):
+            raise TypeError("vars: ${workspace} is each session's workspace root")
+        self._launcher = ["/usr/bin/env", f"HOME={os.path.expanduser('~')}", sys.executable,
+                          "-P", "-m", "sandlock", "run", "--policy", policy]
+        for name, value in (vars or {}).items():
+            self._launcher += ["--var", f"{name}={value}"]
+
+    async def create(self, **kwargs: Any) -> Any:
+        return self._confine(await super().create(**kwargs))
+
+    async def resume(self, state: Any) -> Any:
+        return self._confine(await super().resume(state))
+
+    def _confine(self, session: Any) -> Any:
+        inner: Any = session._inner
+        if type(inner) is not UnixLocalSandboxSession:
+            raise TypeError(f"expected a UnixLocalSandboxSession, not {type(inner).__name__}")
+        inner.__class__ = _SandlockSession  # adds one method, no state of its own
+        cast(Any, inner)._sandlock_launcher = list(self._launcher)
+        return session
+
+
+class _SandlockSession(UnixLocalSandboxSession):
+    """The SDK's local session, its one confinement hook answered by ``sandlock run``
+    (the launcher runs with the caller's HOME: sandlock's state directory is never in
+    the workspace the session makes HOME; the tool gets the policy's HOME)."""
+
+    _sandlock_launcher: list[str]
+
+    def _confined_exec_command(self, *, command_parts: list[str], workspace_root: Path,
+                               env: Mapping[str, str]) -> list[str]:
+        return [*self._sandlock_launcher, "--var", f"workspace={workspace_root}", "--",
+                *command_parts]
