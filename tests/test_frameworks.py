@@ -311,3 +311,5 @@ def test_example_runs_offline(example: str, framework: str) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PermissionError" in run.stdout or "permission_denied" in run.stdout, run.stdout
     assert "sk-not-for-tools" not in run.stdout
+    if example == "openai_agents_tool.py":  # and the SandboxAgent's shell, confined
+        assert "made" in run.stdout and "api-key: Permission denied" in run.stdout
