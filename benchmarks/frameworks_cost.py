@@ -11,6 +11,8 @@ load hits both alike), and prints the medians of ``--n`` calls and their ratio:
    ``sandboxed_function_tool(read_text, ...).on_invoke_tool``.
 3. deepagents: ``LocalShellBackend.execute("cat FILE")`` (unconfined, the SDK's own)
    against ``SandlockBackend.execute("cat FILE")``; and ``download_files`` likewise.
+   Agents SDK sandbox sessions: ``UnixLocalSandboxClient``'s ``exec("cat FILE")``
+   against ``SandlockSandboxClient``'s (a ``sandlock run`` per command).
 4. ``--heavy`` calls of a tool whose module imports ``langchain_core`` (the confined
    process imports the tool's module afresh each call: that import is the cost).
 
@@ -51,6 +53,8 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, os.path.dirname(HERE))
     from agents import function_tool
+    from agents.sandbox import Manifest
+    from agents.sandbox.sandboxes.unix_local import UnixLocalSandboxClient
     from agents.tool_context import ToolContext
     from deepagents.backends import LocalShellBackend
     from langchain_core.tools import tool
@@ -59,7 +63,7 @@ def main() -> None:
     from benchmarks.api_overhead import interleaved, timed
     from sandlock.integrations.deepagents import SandlockBackend
     from sandlock.integrations.langchain import sandboxed_tool
-    from sandlock.integrations.openai_agents import sandboxed_function_tool
+    from sandlock.integrations.openai_agents import SandlockSandboxClient, sandboxed_function_tool
 
     workspace = tempfile.mkdtemp()
     note = os.path.join(workspace, "note.md")
@@ -92,6 +96,23 @@ def main() -> None:
     rows.append(("deepagents download_files", *compare(
         args.n, lambda: local.download_files([note]), lambda: confined.download_files([note]),
         interleaved)))
+
+    async def sessions() -> tuple[float, float]:
+        import statistics
+        import time
+
+        plain = await UnixLocalSandboxClient().create(manifest=Manifest(root=workspace))
+        ours = await SandlockSandboxClient().create(manifest=Manifest(root=workspace))
+        samples: tuple[list[float], list[float]] = ([], [])
+        async with plain, ours:
+            for i in range(5 + max(args.n // 4, 5)):
+                for session, into in ((plain, samples[0]), (ours, samples[1])):
+                    start = time.perf_counter()
+                    await session.exec("cat note.md")
+                    if i >= 5:  # after the warm-up
+                        into.append(time.perf_counter() - start)
+        return statistics.median(samples[0]) * 1e3, statistics.median(samples[1]) * 1e3
+    rows.append(("Agents SDK sandbox session exec('cat')", *asyncio.run(sessions())))
 
     tools_dir = tempfile.mkdtemp()
     with open(os.path.join(tools_dir, "lc_tools.py"), "w", encoding="utf-8") as file:
