@@ -291,6 +291,8 @@ def test_openai_agents_sandbox_client_confines_commands(places: dict[str, str]) 
     assert (made.exit_code, made.stdout) == (0, b"made\nwater the plants\n")
     assert leak.exit_code == 1 and b"Permission denied" in leak.stderr
     assert SECRET.encode() not in leak.stdout + leak.stderr
+    with pytest.raises(sandlock.PolicyError, match="no-such-profile"):
+        SandlockSandboxClient("no-such-profile")
     # positive control: the SDK's own local client runs the same command unconfined
     [control] = asyncio.run(run(UnixLocalSandboxClient(), f"cat {places['secret']}"))
     assert (control.exit_code, control.stdout) == (0, SECRET.encode())

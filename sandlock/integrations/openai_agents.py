@@ -78,9 +78,10 @@ class SandlockSandboxClient(UnixLocalSandboxClient):
 
     ``policy`` is a policy file or a shipped profile's name (default ``"shell"``: every
     program in /usr/bin, the workspace writable, no network), ``vars`` its other
-    variables. The session's file operations (``read``, ``write``, ``ls``...) stay the
-    SDK's own, in the agent's process, bounded by its workspace-path checks; what the
-    model runs is confined. Other keyword arguments go to ``UnixLocalSandboxClient``.
+    variables; it is loaded here (``PolicyError``), and read again by each command.
+    The session's file operations (``read``, ``write``, ``ls``...) stay the SDK's own,
+    in the agent's process, bounded by its workspace-path checks; what the model runs
+    is confined. Other keyword arguments go to ``UnixLocalSandboxClient``.
     """
 
     def __init__(self, policy: str = "shell", *, vars: Optional[Mapping[str, str]] = None,
@@ -90,8 +91,15 @@ class SandlockSandboxClient(UnixLocalSandboxClient):
             raise TypeError(f"policy must be a policy file or a profile name, not {policy!r:.80}")
         if "workspace" in (vars or {}):
             raise TypeError("vars: ${workspace} is each session's workspace root")
+        from ..policy.model import load_policy
+        from ..policy.profiles import policy_file
+
+        # Absolute: the launcher starts in the workspace. Loaded once here, so that a
+        # policy error is raised now rather than printed by each command.
+        file = os.path.abspath(policy_file(policy))
+        load_policy(file, {**(vars or {}), "workspace": "/session/workspace"}, check_paths=False)
         self._launcher = ["/usr/bin/env", f"HOME={os.path.expanduser('~')}", sys.executable,
-                          "-P", "-m", "sandlock", "run", "--policy", policy]
+                          "-P", "-m", "sandlock", "run", "--policy", file]
         for name, value in (vars or {}).items():
             self._launcher += ["--var", f"{name}={value}"]
 
