@@ -237,6 +237,8 @@ def test_deepagents_backend_reports_timeouts_and_refusals(places: dict[str, str]
     run = backend.execute("sleep 5")
     assert run.exit_code == 124 and "timed out after 0.5 s" in run.output
     assert backend.execute("").exit_code == 1
+    refused = backend.execute("echo \0")  # Sandbox.run refuses a NUL: an answer, not a raise
+    assert refused.exit_code == 125 and refused.output.startswith("[sandlock: ValueError")
     [missing] = backend.download_files(["nowhere.txt"])
     assert missing.error == "file_not_found"
 

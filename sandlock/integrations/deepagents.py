@@ -82,8 +82,11 @@ class SandlockBackend(BaseSandbox):
             return ExecuteResponse(output="Error: the command must be a non-empty string.",
                                    exit_code=1)
         limit = timeout if timeout else self.timeout
-        result = self.sandbox.run(["/bin/sh", "-c", command], cwd=self.workspace,
-                                  stdout=PIPE, stderr=STDOUT, timeout=limit, env=self.env)
+        try:
+            result = self.sandbox.run(["/bin/sh", "-c", command], cwd=self.workspace,
+                                      stdout=PIPE, stderr=STDOUT, timeout=limit, env=self.env)
+        except Exception as exc:  # noqa: BLE001 - the model reads why; the agent goes on
+            return ExecuteResponse(output=f"[sandlock: {failure(exc)}]", exit_code=125)
         output = (result.stdout or b"").decode("utf-8", errors="replace")
         if result.outcome is Outcome.TIMED_OUT:
             output += f"\n[sandlock: timed out after {limit} s; the command's processes were killed]"
