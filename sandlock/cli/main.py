@@ -426,3 +426,8 @@ from .trace import register as _register_recording  # noqa: E402 - after the gro
 
 _register_recording(cli)  # `trace` and `learn`
 
+
+from .undo import COMMANDS as _UNDO_COMMANDS  # noqa: E402 - after the group exists
+
+for _command in _UNDO_COMMANDS:  # `changes`, `apply`, `discard`, `rollback`
+    cli.add_command(_command)
