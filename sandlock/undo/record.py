@@ -116,6 +116,11 @@ def save(directory: int, name: str, value: dict[str, Any]) -> None:
     os.rename(temp, RECORD, src_dir_fd=directory, dst_dir_fd=directory)
 
 
+def authentic(tag: bytes, body: bytes) -> bool:
+    """``tag`` is the record key's MAC of ``body``."""
+    return hmac.compare_digest(tag, _blake2b(body, _mac_key()))
+
+
 def load(directory: int, name: str) -> dict[str, Any]:
     """The record of run ``name``, if its tag verifies and it names that run."""
     try:
@@ -138,7 +143,7 @@ def load(directory: int, name: str) -> dict[str, Any]:
         os.close(fd)
     data = b"".join(chunks)
     tag, body = data[:TAG_BYTES], data[TAG_BYTES:]
-    if not hmac.compare_digest(tag, _blake2b(body, _mac_key())):
+    if not authentic(tag, body):
         raise UndoError(f"run {name}: its record does not verify (changed since sandlock wrote "
                         "it, or written without sandlock's key): refusing to use it")
     value: Optional[dict[str, Any]] = json.loads(body)

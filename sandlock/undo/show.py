@@ -43,8 +43,10 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
             extra = _what(item)
             if what == "mode" and old is not None and new is not None:
                 extra += f" mode {old['m']:04o} -> {new['m']:04o}"
-            elif new is not None and new["m"] & tree.PRIVILEGE_BITS:
-                extra += f" mode {new['m']:04o} (set-user/group-ID: apply refuses it)"
+            if value["mode"] != CHECKPOINT and new is not None and what != "removed":
+                why = tree.refusal(rel, new)
+                if why is not None:
+                    extra += f" [apply refuses it: {printable(why)}]"
             out.append(f"{MARK[what]} {path}{extra}")
             if diffs and what in ("added", "modified") and item is not None and item["k"] == "f":
                 out += _diff(value, name, index, rel, old, new, roots)

@@ -286,12 +286,22 @@ def conflicts(root: int, expect: Manifest, limit: int = 10) -> list[str]:
         base = expect.get(rel)
         if base is None:
             out.append(f"{rel} was created")
-        elif base["key"] != key(info):
+        elif not _same_object(base, info):
             out.append(f"{rel or '.'} was changed")
         if len(out) >= limit:
             return out
     out += [f"{rel} was removed" for rel in expect if rel not in seen]
     return out[:limit]
+
+
+def _same_object(base: Entry, info: os.stat_result) -> bool:
+    """``info`` is the object ``base`` recorded, unchanged. A directory's times and ctime
+    are left out: what it holds is compared entry by entry, and a failed write-back
+    (a temporary file made, then removed) must not turn into a conflict."""
+    now = key(info)
+    if stat.S_ISDIR(info.st_mode):
+        return bool(base["key"][0] == now[0] and base["key"][4] == now[4])
+    return bool(base["key"] == now)
 
 
 def _parent(cache: dict[str, int], root: int, rel: str) -> tuple[int, str]:
@@ -306,31 +316,46 @@ def _parent(cache: dict[str, int], root: int, rel: str) -> tuple[int, str]:
     return fd, name
 
 
+def refusal(rel: str, want: Entry) -> Optional[str]:
+    """Why an object a tool left in its scratch at ``rel`` (as recorded: ``want``) is never
+    written back into the original tree, or None: a FIFO, device or socket; a set-user-
+    or set-group-ID bit; a symbolic link that leads out of the tree; a file with another
+    name (a hard link, perhaps to a file outside the tree)."""
+    what = want["k"]
+    if what in ("p", "o"):
+        return "a FIFO, device or socket"
+    if want["m"] & PRIVILEGE_BITS:
+        return "a set-user-ID or set-group-ID bit"
+    if what == "l" and not _inside(rel, want.get("l", "")):
+        return f"a symbolic link leading out of the tree ({want.get('l', '')!r})"
+    if what == "f" and want["key"][5] != 1:
+        return "a file with more than one hard link"
+    return None
+
+
 def check_source(source: int, rel: str, want: Entry, field: str, tool_made: bool,
                  cache: dict[str, int]) -> Optional[str]:
     """Why ``rel`` of the source tree may not be written back as ``want``, or None.
-    ``tool_made``: the source is a tool's scratch (apply), so a link that leaves the
-    tree, a hard link, a FIFO, device or socket, or a set-user/group-id bit is refused."""
-    what = want["k"]
+    ``tool_made``: the source is a tool's scratch (apply): :func:`refusal` too."""
     if tool_made:
-        if what in ("p", "o"):
-            return "a FIFO, device or socket"
-        if want["m"] & PRIVILEGE_BITS:
-            return "a set-user-ID or set-group-ID bit"
-        if what == "l" and not _inside(rel, want.get("l", "")):
-            return f"a symbolic link leading out of the tree ({want.get('l', '')!r})"
-        if what == "f" and want["key"][5] != 1:
-            return "a file with more than one hard link"
-    if what not in ("f", "l"):
+        why = refusal(rel, want)
+        if why is not None:
+            return why
+    if want["k"] not in ("f", "l"):
         return None
     try:
         parent, name = _parent(cache, source, rel)
         info = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except OSError as exc:
         return f"cannot be read: {exc.strerror}"
-    if key(info) != want.get(field):
+    if not unchanged(info, want, field):
         return "changed since the run ended"
     return None
+
+
+def unchanged(info: os.stat_result, want: Entry, field: str) -> bool:
+    """The object is the one recorded at the end of the run (its stamp: :func:`key`)."""
+    return key(info) == want.get(field)
 
 
 def _inside(rel: str, target: str) -> bool:
@@ -397,6 +422,9 @@ def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
             _quietly(os.unlink, temp, parent)
         for parent, name in reversed(made):
             _quietly(os.rmdir, name, parent)
+        for head, fd in dst_cache.items():  # their times, as they were
+            if head in expect:
+                _quietly(os.utime, fd, ns=tuple(expect[head]["t"]))
         _close(src_cache, source)
         _close(dst_cache, target)
         raise
@@ -429,7 +457,7 @@ def _stage(source: int, rel: str, want: Entry, parent: int,
             raise UndoError(f"{rel!r} is no longer a regular file")
         out = os.open(temp, _NEW, 0o600, dir_fd=parent)
         try:
-            if _transfer(fd, out, hashing=True) != want.get("h"):
+            if not same_content(_transfer(fd, out, hashing=True), want):
                 raise UndoError(f"{rel!r}: its content is not what was recorded (changed "
                                 "since the run, or tampered with)")
             os.fchmod(out, want["m"])
@@ -442,6 +470,14 @@ def _stage(source: int, rel: str, want: Entry, parent: int,
     finally:
         os.close(fd)
     return temp
+
+
+def same_content(digest: Optional[str], want: Entry) -> bool:
+    """What was copied is what the record says (a snapshot or scratch file changed since
+    the run, by a later tool or anyone, is refused)."""
+    import hmac
+
+    return digest is not None and hmac.compare_digest(digest, want.get("h") or "")
 
 
 def _commit(target: int, cache: dict[str, int], staged: list[tuple[int, str, str]],
@@ -477,12 +513,12 @@ def _close(cache: dict[str, int], keep: int) -> None:
     cache.clear()
 
 
-def _quietly(call: Any, *args: Any) -> None:
+def _quietly(call: Any, *args: Any, **named: Any) -> None:
     try:
         if len(args) == 2:
             call(args[0], dir_fd=args[1])
         else:
-            call(*args)
+            call(*args, **named)
     except OSError:
         pass
 
