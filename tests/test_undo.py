@@ -23,7 +23,7 @@ from sandlock.undo import record, session, tree
 SHELL = str(POLICIES / "shell.toml")
 #: A tool that deletes, rewrites, creates and chmods files in its workspace.
 EDIT = ("sed -i s/world/there/ a.txt && rm b.txt && rm -r gone && echo new > n.txt && "
-        "chmod 700 sub/c.txt && python3 -c \"open('sub/py.txt', 'w').write('from python\\n')\" "
+        "chmod 700 sub/c.txt && /usr/bin/python3 -c \"open('sub/py.txt', 'w').write('from python\\n')\" "
         "&& printf 'esc' > \"x$(printf '\\033')[31m\"")
 
 
