@@ -376,11 +376,11 @@ def main_run(args: Sequence[str]) -> int:
         say(str(exc))
         return ExitCode.LAUNCHER
     if review:
-        from .undo import run_reviewed
+        from .review import run_reviewed
 
         return run_reviewed(review[2:], lambda under: execute(
             given.get("--policy"), variables, given.get("--timeout"), best_effort, argv,
             tool=given.get("--tool"), policies=given.get("--policies"), accept=accept,
-            review=under))
+            review=under), say)
     return execute(given.get("--policy"), variables, given.get("--timeout"), best_effort, argv,
                    tool=given.get("--tool"), policies=given.get("--policies"), accept=accept)

@@ -1,49 +1,15 @@
-"""`sandlock run --dry-run/--checkpoint` around a run, and `sandlock changes`, `apply`,
-`discard` and `rollback` (:mod:`sandlock.undo`). Every name and line of content a tool
-chose is escaped before it is printed (:mod:`sandlock.undo.show`)."""
+"""`sandlock changes`, `apply`, `discard` and `rollback` (:mod:`sandlock.undo`); the run
+itself is :mod:`sandlock.cli.review`. Every name and line of content a tool chose is
+escaped before it is printed (:mod:`sandlock.undo.show`)."""
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import click
 
 from ..errors import SandlockError
-from .launch import say
-
-if TYPE_CHECKING:
-    from ..undo.session import Review
-
-
-def run_reviewed(mode: str, execute: Callable[[Review], int]) -> int:
-    """Run ``execute`` (:func:`sandlock.cli.launch.execute` with a review) under a
-    :class:`sandlock.undo.session.Review`; then record the trees and show the change set.
-    A run that never started leaves nothing behind."""
-    from ..undo import session, show
-
-    review = session.Review(mode)
-    code = execute(review)
-    if not review.name:
-        return code
-    try:
-        if not review.launched:
-            review.discard_now()
-            return code
-        name = review.finish()
-        value = session.load(name)
-        for line in show.lines(name, value):
-            say(line)
-    except SandlockError as exc:
-        say(str(exc))
-        return int(exc.exit_code)
-    if mode == session.DRY_RUN:
-        say(f"the originals are unchanged: `sandlock apply {name}` writes this into them, "
-            f"`sandlock discard {name}` drops it")
-    else:
-        say(f"`sandlock rollback {name}` restores the state before the run; "
-            f"`sandlock discard {name}` forgets the snapshot")
-    return code
 
 
 def _do(action: Callable[[], str]) -> None:
