@@ -318,3 +318,32 @@ def test_run_names_are_checked() -> None:
         assert done.returncode == 125 and "is not the name of a run" in done.stderr
     both = cli("run", "--policy", SHELL, "--dry-run", "--checkpoint", "--", "true")
     assert both.returncode == 125 and "exclude each other" in both.stderr
+
+
+# ----------------------------------------------------------------------------
+# The API
+
+
+def test_api_dry_run_then_apply_and_checkpoint_then_rollback(ws: Path) -> None:
+    from sandlock import Sandbox
+    from sandlock.undo import show
+
+    before = state(ws)
+    with Sandbox(SHELL, vars={"workspace": str(ws)}, review="dry-run") as box:
+        done = box.run(["sh", "-c", "pwd && " + EDIT], cwd=str(ws), capture_output=True,
+                       text=True)
+        assert done.returncode == 0, done.stderr
+        name = box.finish_review()
+    assert done.stdout.strip() == str(scratch_of(name))
+    assert state(ws) == before
+    listed = show.lines(name, session.load(name), diffs=False)
+    assert f"M {ws}/a.txt" in listed and f"D {ws}/b.txt" in listed
+    assert session.apply(name) == 8
+    assert (ws / "a.txt").read_text() == "hello\nthere\n"
+
+    applied = state(ws)
+    with Sandbox(SHELL, vars={"workspace": str(ws)}, review="checkpoint") as box:
+        assert box.run(["sh", "-c", "rm -r sub n.txt"], cwd=str(ws)).returncode == 0
+    assert not (ws / "sub").exists()
+    assert session.rollback(box.finish_review()) == 4  # sub/, its two files, n.txt
+    assert state(ws) == applied

@@ -99,6 +99,7 @@ class Review:
         self.cwd: Optional[str] = None
         #: Set by the executor once the plan is compiled and the tool is about to start.
         self.launched = False
+        self.finished = False
 
     def prepare(self, policy: Policy) -> Policy:
         """Copy or snapshot the trees; the policy to compile (a dry run's grants moved)."""
@@ -126,11 +127,16 @@ class Review:
             here = os.getcwd()
         except OSError:
             here = None
-        if here is not None:
-            for top, copy in self.copies.items():
-                if within(here, top):
-                    self.cwd = copy + here[len(top.rstrip("/")):]
+        if here is not None and self.place(here) != here:
+            self.cwd = self.place(here)
         return moved(policy, self.copies)
+
+    def place(self, path: str) -> str:
+        """Where absolute ``path`` is for the tool: in a dry run's copy when inside a tree."""
+        for top, copy in self.copies.items():
+            if within(path, top):
+                return copy + path[len(top.rstrip("/")):]
+        return path
 
     def _copy_all(self, run_dir: int) -> int:
         newest = 0
@@ -201,6 +207,7 @@ class Review:
             record.save(directory, self.name, self._value(after))
         finally:
             os.close(directory)
+        self.finished = True
         return self.name
 
     def discard_now(self) -> None:
