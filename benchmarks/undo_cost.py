@@ -5,9 +5,11 @@
 Two workspaces: 100 files of 10 KiB (1 MiB) and 20,000 files of 10 KiB (200 MiB), in
 ``DIR`` (default a new directory in /var/tmp: the disk; pass ``--dir /dev/shm`` for
 tmpfs). The tool is ``sh -c 'echo changed > f0'`` under the shipped ``shell`` policy.
-Per round, in turn: a plain run; a dry run, then `sandlock discard`; a checkpoint run,
-then `sandlock discard` (the discard is timed apart). Medians of the whole processes,
-in ms, and the ratio of each to the plain run of the same round set. The records and
+Per round, in turn: a plain run; ``cp -a`` of the workspace then ``rm -rf`` of the copy
+(the floor of any copy on this filesystem, now: the machine may be shared); a dry run,
+then `sandlock discard`; a checkpoint run, then `sandlock discard` (each discard timed
+apart). Medians of the whole processes, in ms, and the ratio of each to the plain run
+and to the plain run plus ``cp -a``, of the same rounds. The records and
 copies live in a cache directory beside the workspace (``XDG_CACHE_HOME``), on the
 same filesystem, so a filesystem with reflinks (btrfs, XFS) would clone rather than copy.
 """
@@ -53,9 +55,13 @@ def measure(work: Path, cache: Path, rounds: int) -> dict[str, list[float]]:
     cli = [sys.executable, "-P", "-m", "sandlock"]
     run = [*cli, "run", "--policy", str(POLICY), "--var", f"workspace={work}"]
     tool = ["--", "sh", "-c", "echo changed > d0/f0"]
-    out: dict[str, list[float]] = {"plain": [], "dry-run": [], "checkpoint": [], "discard": []}
+    out: dict[str, list[float]] = {"plain": [], "cp -a": [], "rm -rf": [], "dry-run": [],
+                                   "checkpoint": [], "discard": []}
+    copy = work.parent / "copy"
     for _ in range(rounds + 1):  # the first round warms the caches and is dropped
         row = {"plain": timed([*run, *tool], env, work)[0]}
+        row["cp -a"] = timed(["cp", "-a", str(work), str(copy)], env, work)[0]
+        row["rm -rf"] = timed(["rm", "-rf", str(copy)], env, work)[0]
         for mode in ("dry-run", "checkpoint"):
             took, err = timed([*run, f"--{mode}", *tool], env, work)
             row[mode] = took
@@ -79,8 +85,9 @@ def main() -> None:
     top = Path(tempfile.mkdtemp(prefix="sandlock-undo-bench-", dir=args.dir))
     filesystem = subprocess.run(["stat", "-f", "-c", "%T", str(top)], capture_output=True,
                                 text=True).stdout.strip()
-    print(f"# undo cost, {filesystem} ({top}); medians of whole `sandlock` processes, ms")
-    print("workspace\tplain\tdry-run\tratio\tcheckpoint\tratio\tdiscard")
+    print(f"# undo cost, {filesystem} ({top}); medians of whole processes, ms", flush=True)
+    print("workspace\tplain\tcp -a\trm -rf\tdry-run\tratio\tvs plain+cp\tcheckpoint\tratio\t"
+          "vs plain+cp\tdiscard", flush=True)
     try:
         for label, files in SIZES.items():
             if args.skip_large and files > 1000:
@@ -92,9 +99,12 @@ def main() -> None:
             make_workspace(work, files)
             got = measure(work, cache, args.rounds if files <= 1000 else args.large_rounds)
             med = {name: statistics.median(values) for name, values in got.items()}
-            print(f"{label}\t{med['plain']:.0f}\t{med['dry-run']:.0f}\t"
-                  f"{med['dry-run'] / med['plain']:.1f}x\t{med['checkpoint']:.0f}\t"
-                  f"{med['checkpoint'] / med['plain']:.1f}x\t{med['discard']:.0f}")
+            floor = med["plain"] + med["cp -a"]
+            print(f"{label}\t{med['plain']:.0f}\t{med['cp -a']:.0f}\t{med['rm -rf']:.0f}\t"
+                  f"{med['dry-run']:.0f}\t{med['dry-run'] / med['plain']:.1f}x\t"
+                  f"{med['dry-run'] / floor:.2f}x\t{med['checkpoint']:.0f}\t"
+                  f"{med['checkpoint'] / med['plain']:.1f}x\t{med['checkpoint'] / floor:.2f}x\t"
+                  f"{med['discard']:.0f}", flush=True)
             shutil.rmtree(case)
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -312,10 +312,20 @@ def test_a_write_grant_on_a_single_file_is_refused(ws: Path, tmp_path: Path) -> 
     assert not scratch.exists() or not any(scratch.iterdir())
 
 
-def test_run_names_are_checked() -> None:
-    for bad in ("../../etc", "x", "20260101-120000-0123abcd/.."):
-        done = cli("apply", bad)
-        assert done.returncode == 125 and "is not the name of a run" in done.stderr
+def test_run_names_are_checked(ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's name comes from the command line: `discard ../../victim` must not remove
+    <cache>/victim (relative to the runs directory)."""
+    victim = tmp_path / "cache" / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep\n")
+    for bad in ("../../victim", "x", "20260101-120000-0123abcd/.."):
+        done = cli("discard", bad)
+        assert done.returncode == 125 and "is not the name of a run" in done.stderr, done.stderr
+    assert (victim / "precious.txt").read_text() == "keep\n"
+    monkeypatch.setattr(record, "RUN_NAME", re.compile(".*"))  # control: without the check
+    record.open_base(record.runs_path())  # (made on first use)
+    session.forget("../../victim")
+    assert not victim.exists()
     both = cli("run", "--policy", SHELL, "--dry-run", "--checkpoint", "--", "true")
     assert both.returncode == 125 and "exclude each other" in both.stderr
 
