@@ -157,11 +157,14 @@ def test_apply_does_not_follow_or_plant_a_link_out_of_the_tree(
 
 
 def test_apply_refuses_a_fifo(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _, name = reviewed(ws, "--dry-run", "mkfifo pipe")
-    _refused(name, ws, "pipe: a FIFO, device or socket")
+    _, name = reviewed(ws, "--dry-run", "mkfifo \"$(printf '\\033')pipe\"")
+    refused = cli("apply", name)  # the tool's file name, escaped in the refusal
+    assert refused.returncode == 125 and "\\x1bpipe: a FIFO, device or socket" in refused.stderr
+    assert "\x1b" not in refused.stderr
+    _refused(name, ws, "\\x1bpipe: a FIFO, device or socket")
     monkeypatch.setattr(tree, "refusal", lambda rel, want: None)  # control
     session.apply(name)
-    assert stat.S_ISFIFO((ws / "pipe").lstat().st_mode)
+    assert stat.S_ISFIFO((ws / "\x1bpipe").lstat().st_mode)
 
 
 def _planted(ws: Path, plant: Any) -> str:

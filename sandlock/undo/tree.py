@@ -29,6 +29,7 @@ import time
 from typing import Any, Iterator, Optional, Sequence
 
 from ..errors import SandlockError
+from ..trace.emit import printable
 
 Entry = dict[str, Any]
 Manifest = dict[str, Entry]
@@ -285,12 +286,12 @@ def conflicts(root: int, expect: Manifest, limit: int = 10) -> list[str]:
         seen.add(rel)
         base = expect.get(rel)
         if base is None:
-            out.append(f"{rel} was created")
+            out.append(f"{printable(rel)} was created")
         elif not _same_object(base, info):
-            out.append(f"{rel or '.'} was changed")
+            out.append(f"{printable(rel or '.')} was changed")
         if len(out) >= limit:
             return out
-    out += [f"{rel} was removed" for rel in expect if rel not in seen]
+    out += [f"{printable(rel)} was removed" for rel in expect if rel not in seen]
     return out[:limit]
 
 
@@ -401,10 +402,11 @@ def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
         for rel, want in writes:
             why = check_source(source, rel, want, field, tool_made, src_cache)
             if why is not None:
-                refused.append(f"{rel}: {why}")
+                refused.append(f"{printable(rel)}: {printable(why)}")
             old = expect.get(rel)
             if rel and old is not None and old["k"] != want["k"] and "d" in (old["k"], want["k"]):
-                refused.append(f"{rel}: changed between a directory and a file (not supported)")
+                refused.append(f"{printable(rel)}: changed between a directory and a file "
+                               "(not supported)")
         if refused:
             raise UndoError("refusing to write back: " + "; ".join(refused[:10]))
         ordered = sorted(writes, key=lambda pair: (pair[0].count("/"), pair[0]))
