@@ -333,6 +333,14 @@ def test_run_names_are_checked(ws: Path, tmp_path: Path, monkeypatch: pytest.Mon
     assert both.returncode == 125 and "exclude each other" in both.stderr
 
 
+def test_a_tree_nested_too_deep_is_refused_not_a_traceback(ws: Path) -> None:
+    deep = "/".join(["d"] * (tree.MAX_DEPTH + 5))
+    done, name = reviewed(ws, "--dry-run", f"mkdir -p {deep}")
+    assert done.returncode == 125, done.stderr
+    assert "nested deeper than 256 levels" in done.stderr and "Traceback" not in done.stderr
+    assert cli("discard", name).returncode == 0
+
+
 # ----------------------------------------------------------------------------
 # The API
 

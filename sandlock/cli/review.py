@@ -33,6 +33,8 @@ def run_reviewed(mode: str, execute: Callable[[Review], int], say: Callable[[str
             say(line)
     except SandlockError as exc:
         say(str(exc))
+        say(f"run {review.name} ({mode}) could not be recorded: `sandlock discard {review.name}` "
+            "removes its copies")
         return int(exc.exit_code)
     if mode == session.DRY_RUN:
         say(f"the originals are unchanged: `sandlock apply {name}` writes this into them, "

@@ -40,6 +40,8 @@ _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: ioctl_ficlone(2): share the source's extents (btrfs, XFS, bcachefs); EOPNOTSUPP elsewhere.
 FICLONE = 0x40049409
 CHUNK = 1 << 20
+#: Directories nested deeper than this are refused (a descriptor and a stack frame each).
+MAX_DEPTH = 256
 #: clock_gettime(2)'s CLOCK_REALTIME_COARSE (Python names it on some builds only): the
 #: clock inode timestamps are taken from.
 CLOCK_REALTIME_COARSE = 5
@@ -109,6 +111,7 @@ def walk(root: int, prefix: str = "") -> Iterator[tuple[str, int, str, os.stat_r
     """(relative path, parent descriptor, name, lstat) of everything below ``root``,
     each directory before what it holds. A mount point below is refused: another
     filesystem is not the tree."""
+    _check_depth(prefix)
     device = os.fstat(root).st_dev
     for name in _names(root):
         info = os.stat(name, dir_fd=root, follow_symlinks=False)
@@ -122,6 +125,12 @@ def walk(root: int, prefix: str = "") -> Iterator[tuple[str, int, str, os.stat_r
                 yield from walk(sub, rel + "/")
             finally:
                 os.close(sub)
+
+
+def _check_depth(prefix: str) -> None:
+    if prefix.count("/") > MAX_DEPTH:
+        raise UndoError(f"{printable(prefix[:200])}...: directories nested deeper than "
+                        f"{MAX_DEPTH} levels are not supported")
 
 
 def digest_of(fd: int) -> str:
@@ -172,6 +181,7 @@ def copy_tree(src: int, dst: int, hashing: bool, prefix: str = "") -> tuple[Mani
     devices and sockets recorded, not copied (``skip``). The manifest of ``src`` (each
     entry with ``c``, the copy's key, and ``h`` when ``hashing``) and the newest ctime
     of a copy (:func:`settle`)."""
+    _check_depth(prefix)
     out: Manifest = {}
     newest = 0
     if not prefix:
