@@ -28,7 +28,7 @@ NOT_IMPORTED = {"sandlock.probe.payload", "sandlock.__main__"}
 #: Lower layers first: a module may import, at module level, only from its own layer or
 #: a lower one.
 LAYERS = (("sandlock.errors", "sandlock.linux"), ("sandlock.policy",), ("sandlock.compile",),
-          ("sandlock.exec", "sandlock.net", "sandlock.trace"),
+          ("sandlock.exec", "sandlock.net", "sandlock.trace", "sandlock.undo"),
           ("sandlock.api", "sandlock.cli", "sandlock.probe", "sandlock.integrations"))
 
 

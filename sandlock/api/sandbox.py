@@ -287,13 +287,18 @@ class Sandbox:
     with the same schema (``vars`` fill ``${name}``). TOML text: :meth:`from_toml`.
     ``trusted_types`` are the classes (besides plain data and exceptions) that
     :meth:`call` may rebuild from a confined function's result.
+    ``review``: ``"dry-run"`` (the write-granted directories are copied and the copies
+    granted instead; working directories inside them move to the copy) or
+    ``"checkpoint"`` (they are snapshotted first); :meth:`finish_review` (or closing)
+    records what the runs changed and names the run for :mod:`sandlock.undo.session`
+    (``changes``, ``apply``, ``forget``, ``rollback``). See docs/undo.md.
     """
 
     def __init__(self, policy: PolicyLike, *, vars: Optional[Mapping[str, str]] = None,
                  best_effort: bool = False, timeout: Optional[float] = None,
                  trusted_types: Iterable[type] = (), max_result_size: int = 64 << 20,
                  credentials: Optional[Mapping[str, str]] = None,
-                 accept: Iterable[str] = ()) -> None:
+                 accept: Iterable[str] = (), review: Optional[str] = None) -> None:
         # Every argument is checked before anything is compiled or opened.
         names = () if isinstance(accept, str) else tuple(accept)
         if isinstance(accept, str) or not all(isinstance(name, str) for name in names):
@@ -315,6 +320,12 @@ class Sandbox:
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
         self._mediator: Any = None  #: net.mediator.MediatorProcess of ``[network] allow``
+        self._review: Any = None  #: sandlock.undo.session.Review of review=
+        if review is not None:
+            from ..undo.session import Review
+
+            self._review = Review(review)
+            loaded = self._review.prepare(loaded)
         if loaded.network.allow:
             from ..net.connect import check_support
 
@@ -334,6 +345,8 @@ class Sandbox:
         except BaseException:
             if self._routes is not None:
                 self._routes.stop()
+            if self._review is not None:
+                self._review.discard_now()
             raise
         compiled_policy = self._compiled.policy  # compiled here: never None
         assert compiled_policy is not None
@@ -401,6 +414,17 @@ class Sandbox:
             self._routes.stop()
         if getattr(self, "_mediator", None) is not None:
             self._mediator.close()  # calls under way keep their proxy and gate
+        if getattr(self, "_review", None) is not None and not self._review.finished:
+            self.finish_review()
+
+    def finish_review(self) -> str:
+        """Record what this Sandbox's runs changed in its reviewed directories (``review=``;
+        once its commands are done); the run's name for :mod:`sandlock.undo.session`."""
+        if self._review is None:
+            raise SandlockError("this Sandbox was made without review=")
+        if not self._review.finished:
+            self._review.finish()
+        return str(self._review.name)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -567,8 +591,10 @@ class Sandbox:
         if session is not None:  # the call's placeholders instead of the Sandbox's
             environment = session.environment(environment)
         environment.update(env or {})
-        return launcher.Command(os.path.abspath(exe), args, tuple(environment.items()),
-                                os.path.abspath(cwd or _working_directory()))
+        where = os.path.abspath(cwd or _working_directory())
+        if self._review is not None:  # a dry run's copy in place of the original
+            where = self._review.place(where)
+        return launcher.Command(os.path.abspath(exe), args, tuple(environment.items()), where)
 
     def _call_session(self, credentials: Optional[Mapping[str, str]]) -> Any:
         """The call's own credential placeholders (:func:`sandlock.net.routes.call_session`),

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..compile.compiler import Compiled
     from ..net.routes import Routes
     from ..policy.model import Policy
+    from ..undo.session import Review
 
 
 def say(message: str) -> None:
@@ -111,13 +112,14 @@ def prepared(loaded: Policy) -> Optional[Routes]:
 
 def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[str],
                 variables: Mapping[str, str], timeout: Optional[str], best_effort: bool,
-                accept: Sequence[str] = ()) -> Compiled:
+                accept: Sequence[str] = (), review: Optional[Review] = None) -> Compiled:
     """The plan of a run named on the command line, consulting the cache of compiled
     policies (:mod:`sandlock.compile.cache`) first: a policy file compiled before, unchanged,
     is read back instead of parsed (no policy model, tomllib or seccomp compiler is
     imported). Any doubt means a miss: then the policy is loaded once, compiled (with its
     credential routes listening, carried by the plan) and stored. A run that accepts a gap
-    (``accept``, `--accept`) is compiled afresh: the cache's key does not hold it."""
+    (``accept``, `--accept`) is compiled afresh: the cache's key does not hold it, nor does
+    it hold a run under ``review`` (`--dry-run`, `--checkpoint`), whose grants it moves."""
     from ..compile import compiler
 
     cached = None
@@ -128,7 +130,7 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
 
         policy = policy_file(policy)  # a bare name: the shipped policy of that name
         data = _read_once(policy)
-        cached = None if accept else fastpath.lookup(policy, data, variables, timeout,
+        cached = None if accept or review else fastpath.lookup(policy, data, variables, timeout,
                                                      best_effort)
     try:
         if cached is not None and cached.entry is not None:
@@ -139,6 +141,8 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
             except GrantError:
                 pass  # the full path reports it with the policy's line
         loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data, accept)
+        if review is not None:
+            loaded = review.prepare(loaded)
         from ..policy.model import cautions
 
         for line in cautions(loaded):  # once: a cache hit does not come here
@@ -162,15 +166,24 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
 
 def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
             best_effort: bool, argv: Sequence[str], *, tool: Optional[str] = None,
-            policies: Optional[str] = None, accept: Sequence[str] = ()) -> int:
+            policies: Optional[str] = None, accept: Sequence[str] = (),
+            review: Optional[Review] = None) -> int:
     """Compile (:func:`compile_run`, the cache inside), then run the plan and wait; every
     failure becomes a message and an exit code."""
     try:
-        compiled = compile_run(policy, tool, policies, variables, timeout, best_effort, accept)
+        compiled = compile_run(policy, tool, policies, variables, timeout, best_effort, accept,
+                               review)
         from ..exec import launcher
 
         try:
-            command = launcher.prepare_command(compiled, argv)
+            if review is None:
+                command = launcher.prepare_command(compiled, argv)
+            else:
+                import os
+
+                command = launcher.prepare_command(
+                    compiled, argv, caller_env=review.environment(os.environ), cwd=review.cwd)
+                review.launched = True
             warn_gaps(compiled)
             events: list[str] = []
 
@@ -301,10 +314,14 @@ OPTIONS: tuple[tuple[str, Optional[str], str], ...] = (
     ("--best-effort", None, "Run even if the kernel cannot enforce everything; warn."),
     ("--accept", "NAME", "Run although the kernel lacks this one protection (repeatable; "
      "`sandlock check` lists the names); every other gap is still refused; warn."),
+    ("--dry-run", None, "Write-granted directories are copied and the copy granted instead; "
+     "show the changes, then `sandlock apply RUN` or `sandlock discard RUN`."),
+    ("--checkpoint", None, "Snapshot the write-granted directories first, so that "
+     "`sandlock rollback RUN` can restore them."),
 )
 SUMMARY = "Run COMMAND confined by a policy."
 USAGE = ("sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] "
-         "[--best-effort | --accept NAME...] -- CMD [ARGS]...")
+         "[--best-effort | --accept NAME...] [--dry-run | --checkpoint] -- CMD [ARGS]...")
 EXIT_CODES = ("Exit codes: the command's own; 128+N killed by signal N; 124 timeout;\n"
               "125 sandlock failed; 126 not executable (or exec denied); 127 not found.")
 
@@ -331,6 +348,7 @@ def main_run(args: Sequence[str]) -> int:
     pairs: list[str] = []
     accept: list[str] = []
     best_effort = False
+    review = ""
     index = 0
     valued = {name for name, metavar, _ in OPTIONS if metavar is not None}
     flags = {name for name, metavar, _ in OPTIONS if metavar is None}
@@ -346,7 +364,13 @@ def main_run(args: Sequence[str]) -> int:
             sys.stdout.write(help_text())
             return 0
         if name in flags and not eq:
-            best_effort = True  # the one flag: --best-effort
+            if name == "--best-effort":
+                best_effort = True
+            elif review and review != name:
+                say(f"error: --dry-run and --checkpoint exclude each other\nusage: {USAGE}")
+                return ExitCode.LAUNCHER
+            else:
+                review = name
             index += 1
             continue
         if name not in valued:
@@ -374,5 +398,12 @@ def main_run(args: Sequence[str]) -> int:
     except SandlockError as exc:
         say(str(exc))
         return ExitCode.LAUNCHER
+    if review:
+        from .review import run_reviewed
+
+        return run_reviewed(review[2:], lambda under: execute(
+            given.get("--policy"), variables, given.get("--timeout"), best_effort, argv,
+            tool=given.get("--tool"), policies=given.get("--policies"), accept=accept,
+            review=under), say)
     return execute(given.get("--policy"), variables, given.get("--timeout"), best_effort, argv,
                    tool=given.get("--tool"), policies=given.get("--policies"), accept=accept)

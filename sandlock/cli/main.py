@@ -423,3 +423,8 @@ from .log import log as _log_command  # noqa: E402
 
 _register_hooks(cli)  # `hook claude-code` and `shell`
 cli.add_command(_log_command)  # `log --verify`
+
+from .undo import COMMANDS as _UNDO_COMMANDS  # noqa: E402 - after the group exists
+
+for _command in _UNDO_COMMANDS:  # `changes`, `apply`, `discard`, `rollback`
+    cli.add_command(_command)

@@ -1,0 +1,366 @@
+"""One reviewed run: its write grants copied before it starts, what it changed recorded
+when it ends, and the decision afterwards (apply, discard, roll back).
+
+* **Dry run** (``Review(DRY_RUN)``): each write-granted directory tree is copied into a
+  private scratch directory and the policy is rewritten to grant the copy in its place
+  (every grant inside the tree, of any right, moves with it; the working directory and
+  ``PWD`` too, when inside). The originals are not granted at all. :func:`apply` writes
+  the change back through :func:`sandlock.undo.tree.sync`; :func:`discard` drops it.
+* **Checkpoint** (``Review(CHECKPOINT)``): each tree is snapshotted into sandlock's state
+  directory (where no grant may write), with the digest of every file; the tool runs on
+  the originals. :func:`rollback` restores the snapshot, verified by those digests.
+
+Either way the record (:mod:`sandlock.undo.record`) holds the manifest of every tree
+before and after the run, authenticated; applying or rolling back refuses when a tree
+was changed by anyone since (:class:`sandlock.undo.tree.Conflict`).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+from . import record, tree
+from .tree import UndoError
+
+if TYPE_CHECKING:
+    from ..policy.model import Policy
+
+DRY_RUN = "dry-run"
+CHECKPOINT = "checkpoint"
+SNAPSHOTS = "snap"
+
+
+def within(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def write_trees(policy: Policy) -> list[str]:
+    """The outermost write-granted directories of ``policy``. A write grant on anything
+    but a directory or a character device (``/dev/null``: no content to keep) is refused:
+    its writes could be neither redirected nor undone."""
+    from ..policy.model import Access
+
+    found = []
+    for rule in policy.paths:
+        if rule.access is not Access.WRITE:
+            continue
+        try:
+            info = os.lstat(rule.path)
+        except OSError as exc:
+            raise UndoError(f"{rule.origin}: {rule.path!r}: {exc.strerror}") from None
+        if stat.S_ISDIR(info.st_mode):
+            found.append(rule.path)
+        elif not stat.S_ISCHR(info.st_mode):
+            raise UndoError(f"{rule.origin}: {rule.path!r} is a write grant on a single file: "
+                            "a dry run or checkpoint covers directory trees only (grant its "
+                            "directory instead)")
+    trees = []
+    for path in dict.fromkeys(found):
+        if not any(other != path and within(path, other) for other in found):
+            trees.append(path)
+    for path in trees:
+        for own in (record.runs_path(), record.scratch_path()):
+            if within(own, path):
+                raise UndoError(f"the write grant {path!r} holds {own!r}, where sandlock keeps "
+                                "run records and copies: grant a narrower directory")
+    return trees
+
+
+def moved(policy: Policy, copies: Mapping[str, str]) -> Policy:
+    """``policy`` with every grant inside a copied tree moved to the copy (pure)."""
+    def move(path: str) -> str:
+        for top, copy in copies.items():
+            if within(path, top):
+                return copy + path[len(top.rstrip("/")):]
+        return path
+
+    paths = tuple(replace(rule, path=move(rule.path)) for rule in policy.paths)
+    env = replace(policy.env, set=tuple((name, move(value) if os.path.isabs(value) else value)
+                                        for name, value in policy.env.set))
+    return replace(policy, paths=paths, env=env)
+
+
+class Review:
+    """A run under review: :meth:`prepare` before compiling, :meth:`finish` once the
+    tool (and everything it started) is gone. ``name`` is the run's name afterwards."""
+
+    def __init__(self, mode: str) -> None:
+        if mode not in (DRY_RUN, CHECKPOINT):
+            raise ValueError(mode)
+        self.mode = mode
+        self.name = ""
+        self.trees: list[str] = []
+        self.before: list[tree.Manifest] = []
+        self.copies: dict[str, str] = {}
+        #: The tool's working directory and PWD (the copy's, in a dry run from inside a tree).
+        self.cwd: Optional[str] = None
+        #: Set by the executor once the plan is compiled and the tool is about to start.
+        self.launched = False
+        self.finished = False
+
+    def prepare(self, policy: Policy) -> Policy:
+        """Copy or snapshot the trees; the policy to compile (a dry run's grants moved)."""
+        self.trees = write_trees(policy)
+        if not self.trees:
+            raise UndoError(f"{policy.source}: no write-granted directory: nothing to "
+                            f"{'redirect' if self.mode == DRY_RUN else 'checkpoint'}")
+        self.name = record.new_name()
+        runs = record.open_base(record.runs_path())
+        try:
+            directory = record.open_run(runs, self.name, create=True)
+        finally:
+            os.close(runs)
+        try:
+            tree.settle(self._copy_all(directory))
+            record.save(directory, self.name, self._value(None))
+        except BaseException:
+            self.discard_now()
+            raise
+        finally:
+            os.close(directory)
+        if self.mode == CHECKPOINT:
+            return policy
+        try:
+            here = os.getcwd()
+        except OSError:
+            here = None
+        if here is not None and self.place(here) != here:
+            self.cwd = self.place(here)
+        return moved(policy, self.copies)
+
+    def place(self, path: str) -> str:
+        """Where absolute ``path`` is for the tool: in a dry run's copy when inside a tree."""
+        for top, copy in self.copies.items():
+            if within(path, top):
+                return copy + path[len(top.rstrip("/")):]
+        return path
+
+    def _copy_all(self, run_dir: int) -> int:
+        newest = 0
+        if self.mode == DRY_RUN:
+            base = record.open_base(record.scratch_path())
+            os.mkdir(self.name, 0o700, dir_fd=base)
+            holder = record.open_run(base, self.name)
+            os.close(base)
+            where = os.path.join(record.scratch_path(), self.name)
+        else:
+            os.mkdir(SNAPSHOTS, 0o700, dir_fd=run_dir)
+            holder = os.open(SNAPSHOTS, record._DIR, dir_fd=run_dir)
+            where = ""
+        try:
+            for index, top in enumerate(self.trees):
+                os.mkdir(str(index), 0o700, dir_fd=holder)
+                dst = os.open(str(index), record._DIR, dir_fd=holder)
+                src = tree.open_root(top)
+                try:
+                    manifest, last = tree.copy_tree(src, dst, hashing=self.mode == CHECKPOINT)
+                except OSError as exc:
+                    raise UndoError(f"cannot copy {top!r}: {exc}") from None
+                finally:
+                    os.close(src)
+                    os.close(dst)
+                self.before.append(manifest)
+                newest = max(newest, last)
+                if where:
+                    self.copies[top] = os.path.join(where, str(index))
+        finally:
+            os.close(holder)
+        return newest
+
+    def _value(self, after: Optional[list[tree.Manifest]]) -> dict[str, Any]:
+        return {"mode": self.mode, "trees": self.trees, "before": self.before, "after": after}
+
+    def environment(self, caller: Mapping[str, str]) -> dict[str, str]:
+        """The caller's environment as the tool should see it (PWD moved with the cwd)."""
+        out = dict(caller)
+        if self.cwd is not None and "PWD" in out:
+            out["PWD"] = self.cwd
+        return out
+
+    def finish(self) -> str:
+        """Record each tree as the run left it; the run's name."""
+        after = []
+        for index, top in enumerate(self.trees):
+            if self.mode == DRY_RUN:
+                root = tree.open_root(self.copies[top])
+                field = "c"
+            else:
+                root = tree.open_root(top)
+                field = "key"
+            try:
+                after.append(tree.scan(root, self.before[index], field))
+                if self.mode == DRY_RUN:
+                    _hash_originals(top, self.before[index], after[-1])
+            except OSError as exc:
+                raise UndoError(f"cannot read {top!r} after the run: {exc}") from None
+            finally:
+                os.close(root)
+        runs = record.open_base(record.runs_path())
+        try:
+            directory = record.open_run(runs, self.name)
+        finally:
+            os.close(runs)
+        try:
+            record.save(directory, self.name, self._value(after))
+        finally:
+            os.close(directory)
+        self.finished = True
+        return self.name
+
+    def discard_now(self) -> None:
+        if self.name:
+            forget(self.name)
+
+
+def _hash_originals(top: str, before: tree.Manifest, after: tree.Manifest) -> None:
+    """Digest the originals of the files a dry run changed without changing their size,
+    so the change set can tell content from times (the copy hashed nothing)."""
+    cache: dict[str, int] = {}
+    root = tree.open_root(top)
+    cache[""] = root
+    try:
+        for rel, new in after.items():
+            old = before.get(rel)
+            if (old is None or new["same"] or new["k"] != "f" or old["k"] != "f"
+                    or old["s"] != new["s"]):
+                continue
+            old["h"] = tree.digest_at(root, rel, old["key"], cache)
+    finally:
+        tree.close_all(cache, root)
+        os.close(root)
+
+
+def load(name: str) -> dict[str, Any]:
+    runs = record.open_base(record.runs_path())
+    try:
+        directory = record.open_run(runs, name)
+    finally:
+        os.close(runs)
+    try:
+        value = record.load(directory, name)
+    finally:
+        os.close(directory)
+    if value.get("after") is None:
+        raise UndoError(f"run {name} did not finish (sandlock was stopped during it): "
+                        "`sandlock discard` removes it")
+    return value
+
+
+def changes(value: Mapping[str, Any]) -> list[tuple[int, str, str, Optional[tree.Entry],
+                                                    Optional[tree.Entry]]]:
+    """(tree index, path, what, before, after) of every change of a finished run; what is
+    ``added``, ``removed``, ``modified`` (content or type), ``mode`` or ``times``."""
+    out: list[tuple[int, str, str, Optional[tree.Entry], Optional[tree.Entry]]] = []
+    for index, (before, after) in enumerate(zip(value["before"], value["after"])):
+        for rel in sorted(set(before) | set(after)):
+            old, new = before.get(rel), after.get(rel)
+            if old is not None and old.get("skip"):
+                continue
+            if new is None:
+                out.append((index, rel, "removed", old, None))
+            elif old is None:
+                out.append((index, rel, "added", None, new))
+            elif not new["same"] and new["k"] != "d":
+                out.append((index, rel, _how(old, new), old, new))
+            elif not new["same"] and new["m"] != old["m"]:
+                out.append((index, rel, "mode", old, new))
+    return out
+
+
+def _how(old: tree.Entry, new: tree.Entry) -> str:
+    if old["k"] != new["k"] or old.get("l") != new.get("l") or old["s"] != new["s"]:
+        return "modified"
+    if old["k"] == "f" and (old.get("h") is None or old.get("h") != new.get("h")):
+        return "modified"
+    return "mode" if old["m"] != new["m"] else "times"
+
+
+def apply(name: str) -> int:
+    """Write a dry run's changes into the original trees; the number of changes. Refuses
+    (nothing changed) on a conflict or on anything
+    :func:`sandlock.undo.tree.check_source` refuses; then forgets the run."""
+    value = load(name)
+    if value["mode"] != DRY_RUN:
+        raise UndoError(f"run {name} was a checkpoint, not a dry run: `sandlock rollback` it")
+    for index, top in enumerate(value["trees"]):
+        before, after = value["before"][index], value["after"][index]
+        writes = [(rel, e) for rel, e in after.items() if not e["same"]]
+        deletes = [rel for rel in before if rel not in after and not before[rel].get("skip")]
+        _sync(top, before, writes, deletes, _scratch(name, index), "key", True)
+    forget(name)
+    return len(changes(value))
+
+
+def rollback(name: str) -> int:
+    """Restore a checkpointed run's trees from their verified snapshot; the number of
+    changes undone; then forgets the run."""
+    value = load(name)
+    if value["mode"] != CHECKPOINT:
+        raise UndoError(f"run {name} was a dry run: `sandlock apply` or `sandlock discard` it")
+    for index, top in enumerate(value["trees"]):
+        before, after = value["before"][index], value["after"][index]
+        writes = [(rel, e) for rel, e in before.items() if not e.get("skip") and (
+            e["k"] == "d" or rel not in after or not after[rel]["same"])]
+        deletes = [rel for rel in after if rel not in before]
+        _sync(top, after, writes, deletes, _snapshot(name, index), "c", False)
+    forget(name)
+    return len(changes(value))
+
+
+def _sync(top: str, expect: tree.Manifest, writes: list[tuple[str, tree.Entry]],
+          deletes: list[str], source: int, field: str, tool_made: bool) -> None:
+    try:
+        target = tree.open_root(top)
+        try:
+            tree.sync(target, expect, writes, deletes, source, field, tool_made)
+        finally:
+            os.close(target)
+    except tree.UndoError as exc:
+        raise type(exc)(f"{top}: {exc}") from None
+    except OSError as exc:
+        raise UndoError(f"{top}: {exc}") from None
+    finally:
+        os.close(source)
+
+
+def _scratch(name: str, index: int) -> int:
+    base = record.open_base(record.scratch_path())
+    try:
+        holder = record.open_run(base, name)
+    finally:
+        os.close(base)
+    try:
+        return os.open(str(index), record._DIR, dir_fd=holder)
+    finally:
+        os.close(holder)
+
+
+def _snapshot(name: str, index: int) -> int:
+    runs = record.open_base(record.runs_path())
+    try:
+        directory = record.open_run(runs, name)
+    finally:
+        os.close(runs)
+    try:
+        return os.open(f"{SNAPSHOTS}/{index}", record._DIR, dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def forget(name: str) -> None:
+    """Remove run ``name``'s scratch copies, snapshots and record (discard)."""
+    record.check_name(name)
+    found = False
+    for path in (record.scratch_path(), record.runs_path()):
+        base = record.open_base(path)
+        try:
+            if os.path.lexists(f"/proc/self/fd/{base}/{name}"):
+                found = True
+            tree.remove_tree(base, name)
+        finally:
+            os.close(base)
+    if not found:
+        raise UndoError(f"no run {name}")

@@ -1,0 +1,127 @@
+"""A finished run's change set as lines for a terminal: every name and every line of
+content escaped (:func:`sandlock.trace.emit.printable`: the tool chose them), a unified
+diff for text files up to :data:`DIFF_LIMIT` bytes, whose bytes are shown only when
+their digest is the one recorded at the end of the run."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import os
+from typing import Any, Mapping, Optional
+
+from ..trace.emit import printable
+from . import record, tree
+from .session import CHECKPOINT, SNAPSHOTS, changes
+
+DIFF_LIMIT = 256 << 10
+MARK = {"added": "A", "removed": "D", "modified": "M", "mode": "m", "times": "t"}
+
+
+def _what(item: Optional[tree.Entry]) -> str:
+    if item is None:
+        return ""
+    if item["k"] == "l":
+        return f" -> {printable(item.get('l', ''))} (symbolic link)"
+    if item["k"] == "d":
+        return "/"
+    if item["k"] in ("p", "o"):
+        return " (FIFO, device or socket)"
+    return ""
+
+
+def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
+    """The change set of run ``name`` (its verified record ``value``)."""
+    found = changes(value)
+    out = [f"run {name} ({value['mode']}): {len(found)} change(s)"]
+    roots: dict[tuple[str, int], int] = {}
+    try:
+        for index, rel, what, old, new in found:
+            top = value["trees"][index]
+            path = printable(os.path.join(top, rel))
+            item = new if new is not None else old
+            extra = _what(item)
+            if what == "mode" and old is not None and new is not None:
+                extra += f" mode {old['m']:04o} -> {new['m']:04o}"
+            if value["mode"] != CHECKPOINT and new is not None and what != "removed":
+                why = tree.refusal(rel, new)
+                if why is not None:
+                    extra += f" [apply refuses it: {printable(why)}]"
+            out.append(f"{MARK[what]} {path}{extra}")
+            if diffs and what in ("added", "modified") and item is not None and item["k"] == "f":
+                out += _diff(value, name, index, rel, old, new, roots)
+    finally:
+        for fd in roots.values():
+            os.close(fd)
+    return out
+
+
+def _root(value: Mapping[str, Any], name: str, index: int, which: str,
+          roots: dict[tuple[str, int], int]) -> Optional[int]:
+    """The tree holding the ``before`` or ``after`` side of tree ``index``."""
+    if (which, index) in roots:
+        return roots[(which, index)]
+    try:
+        if (which == "before") == (value["mode"] == CHECKPOINT):  # a copy sandlock made
+            base_path = record.runs_path() if value["mode"] == CHECKPOINT else record.scratch_path()
+            base = record.open_base(base_path)
+            try:
+                holder = record.open_run(base, name)
+            finally:
+                os.close(base)
+            try:
+                inner = f"{SNAPSHOTS}/{index}" if value["mode"] == CHECKPOINT else str(index)
+                fd = os.open(inner, record._DIR, dir_fd=holder)
+            finally:
+                os.close(holder)
+        else:
+            fd = tree.open_root(value["trees"][index])
+    except (OSError, tree.UndoError):
+        return None
+    roots[(which, index)] = fd
+    return fd
+
+
+def _content(value: Mapping[str, Any], name: str, index: int, rel: str,
+             item: Optional[tree.Entry], which: str,
+             roots: dict[tuple[str, int], int]) -> Optional[bytes]:
+    if item is None:
+        return b""
+    if item["k"] != "f" or item["s"] > DIFF_LIMIT:
+        return None
+    root = _root(value, name, index, which, roots)
+    if root is None:
+        return None
+    cache = {"": root}
+    try:
+        data = tree.read_at(root, rel, DIFF_LIMIT + 1, cache)
+    finally:
+        tree.close_all(cache, root)
+    if data is None or (item.get("h") is not None and hashlib.sha256(data).hexdigest() != item["h"]):
+        return None
+    return data
+
+
+def _text(data: bytes) -> Optional[list[str]]:
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        return None
+
+
+def _diff(value: Mapping[str, Any], name: str, index: int, rel: str,
+          old: Optional[tree.Entry], new: Optional[tree.Entry],
+          roots: dict[tuple[str, int], int]) -> list[str]:
+    before = _content(value, name, index, rel, old if old is None or old["k"] == "f" else None,
+                      "before", roots)
+    after = _content(value, name, index, rel, new, "after", roots)
+    if before is None or after is None:
+        return ["    (content not shown: binary, larger than 256 KiB, or changed since the run)"]
+    a, b = _text(before), _text(after)
+    if a is None or b is None:
+        return [f"    (binary: {len(before)} -> {len(after)} bytes)"]
+    label = printable(rel)
+    return ["    " + printable(line) for line in difflib.unified_diff(
+        a, b, f"a/{label}", f"b/{label}", lineterm="")]

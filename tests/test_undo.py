@@ -1,0 +1,370 @@
+"""Review and undo (docs/undo.md) on the real kernel, with real tools (sh, sed, rm, python3):
+`sandlock run --dry-run` then `changes`, `discard`, `apply`; `--checkpoint` then
+`rollback`; and the attacks on apply and rollback, each with its control (the same
+attack with the guard switched off succeeds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+from conftest import POLICIES
+
+from sandlock.undo import record, session, tree
+
+SHELL = str(POLICIES / "shell.toml")
+#: A tool that deletes, rewrites, creates and chmods files in its workspace.
+EDIT = ("sed -i s/world/there/ a.txt && rm b.txt && rm -r gone && echo new > n.txt && "
+        "chmod 700 sub/c.txt && /usr/bin/python3 -c \"open('sub/py.txt', 'w').write('from python\\n')\" "
+        "&& printf 'esc' > \"x$(printf '\\033')[31m\"")
+
+
+@pytest.fixture
+def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A workspace, and a private cache (records, snapshots, scratch) for this test."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    work = tmp_path / "ws"
+    (work / "sub").mkdir(parents=True)
+    (work / "gone").mkdir()
+    (work / "a.txt").write_text("hello\nworld\n")
+    (work / "b.txt").write_text("keep me\n")
+    (work / "sub" / "c.txt").write_bytes(b"\x00binary\xff")
+    (work / "gone" / "d.txt").write_text("d\n")
+    os.chmod(work / "b.txt", 0o640)
+    for index, path in enumerate(sorted(work.rglob("*"), reverse=True)):
+        os.utime(path, ns=(1_500_000_000_000_000_000 + index, 1_600_000_000_000_000_000 + index))
+    os.utime(work, ns=(1_500_000_000_000_000_000, 1_600_000_000_000_000_000))
+    return work
+
+
+def state(root: Path) -> dict[str, tuple[Any, ...]]:
+    """Everything below ``root`` a rollback must restore: kind, mode, mtime, bytes."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for path in [root, *sorted(root.rglob("*"))]:
+        info = path.lstat()
+        body: Any = None
+        if stat.S_ISREG(info.st_mode):
+            body = path.read_bytes()
+        elif stat.S_ISLNK(info.st_mode):
+            body = os.readlink(path)
+        out[str(path.relative_to(root))] = (stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode),
+                                            info.st_mtime_ns, body)
+    return out
+
+
+def cli(*args: str, cwd: Optional[Path] = None) -> subprocess.CompletedProcess[str]:
+    # -P: the working directory (the workspace) is not put on sandlock's import path
+    return subprocess.run([sys.executable, "-P", "-m", "sandlock", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+def reviewed(ws: Path, flag: str, script: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    done = cli("run", "--policy", SHELL, "--var", f"workspace={ws}", flag, "--", "sh", "-c",
+               script, cwd=ws)
+    found = re.search(r"run (\S+) \((dry-run|checkpoint)\)", done.stderr)
+    assert found, done.stderr
+    return done, found.group(1)
+
+
+def scratch_of(name: str) -> Path:
+    return Path(record.scratch_path()) / name / "0"
+
+
+def test_dry_run_shows_the_change_and_discard_leaves_the_workspace(ws: Path) -> None:
+    before = state(ws)
+    done, name = reviewed(ws, "--dry-run", "pwd && " + EDIT)
+    assert done.returncode == 0, done.stderr
+    assert state(ws) == before  # the originals were never granted
+    assert done.stdout.strip() == str(scratch_of(name))  # the tool worked in the copy
+    err = done.stderr
+    for line in (f"M {ws}/a.txt", "-world", "+there", f"D {ws}/b.txt", f"D {ws}/gone/",
+                 f"A {ws}/n.txt", f"m {ws}/sub/c.txt mode 0644 -> 0700", "+from python",
+                 f"A {ws}/x\\x1b[31m", "+esc"):
+        assert f"sandlock: {line}\n" in err or f"sandlock:     {line}\n" in err, (line, err)
+    assert "\x1b" not in err  # the tool's file name and content, escaped
+    listed = cli("changes", "--no-diff", name)
+    assert listed.returncode == 0 and f"D {ws}/b.txt" in listed.stdout
+    assert cli("discard", name).returncode == 0
+    assert state(ws) == before
+    assert not scratch_of(name).parent.exists()
+    gone = cli("apply", name)
+    assert gone.returncode == 125 and f"no run {name}" in gone.stderr
+
+
+def test_apply_lands_what_the_tool_did(ws: Path, tmp_path: Path) -> None:
+    direct = tmp_path / "direct"
+    subprocess.run(["cp", "-a", str(ws), str(direct)], check=True)
+    subprocess.run(["sh", "-c", EDIT], cwd=direct, check=True)
+    _, name = reviewed(ws, "--dry-run", EDIT)
+    applied = cli("apply", name)
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.strip() == f"applied 8 change(s) of run {name}"
+
+    def shape(root: Path) -> dict[str, tuple[Any, ...]]:
+        return {rel: (kind, mode, body) for rel, (kind, mode, _, body) in state(root).items()}
+
+    assert shape(ws) == shape(direct)
+    assert not scratch_of(name).parent.exists()
+
+
+def test_rollback_restores_byte_for_byte(ws: Path) -> None:
+    before = state(ws)
+    done, name = reviewed(ws, "--checkpoint", EDIT)
+    assert done.returncode == 0, done.stderr
+    assert (ws / "a.txt").read_text() == "hello\nthere\n" and not (ws / "b.txt").exists()
+    back = cli("rollback", name)
+    assert back.returncode == 0, back.stderr
+    assert state(ws) == before  # content, modes, mtimes; created files gone, deleted back
+    assert cli("rollback", name).returncode == 125
+
+
+# ----------------------------------------------------------------------------
+# Attacks on apply: what the tool left in its scratch
+
+
+def _refused(name: str, ws: Path, why: str) -> None:
+    before = state(ws)
+    with pytest.raises(tree.UndoError, match=re.escape(why)):
+        session.apply(name)
+    assert state(ws) == before  # nothing half-applied
+
+
+def test_apply_does_not_follow_or_plant_a_link_out_of_the_tree(
+        ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "outside.txt"
+    secret.write_text("outside\n")
+    _, name = reviewed(ws, "--dry-run", f"rm a.txt && ln -s {secret} a.txt")
+    _refused(name, ws, "a symbolic link leading out of the tree")
+    assert secret.read_text() == "outside\n"
+    # control: a naive copy follows it (the outside file's bytes land in the workspace) ...
+    naive = tmp_path / "naive"
+    subprocess.run(["cp", "-rL", str(scratch_of(name)), str(naive)], check=True)
+    assert (naive / "a.txt").read_text() == "outside\n"
+    # ... and apply without the guard plants the link in the user's tree
+    monkeypatch.setattr(tree, "refusal", lambda rel, want: None)
+    session.apply(name)
+    assert os.readlink(ws / "a.txt") == str(secret)
+
+
+def test_apply_refuses_a_fifo(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, name = reviewed(ws, "--dry-run", "mkfifo \"$(printf '\\033')pipe\"")
+    refused = cli("apply", name)  # the tool's file name, escaped in the refusal
+    assert refused.returncode == 125 and "\\x1bpipe: a FIFO, device or socket" in refused.stderr
+    assert "\x1b" not in refused.stderr
+    _refused(name, ws, "\\x1bpipe: a FIFO, device or socket")
+    monkeypatch.setattr(tree, "refusal", lambda rel, want: None)  # control
+    session.apply(name)
+    assert stat.S_ISFIFO((ws / "\x1bpipe").lstat().st_mode)
+
+
+def _planted(ws: Path, plant: Any) -> str:
+    """A dry run during which ``plant(scratch)`` runs outside the sandbox: what a tool
+    confined by less (no seccomp filter against set-user-ID bits, a Landlock ABI or
+    policy that lets it link a file from elsewhere) or any process of the user could
+    leave in the scratch. Returns the run's name."""
+    script = "echo mine > mine.txt && : > ready && while [ ! -e go ]; do sleep 0.02; done; rm go ready"
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "sandlock", "run", "--policy", SHELL,
+                             "--var", f"workspace={ws}", "--dry-run", "--", "sh", "-c", script],
+                            cwd=ws, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = Path(record.scratch_path())
+    deadline = time.monotonic() + 60
+    while not list(base.glob("*/0/ready")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    scratch = list(base.glob("*/0/ready"))[0].parent
+    plant(scratch)
+    (scratch / "go").touch()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return scratch.parent.name
+
+
+def test_apply_refuses_a_hard_link_to_a_file_outside(
+        ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the tool's\n")
+    secret.chmod(0o600)
+    name = _planted(ws, lambda scratch: os.link(secret, scratch / "leak.txt"))
+    _refused(name, ws, "leak.txt: a file with more than one hard link")
+    monkeypatch.setattr(tree, "refusal", lambda rel, want: None)  # control
+    session.apply(name)
+    assert (ws / "leak.txt").read_text() == "not the tool's\n"
+
+
+def test_apply_refuses_a_setuid_file(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def plant(scratch: Path) -> None:
+        (scratch / "suid").write_text("#!/bin/sh\n")
+        os.chmod(scratch / "suid", 0o4755)
+
+    name = _planted(ws, plant)
+    _refused(name, ws, "suid: a set-user-ID or set-group-ID bit")
+    monkeypatch.setattr(tree, "refusal", lambda rel, want: None)  # control
+    session.apply(name)
+    assert (ws / "suid").stat().st_mode & stat.S_ISUID
+
+
+def test_apply_refuses_when_the_original_changed(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, name = reviewed(ws, "--dry-run", EDIT)
+    (ws / "a.txt").write_text("the user's own edit\n")
+    _refused(name, ws, "the tree changed since the run: a.txt was changed")
+    monkeypatch.setattr(tree, "conflicts", lambda root, expect: [])  # control
+    session.apply(name)
+    assert (ws / "a.txt").read_text() == "hello\nthere\n"  # the user's edit is lost
+
+
+def test_apply_refuses_a_scratch_changed_after_the_run(ws: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    _, name = reviewed(ws, "--dry-run", EDIT)
+    target = scratch_of(name) / "n.txt"
+    target.write_text("changed after the review\n")
+    _refused(name, ws, "n.txt: changed since the run ended")
+
+
+# ----------------------------------------------------------------------------
+# Attacks on rollback: the snapshot and the record
+
+
+@pytest.mark.parametrize("guard", ["digest", "stamp"])
+def test_rollback_refuses_a_tampered_snapshot(ws: Path, monkeypatch: pytest.MonkeyPatch,
+                                              guard: str) -> None:
+    """Two checks, each tested alone (the other switched off): the snapshot file's stamp
+    (a rewrite changes its ctime) and its content's digest."""
+    _, name = reviewed(ws, "--checkpoint", "echo tool > a.txt")
+    snap = Path(record.runs_path()) / name / "snap" / "0" / "a.txt"
+    info = snap.stat()
+    snap.write_text("planted\n")
+    os.utime(snap, ns=(info.st_atime_ns, info.st_mtime_ns))
+    after = state(ws)
+    if guard == "digest":
+        monkeypatch.setattr(tree, "unchanged", lambda info, want, field: True)
+        why = "its content is not what was recorded"
+    else:
+        monkeypatch.setattr(tree, "same_content", lambda digest, want: True)
+        why = "a.txt: changed since the run ended"
+    with pytest.raises(tree.UndoError, match=why):
+        session.rollback(name)
+    assert state(ws) == after
+    # control: with both checks off the planted bytes are restored
+    monkeypatch.setattr(tree, "same_content", lambda digest, want: True)
+    monkeypatch.setattr(tree, "unchanged", lambda info, want, field: True)
+    session.rollback(name)
+    assert (ws / "a.txt").read_text() == "planted\n"
+
+
+def _forge(name: str, change: Any) -> None:
+    path = Path(record.runs_path()) / name / record.RECORD
+    data = path.read_bytes()
+    value = json.loads(data[record.TAG_BYTES:])
+    change(value)
+    path.write_bytes(data[:record.TAG_BYTES] + json.dumps(value).encode())
+
+
+def test_rollback_refuses_a_forged_record(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, name = reviewed(ws, "--checkpoint", "echo tool > a.txt")
+
+    def evil(value: dict[str, Any]) -> None:  # "restore" b.txt as the tool wants it
+        snap = Path(record.runs_path()) / name / "snap" / "0" / "b.txt"
+        snap.write_text("forged\n")
+        entry = value["before"][0]["b.txt"]
+        entry["h"] = __import__("hashlib").sha256(b"forged\n").hexdigest()
+        entry["s"] = len("forged\n")
+        entry["c"] = tree.key(snap.lstat())
+        value["after"][0]["b.txt"]["same"] = False
+
+    _forge(name, evil)
+    with pytest.raises(tree.UndoError, match="does not verify"):
+        session.rollback(name)
+    assert (ws / "b.txt").read_text() == "keep me\n"
+    monkeypatch.setattr(record, "authentic", lambda tag, body: True)  # control
+    session.rollback(name)
+    assert (ws / "b.txt").read_text() == "forged\n"
+
+
+def test_rollback_refuses_when_changed_since_the_run(ws: Path) -> None:
+    _, name = reviewed(ws, "--checkpoint", "echo tool > a.txt")
+    (ws / "new.txt").write_text("made later\n")
+    later = state(ws)
+    back = cli("rollback", name)
+    assert back.returncode == 125 and "new.txt was created" in back.stderr
+    assert state(ws) == later
+
+
+# ----------------------------------------------------------------------------
+# What a review cannot cover is refused, with the policy's line
+
+
+def test_a_write_grant_on_a_single_file_is_refused(ws: Path, tmp_path: Path) -> None:
+    policy = tmp_path / "one.toml"
+    policy.write_text(f'version = 1\nextends = ["shell"]\n[filesystem]\nwrite = ["{ws}/a.txt"]\n')
+    done = cli("run", "--policy", str(policy), "--var", f"workspace={ws}", "--dry-run", "--",
+               "true")
+    assert done.returncode == 125
+    assert f"one.toml:4 filesystem.write[0]: '{ws}/a.txt' is a write grant on a single file" \
+        in done.stderr
+    scratch = Path(record.scratch_path())
+    assert not scratch.exists() or not any(scratch.iterdir())
+
+
+def test_run_names_are_checked(ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's name comes from the command line: `discard ../../victim` must not remove
+    <cache>/victim (relative to the runs directory)."""
+    victim = tmp_path / "cache" / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep\n")
+    for bad in ("../../victim", "x", "20260101-120000-0123abcd/.."):
+        done = cli("discard", bad)
+        assert done.returncode == 125 and "is not the name of a run" in done.stderr, done.stderr
+    assert (victim / "precious.txt").read_text() == "keep\n"
+    monkeypatch.setattr(record, "RUN_NAME", re.compile(".*"))  # control: without the check
+    record.open_base(record.runs_path())  # (made on first use)
+    session.forget("../../victim")
+    assert not victim.exists()
+    both = cli("run", "--policy", SHELL, "--dry-run", "--checkpoint", "--", "true")
+    assert both.returncode == 125 and "exclude each other" in both.stderr
+
+
+def test_a_tree_nested_too_deep_is_refused_not_a_traceback(ws: Path) -> None:
+    deep = "/".join(["d"] * (tree.MAX_DEPTH + 5))
+    done, name = reviewed(ws, "--dry-run", f"mkdir -p {deep}")
+    assert done.returncode == 125, done.stderr
+    assert "nested deeper than 256 levels" in done.stderr and "Traceback" not in done.stderr
+    assert cli("discard", name).returncode == 0
+
+
+# ----------------------------------------------------------------------------
+# The API
+
+
+def test_api_dry_run_then_apply_and_checkpoint_then_rollback(ws: Path) -> None:
+    from sandlock import Sandbox
+    from sandlock.undo import show
+
+    before = state(ws)
+    with Sandbox(SHELL, vars={"workspace": str(ws)}, review="dry-run") as box:
+        done = box.run(["sh", "-c", "pwd && " + EDIT], cwd=str(ws), capture_output=True,
+                       text=True)
+        assert done.returncode == 0, done.stderr
+        name = box.finish_review()
+    assert done.stdout.strip() == str(scratch_of(name))
+    assert state(ws) == before
+    listed = show.lines(name, session.load(name), diffs=False)
+    assert f"M {ws}/a.txt" in listed and f"D {ws}/b.txt" in listed
+    assert session.apply(name) == 8
+    assert (ws / "a.txt").read_text() == "hello\nthere\n"
+
+    applied = state(ws)
+    with Sandbox(SHELL, vars={"workspace": str(ws)}, review="checkpoint") as box:
+        assert box.run(["sh", "-c", "rm -r sub n.txt"], cwd=str(ws)).returncode == 0
+    assert not (ws / "sub").exists()
+    assert session.rollback(box.finish_review()) == 4  # sub/, its two files, n.txt
+    assert state(ws) == applied
