@@ -201,8 +201,7 @@ class Lookup:
             if value is not None:
                 _write(self.directory, self.name, self._secret, self.key, value)
                 if self._native:
-                    write_native(self.directory, self._secret, native_key(*self._native), value,
-                                 compiled)
+                    write_native(self._secret, native_key(*self._native), value, compiled)
         except Exception:  # noqa: BLE001 - see docstring
             pass
 
@@ -521,13 +520,14 @@ def _prune(directory: int) -> None:
 # field of ASCII decimal digits; a list is a count field, then its items. The file is
 # NATIVE_MAGIC, the keyed BLAKE2b tag (TAG_BYTES, the same key as the marshal entries)
 # of everything after it, then: the key bytes (native_key), the run's facts
-# (NATIVE_FIELDS, in that order) and nothing after. Its name is NATIVE_PREFIX and the hex
-# unkeyed BLAKE2b (NATIVE_NAME_BYTES) of the key bytes: the C front end
+# (NATIVE_FIELDS, in that order) and nothing after. It lives in NATIVE_DIR; its name is
+# NATIVE_PREFIX and the hex unkeyed BLAKE2b (NATIVE_NAME_BYTES) of the key bytes: the C front end
 # (exec/helper/sandlock_run.c) computes both from what it sees and compares the key in full.
 
 NATIVE_FORMAT = 1
 NATIVE_MAGIC = b"sandlock-native-entry\x00%d\n" % NATIVE_FORMAT
 NATIVE_PREFIX = "n-"
+NATIVE_DIR = "native"  #: beside "policies", the marshal entries' directory
 NATIVE_NAME_BYTES = 20
 #: The environment variables the key holds, in order (each: present or not, and its value).
 NATIVE_ENV = ("SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME", "SANDLOCK_STUB",
@@ -632,13 +632,19 @@ def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled) -> Opt
     return b"".join(out)
 
 
-def write_native(directory: int, secret: bytes, key: bytes, value: dict[str, Any],
-                 compiled: Compiled) -> None:
-    """Write the native entry of a plan just stored (none for a plan the front end does
-    not run: then the front end always falls back)."""
+def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Compiled) -> None:
+    """Write the native entry of a plan just stored, in its own private directory
+    (NATIVE_DIR); none for a plan the front end does not run (it then always falls back)."""
     payload = native_payload(key, value, compiled)
-    if payload is not None:
+    if payload is None:
+        return
+    directory = open_private_dir(_cache_path(NATIVE_DIR), create=True)
+    if directory is None:
+        return
+    try:
         _put(directory, native_name(key), NATIVE_MAGIC + _tag(secret, payload) + payload)
+    finally:
+        os.close(directory)
 
 
 class _Fields:

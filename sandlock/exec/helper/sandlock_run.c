@@ -64,6 +64,7 @@
 #define TAG_BYTES 32                         /* cache.TAG_BYTES */
 #define NATIVE_FORMAT 1                      /* cache.NATIVE_FORMAT */
 #define NATIVE_PREFIX "n-"                   /* cache.NATIVE_PREFIX */
+#define NATIVE_DIR "native"                  /* cache.NATIVE_DIR */
 #define NATIVE_NAME_BYTES 20                 /* cache.NATIVE_NAME_BYTES */
 #define POLICY_MAX (1 << 20)                 /* sandlock/policy/readfile.py MAX_BYTES */
 #define ENTRY_MAX (64 << 20)
@@ -404,18 +405,18 @@ static int fetch_secret(uint8_t key[KEY_BYTES]) {
     return ok;
 }
 
-/* cache._cache_path("policies") */
+/* cache._cache_path(NATIVE_DIR) */
 static int cache_directory(void) {
     const char *base = getenv("XDG_CACHE_HOME");
     char path[PATH_MAX];
     int len;
     if (base && base[0] == '/') {
-        len = snprintf(path, sizeof path, "%s/sandlock/policies", base);
+        len = snprintf(path, sizeof path, "%s/sandlock/" NATIVE_DIR, base);
     } else {
         const char *home = getenv("HOME");
         if (!home || !home[0])
             return -1;
-        len = snprintf(path, sizeof path, "%s/.cache/sandlock/policies",
+        len = snprintf(path, sizeof path, "%s/.cache/sandlock/" NATIVE_DIR,
                        strcmp(home, "/") ? home : "");
     }
     if (len >= (int)sizeof path || !plain_path(path))
