@@ -182,8 +182,9 @@ def wheel_command(base: type) -> type:
     return BdistWheel
 
 
-BDIST_WHEEL = _bdist_wheel()
-commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper}
-if BDIST_WHEEL is not None:
-    commands["bdist_wheel"] = wheel_command(BDIST_WHEEL)
-setup(cmdclass=commands)
+if __name__ == "__main__":  # setuptools runs it so; benchmarks/ imports the recipe above
+    BDIST_WHEEL = _bdist_wheel()
+    commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper}
+    if BDIST_WHEEL is not None:
+        commands["bdist_wheel"] = wheel_command(BDIST_WHEEL)
+    setup(cmdclass=commands)

@@ -22,7 +22,8 @@
  *
  * Build: setup.py build_helper, with SANDLOCK_PYTHON (the interpreter of the install)
  * defined. The package is the directory two levels above this program
- * (sandlock/exec/helper/sandlock-run).
+ * (sandlock/exec/helper/sandlock-run), or above SANDLOCK_PACKAGE_FILE when that is defined
+ * (the benchmark's copy, whose "Python" is /bin/true: it measures what precedes the exec).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -438,7 +439,12 @@ int main(int argc, char **argv) {
     given_argv = argv;
     debug = getenv("SANDLOCK_NATIVE_DEBUG") && !strcmp(getenv("SANDLOCK_NATIVE_DEBUG"), "1");
     char self[PATH_MAX];
+#ifdef SANDLOCK_PACKAGE_FILE /* benchmarks/native_front.py: a copy built elsewhere */
+    ssize_t n = (ssize_t)strlen(SANDLOCK_PACKAGE_FILE);
+    memcpy(self, SANDLOCK_PACKAGE_FILE, (size_t)n + 1);
+#else
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+#endif
     if (n > 0) {
         self[n] = 0;
         for (int up = 0; up < 3; up++) { /* sandlock/exec/helper/sandlock-run -> sandlock */
