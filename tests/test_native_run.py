@@ -26,6 +26,7 @@ from conftest import write_policy
 
 from sandlock.cli import launch
 from sandlock.compile import cache, cachekey
+from sandlock.linux import syscalls
 
 HELPER_DIR = Path(cache.__file__).resolve().parent.parent / "exec" / "helper"
 FRONT = HELPER_DIR / "sandlock-run"
@@ -165,6 +166,12 @@ def drift(text: str) -> list[str]:
         out.append("options (launch.OPTIONS)")
     if [n for n, metavar, _ in launch.OPTIONS if metavar is None] != c_array(text, "options_flag"):
         out.append("options_flag")
+    fallbacks = re.findall(r"#ifndef\s+__NR_(\w+)\s*\n\s*#define\s+__NR_\1\s+(\d+)", text)
+    if not fallbacks:
+        out.append("no __NR_ fallback found: has the pattern changed?")
+    for arch, table in syscalls.TABLES.items():
+        out += [f"__NR_{name} on {arch}" for name, number in fallbacks
+                if table.get(name) != int(number)]
     return out
 
 
@@ -179,6 +186,7 @@ def test_the_front_ends_copies_are_the_python_tables() -> None:
     ('#define NATIVE_FORMAT 1', '#define NATIVE_FORMAT 2'),
     ('"XDG_CACHE_HOME",', ""),
     ('{"--policy", "--var", "--timeout"}', '{"--policy", "--var", "--timeout", "--tool"}'),
+    ("__NR_landlock_create_ruleset 444", "__NR_landlock_create_ruleset 445"),
 ])
 def test_the_comparison_is_not_vacuous(old: str, new: str) -> None:
     assert old in c_text()
