@@ -53,7 +53,7 @@ from .cachekey import KEY_NAME as KEY_NAME  # the key's one definition is there
 
 TYPE_CHECKING = False  # typing costs milliseconds; this module exists to save them
 if TYPE_CHECKING:
-    from typing import Any, Mapping, Optional
+    from typing import Any, Mapping, Optional, Sequence
 
     from ..policy.model import Policy
     from .compiler import Compiled
@@ -193,15 +193,17 @@ class Lookup:
         self._policy_file = policy_file
         self._native = native  #: native_key's arguments, for the native entry
 
-    def store(self, policy: Policy, compiled: Compiled) -> None:
-        """Save ``compiled`` for next time. Never raises: a cache that cannot be
-        written only costs speed, it must not change what the command does."""
+    def store(self, policy: Policy, compiled: Compiled, steps: Sequence[str] = ()) -> None:
+        """Save ``compiled`` for next time; with ``steps`` (the child's, encoded by
+        :mod:`sandlock.exec.spec`, a layer above), its native entry too. Never raises: a
+        cache that cannot be written only costs speed, it must not change what the
+        command does."""
         try:
             value = _value(policy, compiled, self._policy_file)
             if value is not None:
                 _write(self.directory, self.name, self._secret, self.key, value)
-                if self._native:
-                    write_native(self._secret, native_key(*self._native), value, compiled)
+                if self._native and steps:
+                    write_native(self._secret, native_key(*self._native), value, compiled, steps)
         except Exception:  # noqa: BLE001 - see docstring
             pass
 
@@ -599,15 +601,13 @@ def native_name(key: bytes) -> str:
     return NATIVE_PREFIX + blake2b(key, digest_size=NATIVE_NAME_BYTES).hexdigest()
 
 
-def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled) -> Optional[bytes]:
+def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled,
+                   steps: Sequence[str]) -> Optional[bytes]:
     """The native entry after its tag, or None for a plan the front end does not run: one
     that needs a supervisor or a check it does not make (the signal gate, a pids cgroup)."""
-    from ..exec import spec
-
     if value["signal_gate"] or value["cgroup"] is not None or compiled.routes is not None:
         return None
     abi, handled_fs, handled_net, scoped, paths, ports, file_only, write_rights = value["plan"]
-    steps = spec.encode(spec.child_steps(compiled, spec.Command("", (), ()), in_group=False))
     timeout = value["timeout"]
     out = [_field(key), _field(os.fsencode(value["source"])), _number(len(value["layers"]))]
     out += [_field(kind.encode()) + _field(os.fsencode(where)) + _field(content)
@@ -632,10 +632,11 @@ def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled) -> Opt
     return b"".join(out)
 
 
-def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Compiled) -> None:
+def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Compiled,
+                 steps: Sequence[str]) -> None:
     """Write the native entry of a plan just stored, in its own private directory
     (NATIVE_DIR); none for a plan the front end does not run (it then always falls back)."""
-    payload = native_payload(key, value, compiled)
+    payload = native_payload(key, value, compiled, steps)
     if payload is None:
         return
     directory = open_private_dir(_cache_path(NATIVE_DIR), create=True)
