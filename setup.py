@@ -95,6 +95,22 @@ def run_defines() -> list[str]:
             f"-DSANDLOCK_VERSION={c_string(version)}"]
 
 
+def front_end_variant(target: str, python: str, package_file: str,
+                      key_directory: Optional[str] = None) -> Optional[str]:
+    """Build a copy of the front end elsewhere (benchmarks/, tests/): ``python`` run on a
+    fallback, the package above ``package_file``, the key file's directory
+    ``key_directory``; the compiler's complaint, or None once built."""
+    defines = [f"-DSANDLOCK_PYTHON={c_string(python)}",
+               f"-DSANDLOCK_PACKAGE_FILE={c_string(package_file)}",
+               *(d for d in run_defines() if not d.startswith("-DSANDLOCK_PYTHON="))]
+    if key_directory is not None:
+        defines.append(f"-DSANDLOCK_KEY_DIRECTORY={c_string(key_directory)}")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    built = subprocess.run([cc, "-O2", *WARNINGS, "-o", target, *defines,
+                            os.path.join(HERE, RUN_SOURCE)], capture_output=True, text=True)
+    return None if built.returncode == 0 else built.stderr.strip()[-2000:] or "cc failed"
+
+
 def _compile(attempts: list[list[str]], target: str, sources: list[str]) -> None:
     """Compile ``sources`` into ``target`` with the first of ``attempts`` that works."""
     os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -25,7 +25,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,21 +60,12 @@ def series(argv: list[str], env: dict[str, str], calls: int) -> float:
 
 
 def build_checks_copy(out: Path) -> Optional[str]:
-    """Compile the front end with /bin/true as its Python, for the package here; the
-    reason when it cannot be built."""
+    """The front end with /bin/true as its Python, for the package here; the reason when
+    it cannot be built."""
     sys.path.insert(0, str(REPO))
     import setup  # noqa: PLC0415 - the one build recipe (warnings, defines)
 
-    compiler = shutil.which("musl-gcc") or shutil.which("cc")
-    if compiler is None:
-        return "no C compiler"
-    defines = [d for d in setup.run_defines() if not d.startswith("-DSANDLOCK_PYTHON=")]
-    built = subprocess.run(
-        [compiler, "-O2", *setup.WARNINGS, *(["-static"] if "musl" in compiler else []),
-         '-DSANDLOCK_PYTHON="/bin/true"', f'-DSANDLOCK_PACKAGE_FILE={setup.c_string(str(FRONT))}',
-         *defines, "-o", str(out), str(HELPER / "sandlock_run.c")],
-        capture_output=True, text=True, check=False)
-    return None if built.returncode == 0 else built.stderr.strip()[-500:]
+    return setup.front_end_variant(str(out), "/bin/true", str(FRONT))
 
 
 def main() -> int:

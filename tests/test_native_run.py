@@ -319,7 +319,7 @@ def test_the_entry_and_its_directory_are_checked(attack: str, tmp_path: Path,
 
 
 FALLS_BACK = {
-    "not run": (["check"], "not a run"),
+    "not run": (["--version"], "not a run"),
     "--tool": (["run", "--tool", "x", "--policies", ".", "--", "true"],
                "an option the Python CLI handles"),
     "--accept": (["run", "--policy", "policy.toml", "--accept", "x", "--", "true"],
