@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 from conftest import write_policy
@@ -369,3 +369,99 @@ def test_plans_that_need_more_get_no_native_entry(extra: str, environment: dict[
         assert notes["fallback"] in ("no entry", "no private cache directory")
     assert list((Path(env["XDG_CACHE_HOME"]) / "sandlock" / "policies").iterdir())
     assert not native_dir(env).exists() or not list(native_dir(env).iterdir())
+
+
+# ----------------------------------------------------------------------------
+# Where the keyring is refused: the key file, read with the same checks as Python's
+
+
+#: Installs a keyring-refusing filter (EPERM, as Docker's profile), then runs argv[1:].
+NO_KEYRING = """\
+import errno, os, sys
+import pyseccomp
+f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+for name in ("keyctl", "add_key", "request_key"):
+    f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+f.load()
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+#: `sandlock run` whose key file lives in TEST_KEY_DIR (the scene's, not the user's).
+STORE = """\
+import os, sys
+from sandlock.cli import launch
+from sandlock.compile import cachekey
+cachekey.key_directory = lambda: os.environ["TEST_KEY_DIR"]
+sys.exit(launch.main_run(sys.argv[1:]))
+"""
+
+
+class KeyScene:
+    """A HOME with the key file's directory and the cache; a copy of the front end whose
+    key directory is that one and whose "Python" is /bin/true (so only its own checks run)."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+        require_front()
+        self.tmp = tmp_path
+        self.key_dir = tmp_path / "home" / ".cache" / "sandlock"
+        self.env = {**env, "XDG_CACHE_HOME": str(tmp_path / "home" / ".cache"),
+                    "TEST_KEY_DIR": str(self.key_dir)}
+        self.front = tmp_path / "sandlock-run"
+        sys.path.insert(0, str(Path(cache.__file__).resolve().parents[2]))
+        try:
+            import setup
+        finally:
+            sys.path.pop(0)
+        why = setup.front_end_variant(str(self.front), "/bin/true", str(FRONT), str(self.key_dir))
+        assert why is None, why
+        self.policy = write_policy(tmp_path, POLICY)
+        self.args = ["run", "--policy", str(self.policy), "--", "true"]
+
+    def no_keyring(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", NO_KEYRING, *argv], env=self.env,
+                              cwd=self.tmp, capture_output=True, text=True, timeout=60,
+                              check=False)
+
+    def store(self) -> None:
+        done = self.no_keyring(sys.executable, "-c", STORE, *self.args[1:])
+        assert done.returncode == 0, done.stderr
+        assert (self.key_dir / cachekey.KEY_FILE).exists()
+
+    def notes(self) -> dict[str, str]:
+        done = self.no_keyring(str(self.front), *self.args)
+        return dict(re.findall(r"^sandlock-run: (\w+): (.*)$", done.stderr, re.MULTILINE))
+
+
+def _symlink(key: Path) -> None:
+    real = key.with_name("real-key")
+    key.rename(real)
+    key.symlink_to(real)
+
+
+def _second_link(key: Path) -> None:
+    os.link(key, key.with_name("second"))
+
+
+PLANTS: dict[str, Callable[[Path], object]] = {
+    "symlink": _symlink,
+    "group-readable": lambda key: key.chmod(0o640),
+    "second-link": _second_link,
+    "longer": lambda key: key.write_bytes(key.read_bytes() + b"x"),
+    "open-directory": lambda key: key.parent.chmod(0o750),
+    "control": lambda key: None,
+}
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_the_key_file_is_checked_as_python_checks_it(plant: str, tmp_path: Path,
+                                                    env: dict[str, str]) -> None:
+    """Without the keyring the front end reads the key file Python made, and refuses one
+    Python would refuse (each then falls back); control: the untouched file verifies."""
+    scene = KeyScene(tmp_path, env)
+    scene.store()
+    PLANTS[plant](scene.key_dir / cachekey.KEY_FILE)
+    notes = scene.notes()
+    if plant == "control":
+        assert notes.get("entry") == "verified", notes
+    else:
+        assert notes["fallback"] == "no trusted cache key" and "entry" not in notes
