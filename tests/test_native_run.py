@@ -465,3 +465,20 @@ def test_the_key_file_is_checked_as_python_checks_it(plant: str, tmp_path: Path,
         assert notes.get("entry") == "verified", notes
     else:
         assert notes["fallback"] == "no trusted cache key" and "entry" not in notes
+
+
+@pytest.mark.parametrize("attack", [True, False], ids=["front-end", "control-python-c"])
+def test_the_fallback_runs_the_package_beside_it_not_the_working_directorys(
+        attack: bool, tmp_path: Path, env: dict[str, str]) -> None:
+    """A tool may leave a ``sandlock`` package in the directory the agent calls from: the
+    fallback imports the package beside the front end. Control: ``python -c`` with the
+    working directory first on sys.path does import the planted one."""
+    require_front()
+    (tmp_path / "sandlock").mkdir()
+    (tmp_path / "sandlock" / "__init__.py").write_text("print('PLANTED')\n")
+    env = {**env, "PYTHONPATH": "."}
+    argv = ([str(FRONT), "--version"] if attack
+            else [sys.executable, "-c", "import sandlock"])
+    done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert ("PLANTED" in done.stdout) is not attack, done.stdout

@@ -102,18 +102,17 @@ __attribute__((noreturn)) static void fall_back(const char *why) {
     int argc = 0;
     while (given_argv[argc])
         argc++;
-    /* -P: no working directory (a tool's, perhaps) on sys.path; the package beside this
-     * program first. */
-    char **args = calloc((size_t)argc + 5, sizeof *args);
+    /* No working directory (a tool's, perhaps) on sys.path ("" for -c: -P needs 3.11); the
+     * package beside this program first. */
+    char **args = calloc((size_t)argc + 4, sizeof *args);
     if (args) {
         args[0] = (char *)SANDLOCK_PYTHON;
-        args[1] = (char *)"-P";
-        args[2] = (char *)"-c";
-        args[3] = (char *)"import sys; sys.path.insert(0, sys.argv[1]); "
-                          "from sandlock.cli.run import main; main(sys.argv[2:])";
-        args[4] = package_parent[0] ? package_parent : (char *)"";
+        args[1] = (char *)"-c";
+        args[2] = (char *)"import sys; sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p "
+                          "not in ('', '.')]; from sandlock.cli.run import main; main(sys.argv[2:])";
+        args[3] = package_parent[0] ? package_parent : (char *)"";
         for (int i = 1; i < argc; i++)
-            args[4 + i] = given_argv[i];
+            args[3 + i] = given_argv[i];
         execv(SANDLOCK_PYTHON, args);
     }
     static const char msg[] = "sandlock: cannot start the Python CLI (" SANDLOCK_PYTHON ")\n";
