@@ -482,3 +482,29 @@ def test_the_fallback_runs_the_package_beside_it_not_the_working_directorys(
     done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
                           timeout=60, check=False)
     assert ("PLANTED" in done.stdout) is not attack, done.stdout
+
+
+# ----------------------------------------------------------------------------
+# Re-checks after a verified entry (cache._fresh's): any change falls back
+
+
+@pytest.mark.parametrize("change", ["extended-file", "optional-path", None])
+def test_a_verified_entry_is_rechecked(change: str, tmp_path: Path, env: dict[str, str]) -> None:
+    """An extended file edited, or an optional path that appeared, since the plan was
+    compiled: the entry is stale and the Python CLI compiles afresh. Control: unchanged,
+    the front end goes on to the hit (base, a built-in profile, is re-read too)."""
+    parent = write_policy(tmp_path, POLICY, "parent.toml")
+    appears = tmp_path / "appears"
+    policy = write_policy(tmp_path, f'extends = ["base", "parent.toml"]\n[filesystem]\n'
+                                    f'read = [{{ path = "{appears}", optional = true }}]\n')
+    stored(policy, env, tmp_path)
+    if change == "extended-file":
+        parent.write_text(POLICY.replace('"/etc"', '"/etc", "/var"'))
+    elif change == "optional-path":
+        appears.mkdir()
+    _, notes = front(["run", "--policy", str(policy), "--", "true"], env, tmp_path)
+    assert notes["entry"] == "verified"
+    assert notes["fallback"] == {
+        "extended-file": "stale: an extended policy file changed",
+        "optional-path": "stale: a policy path appeared or vanished",
+        None: "a hit: running it natively is not written yet"}[change]

@@ -13,9 +13,11 @@
  * On anything else (another command or option, a bare profile name, --tool, --accept, no
  * entry, a check that fails, any doubt) it execs the Python CLI with the same arguments,
  * which compiles, stores, runs and reports exactly as without this program. Running a hit
- * itself (the re-checks of extended files, paths and grants, the ruleset, the steps and
- * the supervision of sandlock-exec) is not written yet: it is off unless
- * SANDLOCK_NATIVE_RUN=1, and then still falls back once the entry verified.
+ * itself is not written yet: after the entry verified it reads its facts and re-checks
+ * what cache._fresh re-checks (extended files re-read and compared, each policy path's
+ * existence, the Landlock ABI), then still falls back; the grants opened now against the
+ * protected set and the key file, the ruleset, the steps and the supervision of
+ * sandlock-exec remain. It is off unless SANDLOCK_NATIVE_RUN=1.
  *
  * SANDLOCK_NATIVE_DEBUG=1 writes to stderr the key bytes (hex) and why it falls back
  * (fixed texts only: nothing a tool controls is printed).
@@ -429,6 +431,132 @@ static int cache_directory(void) {
 }
 
 /* ------------------------------------------------------------------------- */
+/* Reading the entry's facts (cache.read_native's twin) and re-checking them
+ * (cache._fresh: extended files re-read and compared, path existence; the ABI) */
+
+struct reader { const uint8_t *at, *end; };
+
+/* The next field; NULL when the entry ends before it. */
+static const uint8_t *next(struct reader *r, size_t *len) {
+    if (r->end - r->at < 4)
+        return NULL;
+    size_t size = (size_t)r->at[0] | (size_t)r->at[1] << 8 | (size_t)r->at[2] << 16 |
+                  (size_t)r->at[3] << 24;
+    if ((size_t)(r->end - r->at - 4) < size)
+        return NULL;
+    const uint8_t *out = r->at + 4;
+    r->at += 4 + size;
+    *len = size;
+    return out;
+}
+
+/* A number field: ASCII decimal digits only, at most `max`; else fall back. */
+static unsigned long long number_field(struct reader *r, unsigned long long max) {
+    size_t len;
+    const uint8_t *p = next(r, &len);
+    if (!p || !len || len > 20)
+        fall_back("a malformed native entry");
+    unsigned long long v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] < '0' || p[i] > '9' || v > (ULLONG_MAX - (p[i] - '0')) / 10)
+            fall_back("a malformed native entry");
+        v = v * 10 + (p[i] - '0');
+    }
+    if (v > max)
+        fall_back("a malformed native entry");
+    return v;
+}
+
+/* A field as a C string (a path or a name): no NUL inside; malloc'd. */
+static char *string_field(struct reader *r) {
+    size_t len;
+    const uint8_t *p = next(r, &len);
+    if (!p || memchr(p, 0, len))
+        fall_back("a malformed native entry");
+    char *out = malloc(len + 1);
+    if (!out)
+        fall_back("out of memory");
+    memcpy(out, p, len);
+    out[len] = 0;
+    return out;
+}
+
+static void skip(struct reader *r, unsigned long long count) {
+    size_t len;
+    for (unsigned long long i = 0; i < count; i++)
+        if (!next(r, &len))
+            fall_back("a malformed native entry");
+}
+
+/* Every list's count is bounded by what is left (each item holds a field or more). */
+#define COUNT(r) number_field(r, (unsigned long long)((r)->end - (r)->at) / 4)
+
+/* The facts after the key (cache.NATIVE_FIELDS), checked now as Python's hit checks them;
+ * any difference falls back (the Python CLI then compiles afresh and reports). */
+static void recheck(const uint8_t *facts, size_t len) {
+    struct reader r = {facts, facts + len};
+    skip(&r, 1); /* source */
+    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* layers */
+        char *kind = string_field(&r), *where = string_field(&r);
+        size_t want_len;
+        const uint8_t *want = next(&r, &want_len);
+        if (!want)
+            fall_back("a malformed native entry");
+        char path[PATH_MAX];
+        if (!strcmp(kind, "builtin")) {
+            if (strchr(where, '/') ||
+                snprintf(path, sizeof path, "%s/policy/profiles/%s.toml", package_dir, where)
+                >= (int)sizeof path)
+                fall_back("a malformed native entry");
+        } else if (!strcmp(kind, "file")) {
+            if (snprintf(path, sizeof path, "%s", where) >= (int)sizeof path)
+                fall_back("a malformed native entry");
+        } else {
+            fall_back("a malformed native entry");
+        }
+        uint8_t *now;
+        ssize_t now_len = read_file(AT_FDCWD, path, 0, &now, POLICY_MAX);
+        if (now_len < 0 || (size_t)now_len != want_len || memcmp(now, want, want_len))
+            fall_back("stale: an extended policy file changed");
+        free(now);
+        free(kind);
+        free(where);
+    }
+    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* checks: os.path.exists */
+        char *path = string_field(&r);
+        struct stat st;
+        if ((stat(path, &st) == 0) != (int)number_field(&r, 1))
+            fall_back("stale: a policy path appeared or vanished");
+        free(path);
+    }
+    long abi = syscall(__NR_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (number_field(&r, INT_MAX) > (unsigned long long)(abi > 0 ? abi : 0))
+        fall_back("stale: the entry needs a newer Landlock ABI");
+    for (int i = 0; i < 3; i++) /* handled_fs, handled_net, scoped */
+        number_field(&r, UINT64_MAX);
+    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* paths */
+        free(string_field(&r));
+        number_field(&r, UINT64_MAX);
+    }
+    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* ports */
+        number_field(&r, 65535);
+        number_field(&r, UINT64_MAX);
+    }
+    number_field(&r, UINT64_MAX); /* file_only */
+    number_field(&r, UINT64_MAX); /* write_rights */
+    skip(&r, COUNT(&r));          /* warnings */
+    size_t bpf_len;
+    if (!next(&r, &bpf_len) || !bpf_len || bpf_len % 8)
+        fall_back("a malformed native entry");
+    skip(&r, COUNT(&r)); /* steps */
+    skip(&r, COUNT(&r)); /* env_passed */
+    skip(&r, 2 * COUNT(&r)); /* env_set */
+    skip(&r, number_field(&r, 1)); /* timeout */
+    if (r.at != r.end)
+        fall_back("a malformed native entry");
+}
+
+/* ------------------------------------------------------------------------- */
 
 static int contains(const char *const *list, size_t n, const char *name, size_t len) {
     for (size_t i = 0; i < n; i++)
@@ -575,5 +703,6 @@ int main(int argc, char **argv) {
     if (stored != key.len || (size_t)entry_len - head - 4 < stored || memcmp(p + 4, key.data, key.len))
         fall_back("the entry's key differs");
     say_debug("entry", "verified");
+    recheck(p + 4 + stored, (size_t)entry_len - head - 4 - stored);
     fall_back("a hit: running it natively is not written yet");
 }
