@@ -644,6 +644,7 @@ def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Com
         return
     try:
         _put(directory, native_name(key), NATIVE_MAGIC + _tag(secret, payload) + payload)
+        _prune(directory)
     finally:
         os.close(directory)
 
