@@ -36,6 +36,10 @@ def _bdist_wheel() -> Optional[type]:
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join("sandlock", "exec", "helper", "sandlock_exec.c")
 TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-exec")
+#: The native front end of `sandlock run` (docs/design.md "Native front end"): execs
+#: the Python CLI with the interpreter that ran this build on anything it does not run.
+RUN_SOURCE = os.path.join("sandlock", "exec", "helper", "sandlock_run.c")
+RUN_TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-run")
 #: The system packages (scripts/install.sh installs them); COMPILERS: what the build runs.
 PACKAGES = os.path.join("scripts", "system-packages.txt")
 COMPILERS = ("cc", "musl-gcc")
@@ -70,11 +74,50 @@ def compile_helper(out_dir: str) -> None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     musl = None if os.environ.get("CC") else shutil.which("musl-gcc")  # CC= wins
     attempts = ([[musl, "-static"]] if musl else []) + ([[cc, "-static"], [cc]] if cc else [])
-    target = os.path.join(out_dir, TARGET)
+    _compile(attempts, os.path.join(out_dir, TARGET), [os.path.join(HERE, SOURCE)])
+    _compile(attempts, os.path.join(out_dir, RUN_TARGET), [*run_defines(),
+                                                           os.path.join(HERE, RUN_SOURCE)])
+
+
+def c_string(text: str) -> str:
+    """``text`` as a C string literal; SystemExit for text that would need escapes (an
+    interpreter path with a quote is no path to bake into the front end)."""
+    if not text.isprintable() or not text.isascii() or '"' in text or "\\" in text:
+        raise SystemExit(f"sandlock: cannot build {RUN_SOURCE}: {text!r} needs escaping")
+    return f'"{text}"'
+
+
+def run_defines() -> list[str]:
+    """The front end's build facts: the interpreter of the Python CLI, the version."""
+    with open(os.path.join(HERE, "sandlock", "__init__.py"), encoding="utf-8") as handle:
+        version = next(line.split('"')[1] for line in handle if line.startswith("__version__ = "))
+    return [f"-DSANDLOCK_PYTHON={c_string(sys.executable)}",
+            f"-DSANDLOCK_VERSION={c_string(version)}"]
+
+
+def front_end_variant(target: str, python: str, package_file: str,
+                      key_directory: Optional[str] = None) -> Optional[str]:
+    """Build a copy of the front end elsewhere (benchmarks/, tests/): ``python`` run on a
+    fallback, the package above ``package_file``, the key file's directory
+    ``key_directory``; the compiler's complaint, or None once built."""
+    defines = [f"-DSANDLOCK_PYTHON={c_string(python)}",
+               f"-DSANDLOCK_PACKAGE_FILE={c_string(package_file)}",
+               *(d for d in run_defines() if not d.startswith("-DSANDLOCK_PYTHON="))]
+    if key_directory is not None:
+        defines.append(f"-DSANDLOCK_KEY_DIRECTORY={c_string(key_directory)}")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    built = subprocess.run([cc, "-O2", *WARNINGS, "-o", target, *defines,
+                            os.path.join(HERE, RUN_SOURCE)], capture_output=True, text=True)
+    return None if built.returncode == 0 else built.stderr.strip()[-2000:] or "cc failed"
+
+
+def _compile(attempts: list[list[str]], target: str, sources: list[str]) -> None:
+    """Compile ``sources`` into ``target`` with the first of ``attempts`` that works."""
     os.makedirs(os.path.dirname(target), exist_ok=True)
     errors = []
+    compiler = ""
     for compiler, *extra in attempts:
-        command = [compiler, "-O2", *WARNINGS, *extra, "-o", target, os.path.join(HERE, SOURCE)]
+        command = [compiler, "-O2", *WARNINGS, *extra, "-o", target, *sources]
         try:
             built = subprocess.run(command, capture_output=True, text=True)
         except OSError as exc:  # CC names no program: try the next way
@@ -85,7 +128,7 @@ def compile_helper(out_dir: str) -> None:
             return
         errors.append(f"{' '.join(command)}:\n{built.stderr.strip()}")
     raise SystemExit("\n".join([
-        f"sandlock: cannot compile {SOURCE}, the native helper of the Python API", *errors,
+        f"sandlock: cannot compile {sources[-1]}, a native part of sandlock", *errors,
         f"sandlock: {ENV_NO_NATIVE}=1 installs without it (the API then uses its fork server)",
         # Last, so that it is the line a reader sees above pip's own: what to do.
         f"sandlock: {'the C compiler failed (above)' if errors else 'no C compiler found'}; "
@@ -111,10 +154,11 @@ class BuildPy(build_py):
         editable = getattr(self, "editable_mode", False)
         out = HERE if editable else self.build_lib
         if without_native() and not editable:  # a helper built earlier in the tree stays out
-            try:
-                os.remove(os.path.join(out, TARGET))
-            except FileNotFoundError:
-                pass
+            for target in (TARGET, RUN_TARGET):
+                try:
+                    os.remove(os.path.join(out, target))
+                except FileNotFoundError:
+                    pass
         compile_helper(out)
 
 
@@ -154,8 +198,9 @@ def wheel_command(base: type) -> type:
     return BdistWheel
 
 
-BDIST_WHEEL = _bdist_wheel()
-commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper}
-if BDIST_WHEEL is not None:
-    commands["bdist_wheel"] = wheel_command(BDIST_WHEEL)
-setup(cmdclass=commands)
+if __name__ == "__main__":  # setuptools runs it so; benchmarks/ imports the recipe above
+    BDIST_WHEEL = _bdist_wheel()
+    commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper}
+    if BDIST_WHEEL is not None:
+        commands["bdist_wheel"] = wheel_command(BDIST_WHEEL)
+    setup(cmdclass=commands)

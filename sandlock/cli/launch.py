@@ -155,7 +155,10 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
                 routes.stop()
             raise
         if cached is not None:  # never stores a policy with [credentials] (their port)
-            cached.store(loaded, compiled)
+            from ..exec import spec  # the child's steps, for the native entry
+
+            cached.store(loaded, compiled, spec.encode(spec.child_steps(
+                compiled, spec.Command("", (), ()), in_group=False)))
         return compiled
     finally:
         if cached is not None:  # done with the cache: its directory is not the tool's

@@ -53,7 +53,7 @@ from .cachekey import KEY_NAME as KEY_NAME  # the key's one definition is there
 
 TYPE_CHECKING = False  # typing costs milliseconds; this module exists to save them
 if TYPE_CHECKING:
-    from typing import Any, Mapping, Optional
+    from typing import Any, Mapping, Optional, Sequence
 
     from ..policy.model import Policy
     from .compiler import Compiled
@@ -184,21 +184,26 @@ class Lookup:
     """The cache slot for one `sandlock run` invocation: a hit (``entry``) or a slot to fill."""
 
     def __init__(self, key: tuple[Any, ...], directory: int, name: str, secret: bytes,
-                 entry: Optional[Entry], policy_file: str) -> None:
+                 entry: Optional[Entry], policy_file: str, native: tuple[Any, ...] = ()) -> None:
         self.key = key
         self.directory = directory  #: a descriptor of the verified cache directory
         self.name = name
         self.entry = entry
         self._secret = secret
         self._policy_file = policy_file
+        self._native = native  #: native_key's arguments, for the native entry
 
-    def store(self, policy: Policy, compiled: Compiled) -> None:
-        """Save ``compiled`` for next time. Never raises: a cache that cannot be
-        written only costs speed, it must not change what the command does."""
+    def store(self, policy: Policy, compiled: Compiled, steps: Sequence[str] = ()) -> None:
+        """Save ``compiled`` for next time; with ``steps`` (the child's, encoded by
+        :mod:`sandlock.exec.spec`, a layer above), its native entry too. Never raises: a
+        cache that cannot be written only costs speed, it must not change what the
+        command does."""
         try:
             value = _value(policy, compiled, self._policy_file)
             if value is not None:
                 _write(self.directory, self.name, self._secret, self.key, value)
+                if self._native and steps:
+                    write_native(self._secret, native_key(*self._native), value, compiled, steps)
         except Exception:  # noqa: BLE001 - see docstring
             pass
 
@@ -334,7 +339,7 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
         return None
     name = _digest(key)
     return Lookup(key, directory, name, secret, _read(directory, name, secret, key, policy_file),
-                  policy_file)
+                  policy_file, (policy_file, text, variables, timeout, best_effort, key[2]))
 
 
 # ----------------------------------------------------------------------------
@@ -461,7 +466,10 @@ def _write(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
     """Write the entry under a temporary name, check it reads back whole (a short
     write, a full disk or a file-size limit leaves no entry), then rename it into place."""
     payload = marshal.dumps((key, value))
-    data = MAGIC + _tag(secret, payload) + payload
+    _put(directory, name, MAGIC + _tag(secret, payload) + payload)
+
+
+def _put(directory: int, name: str, data: bytes) -> None:
     tmp = f".{name}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600,
                  dir_fd=directory)
@@ -505,3 +513,200 @@ def _prune(directory: int) -> None:
             os.unlink(name, dir_fd=directory)
         except OSError:
             pass
+
+
+# ----------------------------------------------------------------------------
+# The native entry: the same plan in a format for C (docs/design.md "Native front end")
+#
+# A file of fields, each a u32 (little-endian) length and that many bytes; a number is a
+# field of ASCII decimal digits; a list is a count field, then its items. The file is
+# NATIVE_MAGIC, the keyed BLAKE2b tag (TAG_BYTES, the same key as the marshal entries)
+# of everything after it, then: the key bytes (native_key), the run's facts
+# (NATIVE_FIELDS, in that order) and nothing after. It lives in NATIVE_DIR; its name is
+# NATIVE_PREFIX and the hex unkeyed BLAKE2b (NATIVE_NAME_BYTES) of the key bytes: the C front end
+# (exec/helper/sandlock_run.c) computes both from what it sees and compares the key in full.
+
+NATIVE_FORMAT = 1
+NATIVE_MAGIC = b"sandlock-native-entry\x00%d\n" % NATIVE_FORMAT
+NATIVE_PREFIX = "n-"
+NATIVE_DIR = "native"  #: beside "policies", the marshal entries' directory
+NATIVE_NAME_BYTES = 20
+#: The environment variables the key holds, in order (each: present or not, and its value).
+NATIVE_ENV = ("SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME", "SANDLOCK_STUB",
+              "SANDLOCK_STATE_DIR")
+#: The facts after the key, in order (read_native's names).
+NATIVE_FIELDS = ("source", "layers", "checks", "abi", "handled_fs", "handled_net", "scoped",
+                 "paths", "ports", "file_only", "write_rights", "warnings", "bpf", "steps",
+                 "env_passed", "env_set", "timeout")
+
+
+def _field(data: bytes) -> bytes:
+    if len(data) >= 2**32:
+        raise ValueError("a field too long for a native entry")
+    return len(data).to_bytes(4, "little") + data
+
+
+def _number(value: int) -> bytes:
+    if value < 0:
+        raise ValueError("a negative number in a native entry")
+    return _field(b"%d" % value)
+
+
+def _optional(value: Optional[str]) -> bytes:
+    """An optional text: a count (0 or 1), then the text if there is one."""
+    return _number(0) if value is None else _number(1) + _field(os.fsencode(value))
+
+
+def _code_fields(code: tuple[Any, ...]) -> bytes:
+    """_code_id's answer as fields: ("build", id) in the binary; else a count of
+    (subpackage, file name, size, mtime_ns) rows."""
+    if code and code[0] == "build":
+        return _number(0) + _field(code[1])
+    if not all(type(row) is tuple and len(row) == 4 for row in code):
+        raise ValueError("no code id the front end can compute")
+    out = [_number(len(code))]
+    for sub, name, size, mtime in code:
+        out += [_field(sub.encode()), _field(os.fsencode(name)), _number(size), _number(mtime)]
+    return b"".join(out)
+
+
+def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
+               timeout: Optional[str], best_effort: bool,
+               code: Optional[tuple[Any, ...]] = None) -> bytes:
+    """The native entry's key: every fact _key holds that the C front end can see without
+    Python, as bytes it builds the same way (tests/test_native_run.py compares them).
+    ``sys.path`` is replaced by the package directory: the front end runs this package
+    (the one beside it) on a miss. Empty when the front end could not build the same key
+    (the entry is then not written)."""
+    if getattr(sys, "frozen", False):
+        return b""  # the binary's front end is not built yet (docs/design.md)
+    env = os.environ
+    fields = [_field(NATIVE_MAGIC), _field(__version__.encode()), _field(os.fsencode(PACKAGE_DIR)),
+              _code_fields(_code_id() if code is None else code),
+              _field(os.uname().machine.encode()), _number(os.geteuid()),
+              _number(kernel.landlock_abi())]
+    fields += [_optional(env.get(name)) for name in NATIVE_ENV]
+    fields += [_field(os.fsencode(os.getcwd())), _field(os.fsencode(policy_file)),
+               _field(os.fsencode(os.path.realpath(policy_file))), _field(text)]
+    pairs = sorted((os.fsencode(name), os.fsencode(value)) for name, value in variables.items())
+    fields.append(_number(len(pairs)))
+    fields += [_field(name) + _field(value) for name, value in pairs]
+    fields += [_optional(timeout), _number(int(best_effort))]
+    return b"".join(fields)
+
+
+def native_name(key: bytes) -> str:
+    from hashlib import blake2b
+
+    return NATIVE_PREFIX + blake2b(key, digest_size=NATIVE_NAME_BYTES).hexdigest()
+
+
+def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled,
+                   steps: Sequence[str]) -> Optional[bytes]:
+    """The native entry after its tag, or None for a plan the front end does not run: one
+    that needs a supervisor or a check it does not make (the signal gate, a pids cgroup)."""
+    if value["signal_gate"] or value["cgroup"] is not None or compiled.routes is not None:
+        return None
+    abi, handled_fs, handled_net, scoped, paths, ports, file_only, write_rights = value["plan"]
+    timeout = value["timeout"]
+    out = [_field(key), _field(os.fsencode(value["source"])), _number(len(value["layers"]))]
+    out += [_field(kind.encode()) + _field(os.fsencode(where)) + _field(content)
+            for kind, where, content in value["layers"]]
+    out.append(_number(len(value["checks"])))
+    out += [_field(os.fsencode(path)) + _number(int(present)) for path, present in value["checks"]]
+    out += [_number(abi), _number(handled_fs), _number(handled_net), _number(scoped),
+            _number(len(paths))]
+    out += [_field(os.fsencode(path)) + _number(rights) for path, rights in paths]
+    out.append(_number(len(ports)))
+    out += [_number(port) + _number(rights) for port, rights in ports]
+    out += [_number(file_only), _number(write_rights), _number(len(value["warnings"]))]
+    out += [_field(line.encode("utf-8", "surrogateescape")) for line in value["warnings"]]
+    out += [_field(value["bpf"]), _number(len(steps))]
+    out += [_field(os.fsencode(step)) for step in steps]
+    passed, set_ = value["env"]
+    out.append(_number(len(passed)))
+    out += [_field(os.fsencode(name)) for name in passed]
+    out.append(_number(len(set_)))
+    out += [_field(os.fsencode(name)) + _field(os.fsencode(text)) for name, text in set_]
+    out.append(_optional(None if timeout is None else repr(float(timeout))))
+    return b"".join(out)
+
+
+def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Compiled,
+                 steps: Sequence[str]) -> None:
+    """Write the native entry of a plan just stored, in its own private directory
+    (NATIVE_DIR); none for a plan the front end does not run (it then always falls back)."""
+    payload = native_payload(key, value, compiled, steps)
+    if payload is None:
+        return
+    directory = open_private_dir(_cache_path(NATIVE_DIR), create=True)
+    if directory is None:
+        return
+    try:
+        _put(directory, native_name(key), NATIVE_MAGIC + _tag(secret, payload) + payload)
+        _prune(directory)
+    finally:
+        os.close(directory)
+
+
+class _Fields:
+    """A reader of a native entry's fields (the tests' reader; the C front end's twin)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = data, 0
+
+    def raw(self) -> bytes:
+        if self.at + 4 > len(self.data):
+            raise ValueError("a native entry cut short")
+        size = int.from_bytes(self.data[self.at:self.at + 4], "little")
+        start, self.at = self.at + 4, self.at + 4 + size
+        if self.at > len(self.data):
+            raise ValueError("a native entry cut short")
+        return self.data[start:self.at]
+
+    def number(self) -> int:
+        text = self.raw()
+        if not (text.isdigit() and text.isascii()):
+            raise ValueError("a number that is not decimal digits")
+        return int(text)
+
+    def text(self) -> str:
+        return os.fsdecode(self.raw())
+
+    def optional(self) -> Optional[str]:
+        count = self.number()
+        if count > 1:
+            raise ValueError("an optional field with more than one value")
+        return self.text() if count else None
+
+
+def read_native(data: bytes, secret: bytes) -> Optional[dict[str, Any]]:
+    """A native entry's key and facts (NATIVE_FIELDS), or None if it is not one whose tag
+    verifies with ``secret`` and whose fields are exactly those written."""
+    head = len(NATIVE_MAGIC) + TAG_BYTES
+    if not data.startswith(NATIVE_MAGIC):
+        return None
+    from _operator import _compare_digest
+
+    if not _compare_digest(data[len(NATIVE_MAGIC):head], _tag(secret, data[head:])):
+        return None
+    r = _Fields(data[head:])
+    try:
+        out: dict[str, Any] = {"key": r.raw(), "source": r.text()}
+        out["layers"] = [(r.text(), r.text(), r.raw()) for _ in range(r.number())]
+        out["checks"] = [(r.text(), bool(r.number())) for _ in range(r.number())]
+        for name in ("abi", "handled_fs", "handled_net", "scoped"):
+            out[name] = r.number()
+        out["paths"] = [(r.text(), r.number()) for _ in range(r.number())]
+        out["ports"] = [(r.number(), r.number()) for _ in range(r.number())]
+        out["file_only"], out["write_rights"] = r.number(), r.number()
+        out["warnings"] = [r.raw().decode("utf-8", "surrogateescape") for _ in range(r.number())]
+        out["bpf"] = r.raw()
+        out["steps"] = [r.text() for _ in range(r.number())]
+        out["env_passed"] = [r.text() for _ in range(r.number())]
+        out["env_set"] = [(r.text(), r.text()) for _ in range(r.number())]
+        timeout = r.optional()
+        out["timeout"] = None if timeout is None else float(timeout)
+    except ValueError:
+        return None
+    return out if r.at == len(r.data) else None

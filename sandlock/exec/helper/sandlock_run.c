@@ -1,0 +1,708 @@
+/*
+ * sandlock-run: the native front end of `sandlock run` (docs/design.md "Native front end").
+ *
+ * `sandlock run --policy FILE [--var K=V]... [--timeout D] [--best-effort] -- CMD...` on a
+ * policy whose compiled plan is in the cache should cost no Python. This program builds
+ * the native entry's key bytes from what it sees (sandlock/compile/cache.py native_key:
+ * the one definition; tests/test_native_run.py compares the two), fetches the cache key
+ * exactly where Python would (the user keyring, else the key file, with the same checks on
+ * descriptors; it never makes one), reads the entry through a private directory opened
+ * without following a link, and trusts nothing in it before its keyed BLAKE2b tag
+ * verifies and its key equals the one built here, in full.
+ *
+ * On anything else (another command or option, a bare profile name, --tool, --accept, no
+ * entry, a check that fails, any doubt) it execs the Python CLI with the same arguments,
+ * which compiles, stores, runs and reports exactly as without this program. Running a hit
+ * itself is not written yet: after the entry verified it reads its facts and re-checks
+ * what cache._fresh re-checks (extended files re-read and compared, each policy path's
+ * existence, the Landlock ABI), then still falls back; the grants opened now against the
+ * protected set and the key file, the ruleset, the steps and the supervision of
+ * sandlock-exec remain. It is off unless SANDLOCK_NATIVE_RUN=1.
+ *
+ * SANDLOCK_NATIVE_DEBUG=1 writes to stderr the key bytes (hex) and why it falls back
+ * (fixed texts only: nothing a tool controls is printed).
+ *
+ * Build: setup.py build_helper, with SANDLOCK_PYTHON (the interpreter of the install)
+ * defined. The package is the directory two levels above this program
+ * (sandlock/exec/helper/sandlock-run), or above SANDLOCK_PACKAGE_FILE when that is defined
+ * (the benchmark's copy, whose "Python" is /bin/true: it measures what precedes the exec).
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pwd.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "blake2b.h"
+
+#ifndef SANDLOCK_PYTHON
+#error "define SANDLOCK_PYTHON: the interpreter that runs the Python CLI on a miss"
+#endif
+#ifndef SANDLOCK_VERSION
+#error "define SANDLOCK_VERSION: sandlock.__version__"
+#endif
+
+/* Same numbers on x86_64 and aarch64 (the kernel's unified syscall table). */
+#ifndef __NR_landlock_create_ruleset
+#define __NR_landlock_create_ruleset 444
+#endif
+#define LANDLOCK_CREATE_RULESET_VERSION (1U << 0)
+#define KEYCTL_SEARCH 10 /* linux/keyctl.h, keyctl(2) */
+#define KEYCTL_READ 11
+#define KEY_SPEC_USER_KEYRING (-4)
+
+/* Copies of Python facts: tests/test_native_run.py compares each with the table it copies. */
+#define KEY_NAME "sandlock:policy-cache:v1" /* sandlock/compile/cachekey.py KEY_NAME */
+#define KEY_BYTES 32                         /* cachekey.KEY_BYTES */
+#define KEY_FILE "key"                       /* cachekey.KEY_FILE */
+#define TAG_BYTES 32                         /* cache.TAG_BYTES */
+#define NATIVE_FORMAT 1                      /* cache.NATIVE_FORMAT */
+#define NATIVE_PREFIX "n-"                   /* cache.NATIVE_PREFIX */
+#define NATIVE_DIR "native"                  /* cache.NATIVE_DIR */
+#define NATIVE_NAME_BYTES 20                 /* cache.NATIVE_NAME_BYTES */
+#define POLICY_MAX (1 << 20)                 /* sandlock/policy/readfile.py MAX_BYTES */
+#define ENTRY_MAX (64 << 20)
+#define ENV_NO_CACHE "SANDLOCK_NO_CACHE"     /* cache.ENV_NO_CACHE */
+/* cache.NATIVE_ENV, in order */
+static const char *const native_env[] = {"SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME",
+                                         "SANDLOCK_STUB", "SANDLOCK_STATE_DIR"};
+/* cache.PACKAGES, after the package itself ("") */
+static const char *const code_dirs[] = {"", "compile", "linux", "policy"};
+/* `run`'s options (sandlock/cli/launch.py OPTIONS): those this program handles, and
+ * those that always fall back (any option not listed falls back too). */
+static const char *const options_valued[] = {"--policy", "--var", "--timeout"};
+static const char *const options_flag[] = {"--best-effort"};
+static const char *const options_python[] = {"--tool", "--policies", "--accept", "-h", "--help"};
+
+static int debug;
+static char **given_argv;
+static char package_parent[PATH_MAX], package_dir[PATH_MAX];
+
+/* ------------------------------------------------------------------------- */
+/* Falling back: the Python CLI, same arguments */
+
+static void say_debug(const char *what, const char *text) {
+    if (!debug)
+        return;
+    const char *parts[] = {"sandlock-run: ", what, ": ", text, "\n"};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        if (write(2, parts[i], strlen(parts[i])) < 0)
+            return;
+}
+
+__attribute__((noreturn)) static void fall_back(const char *why) {
+    say_debug("fallback", why);
+    int argc = 0;
+    while (given_argv[argc])
+        argc++;
+    /* No working directory (a tool's, perhaps) on sys.path ("" for -c: -P needs 3.11); the
+     * package beside this program first. */
+    char **args = calloc((size_t)argc + 4, sizeof *args);
+    if (args) {
+        args[0] = (char *)SANDLOCK_PYTHON;
+        args[1] = (char *)"-c";
+        args[2] = (char *)"import sys; sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p "
+                          "not in ('', '.')]; from sandlock.cli.run import main; main(sys.argv[2:])";
+        args[3] = package_parent[0] ? package_parent : (char *)"";
+        for (int i = 1; i < argc; i++)
+            args[3 + i] = given_argv[i];
+        execv(SANDLOCK_PYTHON, args);
+    }
+    static const char msg[] = "sandlock: cannot start the Python CLI (" SANDLOCK_PYTHON ")\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+    _exit(125); /* sandlock.errors.ExitCode.LAUNCHER */
+}
+
+/* ------------------------------------------------------------------------- */
+/* A growing buffer of length-prefixed fields (cache.py _field, _number, _optional) */
+
+struct buf { uint8_t *data; size_t len, cap; };
+
+static void put(struct buf *b, const void *data, size_t len) {
+    if (b->len + len < b->len)
+        fall_back("key too long");
+    if (b->len + len > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + len)
+            cap *= 2;
+        uint8_t *grown = realloc(b->data, cap);
+        if (!grown)
+            fall_back("out of memory");
+        b->data = grown;
+        b->cap = cap;
+    }
+    if (len)
+        memcpy(b->data + b->len, data, len);
+    b->len += len;
+}
+
+static void field(struct buf *b, const void *data, size_t len) {
+    if (len > UINT32_MAX)
+        fall_back("field too long");
+    uint8_t head[4] = {(uint8_t)len, (uint8_t)(len >> 8), (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
+    put(b, head, 4);
+    put(b, data, len);
+}
+
+static void text(struct buf *b, const char *s) { field(b, s, strlen(s)); }
+
+static void number(struct buf *b, unsigned long long n) {
+    char digits[24];
+    int len = snprintf(digits, sizeof digits, "%llu", n);
+    field(b, digits, (size_t)len);
+}
+
+static void optional(struct buf *b, const char *value) {
+    number(b, value != NULL);
+    if (value)
+        text(b, value);
+}
+
+/* ------------------------------------------------------------------------- */
+/* The key bytes (cache.native_key) */
+
+struct row { char sub[16]; char *name; unsigned long long size, mtime; };
+
+static int by_row(const void *a, const void *b) {
+    const struct row *x = a, *y = b;
+    int c = strcmp(x->sub, y->sub);
+    return c ? c : strcmp(x->name, y->name);
+}
+
+/* cache._code_id: every .py file of the package and of cache.PACKAGES, sorted by
+ * (subpackage, name) as Python sorts those tuples, with its size and mtime in ns. */
+static void code_fields(struct buf *b) {
+    struct row *rows = NULL;
+    size_t n = 0, cap = 0;
+    for (size_t d = 0; d < sizeof code_dirs / sizeof *code_dirs; d++) {
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/%s", package_dir, code_dirs[d]) >= (int)sizeof path)
+            fall_back("package path too long");
+        DIR *dir = opendir(path);
+        if (!dir)
+            fall_back("cannot list the package");
+        struct dirent *e;
+        while ((e = readdir(dir))) {
+            size_t len = strlen(e->d_name);
+            if (len < 3 || strcmp(e->d_name + len - 3, ".py"))
+                continue;
+            struct stat st;
+            if (fstatat(dirfd(dir), e->d_name, &st, 0) < 0)
+                fall_back("cannot stat a package file");
+            if (n == cap) {
+                cap = cap ? cap * 2 : 128;
+                struct row *grown = realloc(rows, cap * sizeof *rows);
+                if (!grown)
+                    fall_back("out of memory");
+                rows = grown;
+            }
+            snprintf(rows[n].sub, sizeof rows[n].sub, "%s", code_dirs[d]);
+            rows[n].name = strdup(e->d_name);
+            if (!rows[n].name)
+                fall_back("out of memory");
+            rows[n].size = (unsigned long long)st.st_size;
+            rows[n].mtime = (unsigned long long)st.st_mtim.tv_sec * 1000000000ULL +
+                            (unsigned long long)st.st_mtim.tv_nsec;
+            n++;
+        }
+        closedir(dir);
+    }
+    /* Python sorts the rows of one directory by name and the directories in code_dirs'
+     * order, which is sorted too ("" < "compile" < "linux" < "policy"). */
+    qsort(rows, n, sizeof *rows, by_row);
+    number(b, n);
+    for (size_t i = 0; i < n; i++) {
+        text(b, rows[i].sub);
+        text(b, rows[i].name);
+        number(b, rows[i].size);
+        number(b, rows[i].mtime);
+    }
+}
+
+struct var { const char *name; size_t name_len; const char *value; };
+
+static int by_var(const void *a, const void *b) {
+    const struct var *x = a, *y = b;
+    size_t n = x->name_len < y->name_len ? x->name_len : y->name_len;
+    int c = memcmp(x->name, y->name, n);
+    if (c)
+        return c;
+    return x->name_len < y->name_len ? -1 : x->name_len > y->name_len;
+}
+
+static void key_bytes(struct buf *b, const char *policy, const uint8_t *policy_text,
+                      size_t policy_len, struct var *vars, size_t nvars, const char *timeout,
+                      int best_effort) {
+    char magic[64];
+    int len = snprintf(magic, sizeof magic, "sandlock-native-entry%c%d\n", 0, NATIVE_FORMAT);
+    field(b, magic, (size_t)len);
+    text(b, SANDLOCK_VERSION);
+    text(b, package_dir);
+    code_fields(b);
+    struct utsname u;
+    if (uname(&u) < 0)
+        fall_back("uname failed");
+    text(b, u.machine);
+    number(b, geteuid());
+    long abi = syscall(__NR_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    number(b, abi > 0 ? (unsigned long long)abi : 0);
+    for (size_t i = 0; i < sizeof native_env / sizeof *native_env; i++)
+        optional(b, getenv(native_env[i]));
+    char cwd[PATH_MAX], real[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        fall_back("no working directory");
+    text(b, cwd);
+    text(b, policy);
+    if (!realpath(policy, real))
+        fall_back("no real path of the policy");
+    text(b, real);
+    field(b, policy_text, policy_len);
+    qsort(vars, nvars, sizeof *vars, by_var);
+    number(b, nvars);
+    for (size_t i = 0; i < nvars; i++) {
+        if (i && !by_var(&vars[i - 1], &vars[i]))
+            fall_back("a --var given twice");
+        field(b, vars[i].name, vars[i].name_len);
+        text(b, vars[i].value);
+    }
+    optional(b, timeout);
+    number(b, (unsigned long long)(best_effort != 0));
+}
+
+/* ------------------------------------------------------------------------- */
+/* Files read through descriptors (cache.open_private_dir, cachekey.read_key) */
+
+#define OPEN_DIR (O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+
+/* cache.open_private_dir without create: a descriptor of directory `path`, reached from
+ * "/" without following a link, every directory on the way owned by root or the euid and
+ * writable by no one else (a root-owned sticky one excepted), the last `private_from`
+ * owned by the euid with no group or other access; -1 otherwise. */
+static int open_private_dir(const char *path, int private_from) {
+    char copy[PATH_MAX];
+    if (snprintf(copy, sizeof copy, "%s", path) >= (int)sizeof copy)
+        return -1;
+    char *parts[PATH_MAX / 2];
+    int n = 0;
+    for (char *save = NULL, *p = strtok_r(copy, "/", &save); p; p = strtok_r(NULL, "/", &save))
+        parts[n++] = p;
+    uid_t euid = geteuid();
+    int fd = open("/", OPEN_DIR);
+    if (fd < 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        int step = openat(fd, parts[i], OPEN_DIR);
+        close(fd);
+        if (step < 0)
+            return -1;
+        fd = step;
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+            break;
+        if (i >= n - private_from) {
+            if (st.st_uid != euid || (st.st_mode & 077))
+                break;
+        } else if ((st.st_uid != 0 && st.st_uid != euid) ||
+                   ((st.st_mode & 022) && !((st.st_mode & 01000) && st.st_uid == 0))) {
+            break;
+        }
+        if (i == n - 1)
+            return fd;
+    }
+    close(fd);
+    return -1;
+}
+
+/* Python's os.path.normpath is not done here: a path it would change falls back. */
+static int plain_path(const char *path) {
+    if (path[0] != '/')
+        return 0;
+    for (const char *p = path; *p; p++)
+        if (p[0] == '/' && (p[1] == '/' || (p[1] == '.' && (p[2] == '/' || !p[2] ||
+                                                           (p[2] == '.' && (p[3] == '/' || !p[3]))))))
+            return 0;
+    size_t len = strlen(path);
+    return len == 1 || path[len - 1] != '/';
+}
+
+/* A regular file's bytes, at most `max` (cut short or larger: -1). */
+static ssize_t read_file(int dir, const char *name, int flags, uint8_t **out, size_t max) {
+    int fd = openat(dir, name, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | flags);
+    if (fd < 0)
+        return -1;
+    struct stat st;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size > max) {
+        close(fd);
+        return -1;
+    }
+    size_t size = (size_t)st.st_size, got = 0;
+    uint8_t *data = malloc(size + 1);
+    while (data) {
+        ssize_t r = read(fd, data + got, size + 1 - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+        if (got > size)
+            break;
+    }
+    close(fd);
+    if (!data || got != size) {
+        free(data);
+        return -1;
+    }
+    *out = data;
+    return (ssize_t)size;
+}
+
+/* cachekey.read_key: 1 and the key, or 0 (no key file, or one not trusted). */
+static int read_key(int dir, uint8_t key[KEY_BYTES]) {
+    int fd = openat(dir, KEY_FILE, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    struct stat st, dst;
+    int ok = fstat(fd, &st) == 0 && fstat(dir, &dst) == 0 && S_ISREG(st.st_mode) &&
+             st.st_uid == geteuid() && (st.st_mode & 07777) == 0600 && st.st_size == KEY_BYTES &&
+             st.st_nlink == 1 && st.st_dev == dst.st_dev &&
+             pread(fd, key, KEY_BYTES, 0) == KEY_BYTES;
+    close(fd);
+    return ok;
+}
+
+/* cachekey.secret, read only: the user keyring's key, else (where the keyring is refused)
+ * the key file's. Where Python would make a key (none in the keyring, or no key file), or
+ * where a check fails, there is none here: the caller falls back. */
+static int fetch_secret(uint8_t key[KEY_BYTES]) {
+    long id = syscall(SYS_keyctl, KEYCTL_SEARCH, KEY_SPEC_USER_KEYRING, "user", KEY_NAME, 0);
+    if (id < 0 && (errno == ENOKEY || errno == EKEYEXPIRED || errno == EKEYREVOKED))
+        return 0; /* Python adds one to the keyring: let it */
+    if (id >= 0 && syscall(SYS_keyctl, KEYCTL_READ, id, key, KEY_BYTES) == KEY_BYTES)
+        return 1;
+    char dir[PATH_MAX];
+#ifdef SANDLOCK_KEY_DIRECTORY /* tests/test_native_run.py: a scene's (cachekey.key_directory) */
+    snprintf(dir, sizeof dir, "%s", SANDLOCK_KEY_DIRECTORY);
+#else
+    struct passwd *pw = getpwuid(geteuid());
+    if (!pw || !pw->pw_dir || !plain_path(pw->pw_dir))
+        return 0;
+    struct stat st;
+    if (stat(pw->pw_dir, &st) < 0 || !S_ISDIR(st.st_mode))
+        return 0;
+    if (snprintf(dir, sizeof dir, "%s/.cache/sandlock", strcmp(pw->pw_dir, "/") ? pw->pw_dir : "")
+        >= (int)sizeof dir)
+        return 0;
+#endif
+    int fd = open_private_dir(dir, 1);
+    if (fd < 0)
+        return 0;
+    int ok = read_key(fd, key);
+    close(fd);
+    return ok;
+}
+
+/* cache._cache_path(NATIVE_DIR) */
+static int cache_directory(void) {
+    const char *base = getenv("XDG_CACHE_HOME");
+    char path[PATH_MAX];
+    int len;
+    if (base && base[0] == '/') {
+        len = snprintf(path, sizeof path, "%s/sandlock/" NATIVE_DIR, base);
+    } else {
+        const char *home = getenv("HOME");
+        if (!home || !home[0])
+            return -1;
+        len = snprintf(path, sizeof path, "%s/.cache/sandlock/" NATIVE_DIR,
+                       strcmp(home, "/") ? home : "");
+    }
+    if (len >= (int)sizeof path || !plain_path(path))
+        return -1;
+    return open_private_dir(path, 2);
+}
+
+/* ------------------------------------------------------------------------- */
+/* Reading the entry's facts (cache.read_native's twin) and re-checking them
+ * (cache._fresh: extended files re-read and compared, path existence; the ABI) */
+
+struct reader { const uint8_t *at, *end; };
+
+/* The next field; NULL when the entry ends before it. */
+static const uint8_t *next(struct reader *r, size_t *len) {
+    if (r->end - r->at < 4)
+        return NULL;
+    size_t size = (size_t)r->at[0] | (size_t)r->at[1] << 8 | (size_t)r->at[2] << 16 |
+                  (size_t)r->at[3] << 24;
+    if ((size_t)(r->end - r->at - 4) < size)
+        return NULL;
+    const uint8_t *out = r->at + 4;
+    r->at += 4 + size;
+    *len = size;
+    return out;
+}
+
+/* A number field: ASCII decimal digits only, at most `max`; else fall back. */
+static unsigned long long number_field(struct reader *r, unsigned long long max) {
+    size_t len;
+    const uint8_t *p = next(r, &len);
+    if (!p || !len || len > 20)
+        fall_back("a malformed native entry");
+    unsigned long long v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (p[i] < '0' || p[i] > '9' || v > (ULLONG_MAX - (p[i] - '0')) / 10)
+            fall_back("a malformed native entry");
+        v = v * 10 + (p[i] - '0');
+    }
+    if (v > max)
+        fall_back("a malformed native entry");
+    return v;
+}
+
+/* A field as a C string (a path or a name): no NUL inside; malloc'd. */
+static char *string_field(struct reader *r) {
+    size_t len;
+    const uint8_t *p = next(r, &len);
+    if (!p || memchr(p, 0, len))
+        fall_back("a malformed native entry");
+    char *out = malloc(len + 1);
+    if (!out)
+        fall_back("out of memory");
+    memcpy(out, p, len);
+    out[len] = 0;
+    return out;
+}
+
+static void skip(struct reader *r, unsigned long long count) {
+    size_t len;
+    for (unsigned long long i = 0; i < count; i++)
+        if (!next(r, &len))
+            fall_back("a malformed native entry");
+}
+
+/* Every list's count is bounded by what is left (each item holds a field or more). */
+#define COUNT(r) number_field(r, (unsigned long long)((r)->end - (r)->at) / 4)
+
+/* The facts after the key (cache.NATIVE_FIELDS), checked now as Python's hit checks them;
+ * any difference falls back (the Python CLI then compiles afresh and reports). */
+static void recheck(const uint8_t *facts, size_t len) {
+    struct reader r = {facts, facts + len};
+    skip(&r, 1); /* source */
+    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* layers */
+        char *kind = string_field(&r), *where = string_field(&r);
+        size_t want_len;
+        const uint8_t *want = next(&r, &want_len);
+        if (!want)
+            fall_back("a malformed native entry");
+        char path[PATH_MAX];
+        if (!strcmp(kind, "builtin")) {
+            if (strchr(where, '/') ||
+                snprintf(path, sizeof path, "%s/policy/profiles/%s.toml", package_dir, where)
+                >= (int)sizeof path)
+                fall_back("a malformed native entry");
+        } else if (!strcmp(kind, "file")) {
+            if (snprintf(path, sizeof path, "%s", where) >= (int)sizeof path)
+                fall_back("a malformed native entry");
+        } else {
+            fall_back("a malformed native entry");
+        }
+        uint8_t *now;
+        ssize_t now_len = read_file(AT_FDCWD, path, 0, &now, POLICY_MAX);
+        if (now_len < 0 || (size_t)now_len != want_len || memcmp(now, want, want_len))
+            fall_back("stale: an extended policy file changed");
+        free(now);
+        free(kind);
+        free(where);
+    }
+    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* checks: os.path.exists */
+        char *path = string_field(&r);
+        struct stat st;
+        if ((stat(path, &st) == 0) != (int)number_field(&r, 1))
+            fall_back("stale: a policy path appeared or vanished");
+        free(path);
+    }
+    long abi = syscall(__NR_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (number_field(&r, INT_MAX) > (unsigned long long)(abi > 0 ? abi : 0))
+        fall_back("stale: the entry needs a newer Landlock ABI");
+    for (int i = 0; i < 3; i++) /* handled_fs, handled_net, scoped */
+        number_field(&r, UINT64_MAX);
+    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* paths */
+        free(string_field(&r));
+        number_field(&r, UINT64_MAX);
+    }
+    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* ports */
+        number_field(&r, 65535);
+        number_field(&r, UINT64_MAX);
+    }
+    number_field(&r, UINT64_MAX); /* file_only */
+    number_field(&r, UINT64_MAX); /* write_rights */
+    skip(&r, COUNT(&r));          /* warnings */
+    size_t bpf_len;
+    if (!next(&r, &bpf_len) || !bpf_len || bpf_len % 8)
+        fall_back("a malformed native entry");
+    skip(&r, COUNT(&r)); /* steps */
+    skip(&r, COUNT(&r)); /* env_passed */
+    skip(&r, 2 * COUNT(&r)); /* env_set */
+    skip(&r, number_field(&r, 1)); /* timeout */
+    if (r.at != r.end)
+        fall_back("a malformed native entry");
+}
+
+/* ------------------------------------------------------------------------- */
+
+static int contains(const char *const *list, size_t n, const char *name, size_t len) {
+    for (size_t i = 0; i < n; i++)
+        if (strlen(list[i]) == len && !strncmp(list[i], name, len))
+            return 1;
+    return 0;
+}
+#define IN(list, name, len) contains(list, sizeof list / sizeof *list, name, len)
+
+int main(int argc, char **argv) {
+    given_argv = argv;
+    debug = getenv("SANDLOCK_NATIVE_DEBUG") && !strcmp(getenv("SANDLOCK_NATIVE_DEBUG"), "1");
+    char self[PATH_MAX];
+#ifdef SANDLOCK_PACKAGE_FILE /* benchmarks/native_front.py: a copy built elsewhere */
+    ssize_t n = (ssize_t)strlen(SANDLOCK_PACKAGE_FILE);
+    memcpy(self, SANDLOCK_PACKAGE_FILE, (size_t)n + 1);
+#else
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+#endif
+    if (n > 0) {
+        self[n] = 0;
+        for (int up = 0; up < 3; up++) { /* sandlock/exec/helper/sandlock-run -> sandlock */
+            char *slash = strrchr(self, '/');
+            if (!slash || slash == self)
+                break;
+            *slash = 0;
+            if (up == 2)
+                snprintf(package_dir, sizeof package_dir, "%s", self);
+        }
+        char *slash = strrchr(self, '/');
+        if (package_dir[0] && slash && slash != self) {
+            *slash = 0;
+            snprintf(package_parent, sizeof package_parent, "%s", self);
+        }
+    }
+    if (!package_parent[0])
+        fall_back("cannot find the package");
+    const char *on = getenv("SANDLOCK_NATIVE_RUN");
+    if (!on || strcmp(on, "1"))
+        fall_back("off (SANDLOCK_NATIVE_RUN is not 1)");
+    if (argc < 2 || strcmp(argv[1], "run"))
+        fall_back("not a run");
+    if (getenv(ENV_NO_CACHE) && getenv(ENV_NO_CACHE)[0])
+        fall_back("the cache is off");
+
+    const char *policy = NULL, *timeout = NULL;
+    int best_effort = 0, i = 2;
+    struct var *vars = calloc((size_t)argc, sizeof *vars);
+    size_t nvars = 0;
+    if (!vars)
+        fall_back("out of memory");
+    for (; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--")) {
+            i++;
+            break;
+        }
+        if (arg[0] != '-')
+            break;
+        const char *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (IN(options_flag, arg, len) && !eq) {
+            best_effort = 1;
+            continue;
+        }
+        if (!IN(options_valued, arg, len))
+            fall_back(IN(options_python, arg, len) ? "an option the Python CLI handles"
+                                                   : "an unknown option");
+        const char *value = eq ? eq + 1 : NULL;
+        if (!value) {
+            if (i + 1 >= argc)
+                fall_back("an option without its value");
+            value = argv[++i];
+        }
+        if (!strncmp(arg, "--policy", len)) {
+            policy = value;
+        } else if (!strncmp(arg, "--timeout", len)) {
+            timeout = value;
+        } else { /* --var NAME=VALUE (launch.parse_vars) */
+            const char *sep = strchr(value, '=');
+            if (!sep || sep == value)
+                fall_back("a --var the Python CLI reports");
+            vars[nvars].name = value;
+            vars[nvars].name_len = (size_t)(sep - value);
+            vars[nvars].value = sep + 1;
+            nvars++;
+        }
+    }
+    if (i >= argc)
+        fall_back("no command");
+    if (!policy)
+        fall_back("no --policy");
+    size_t policy_chars = strlen(policy); /* sandlock/policy/profiles is_name */
+    if (!strchr(policy, '/') && !(policy_chars >= 5 && !strcmp(policy + policy_chars - 5, ".toml")))
+        fall_back("a profile name, or a name that could be one (the Python CLI resolves it)");
+
+    uint8_t *policy_text;
+    ssize_t policy_len = read_file(AT_FDCWD, policy, 0, &policy_text, POLICY_MAX);
+    if (policy_len < 0)
+        fall_back("cannot read the policy");
+    struct buf key = {0};
+    key_bytes(&key, policy, policy_text, (size_t)policy_len, vars, nvars, timeout, best_effort);
+    if (debug) {
+        char *hex = malloc(key.len * 2 + 1);
+        if (hex) {
+            for (size_t k = 0; k < key.len; k++)
+                snprintf(hex + 2 * k, 3, "%02x", key.data[k]);
+            say_debug("key", hex);
+            free(hex);
+        }
+    }
+    uint8_t secret[KEY_BYTES];
+    if (!fetch_secret(secret))
+        fall_back("no trusted cache key");
+    int dir = cache_directory();
+    if (dir < 0)
+        fall_back("no private cache directory");
+    uint8_t digest[NATIVE_NAME_BYTES];
+    char name[sizeof NATIVE_PREFIX + 2 * NATIVE_NAME_BYTES];
+    blake2b(digest, sizeof digest, NULL, 0, key.data, key.len);
+    memcpy(name, NATIVE_PREFIX, sizeof NATIVE_PREFIX - 1);
+    for (size_t k = 0; k < sizeof digest; k++)
+        snprintf(name + sizeof NATIVE_PREFIX - 1 + 2 * k, 3, "%02x", digest[k]);
+    uint8_t *entry;
+    ssize_t entry_len = read_file(dir, name, O_NOFOLLOW, &entry, ENTRY_MAX);
+    close(dir);
+    if (entry_len < 0)
+        fall_back("no entry");
+    char magic[64];
+    size_t magic_len = (size_t)snprintf(magic, sizeof magic, "sandlock-native-entry%c%d\n", 0,
+                                        NATIVE_FORMAT);
+    size_t head = magic_len + TAG_BYTES;
+    if ((size_t)entry_len < head + 4 || memcmp(entry, magic, magic_len))
+        fall_back("not a native entry of this format");
+    uint8_t tag[TAG_BYTES];
+    blake2b(tag, sizeof tag, secret, sizeof secret, entry + head, (size_t)entry_len - head);
+    uint8_t diff = 0;
+    for (size_t k = 0; k < TAG_BYTES; k++)
+        diff |= (uint8_t)(tag[k] ^ entry[magic_len + k]);
+    if (diff)
+        fall_back("the entry's tag does not verify");
+    const uint8_t *p = entry + head;
+    size_t stored = (size_t)p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
+    if (stored != key.len || (size_t)entry_len - head - 4 < stored || memcmp(p + 4, key.data, key.len))
+        fall_back("the entry's key differs");
+    say_debug("entry", "verified");
+    recheck(p + 4 + stored, (size_t)entry_len - head - 4 - stored);
+    fall_back("a hit: running it natively is not written yet");
+}

@@ -1,0 +1,510 @@
+"""The native front end of `sandlock run` (sandlock/exec/helper/sandlock_run.c) and the native
+entry it reads (sandlock/compile/cache.py, docs/design.md "Native front end").
+
+The front end trusts an entry only when its keyed BLAKE2b tag verifies with the cache key
+and its key bytes equal the ones it built itself: each attack below on the entry or its
+directory is made for real, and each has its positive control (the same run without the
+attack verifies the entry). Everything it does not handle falls back to the Python CLI,
+which then behaves exactly as without it; the debug lines (SANDLOCK_NATIVE_DEBUG=1) say
+which way it went.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+from conftest import write_policy
+
+from sandlock.cli import launch
+from sandlock.compile import cache, cachekey
+from sandlock.linux import syscalls
+
+HELPER_DIR = Path(cache.__file__).resolve().parent.parent / "exec" / "helper"
+FRONT = HELPER_DIR / "sandlock-run"
+SOURCE = HELPER_DIR / "sandlock_run.c"
+
+POLICY = """\
+[filesystem]
+read = ["/usr", "/lib", "/etc"]
+exec = ["/usr/bin", "/usr/lib"]
+"""
+
+
+def require_front() -> None:
+    if not FRONT.exists():
+        message = f"{FRONT} is not built (python setup.py build_helper)"
+        if os.environ.get("SANDLOCK_EXPECT_NATIVE") == "1":
+            pytest.fail(f"{message}, but SANDLOCK_EXPECT_NATIVE=1")
+        pytest.skip(message)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    out = dict(os.environ)
+    out.pop(cache.ENV_NO_CACHE, None)
+    out.update({"XDG_CACHE_HOME": str(tmp_path / "cache"), "SANDLOCK_NATIVE_RUN": "1",
+                "SANDLOCK_NATIVE_DEBUG": "1"})
+    return out
+
+
+def front(args: list[str], env: dict[str, str], cwd: Path
+          ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """Run the front end; its debug lines by kind (key, entry, fallback), the rest as is."""
+    require_front()
+    done = subprocess.run([str(FRONT), *args], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=60, check=False)
+    notes = dict(re.findall(r"^sandlock-run: (\w+): (.*)$", done.stderr, re.MULTILINE))
+    done.stderr = re.sub(r"^sandlock-run: .*\n", "", done.stderr, flags=re.MULTILINE)
+    return done, notes
+
+
+def native_dir(env: dict[str, str]) -> Path:
+    return Path(env["XDG_CACHE_HOME"]) / "sandlock" / cache.NATIVE_DIR
+
+
+def stored(policy: Path, env: dict[str, str], tmp_path: Path) -> Path:
+    """Run once through the front end (a miss: Python stores the plan); the native entry."""
+    done, notes = front(["run", "--policy", str(policy), "--", "true"], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert notes["fallback"] in ("no entry", "no private cache directory")
+    (entry,) = native_dir(env).iterdir()
+    return entry
+
+
+def secret() -> bytes:
+    key = cachekey.secret(cache.open_private_dir)[0]
+    assert key is not None, "no cache key here"
+    return key
+
+
+# ----------------------------------------------------------------------------
+# BLAKE2b, the facts the front end copies, its key bytes
+
+
+DRIVER = r"""
+#include <stdio.h>
+#include <unistd.h>
+#include "blake2b.h"
+int main(void);
+int main(void) {
+    static uint8_t in[1 << 16];
+    uint8_t out[64];
+    size_t n = 0;
+    ssize_t got;
+    while ((got = read(0, in + n, sizeof in - n)) > 0)
+        n += (size_t)got;
+    if (n < 2 || n < 2u + in[1] || blake2b(out, in[0], in + 2, in[1], in + 2 + in[1], n - 2 - in[1]))
+        return 2;
+    for (size_t i = 0; i < in[0]; i++)
+        printf("%02x", out[i]);
+    return 0;
+}
+"""
+
+
+@pytest.mark.any_user
+def test_blake2b_is_hashlibs_on_many_vectors(tmp_path: Path) -> None:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    assert compiler, "no C compiler: the front end could not have been built either"
+    (tmp_path / "driver.c").write_text(DRIVER)
+    subprocess.run([compiler, "-O2", "-Wall", "-Wextra", "-Werror", f"-I{HELPER_DIR}", "-o",
+                    str(tmp_path / "driver"), str(tmp_path / "driver.c")], check=True)
+    rng = random.Random(7693)
+    for _ in range(120):  # block edges with and without a key, every digest size
+        size = rng.randint(1, 64)
+        key = rng.randbytes(rng.choice([0, 1, 32, 64, rng.randint(0, 64)]))
+        data = rng.randbytes(rng.choice([0, 1, 127, 128, 129, 256, 257, rng.randint(0, 3000)]))
+        got = subprocess.run([str(tmp_path / "driver")], input=bytes([size, len(key)]) + key + data,
+                             capture_output=True, check=True).stdout.decode()
+        assert got == hashlib.blake2b(data, key=key, digest_size=size).hexdigest()
+
+
+def c_text() -> str:
+    return SOURCE.read_text()
+
+
+def define(text: str, name: str) -> str:
+    (found,) = re.findall(rf"^#define\s+{name}\s+(.*?)\s*(?:/\*.*)?$", text, re.MULTILINE)
+    return str(found)
+
+
+def c_array(text: str, name: str) -> list[str]:
+    (found,) = re.findall(rf"\b{name}\[[^\]]*\]\s*=\s*\{{(.*?)\}};", text, re.DOTALL)
+    return [item.strip().strip('"') for item in found.split(",") if item.strip()]
+
+
+def drift(text: str) -> list[str]:
+    """Every fact of the front end's source that differs from the Python it copies."""
+    from sandlock.policy.readfile import MAX_BYTES
+
+    facts = {"KEY_NAME": f'"{cachekey.KEY_NAME.decode()}"', "KEY_BYTES": str(cachekey.KEY_BYTES),
+             "KEY_FILE": f'"{cachekey.KEY_FILE}"', "TAG_BYTES": str(cache.TAG_BYTES),
+             "NATIVE_FORMAT": str(cache.NATIVE_FORMAT), "NATIVE_PREFIX": f'"{cache.NATIVE_PREFIX}"',
+             "NATIVE_DIR": f'"{cache.NATIVE_DIR}"', "NATIVE_NAME_BYTES": str(cache.NATIVE_NAME_BYTES),
+             "ENV_NO_CACHE": f'"{cache.ENV_NO_CACHE}"'}
+    out = [name for name, value in facts.items() if define(text, name) != value]
+    if define(text, "POLICY_MAX") != f"(1 << {MAX_BYTES.bit_length() - 1})" or MAX_BYTES & (
+            MAX_BYTES - 1):
+        out.append("POLICY_MAX")
+    if c_array(text, "native_env") != list(cache.NATIVE_ENV):
+        out.append("native_env")
+    if c_array(text, "code_dirs") != ["", *cache.PACKAGES]:
+        out.append("code_dirs")
+    handled = c_array(text, "options_valued") + c_array(text, "options_flag")
+    python = c_array(text, "options_python")
+    names = [name for name, _, _ in launch.OPTIONS]
+    if sorted(handled + [n for n in python if n.startswith("--") and n != "--help"]) != sorted(names):
+        out.append("options (launch.OPTIONS)")
+    if [n for n, metavar, _ in launch.OPTIONS if metavar is None] != c_array(text, "options_flag"):
+        out.append("options_flag")
+    fallbacks = re.findall(r"#ifndef\s+__NR_(\w+)\s*\n\s*#define\s+__NR_\1\s+(\d+)", text)
+    if not fallbacks:
+        out.append("no __NR_ fallback found: has the pattern changed?")
+    for arch, table in syscalls.TABLES.items():
+        out += [f"__NR_{name} on {arch}" for name, number in fallbacks
+                if table.get(name) != int(number)]
+    return out
+
+
+@pytest.mark.any_user
+def test_the_front_ends_copies_are_the_python_tables() -> None:
+    assert drift(c_text()) == []
+
+
+@pytest.mark.any_user
+@pytest.mark.parametrize(("old", "new"), [
+    ('"sandlock:policy-cache:v1"', '"sandlock:policy-cache:v2"'),
+    ('#define NATIVE_FORMAT 1', '#define NATIVE_FORMAT 2'),
+    ('"XDG_CACHE_HOME",', ""),
+    ('{"--policy", "--var", "--timeout"}', '{"--policy", "--var", "--timeout", "--tool"}'),
+    ("__NR_landlock_create_ruleset 444", "__NR_landlock_create_ruleset 445"),
+])
+def test_the_comparison_is_not_vacuous(old: str, new: str) -> None:
+    assert old in c_text()
+    assert drift(c_text().replace(old, new, 1)) != []
+
+
+#: name: (options, environment, then native_key's variables, timeout, best_effort)
+KEY_CASES: dict[str, tuple[list[str], dict[str, str], dict[str, str], Optional[str], bool]] = {
+    "plain": ([], {}, {}, None, False),
+    "vars": (["--var", "b=2", "--var", "a=\u00e9=x", "--var=c="], {},
+             {"b": "2", "a": "\u00e9=x", "c": ""}, None, False),
+    "timeout and best effort": (["--timeout", "3s", "--best-effort"], {}, {}, "3s", True),
+    "environment": ([], {"TMPDIR": "/tmp", "SANDLOCK_ABI": "3", "HOME": "/nonexistent/h"}, {},
+                    None, False),
+}
+
+
+@pytest.mark.parametrize("case", KEY_CASES)
+def test_the_key_bytes_are_native_keys(case: str, tmp_path: Path, env: dict[str, str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """C and Python build the same key (cache.native_key: the one definition), with a
+    relative policy path."""
+    extra, environment, variables, timeout, best_effort = KEY_CASES[case]
+    env.update(environment)
+    write_policy(tmp_path, POLICY)
+    done, notes = front(["run", "--policy", "policy.toml", *extra, "--", "true"], env, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for name in cache.NATIVE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    expected = cache.native_key("policy.toml", POLICY.encode(), variables, timeout, best_effort)
+    assert notes["key"] == expected.hex()
+    assert done.returncode == 0, done.stderr
+
+
+# ----------------------------------------------------------------------------
+# A stored plan, and attacks on it
+
+
+def test_a_stored_plan_verifies_and_the_run_is_the_pythons(tmp_path: Path,
+                                                          env: dict[str, str]) -> None:
+    policy = write_policy(tmp_path, POLICY)
+    entry = stored(policy, env, tmp_path)
+    fields = cache.read_native(entry.read_bytes(), secret())
+    assert fields is not None and fields["source"] == str(policy)
+    assert entry.name == cache.native_name(fields["key"])
+    assert fields["steps"][-1] == "exec" and "seccomp" in fields["steps"]
+    done, notes = front(["run", "--policy", str(policy), "--", "sh", "-c", "echo hi; exit 3"],
+                        env, tmp_path)
+    assert notes["entry"] == "verified"
+    assert (done.returncode, done.stdout) == (3, "hi\n")
+    done, notes = front(["run", "--policy", str(policy), "--", "no-such-command-here"], env,
+                        tmp_path)
+    assert notes["entry"] == "verified" and done.returncode == 127
+
+
+def forge(entry: Path, key: bytes) -> None:
+    """Widen the entry's first path to every right and re-tag it with ``key``."""
+    data = entry.read_bytes()
+    head = len(cache.NATIVE_MAGIC) + cache.TAG_BYTES
+    payload = data[head:]
+    fields = cache.read_native(data, secret())
+    assert fields is not None
+    path, rights = fields["paths"][0]
+    old = cache._field(os.fsencode(path)) + cache._number(rights)
+    assert payload.count(old) == 1
+    payload = payload.replace(old, cache._field(os.fsencode(path)) + cache._number(2**16 - 1))
+    entry.write_bytes(cache.NATIVE_MAGIC + cache._tag(key, payload) + payload)
+
+
+@pytest.mark.parametrize("attack", [True, False], ids=["forged", "control-real-key"])
+def test_a_forged_entry_is_not_trusted(attack: bool, tmp_path: Path, env: dict[str, str]) -> None:
+    """A tool that can write the cache rewrites an entry: without the key its tag fails."""
+    policy = write_policy(tmp_path, POLICY)
+    entry = stored(policy, env, tmp_path)
+    forge(entry, os.urandom(32) if attack else secret())
+    _, notes = front(["run", "--policy", str(policy), "--", "true"], env, tmp_path)
+    if attack:
+        assert notes["fallback"] == "the entry's tag does not verify" and "entry" not in notes
+    else:
+        assert notes["entry"] == "verified"
+
+
+@pytest.mark.parametrize("attack", [True, False], ids=["other-key", "control-own-key"])
+def test_an_entry_under_another_name_is_not_trusted(attack: bool, tmp_path: Path,
+                                                    env: dict[str, str]) -> None:
+    """A genuine entry of a wide policy, copied to the name of a narrow one, is refused:
+    the key is compared in full, not only through the name."""
+    (tmp_path / "ws").mkdir()
+    wide = write_policy(tmp_path, POLICY + f'write = ["{tmp_path / "ws"}"]\n', "wide.toml")
+    narrow = write_policy(tmp_path, POLICY, "narrow.toml")
+    wide_entry = stored(wide, env, tmp_path)
+    _, notes = front(["run", "--policy", str(narrow), "--", "true"], env, tmp_path)
+    (narrow_entry,) = set(native_dir(env).iterdir()) - {wide_entry}
+    if attack:
+        shutil.copyfile(wide_entry, narrow_entry)
+    _, notes = front(["run", "--policy", str(narrow), "--", "true"], env, tmp_path)
+    if attack:
+        assert notes["fallback"] == "the entry's key differs" and "entry" not in notes
+    else:
+        assert notes["entry"] == "verified"
+
+
+@pytest.mark.parametrize("attack", ["symlink", "open-directory", None])
+def test_the_entry_and_its_directory_are_checked(attack: str, tmp_path: Path,
+                                                 env: dict[str, str]) -> None:
+    """An entry that is a symbolic link (to a genuine copy) is not followed; a directory
+    others may write is not used. Control: the untouched entry verifies."""
+    policy = write_policy(tmp_path, POLICY)
+    entry = stored(policy, env, tmp_path)
+    if attack == "symlink":
+        copy = tmp_path / "copy"
+        shutil.copyfile(entry, copy)
+        entry.unlink()
+        entry.symlink_to(copy)
+    elif attack == "open-directory":
+        native_dir(env).chmod(0o777)
+    _, notes = front(["run", "--policy", str(policy), "--", "true"], env, tmp_path)
+    if attack == "symlink":
+        assert notes["fallback"] == "no entry"
+    elif attack == "open-directory":
+        assert notes["fallback"] == "no private cache directory"
+    else:
+        assert notes["entry"] == "verified"
+
+
+# ----------------------------------------------------------------------------
+# What falls back
+
+
+FALLS_BACK = {
+    "not run": (["--version"], "not a run"),
+    "--tool": (["run", "--tool", "x", "--policies", ".", "--", "true"],
+               "an option the Python CLI handles"),
+    "--accept": (["run", "--policy", "policy.toml", "--accept", "x", "--", "true"],
+                 "an option the Python CLI handles"),
+    "unknown option": (["run", "--polcy", "policy.toml", "--", "true"], "an unknown option"),
+    "profile name": (["run", "--policy", "shell", "--", "true"],
+                     "a profile name, or a name that could be one (the Python CLI resolves it)"),
+    "no command": (["run", "--policy", "policy.toml"], "no command"),
+    "bad var": (["run", "--policy", "policy.toml", "--var", "x", "--", "true"],
+                "a --var the Python CLI reports"),
+}
+
+
+@pytest.mark.parametrize("case", FALLS_BACK)
+def test_what_falls_back_to_the_python_cli(case: str, tmp_path: Path, env: dict[str, str]) -> None:
+    args, why = FALLS_BACK[case]
+    write_policy(tmp_path, POLICY)
+    done, notes = front(args, env, tmp_path)
+    assert notes["fallback"] == why
+    python = subprocess.run([sys.executable, "-m", "sandlock", *args], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (python.returncode, python.stdout)
+
+
+def test_off_unless_asked_and_with_the_cache_off(tmp_path: Path, env: dict[str, str]) -> None:
+    policy = write_policy(tmp_path, POLICY)
+    stored(policy, env, tmp_path)
+    args = ["run", "--policy", str(policy), "--", "true"]
+    _, notes = front(args, {**env, cache.ENV_NO_CACHE: "1"}, tmp_path)
+    assert notes["fallback"] == "the cache is off"
+    del env["SANDLOCK_NATIVE_RUN"]
+    done, notes = front(args, env, tmp_path)
+    assert notes["fallback"].startswith("off") and done.returncode == 0
+
+
+@pytest.mark.parametrize(("extra", "environment"), [
+    ("[limits]\nprocesses = 50\n", {}),       # a pids cgroup: the front end does not check it
+    ("", {"SANDLOCK_ABI": "5"}),              # the signal gate: a supervisor
+])
+def test_plans_that_need_more_get_no_native_entry(extra: str, environment: dict[str, str],
+                                                 tmp_path: Path, env: dict[str, str]) -> None:
+    env.update(environment)
+    policy = write_policy(tmp_path, POLICY + extra)
+    for _ in range(2):
+        done, notes = front(["run", "--policy", str(policy), "--", "true"], env, tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert notes["fallback"] in ("no entry", "no private cache directory")
+    assert list((Path(env["XDG_CACHE_HOME"]) / "sandlock" / "policies").iterdir())
+    assert not native_dir(env).exists() or not list(native_dir(env).iterdir())
+
+
+# ----------------------------------------------------------------------------
+# Where the keyring is refused: the key file, read with the same checks as Python's
+
+
+#: Installs a keyring-refusing filter (EPERM, as Docker's profile), then runs argv[1:].
+NO_KEYRING = """\
+import errno, os, sys
+import pyseccomp
+f = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+for name in ("keyctl", "add_key", "request_key"):
+    f.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+f.load()
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+#: `sandlock run` whose key file lives in TEST_KEY_DIR (the scene's, not the user's).
+STORE = """\
+import os, sys
+from sandlock.cli import launch
+from sandlock.compile import cachekey
+cachekey.key_directory = lambda: os.environ["TEST_KEY_DIR"]
+sys.exit(launch.main_run(sys.argv[1:]))
+"""
+
+
+class KeyScene:
+    """A HOME with the key file's directory and the cache; a copy of the front end whose
+    key directory is that one and whose "Python" is /bin/true (so only its own checks run)."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+        require_front()
+        self.tmp = tmp_path
+        self.key_dir = tmp_path / "home" / ".cache" / "sandlock"
+        self.env = {**env, "XDG_CACHE_HOME": str(tmp_path / "home" / ".cache"),
+                    "TEST_KEY_DIR": str(self.key_dir)}
+        self.front = tmp_path / "sandlock-run"
+        sys.path.insert(0, str(Path(cache.__file__).resolve().parents[2]))
+        try:
+            import setup
+        finally:
+            sys.path.pop(0)
+        why = setup.front_end_variant(str(self.front), "/bin/true", str(FRONT), str(self.key_dir))
+        assert why is None, why
+        self.policy = write_policy(tmp_path, POLICY)
+        self.args = ["run", "--policy", str(self.policy), "--", "true"]
+
+    def no_keyring(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", NO_KEYRING, *argv], env=self.env,
+                              cwd=self.tmp, capture_output=True, text=True, timeout=60,
+                              check=False)
+
+    def store(self) -> None:
+        done = self.no_keyring(sys.executable, "-c", STORE, *self.args[1:])
+        assert done.returncode == 0, done.stderr
+        assert (self.key_dir / cachekey.KEY_FILE).exists()
+
+    def notes(self) -> dict[str, str]:
+        done = self.no_keyring(str(self.front), *self.args)
+        return dict(re.findall(r"^sandlock-run: (\w+): (.*)$", done.stderr, re.MULTILINE))
+
+
+def _symlink(key: Path) -> None:
+    real = key.with_name("real-key")
+    key.rename(real)
+    key.symlink_to(real)
+
+
+def _second_link(key: Path) -> None:
+    os.link(key, key.with_name("second"))
+
+
+PLANTS: dict[str, Callable[[Path], object]] = {
+    "symlink": _symlink,
+    "group-readable": lambda key: key.chmod(0o640),
+    "second-link": _second_link,
+    "longer": lambda key: key.write_bytes(key.read_bytes() + b"x"),
+    "open-directory": lambda key: key.parent.chmod(0o750),
+    "control": lambda key: None,
+}
+
+
+@pytest.mark.parametrize("plant", PLANTS)
+def test_the_key_file_is_checked_as_python_checks_it(plant: str, tmp_path: Path,
+                                                    env: dict[str, str]) -> None:
+    """Without the keyring the front end reads the key file Python made, and refuses one
+    Python would refuse (each then falls back); control: the untouched file verifies."""
+    scene = KeyScene(tmp_path, env)
+    scene.store()
+    PLANTS[plant](scene.key_dir / cachekey.KEY_FILE)
+    notes = scene.notes()
+    if plant == "control":
+        assert notes.get("entry") == "verified", notes
+    else:
+        assert notes["fallback"] == "no trusted cache key" and "entry" not in notes
+
+
+@pytest.mark.parametrize("attack", [True, False], ids=["front-end", "control-python-c"])
+def test_the_fallback_runs_the_package_beside_it_not_the_working_directorys(
+        attack: bool, tmp_path: Path, env: dict[str, str]) -> None:
+    """A tool may leave a ``sandlock`` package in the directory the agent calls from: the
+    fallback imports the package beside the front end. Control: ``python -c`` with the
+    working directory first on sys.path does import the planted one."""
+    require_front()
+    (tmp_path / "sandlock").mkdir()
+    (tmp_path / "sandlock" / "__init__.py").write_text("print('PLANTED')\n")
+    env = {**env, "PYTHONPATH": "."}
+    argv = ([str(FRONT), "--version"] if attack
+            else [sys.executable, "-c", "import sandlock"])
+    done = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert ("PLANTED" in done.stdout) is not attack, done.stdout
+
+
+# ----------------------------------------------------------------------------
+# Re-checks after a verified entry (cache._fresh's): any change falls back
+
+
+@pytest.mark.parametrize("change", ["extended-file", "optional-path", None])
+def test_a_verified_entry_is_rechecked(change: str, tmp_path: Path, env: dict[str, str]) -> None:
+    """An extended file edited, or an optional path that appeared, since the plan was
+    compiled: the entry is stale and the Python CLI compiles afresh. Control: unchanged,
+    the front end goes on to the hit (base, a built-in profile, is re-read too)."""
+    parent = write_policy(tmp_path, POLICY, "parent.toml")
+    appears = tmp_path / "appears"
+    policy = write_policy(tmp_path, f'extends = ["base", "parent.toml"]\n[filesystem]\n'
+                                    f'read = [{{ path = "{appears}", optional = true }}]\n')
+    stored(policy, env, tmp_path)
+    if change == "extended-file":
+        parent.write_text(POLICY.replace('"/etc"', '"/etc", "/var"'))
+    elif change == "optional-path":
+        appears.mkdir()
+    _, notes = front(["run", "--policy", str(policy), "--", "true"], env, tmp_path)
+    assert notes["entry"] == "verified"
+    assert notes["fallback"] == {
+        "extended-file": "stale: an extended policy file changed",
+        "optional-path": "stale: a policy path appeared or vanished",
+        None: "a hit: running it natively is not written yet"}[change]
