@@ -164,7 +164,9 @@ def drift(text: str) -> list[str]:
     names = [name for name, _, _ in launch.OPTIONS]
     if sorted(handled + [n for n in python if n.startswith("--") and n != "--help"]) != sorted(names):
         out.append("options (launch.OPTIONS)")
-    if [n for n, metavar, _ in launch.OPTIONS if metavar is None] != c_array(text, "options_flag"):
+    flags = [n for n, metavar, _ in launch.OPTIONS if metavar is None]
+    if not set(c_array(text, "options_flag")) <= set(flags) or not set(flags) <= set(
+            c_array(text, "options_flag") + python):
         out.append("options_flag")
     fallbacks = re.findall(r"#ifndef\s+__NR_(\w+)\s*\n\s*#define\s+__NR_\1\s+(\d+)", text)
     if not fallbacks:

@@ -81,7 +81,8 @@ static const char *const code_dirs[] = {"", "compile", "linux", "policy"};
  * those that always fall back (any option not listed falls back too). */
 static const char *const options_valued[] = {"--policy", "--var", "--timeout"};
 static const char *const options_flag[] = {"--best-effort"};
-static const char *const options_python[] = {"--tool", "--policies", "--accept", "-h", "--help"};
+static const char *const options_python[] = {"--tool", "--policies", "--accept", "--dry-run",
+                                             "--checkpoint", "-h", "--help"};
 
 static int debug;
 static char **given_argv;
