@@ -760,8 +760,8 @@ GUARDS: tuple[Guard, ...] = (
           'int fd = openat(dir, KEY_FILE, O_RDONLY |',
           ('tests/test_native_run.py::test_the_key_file_is_checked_as_python_checks_it[symlink]',)),
     Guard('front end: fallback imports its own package', 'sandlock/exec/helper/sandlock_run.c',
-          'sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p "\n                          "not in (\'\', '
-          "'.')]",
+          'sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p "\n'
+          '                          "not in (\'\', \'.\')]',
           'sys.path[:] = sys.path + [sys.argv[1]]',
           ('tests/test_native_run.py::'
            'test_the_fallback_runs_the_package_beside_it_not_the_working_directorys[front-end]',)),
