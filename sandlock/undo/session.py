@@ -326,28 +326,25 @@ def _sync(top: str, expect: tree.Manifest, writes: list[tuple[str, tree.Entry]],
         os.close(source)
 
 
-def _scratch(name: str, index: int) -> int:
-    base = record.open_base(record.scratch_path())
+def _run_directory(base_path: str, name: str, below: str) -> int:
+    """The directory ``below`` in run ``name``'s directory under ``base_path``, opened."""
+    base = record.open_base(base_path)
     try:
         holder = record.open_run(base, name)
     finally:
         os.close(base)
     try:
-        return os.open(str(index), record._DIR, dir_fd=holder)
+        return os.open(below, record._DIR, dir_fd=holder)
     finally:
         os.close(holder)
 
 
+def _scratch(name: str, index: int) -> int:
+    return _run_directory(record.scratch_path(), name, str(index))
+
+
 def _snapshot(name: str, index: int) -> int:
-    runs = record.open_base(record.runs_path())
-    try:
-        directory = record.open_run(runs, name)
-    finally:
-        os.close(runs)
-    try:
-        return os.open(f"{SNAPSHOTS}/{index}", record._DIR, dir_fd=directory)
-    finally:
-        os.close(directory)
+    return _run_directory(record.runs_path(), name, f"{SNAPSHOTS}/{index}")
 
 
 def forget(name: str) -> None:

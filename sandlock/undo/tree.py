@@ -554,12 +554,20 @@ def remove_tree(parent: int, name: str) -> None:
     os.rmdir(name, dir_fd=parent)
 
 
-def digest_at(root: int, rel: str, expect: list[int], cache: dict[str, int]) -> Optional[str]:
-    """The SHA-256 of regular file ``rel`` below ``root`` if its key is still ``expect``."""
+def _open_file(root: int, rel: str, cache: dict[str, int]) -> Optional[int]:
+    """``rel`` below ``root`` opened as a file (never through a link, never blocking), or
+    None if it cannot be."""
     try:
         parent, name = _parent(cache, root, rel)
-        fd = os.open(name, _FILE, dir_fd=parent)
+        return os.open(name, _FILE, dir_fd=parent)
     except OSError:
+        return None
+
+
+def digest_at(root: int, rel: str, expect: list[int], cache: dict[str, int]) -> Optional[str]:
+    """The SHA-256 of regular file ``rel`` below ``root`` if its key is still ``expect``."""
+    fd = _open_file(root, rel, cache)
+    if fd is None:
         return None
     try:
         if key(os.fstat(fd)) != expect:
@@ -572,10 +580,8 @@ def digest_at(root: int, rel: str, expect: list[int], cache: dict[str, int]) -> 
 def read_at(root: int, rel: str, limit: int, cache: dict[str, int]) -> Optional[bytes]:
     """Up to ``limit`` bytes of regular file ``rel`` below ``root`` (never through a link,
     never blocking), or None if it is not one."""
-    try:
-        parent, name = _parent(cache, root, rel)
-        fd = os.open(name, _FILE, dir_fd=parent)
-    except OSError:
+    fd = _open_file(root, rel, cache)
+    if fd is None:
         return None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
