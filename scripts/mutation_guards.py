@@ -778,4 +778,12 @@ GUARDS: tuple[Guard, ...] = (
           '\n        return None',
           '    if False:\n        return None',
           ('tests/test_native_run.py::test_plans_that_need_more_get_no_native_entry',)),
+    Guard("run log: call() records", "sandlock/api/sandbox.py",
+          '        _log(self.sandbox, _result(call, ("call()", name), None, None))',
+          "        pass",
+          ("tests/test_runlog.py::test_api_popen_and_call_are_logged",)),
+    Guard("run log: popen() records", "sandlock/api/sandbox.py",
+          "            _log(sandbox, _result(self._call, self.args, None, None))",
+          "            pass",
+          ("tests/test_runlog.py::test_api_popen_and_call_are_logged",)),
 )

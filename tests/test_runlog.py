@@ -174,6 +174,23 @@ def test_api_run_is_logged(log_dir: Path, ws: Path, monkeypatch: pytest.MonkeyPa
     assert runlog.verify() == (1, [])
 
 
+def test_api_popen_and_call_are_logged(log_dir: Path, ws: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way the API runs a tool leaves a record: a process from popen() when it ends
+    (once, however often it is waited for), and a call() with the function's name."""
+    from sandlock import Sandbox
+
+    monkeypatch.setenv(runlog.ENV, str(log_dir))
+    with Sandbox("shell", vars={"workspace": str(ws)}) as box:
+        process = box.popen(["/bin/sh", "-c", "exit 3"])
+        assert process.wait() == 3 and process.wait() == 3 and process.poll() == 3
+        assert box.call(len, "abc") == 3
+    records = [json.loads(line) for line in lines(log_dir)]
+    assert [(r["command"], r["exit"], r["api"]) for r in records] == [
+        (["/bin/sh", "-c", "exit 3"], 3, True), (["call()", "len"], 0, True)]
+    assert runlog.verify() == (2, [])
+
+
 def test_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(runlog.ENV, raising=False)
     assert runlog.directory() is None and runlog.exposed() == []

@@ -655,7 +655,10 @@ class Sandbox:
             raise
         call, mine = self._start(cmd, (stdin, stdout, stderr), timeout, report_start=True,
                                  trace=trace, session=session)
-        return Process(call, cmd.argv, mine, text or bool(encoding or errors), encoding, errors)
+        process = Process(call, cmd.argv, mine, text or bool(encoding or errors), encoding,
+                          errors)
+        process._sandbox = self  # its record in the run log when it ends
+        return process
 
     def run(self, argv: Sequence[str], *, input: Optional[Union[bytes, str]] = None,
             timeout: Optional[float] = None, cwd: Optional[str] = None,
@@ -827,7 +830,7 @@ class Sandbox:
                 if fd >= 0:
                     os.close(fd)
         return _CallJob(call, _Pump(call, {}, [result_r], limit=self._max_result), result_r,
-                        self._trusted, self._max_result)
+                        self._trusted, self._max_result, self)
 
 
 @dataclass
@@ -846,13 +849,18 @@ class _RunJob:
         if self.decode:
             out = [_decode(data, self.encoding, self.errors) for data in out]
         result = _result(self.call, self.args, out[0], out[1])
-        if self.sandbox is not None and self.sandbox._log is not None:  # the run log is on
-            from ..compile.runlog import log_run
-
-            log_run(self.sandbox._compiled, result.args, result.returncode,
-                    result.network_events, [str(d) for d in result.denials], api=True,
-                    checked=self.sandbox._log)
+        _log(self.sandbox, result)
         return result
+
+
+def _log(sandbox: Optional[Sandbox], result: Result) -> None:
+    """Append the record of a run, a process or a call of ``sandbox`` ended with ``result``
+    to the run log, when it is on (:func:`sandlock.compile.runlog.log_run`)."""
+    if sandbox is not None and sandbox._log is not None:
+        from ..compile.runlog import log_run
+
+        log_run(sandbox._compiled, result.args, result.returncode, result.network_events,
+                [str(d) for d in result.denials], api=True, checked=sandbox._log)
 
 
 @dataclass
@@ -862,6 +870,7 @@ class _CallJob:
     result_fd: int
     trusted: Mapping[tuple[str, str], type]
     limit: int
+    sandbox: Optional[Sandbox] = None
 
     def outcome(self, func: Callable[..., Any]) -> Any:
         name = getattr(func, "__qualname__", repr(func))
@@ -869,6 +878,7 @@ class _CallJob:
         if call.failure is not None:
             raise call.failure
         assert call.status is not None
+        _log(self.sandbox, _result(call, ("call()", name), None, None))
         code, sig, timed_out = call.status
         if timed_out:
             raise TimeoutExpired(f"{name}: timed out; its process tree was killed")
@@ -1019,6 +1029,7 @@ class Process:
             call.close()
             raise call.failure
         self.pid: int = call.pid  # type: ignore[assignment]
+        self._sandbox: Optional[Sandbox] = None  #: whose run log records its end
 
     @property
     def returncode(self) -> Optional[int]:
@@ -1060,6 +1071,9 @@ class Process:
     def _check_lost(self) -> None:
         if self._call.status is None and self._call.failure is not None:
             raise self._call.failure
+        if self._call.status is not None and self._sandbox is not None:  # once, at its end
+            sandbox, self._sandbox = self._sandbox, None
+            _log(sandbox, _result(self._call, self.args, None, None))
 
     def communicate(self, input: Optional[Union[bytes, str]] = None,
                     timeout: Optional[float] = None) -> tuple[Any, Any]:
