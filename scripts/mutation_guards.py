@@ -786,4 +786,8 @@ GUARDS: tuple[Guard, ...] = (
           "            _log(sandbox, _result(self._call, self.args, None, None))",
           "            pass",
           ("tests/test_runlog.py::test_api_popen_and_call_are_logged",)),
+    Guard("run log: trace records its refusals", "sandlock/cli/trace.py",
+          "        log_run(compiled, list(command), code, (), [str(d) for d in denials])",
+          "        pass",
+          ("tests/test_runlog.py::test_trace_records_what_it_saw_refused",)),
 )

@@ -87,6 +87,19 @@ def test_cli_records_and_verifies(log_dir: Path, ws: Path) -> None:
     assert done.returncode == 1 and "record 2 was altered" in done.stderr, done.stderr
 
 
+def test_trace_records_what_it_saw_refused(log_dir: Path, ws: Path, tmp_path: Path) -> None:
+    """`sandlock trace` is a run too: its record carries the refusals it saw."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not granted\n")
+    done = cli(log_dir, "trace", "--policy", "shell", "--var", f"workspace={ws}", "--",
+               "/bin/cat", str(outside))
+    assert done.returncode == 1, done.stderr
+    (record,) = [json.loads(line) for line in lines(log_dir)]
+    assert record["command"] == ["/bin/cat", str(outside)] and record["exit"] == 1
+    assert any(str(outside) in refusal for refusal in record["refused"]), record
+    assert verify(log_dir).returncode == 0
+
+
 def _rewrite(log_dir: Path, new: list[bytes]) -> None:
     (log_dir / runlog.LOG_FILE).write_bytes(b"".join(new))
 

@@ -215,8 +215,10 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         return ExitCode.SIGNAL_BASE + 2
 
 
-def log_run(compiled: Compiled, argv: Sequence[str], code: int, events: Sequence[str]) -> None:
-    """The run's record, when the run log is on (off: one environment lookup)."""
+def log_run(compiled: Compiled, argv: Sequence[str], code: int, events: Sequence[str],
+            refused: Sequence[str] = ()) -> None:
+    """The run's record, when the run log is on (off: one environment lookup); ``refused``:
+    what `sandlock trace` saw the policy refuse."""
     import os
 
     if not os.environ.get("SANDLOCK_LOG"):
@@ -225,7 +227,7 @@ def log_run(compiled: Compiled, argv: Sequence[str], code: int, events: Sequence
     from ..compile.runlog import log_run as append
 
     try:
-        append(compiled, argv, code, events)
+        append(compiled, argv, code, events, refused)
     except LogError as exc:
         raise SandlockError(f"run log: {exc} (the command exited {code}; this run is not "
                             "logged)") from None

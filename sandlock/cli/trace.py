@@ -17,7 +17,7 @@ import click
 from ..errors import ExitCode, SandlockError
 from ..trace.emit import command as shell_command
 from ..trace.emit import printable
-from .launch import load_full, parse_vars, prepared
+from .launch import load_full, log_run, parse_vars, prepared
 from .launch import say as _say_raw
 from .paths import PathArg
 
@@ -129,6 +129,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
             recorder.stop()
             denials = Judge.for_policy(loaded, compiled.abi).denials(recorder.events)
             recorded, lost = len(recorder.events), recorder.lost
+        log_run(compiled, list(command), code, (), [str(d) for d in denials])
         if failure is not None:
             _failed(failure)
     except SandlockError as exc:
@@ -255,6 +256,7 @@ def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: O
                     report(str(exc))
                 code = int(exc.exit_code)
             recorder.stop()
+        log_run(compiled, list(argv), code, ())
         abi = ruleset.detect_abi()
         learned = T.Judge.for_policy(policy, abi)
         result = draft(recorder.events, abi, argv=argv, cwd=cwd, tmpdir=tmpdir, home=home,
