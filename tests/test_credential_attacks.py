@@ -599,3 +599,32 @@ def test_a_pipelined_second_request_never_reaches_the_upstream(
         status, response = ask_half_closed(server, (first + second).encode())
         assert status == 200 and response.count("HTTP/1.1 ") == 1, response
     assert [(s["method"], s["path"]) for s in upstream.seen] == [("POST", "/v1/chat/x")] * 2
+
+
+#: The attacks only sandlock's own checks of the head refuse (h11 alone takes them).
+BEYOND_H11 = ("CL and TE", "TE and CL", "obs-fold", "bare LF in a header", "control byte in a value",
+              "DEL in a value", "too many headers")
+
+
+@pytest.mark.parametrize("what,extra,body", [a for a in HEAD_SMUGGLING if a[0] in BEYOND_H11],
+                         ids=list(BEYOND_H11))
+def test_positive_control_h11_alone_forwards_them_with_the_secret(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch,
+        what: str, extra: str, body: str) -> None:
+    """With the head and framing checks of sandlock/net/http.py switched off, each of
+    those heads reaches the upstream with the secret attached."""
+    import time
+
+    from sandlock.net import http as H
+
+    monkeypatch.setattr(H, "check_head", lambda head: None)
+    monkeypatch.setattr(H, "check_framing", lambda headers: None)
+    server, placeholder = route()
+    accepted = count_connections(upstream, monkeypatch)
+    request = (ALLOWED.format(placeholder=placeholder) + extra + "\r\n" + body).encode("latin-1")
+    with socket.create_connection(server.address, timeout=30) as sock:
+        sock.sendall(request)
+        deadline = time.monotonic() + 20
+        while not accepted and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert accepted, what  # the route connected: the head, with the secret, went out

@@ -174,11 +174,28 @@ def test_no_allow_rules_import_nothing_of_the_network_layer(tmp_path: Path) -> N
         from sandlock.cli import launch
         code = launch.execute({str(policy)!r}, {{}}, None, False, ["true"])
         loaded = sorted(m for m in sys.modules if m.split(".")[-1] in
-                        ("netrules", "proxy", "connect"))
+                        ("netrules", "proxy", "connect") or m in ("sandlock.net.http", "h11"))
         print(code, loaded, threading.active_count())
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["0", "[]", "1"], out.stderr
+
+
+@pytest.mark.any_user
+def test_the_http_layer_is_imported_only_with_the_network_layer() -> None:
+    """``import sandlock`` and its public names do not import the HTTP layer or h11; the
+    proxy does (control: the check sees an import when there is one)."""
+    code = textwrap.dedent("""
+        import sys
+        import sandlock
+        sandlock.Sandbox, sandlock.Policy
+        before = sorted(m for m in ("h11", "sandlock.net.http") if m in sys.modules)
+        import sandlock.net.proxy
+        after = sorted(m for m in ("h11", "sandlock.net.http") if m in sys.modules)
+        print(before, after)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["[]", "['h11',", "'sandlock.net.http']"], out.stderr
 
 
 # ----------------------------------------------------------------------------

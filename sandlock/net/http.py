@@ -11,7 +11,7 @@ token header names, ``Content-Length`` digits, one chunked coding, chunk sizes a
 their CRLFs). h11 is lenient where a server that forwards a request must not be: it
 unfolds obs-fold lines, takes a bare LF for a line end, lets control bytes through in
 header values and lets ``Transfer-Encoding`` win over a ``Content-Length`` beside it
-(RFC 9112 section 6.1 tells an intermediary to refuse that instead). Each of those is
+(RFC 9112 section 6.3: "ought to be handled as an error"). Each of those is
 read differently by some server behind the route, which is how a second request is
 smuggled past the rules; :func:`read_head` and :func:`parse_request` refuse them
 before h11 sees the head.
@@ -152,6 +152,12 @@ def read_head(sock: socket.socket) -> tuple[bytes, bytes]:
             raise ValueError("connection closed before the request head ended")
         data += chunk
     head, rest = data[:end.end()], data[end.end():]
+    check_head(head)
+    return head, rest
+
+
+def check_head(head: bytes) -> None:
+    """Refuse a head that h11 would read one way and another server another way."""
     if len(head) > HEAD_LIMIT + 4:
         raise HttpError(431, "request head too large")
     if not head.endswith(b"\r\n\r\n") or head.count(b"\n") != head.count(b"\r\n") \
@@ -166,7 +172,6 @@ def read_head(sock: socket.socket) -> tuple[bytes, bytes]:
             raise HttpError(400, "malformed header line (obs-fold is refused)")
     if any(_CONTROL.search(line) for line in lines):
         raise HttpError(400, "a control character in the request head is refused")
-    return head, rest
 
 
 def parse_request(sock: socket.socket, head: bytes, rest: bytes = b"") -> Request:
@@ -191,16 +196,23 @@ def parse_request(sock: socket.socket, head: bytes, rest: bytes = b"") -> Reques
     headers = [(n.decode("ascii"), v.decode("latin-1")) for n, v in event.headers.raw_items()]
     if synthetic:
         headers.pop()
+    check_framing(headers)
+    if rest:  # (receive_data(b"") would mean the end of the connection)
+        conn.receive_data(rest)
+    return Request(event.method.decode("ascii"), event.target.decode("latin-1"),
+                   f"HTTP/{event.http_version.decode('ascii')}", headers, conn, sock)
+
+
+def check_framing(headers: list[tuple[str, str]]) -> None:
+    """One framing, never two (h11 would let ``Transfer-Encoding`` win; RFC 9112 section
+    6.3: a possible smuggling attempt, "ought to be handled as an error"), and no
+    announced body over :data:`BODY_LIMIT`."""
     framing = {n.lower() for n, _ in headers} & {"content-length", "transfer-encoding"}
     if len(framing) == 2:
         raise HttpError(400, "Content-Length and Transfer-Encoding together are refused")
     for name, value in headers:
         if name.lower() == "content-length" and int(value) > BODY_LIMIT:
             raise HttpError(413, f"the request body is larger than {BODY_LIMIT} bytes")
-    if rest:  # (receive_data(b"") would mean the end of the connection)
-        conn.receive_data(rest)
-    return Request(event.method.decode("ascii"), event.target.decode("latin-1"),
-                   f"HTTP/{event.http_version.decode('ascii')}", headers, conn, sock)
 
 
 def read_request(sock: socket.socket) -> Request:
