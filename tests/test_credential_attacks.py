@@ -490,6 +490,7 @@ HEAD_SMUGGLING = [
     ("tab fold", "X-A: 1\r\n\tx\r\n", ""),
     ("space before colon", "Content-Length : 5\r\n", "hello"),
     ("bare LF in a header", "X-A: 1\nContent-Length: 5\r\n", "hello"),
+    ("bare LF ending the head", "X-A: 1\n", ""),
     ("bare CR in a header", "X-A: 1\rContent-Length: 5\r\n", "hello"),
     ("control byte in a name", "X-\x01A: 1\r\n", ""),
     ("NUL in a name", "X-A\x00: 1\r\n", ""),
@@ -628,3 +629,20 @@ def test_positive_control_h11_alone_forwards_them_with_the_secret(
         while not accepted and time.monotonic() < deadline:
             time.sleep(0.02)
     assert accepted, what  # the route connected: the head, with the secret, went out
+
+
+def test_a_body_over_the_limit_is_refused_as_it_streams(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunked body (no length announced) is counted as it comes: over the limit it is
+    a 413 and the upstream never gets it whole; the control, at the limit, goes through."""
+    from sandlock.net import http as H
+
+    monkeypatch.setattr(H, "BODY_LIMIT", 8)
+    server, placeholder = route()
+    head = ALLOWED.format(placeholder=placeholder) + "Transfer-Encoding: chunked\r\n\r\n"
+    status, response = ask_half_closed(server, (head + "5\r\nhello\r\n4\r\nxxxx\r\n0\r\n\r\n").encode())
+    assert status == 413 and "sandlock route: " in response, response
+    assert upstream.seen == []
+    status, response = ask_half_closed(server, (head + "5\r\nhello\r\n3\r\nxxx\r\n0\r\n\r\n").encode())
+    assert status == 200, response
+    assert [s["body"] for s in upstream.seen] == ["helloxxx"]
