@@ -21,7 +21,8 @@
    ``POST`` with a body through a credential route to a TLS loopback upstream
    (servers in a process of their own, no sandbox: the cost of parsing, checking and
    framing, not of the gate); and the import of the proxy and of the route server
-   (fresh interpreter, ``-X importtime``'s cumulative microseconds).
+   (fresh interpreter, ``-X importtime``'s cumulative microseconds, the fastest
+   of N), and of h11 within it.
 
     python benchmarks/network_cost.py --http --baseline /path/to/other/checkout
 """
@@ -190,16 +191,19 @@ print(json.dumps(out))
 """
 
 
-def import_us(tree: str, module: str, runs: int) -> float:
-    """Median cumulative import time of ``module`` in a fresh interpreter (-X importtime)."""
+def import_us(tree: str, module: str, runs: int, part: str = "") -> float:
+    """Cumulative import time of ``module`` (or of ``part`` as ``module`` imports it) in
+    a fresh interpreter (-X importtime), the fastest of ``runs`` (the least disturbed by
+    other load); 0 when ``part`` is not imported."""
     samples = []
     for _ in range(runs):
         done = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"],
                               capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONPATH": tree})
-        line = [x for x in done.stderr.splitlines() if x.rstrip().endswith(f"| {module}")][-1]
-        samples.append(float(line.split("|")[1]))
-    return round(statistics.median(samples))
+        lines = [x for x in done.stderr.splitlines()
+                 if x.rsplit("|", 1)[-1].strip() == (part or module)]
+        samples.append(float(lines[-1].split("|")[1]) if lines else 0.0)
+    return round(min(samples))
 
 
 def http_cost(trees: dict[str, str], requests: int, runs: int) -> dict[str, object]:
@@ -223,7 +227,10 @@ def http_cost(trees: dict[str, str], requests: int, runs: int) -> dict[str, obje
                                       env={**os.environ, "PYTHONPATH": tree})
                 figures = json.loads(done.stdout)
                 for module in ("sandlock.net.proxy", "sandlock.net.routes"):
-                    figures[f"import {module} (us, cumulative)"] = import_us(tree, module, runs)
+                    figures[f"import {module} (us, cumulative, fastest)"] = import_us(
+                        tree, module, runs)
+                figures["of which h11 (us, cumulative, fastest)"] = import_us(
+                    tree, "sandlock.net.routes", runs, "h11")
                 rounds[name].append(figures)
     out: dict[str, object] = {}
     medians = {name: {key: statistics.median(s[key] for s in samples) for key in samples[0]}
