@@ -539,6 +539,7 @@ def count_connections(upstream: Server, monkeypatch: pytest.MonkeyPatch) -> list
     return accepted
 
 
+@pytest.mark.any_user
 @pytest.mark.parametrize("what,extra,body", HEAD_SMUGGLING, ids=[a[0] for a in HEAD_SMUGGLING])
 def test_a_malformed_or_smuggling_head_is_refused_before_the_upstream(
         route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch,
@@ -552,6 +553,7 @@ def test_a_malformed_or_smuggling_head_is_refused_before_the_upstream(
     assert accepted == [] and upstream.seen == [], what
 
 
+@pytest.mark.any_user
 @pytest.mark.parametrize("what,extra,body", BODY_SMUGGLING, ids=[a[0] for a in BODY_SMUGGLING])
 def test_a_malformed_body_never_reaches_the_upstream_whole(
         route: Any, upstream: Server, what: str, extra: str, body: str) -> None:
@@ -575,6 +577,7 @@ WELL_FORMED = [
 ]
 
 
+@pytest.mark.any_user
 @pytest.mark.parametrize("what,extra,body,received", WELL_FORMED, ids=[a[0] for a in WELL_FORMED])
 def test_positive_control_the_same_requests_well_formed_go_through(
         route: Any, upstream: Server, what: str, extra: str, body: str, received: str) -> None:
@@ -587,6 +590,7 @@ def test_positive_control_the_same_requests_well_formed_go_through(
     assert upstream.seen[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
 
 
+@pytest.mark.any_user
 def test_a_pipelined_second_request_never_reaches_the_upstream(
         route: Any, upstream: Server) -> None:
     """One request per connection: what follows the first one's body is dropped, whether
@@ -607,6 +611,7 @@ BEYOND_H11 = ("CL and TE", "TE and CL", "obs-fold", "bare LF in a header", "cont
               "DEL in a value", "too many headers")
 
 
+@pytest.mark.any_user
 @pytest.mark.parametrize("what,extra,body", [a for a in HEAD_SMUGGLING if a[0] in BEYOND_H11],
                          ids=list(BEYOND_H11))
 def test_positive_control_h11_alone_forwards_them_with_the_secret(
@@ -631,6 +636,7 @@ def test_positive_control_h11_alone_forwards_them_with_the_secret(
     assert accepted, what  # the route connected: the head, with the secret, went out
 
 
+@pytest.mark.any_user
 def test_a_body_over_the_limit_is_refused_as_it_streams(
         route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     """A chunked body (no length announced) is counted as it comes: over the limit it is

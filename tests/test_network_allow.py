@@ -444,6 +444,45 @@ def test_proxy_demands_the_runs_credentials(tmp_path: Path, http_server: Server)
         proxy.stop()
 
 
+@pytest.mark.any_user
+@pytest.mark.parametrize("extra, status", [
+    ("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", 400),
+    ("Content-Length: 0\r\nContent-Length: 5\r\n", 400),
+    ("X-A: 1\r\n Content-Length: 5\r\n", 400),
+    ("X-A: 1\nContent-Length: 5\r\n", 400),
+    ("X-A: a\x01b\r\n", 400),
+    ("".join(f"X-H{i}: {i}\r\n" for i in range(200)), 431),
+    ("", 200),  # control: the same request well formed goes through
+], ids=["CL and TE", "two lengths", "obs-fold", "bare LF", "control byte", "too many headers",
+        "control"])
+def test_the_proxy_refuses_an_ambiguous_head_before_connecting(
+        http_server: Server, extra: str, status: int) -> None:
+    """The proxy reads heads through the same layer as the credential route: a head
+    another server could read differently is a 400 (431) and opens no upstream."""
+    import base64
+
+    from sandlock.net.proxy import Proxy
+
+    proxy = Proxy(rules([f"api.internal.test:{http_server.port}"],
+                        hosts={"api.internal.test": "127.0.0.1"}), lambda m: None)
+    proxy.start()
+    auth = base64.b64encode(f"sandlock:{proxy.token}".encode()).decode()
+    before = http_server.accepted
+    try:
+        with socket.create_connection(proxy.address, timeout=30) as sock:
+            sock.sendall(f"GET http://api.internal.test:{http_server.port}/ HTTP/1.1\r\n"
+                         f"Host: x\r\nProxy-Authorization: Basic {auth}\r\n{extra}\r\n"
+                         "hello".encode("latin-1"))
+            sock.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    finally:
+        proxy.stop()
+    assert answer.split(b" ", 2)[1] == str(status).encode(), answer[:300]
+    assert (http_server.accepted > before) == (status == 200)
+
+
 # ----------------------------------------------------------------------------
 # Bypass attempts: only mediated connections leave the sandbox
 
