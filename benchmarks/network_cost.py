@@ -198,7 +198,7 @@ def import_us(tree: str, module: str, runs: int, part: str = "") -> float:
     samples = []
     for _ in range(runs):
         done = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"],
-                              capture_output=True, text=True, check=True,
+                              capture_output=True, text=True, check=True, cwd=tree,
                               env={**os.environ, "PYTHONPATH": tree})
         lines = [x for x in done.stderr.splitlines()
                  if x.rsplit("|", 1)[-1].strip() == (part or module)]
@@ -207,7 +207,8 @@ def import_us(tree: str, module: str, runs: int, part: str = "") -> float:
 
 
 def http_cost(trees: dict[str, str], requests: int, runs: int) -> dict[str, object]:
-    """Section 3 for each tree, interleaved (three rounds, median of the rounds)."""
+    """Section 3 for each tree, interleaved (three rounds, median of the rounds); each
+    tree's own ``sandlock`` (run from the tree: ``-c`` puts the working directory first)."""
     import shutil
 
     openssl = shutil.which("openssl")
@@ -224,7 +225,7 @@ def http_cost(trees: dict[str, str], requests: int, runs: int) -> dict[str, obje
             for name, tree in trees.items():
                 done = subprocess.run([sys.executable, "-c", HTTP_PROBE, str(requests), str(cert),
                                        str(key)], capture_output=True, text=True, check=True,
-                                      env={**os.environ, "PYTHONPATH": tree})
+                                      cwd=tree, env={**os.environ, "PYTHONPATH": tree})
                 figures = json.loads(done.stdout)
                 for module in ("sandlock.net.proxy", "sandlock.net.routes"):
                     figures[f"import {module} (us, cumulative, fastest)"] = import_us(
