@@ -471,3 +471,184 @@ def test_a_policy_with_credentials_is_never_compiled_without_its_route(tmp_path:
                           'upstream = "https://api.openai.com/v1"\n')
     with pytest.raises(SetupError, match=r"route server listening before the policy is compiled"):
         compiler.compile_policy(loaded)
+
+
+# ----------------------------------------------------------------------------
+# 7. Malformed and smuggled requests: refused by the route before anything is forwarded
+
+ALLOWED = "POST /api/v1/chat/x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {placeholder}\r\n"
+#: (what, extra head lines after ALLOWED's, body): each a request the route must refuse
+#: with a 4xx before its upstream gets a connection (the head is wrong).
+HEAD_SMUGGLING = [
+    ("CL and TE", "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", "0\r\n\r\n"),
+    ("TE and CL", "Transfer-Encoding: chunked\r\nContent-Length: 0\r\n", "0\r\n\r\n"),
+    ("two lengths", "Content-Length: 0\r\nContent-Length: 5\r\n", "hello"),
+    ("length list", "Content-Length: 0, 5\r\n", "hello"),
+    ("signed length", "Content-Length: +5\r\n", "hello"),
+    ("TE not chunked", "Transfer-Encoding: gzip, chunked\r\n", "0\r\n\r\n"),
+    ("obs-fold", "X-A: 1\r\n Content-Length: 5\r\n", "hello"),
+    ("tab fold", "X-A: 1\r\n\tx\r\n", ""),
+    ("space before colon", "Content-Length : 5\r\n", "hello"),
+    ("bare LF in a header", "X-A: 1\nContent-Length: 5\r\n", "hello"),
+    ("bare LF ending the head", "X-A: 1\n", ""),
+    ("bare CR in a header", "X-A: 1\rContent-Length: 5\r\n", "hello"),
+    ("control byte in a name", "X-\x01A: 1\r\n", ""),
+    ("NUL in a name", "X-A\x00: 1\r\n", ""),
+    ("control byte in a value", "X-A: a\x01b\r\n", ""),
+    ("DEL in a value", "X-A: a\x7fb\r\n", ""),
+    ("over-long head", "X-A: " + "a" * 70000 + "\r\n", ""),
+    ("too many headers", "".join(f"X-H{i}: {i}\r\n" for i in range(200)), ""),
+    ("body over the limit", "Content-Length: 1000000000000\r\n", "hello"),
+]
+#: Bodies that go wrong once the head has gone: the upstream never gets a whole request.
+BODY_SMUGGLING = [
+    ("huge chunk size", "Transfer-Encoding: chunked\r\n", "FFFFFFFFFFFFFFFF\r\nabc"),
+    ("over-long chunk size", "Transfer-Encoding: chunked\r\n", "1" + "0" * 24 + "\r\nabc"),
+    ("negative chunk size", "Transfer-Encoding: chunked\r\n", "-5\r\nhello\r\n0\r\n\r\n"),
+    ("chunk without its CRLF", "Transfer-Encoding: chunked\r\n", "5\r\nhelloXX0\r\n\r\n"),
+    ("short body", "Content-Length: 10\r\n", "hello"),
+]
+
+
+def ask_half_closed(server: R.RouteServer, request: bytes) -> tuple[int, str]:
+    """Send ``request``, shut the sending side (the tool has nothing more), read the answer:
+    (status, whole answer); status 0 when the route closed without one."""
+    with socket.create_connection(server.address, timeout=40) as sock:
+        sock.sendall(request)
+        sock.shutdown(socket.SHUT_WR)
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except ConnectionResetError:
+            pass
+    text = data.decode("latin-1")
+    return (int(text.split(" ", 2)[1]) if text.startswith("HTTP/1.1 ") else 0), text
+
+
+def count_connections(upstream: Server, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The upstream's accepted connections, counted from now."""
+    accepted: list[int] = []
+    original = upstream.get_request
+
+    def counting() -> Any:
+        accepted.append(1)
+        return original()  # type: ignore[no-untyped-call]
+
+    monkeypatch.setattr(upstream, "get_request", counting)
+    return accepted
+
+
+@pytest.mark.any_user
+@pytest.mark.parametrize("what,extra,body", HEAD_SMUGGLING, ids=[a[0] for a in HEAD_SMUGGLING])
+def test_a_malformed_or_smuggling_head_is_refused_before_the_upstream(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch,
+        what: str, extra: str, body: str) -> None:
+    server, placeholder = route()
+    accepted = count_connections(upstream, monkeypatch)
+    request = (ALLOWED.format(placeholder=placeholder) + extra + "\r\n" + body).encode("latin-1")
+    status, response = ask_half_closed(server, request)
+    assert 400 <= status < 500 and "sandlock route: " in response, (what, response)
+    assert not holds_secret(response) and placeholder not in response
+    assert accepted == [] and upstream.seen == [], what
+
+
+@pytest.mark.any_user
+@pytest.mark.parametrize("what,extra,body", BODY_SMUGGLING, ids=[a[0] for a in BODY_SMUGGLING])
+def test_a_malformed_body_never_reaches_the_upstream_whole(
+        route: Any, upstream: Server, what: str, extra: str, body: str) -> None:
+    server, placeholder = route()
+    request = (ALLOWED.format(placeholder=placeholder) + extra + "\r\n" + body).encode("latin-1")
+    status, response = ask_half_closed(server, request)
+    assert 400 <= status < 500 and "sandlock route: " in response, (what, response)
+    assert not holds_secret(response)
+    assert upstream.seen == [], what
+
+
+#: The same requests well formed: each goes through, with the secret.
+WELL_FORMED = [
+    ("length", "Content-Length: 5\r\n", "hello", "hello"),
+    ("same length twice", "Content-Length: 5\r\nContent-Length: 5\r\n", "hello", "hello"),
+    ("chunked", "Transfer-Encoding: chunked\r\n", "5\r\nhello\r\n0\r\n\r\n", "hello"),
+    ("chunk extension", "Transfer-Encoding: chunked\r\n", "5;a=b\r\nhello\r\n0\r\n\r\n", "hello"),
+    ("tab in a value", "X-A: a\tb\r\n", "", ""),
+    ("many headers", "".join(f"X-H{i}: {i}\r\n" for i in range(50)), "", ""),
+    ("long header", "X-A: " + "a" * 30000 + "\r\n", "", ""),
+]
+
+
+@pytest.mark.any_user
+@pytest.mark.parametrize("what,extra,body,received", WELL_FORMED, ids=[a[0] for a in WELL_FORMED])
+def test_positive_control_the_same_requests_well_formed_go_through(
+        route: Any, upstream: Server, what: str, extra: str, body: str, received: str) -> None:
+    server, placeholder = route()
+    request = (ALLOWED.format(placeholder=placeholder) + extra + "\r\n" + body).encode("latin-1")
+    status, response = ask_half_closed(server, request)
+    assert status == 200, (what, response)
+    assert [(s["method"], s["path"], s["body"]) for s in upstream.seen] == [
+        ("POST", "/v1/chat/x", received)]
+    assert upstream.seen[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
+
+
+@pytest.mark.any_user
+def test_a_pipelined_second_request_never_reaches_the_upstream(
+        route: Any, upstream: Server) -> None:
+    """One request per connection: what follows the first one's body is dropped, whether
+    the rules would allow it or not (it is never forwarded unchecked)."""
+    server, placeholder = route(**DENY)
+    first = ALLOWED.format(placeholder=placeholder) + "Content-Length: 5\r\n\r\nhello"
+    for second in ("DELETE /api/v1/chat/admin HTTP/1.1\r\nHost: x\r\n"
+                   f"Authorization: Bearer {placeholder}\r\n\r\n",
+                   "GET /api/v1/chat/y HTTP/1.1\r\nHost: x\r\n"
+                   f"Authorization: Bearer {placeholder}\r\n\r\n"):
+        status, response = ask_half_closed(server, (first + second).encode())
+        assert status == 200 and response.count("HTTP/1.1 ") == 1, response
+    assert [(s["method"], s["path"]) for s in upstream.seen] == [("POST", "/v1/chat/x")] * 2
+
+
+#: The attacks only sandlock's own checks of the head refuse (h11 alone takes them).
+BEYOND_H11 = ("CL and TE", "TE and CL", "obs-fold", "bare LF in a header", "control byte in a value",
+              "DEL in a value", "too many headers")
+
+
+@pytest.mark.any_user
+@pytest.mark.parametrize("what,extra,body", [a for a in HEAD_SMUGGLING if a[0] in BEYOND_H11],
+                         ids=list(BEYOND_H11))
+def test_positive_control_h11_alone_forwards_them_with_the_secret(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch,
+        what: str, extra: str, body: str) -> None:
+    """With the head and framing checks of sandlock/net/http.py switched off, each of
+    those heads reaches the upstream with the secret attached."""
+    import time
+
+    from sandlock.net import http as H
+
+    monkeypatch.setattr(H, "check_head", lambda head: None)
+    monkeypatch.setattr(H, "check_framing", lambda headers: None)
+    server, placeholder = route()
+    accepted = count_connections(upstream, monkeypatch)
+    request = (ALLOWED.format(placeholder=placeholder) + extra + "\r\n" + body).encode("latin-1")
+    with socket.create_connection(server.address, timeout=30) as sock:
+        sock.sendall(request)
+        deadline = time.monotonic() + 20
+        while not accepted and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert accepted, what  # the route connected: the head, with the secret, went out
+
+
+@pytest.mark.any_user
+def test_a_body_over_the_limit_is_refused_as_it_streams(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunked body (no length announced) is counted as it comes: over the limit it is
+    a 413 and the upstream never gets it whole; the control, at the limit, goes through."""
+    from sandlock.net import http as H
+
+    monkeypatch.setattr(H, "BODY_LIMIT", 8)
+    server, placeholder = route()
+    head = ALLOWED.format(placeholder=placeholder) + "Transfer-Encoding: chunked\r\n\r\n"
+    status, response = ask_half_closed(server, (head + "5\r\nhello\r\n4\r\nxxxx\r\n0\r\n\r\n").encode())
+    assert status == 413 and "sandlock route: " in response, response
+    assert upstream.seen == []
+    status, response = ask_half_closed(server, (head + "5\r\nhello\r\n3\r\nxxx\r\n0\r\n\r\n").encode())
+    assert status == 200, response
+    assert [s["body"] for s in upstream.seen] == ["helloxxx"]

@@ -174,11 +174,28 @@ def test_no_allow_rules_import_nothing_of_the_network_layer(tmp_path: Path) -> N
         from sandlock.cli import launch
         code = launch.execute({str(policy)!r}, {{}}, None, False, ["true"])
         loaded = sorted(m for m in sys.modules if m.split(".")[-1] in
-                        ("netrules", "proxy", "connect"))
+                        ("netrules", "proxy", "connect") or m in ("sandlock.net.http", "h11"))
         print(code, loaded, threading.active_count())
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["0", "[]", "1"], out.stderr
+
+
+@pytest.mark.any_user
+def test_the_http_layer_is_imported_only_with_the_network_layer() -> None:
+    """``import sandlock`` and its public names do not import the HTTP layer or h11; the
+    proxy does (control: the check sees an import when there is one)."""
+    code = textwrap.dedent("""
+        import sys
+        import sandlock
+        sandlock.Sandbox, sandlock.Policy
+        before = sorted(m for m in ("h11", "sandlock.net.http") if m in sys.modules)
+        import sandlock.net.proxy
+        after = sorted(m for m in ("h11", "sandlock.net.http") if m in sys.modules)
+        print(before, after)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["[]", "['h11',", "'sandlock.net.http']"], out.stderr
 
 
 # ----------------------------------------------------------------------------
@@ -425,6 +442,45 @@ def test_proxy_demands_the_runs_credentials(tmp_path: Path, http_server: Server)
         assert opener.open(f"http://api.internal.test:{http_server.port}/").status == 200
     finally:
         proxy.stop()
+
+
+@pytest.mark.any_user
+@pytest.mark.parametrize("extra, status", [
+    ("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", 400),
+    ("Content-Length: 0\r\nContent-Length: 5\r\n", 400),
+    ("X-A: 1\r\n Content-Length: 5\r\n", 400),
+    ("X-A: 1\nContent-Length: 5\r\n", 400),
+    ("X-A: a\x01b\r\n", 400),
+    ("".join(f"X-H{i}: {i}\r\n" for i in range(200)), 431),
+    ("", 200),  # control: the same request well formed goes through
+], ids=["CL and TE", "two lengths", "obs-fold", "bare LF", "control byte", "too many headers",
+        "control"])
+def test_the_proxy_refuses_an_ambiguous_head_before_connecting(
+        http_server: Server, extra: str, status: int) -> None:
+    """The proxy reads heads through the same layer as the credential route: a head
+    another server could read differently is a 400 (431) and opens no upstream."""
+    import base64
+
+    from sandlock.net.proxy import Proxy
+
+    proxy = Proxy(rules([f"api.internal.test:{http_server.port}"],
+                        hosts={"api.internal.test": "127.0.0.1"}), lambda m: None)
+    proxy.start()
+    auth = base64.b64encode(f"sandlock:{proxy.token}".encode()).decode()
+    before = http_server.accepted
+    try:
+        with socket.create_connection(proxy.address, timeout=30) as sock:
+            sock.sendall(f"GET http://api.internal.test:{http_server.port}/ HTTP/1.1\r\n"
+                         f"Host: x\r\nProxy-Authorization: Basic {auth}\r\n{extra}\r\n"
+                         "hello".encode("latin-1"))
+            sock.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    finally:
+        proxy.stop()
+    assert answer.split(b" ", 2)[1] == str(status).encode(), answer[:300]
+    assert (http_server.accepted > before) == (status == 200)
 
 
 # ----------------------------------------------------------------------------

@@ -263,14 +263,20 @@ def start_process(main: str, module: str = "sandlock.net.mediator") -> tuple[Any
     """A fresh ``python -I -S`` running ``<module>.<main>(fd)`` (never a fork of the
     caller), empty environment, stdio on /dev/null; the caller's end of its socket."""
     import subprocess
+    from importlib.util import find_spec
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     root = os.path.dirname(PACKAGE_DIR)
-    boot = ("import sys; sys.path.insert(0, sys.argv[1]); "
+    # The HTTP layer's parser (net/http.py imports h11) is found where the caller finds
+    # it, after the standard library; found, not imported here. No site: no .pth file runs.
+    spec = find_spec("h11")
+    found = [os.path.dirname(os.path.dirname(spec.origin))] if spec and spec.origin else []
+    boot = ("import sys; sys.path.insert(0, sys.argv[1]); sys.path += sys.argv[3:]; "
             f"from {module} import {main}; {main}(int(sys.argv[2]))")
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", boot, root, str(theirs.fileno())],
+            [sys.executable, "-I", "-S", "-c", boot, root, str(theirs.fileno()),
+             *found],
             pass_fds=[theirs.fileno()], env={}, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
     except BaseException:

@@ -15,7 +15,9 @@ starts with). Clients must present the per-run credentials carried in the
 proxy URLs, so other local users cannot borrow the tool's allowlist.
 
 A refusal answers HTTP 403 (SOCKS5: reply 0x02, "not allowed by ruleset") and
-is handed to ``report``, which the CLI prints on stderr.
+is handed to ``report``, which the CLI prints on stderr. The HTTP request head is read
+and answered by :mod:`sandlock.net.http` (a malformed or ambiguous one is a 400); once
+the upstream is connected, bytes pass through both ways as sent.
 """
 
 from __future__ import annotations
@@ -30,14 +32,11 @@ import urllib.parse
 from typing import Callable, Optional
 
 from ..policy.netrules import IPAddress, NetRules, Verdict, as_address, format_target, normalize_host
+from . import http
+from .http import CONNECT_TIMEOUT, HEAD_TIMEOUT, HOP_HEADERS, HttpError
 from .listener import LoopbackServer
 
-HEAD_LIMIT = 64 * 1024
-HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
-CONNECT_TIMEOUT = 15.0
 USER = "sandlock"
-#: Request headers that concern the hop to the proxy, not the origin server.
-HOP_HEADERS = {b"proxy-authorization", b"proxy-connection", b"connection", b"keep-alive"}
 SOCKS_OK, SOCKS_FAIL, SOCKS_RULESET, SOCKS_UNREACHABLE, SOCKS_REFUSED = 0, 1, 2, 4, 5
 SOCKS_BAD_COMMAND, SOCKS_BAD_ADDRESS = 7, 8
 
@@ -157,19 +156,18 @@ class Proxy(LoopbackServer):
     # ------------------------------------------------------------------ HTTP
 
     def _http(self, client: socket.socket) -> Optional[socket.socket]:
-        head, rest = _read_head(client)
-        self._heard(client)
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ")
-        if len(parts) != 3:
-            _answer(client, 400, "malformed request line")
+        try:
+            head, rest = http.read_head(client)
+            self._heard(client)
+            request = http.parse_request(client, head)
+        except HttpError as bad:
+            http.answer(client, bad.status, f"sandlock proxy: {bad}")
             return None
-        method, target, version = (p.decode("latin-1") for p in parts)
-        headers = [line for line in lines[1:] if line]
-        if not self._http_authorized(headers):
-            _answer(client, 407, "sandlock proxy: use the proxy URL from HTTP_PROXY/HTTPS_PROXY "
-                    "(it carries the credentials of this run)",
-                    extra="Proxy-Authenticate: Basic realm=\"sandlock\"\r\n")
+        method, target, version = request.method, request.target, request.version
+        if not self._http_authorized(request.values("proxy-authorization")):
+            http.answer(client, 407, "sandlock proxy: use the proxy URL from HTTP_PROXY/"
+                        "HTTPS_PROXY (it carries the credentials of this run)",
+                        extra=[("Proxy-Authenticate", 'Basic realm="sandlock"')])
             return None
         if method == "CONNECT":
             host, port = _host_port(target)
@@ -177,7 +175,7 @@ class Proxy(LoopbackServer):
         else:
             url = urllib.parse.urlsplit(target)
             if url.scheme != "http" or not url.hostname:
-                _answer(client, 400, "sandlock proxy forwards http:// URLs; use CONNECT for TLS")
+                http.answer(client, 400, "sandlock proxy forwards http:// URLs; use CONNECT for TLS")
                 return None
             host, port = url.hostname, url.port or 80
             via = "HTTP proxy"
@@ -185,31 +183,30 @@ class Proxy(LoopbackServer):
             upstream = self.connect(host, port, via)
         except Refused as refused:
             status_text = f"sandlock: {format_target(normalize_host(host), port)}: {refused}"
-            _answer(client, refused.status, status_text)
+            http.answer(client, refused.status, status_text)
             return None
         client.settimeout(None)
         if method == "CONNECT":
             client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
         else:
             path = urllib.parse.urlunsplit(("", "", url.path or "/", url.query, ""))
-            kept = [h for h in headers if h.split(b":", 1)[0].strip().lower() not in HOP_HEADERS]
-            upstream.sendall(b"\r\n".join([f"{method} {path} {version}".encode("latin-1"), *kept,
-                                           b"Connection: close", b"", b""]))
+            kept = [(n, v) for n, v in request.headers if n.lower() not in HOP_HEADERS]
+            upstream.sendall(http.head_bytes(f"{method} {path} {version}",
+                                             [*kept, ("Connection", "close")]))
         if rest:
             upstream.sendall(rest)
         return upstream
 
-    def _http_authorized(self, headers: list[bytes]) -> bool:
-        for line in headers:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"proxy-authorization":
-                scheme, _, data = value.strip().partition(b" ")
-                if scheme.lower() != b"basic":
-                    return False
-                try:
-                    return self._authorized(base64.b64decode(data.strip(), validate=True))
-                except ValueError:
-                    return False
+    def _http_authorized(self, values: list[str]) -> bool:
+        """The first ``Proxy-Authorization`` carries this run's credentials (Basic)."""
+        for value in values[:1]:
+            scheme, _, data = value.strip().partition(" ")
+            if scheme.lower() != "basic":
+                return False
+            try:
+                return self._authorized(base64.b64decode(data.strip(), validate=True))
+            except ValueError:
+                return False
         return False
 
     # ------------------------------------------------------------------ SOCKS5 (RFC 1928, 1929)
@@ -262,33 +259,11 @@ def _recv_exact(sock: socket.socket, count: int) -> bytes:
     return data
 
 
-def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        if len(data) > HEAD_LIMIT:
-            raise ValueError("request head too large")
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ValueError("connection closed before the request head ended")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    return head, rest
-
-
 def _host_port(target: str) -> tuple[str, int]:
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"CONNECT target {target!r} is not host:port")
     return host, int(port)
-
-
-def _answer(sock: socket.socket, status: int, text: str, extra: str = "") -> None:
-    reasons = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
-               502: "Bad Gateway"}
-    body = (text + "\n").encode("utf-8", "replace")
-    sock.sendall(f"HTTP/1.1 {status} {reasons.get(status, 'Error')}\r\n{extra}"
-                 f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
-                 "Connection: close\r\n\r\n".encode() + body)
 
 
 def _socks_reply(sock: socket.socket, code: int) -> None:

@@ -6,9 +6,11 @@ the server, in the launcher (a process the tool cannot read: Landlock forbids a
 sandboxed process ptrace-class access, hence ``/proc/PID/mem`` and ``environ``, to
 anything outside its domain):
 
-1. parses the request head strictly (one request per connection; no obs-fold, no
-   ``Content-Length`` beside ``Transfer-Encoding``, no ``Upgrade``: nothing can
-   smuggle a second, unchecked request);
+1. reads the request through :mod:`sandlock.net.http`, strictly (one request per
+   connection; no obs-fold, no bare LF, no ``Content-Length`` beside
+   ``Transfer-Encoding``; the body framed again, whatever follows it dropped), and
+   refuses ``Upgrade`` and rewrite headers: nothing can smuggle a second, unchecked
+   request;
 2. finds the credential by the first path segment and the run by the placeholder
    the request carries where the secret belongs (header or query parameter): the
    placeholder, random per run, is also what keeps other local processes out;
@@ -18,8 +20,9 @@ anything outside its domain):
    line to ``report``;
 4. replaces the placeholder with the secret, connects to the upstream over TLS,
    verifying its certificate and host name (system store, or ``ca_file``), sends
-   the head and exactly the body the head announced;
-5. relays the response as it arrives (SSE and chunked bodies unbuffered). The
+   the head and exactly the body the head announced, framed by sandlock;
+5. relays the response as it arrives (SSE and chunked bodies unbuffered, framed
+   again for the tool). The
    response head is rewritten: a ``Location`` on the upstream itself points back
    into the route (the tool follows it through the route, under the same rules);
    any other ``Location`` is returned as is and is followed, if at all, by the tool
@@ -40,6 +43,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from ..policy.credentials import PLACEHOLDER_PREFIX, Credential, tool_environment
+from . import http
+from .http import CONNECT_TIMEOUT, HEAD_TIMEOUT, HOP_HEADERS, HttpError
 from .listener import LoopbackServer
 from .mediator import START_TIMEOUT, end_process, raise_nofile, start_process
 
@@ -49,25 +54,18 @@ if TYPE_CHECKING:
     from ..policy.credentials import CredentialError
     from ..policy.model import Policy
 
-HEAD_LIMIT = 64 * 1024
-HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
-CONNECT_TIMEOUT = 15.0
 #: Request headers the route never forwards: they concern this hop, or would turn the
 #: connection into something other than one checked request (Upgrade, h2c).
-DROP_REQUEST = {"host", "connection", "keep-alive", "proxy-connection", "proxy-authorization",
-                "te", "trailer", "upgrade", "http2-settings", "expect"}
-DROP_RESPONSE = {"connection", "keep-alive", "proxy-connection", "upgrade"}
-_HEADER_NAME = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+DROP_REQUEST = HOP_HEADERS | {"host", "te", "trailer", "upgrade", "http2-settings", "expect"}
+DROP_RESPONSE = HOP_HEADERS - {"proxy-authorization"} | {"upgrade"}
 _METHOD = re.compile(r"^[A-Z]{1,20}$")
-REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found", 502: "Bad Gateway"}
 
 
-class BadRequest(Exception):
+class BadRequest(HttpError):
     """Answer ``status`` with this message; ``report`` it when it is a refusal by rule."""
 
     def __init__(self, status: int, message: str, refusal: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
+        super().__init__(status, message)
         self.refusal = refusal
 
 
@@ -133,11 +131,8 @@ class RouteServer(LoopbackServer):
             client.settimeout(HEAD_TIMEOUT)
             try:
                 self._forward(client, held)
-            except BadRequest as bad:
-                _answer(client, bad.status, f"sandlock route: {bad}")
-                return
-            client.settimeout(None)
-            _relay(held[1], client)
+            except HttpError as bad:
+                http.answer(client, bad.status, f"sandlock route: {bad}")
         except (OSError, ValueError, UnicodeError):
             pass
         finally:
@@ -150,16 +145,11 @@ class RouteServer(LoopbackServer):
     # ------------------------------------------------------------------ one request
 
     def _forward(self, client: socket.socket, held: list[socket.socket]) -> None:
-        head, rest = _read_head(client)
+        request = http.read_request(client)
         self._heard(client)
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ")
-        if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0"):
-            raise BadRequest(400, "malformed request line")
-        method, target = parts[0].decode("latin-1"), parts[1].decode("latin-1")
+        method, target, headers = request.method, request.target, request.headers
         if not _METHOD.match(method):
             raise BadRequest(400, "malformed request line")
-        headers = _parse_headers(lines[1:])
         _check_request_headers(headers)
         route_name, path, query = _checked_target(target)
         item = self._by_name.get(route_name)
@@ -182,16 +172,20 @@ class RouteServer(LoopbackServer):
         if item.header is not None:
             out.append((item.header, item.attach(secret)))
         out.append(("Connection", "close"))
-        body = _body_framing(headers)
-        upstream = self._connect(item, where)
-        held.append(upstream)
-        request = f"{method} {path}{'?' + query if query else ''} HTTP/1.1\r\n" + "".join(
-            f"{n}: {v}\r\n" for n, v in out) + "\r\n"
-        upstream.sendall(request.encode("latin-1"))
-        _send_body(client, upstream, rest, body)
-        response = _response_head(upstream, client, item, self.base_url(item.name), secret,
-                                  placeholder)
-        client.sendall(response)
+        upstream = http.Upstream(self._connect(item, where))
+        held.append(upstream.sock)
+        upstream.send(method, f"{path}{'?' + query if query else ''}", out, request.body())
+        client.settimeout(None)
+        route = self.base_url(item.name)
+        head = upstream.response()
+        while head.status < 200:  # interim heads, each through the scrub
+            request.interim(_response_head(head, item, route, secret, placeholder))
+            head = upstream.response()
+        head = _response_head(head, item, route, secret, placeholder)
+        try:
+            request.respond(head, upstream.body())
+        except HttpError:
+            pass  # the head may be out: the tool sees the connection end
 
     def _secret(self, item: Credential, headers: list[tuple[str, str]], query: str,
                 where: str) -> tuple[str, str]:
@@ -253,50 +247,7 @@ def _tls_context(item: Credential) -> ssl.SSLContext:
     return context
 
 
-# ---------------------------------------------------------------------- HTTP parsing
-
-
-def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        if len(data) > HEAD_LIMIT:
-            raise BadRequest(400, "request head too large")
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ValueError("connection closed before the head ended")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    if len(head) > HEAD_LIMIT:
-        raise BadRequest(400, "head too large")
-    return head, rest
-
-
-def _parse_headers(lines: list[bytes]) -> list[tuple[str, str]]:
-    out = []
-    for line in lines:
-        name, colon, value = line.partition(b":")
-        if not colon or not _HEADER_NAME.match(name) or b"\r" in value or b"\n" in value \
-                or b"\0" in value:
-            raise BadRequest(400, "malformed header line (obs-fold and bare CR are refused)")
-        out.append((name.decode("ascii"), value.strip(b" \t").decode("latin-1")))
-    return out
-
-
-def _body_framing(headers: list[tuple[str, str]]) -> Optional[int]:
-    """Bytes of body announced: a length, -1 for chunked, None for none."""
-    lengths = {v for n, v in headers if n.lower() == "content-length"}
-    codings = [v for n, v in headers if n.lower() == "transfer-encoding"]
-    if lengths and codings:
-        raise BadRequest(400, "Content-Length and Transfer-Encoding together are refused")
-    if codings:
-        if len(codings) != 1 or codings[0].strip().lower() != "chunked":
-            raise BadRequest(400, "only Transfer-Encoding: chunked is forwarded")
-        return -1
-    if lengths:
-        if len(lengths) != 1 or not next(iter(lengths)).isdigit():
-            raise BadRequest(400, "invalid Content-Length")
-        return int(next(iter(lengths)))
-    return None
+# ---------------------------------------------------------------------- what the rules read
 
 
 #: Percent escapes a path may carry: characters that cannot appear raw in a path and
@@ -381,103 +332,25 @@ def _replace_query(query: str, name: str, placeholder: str, secret: str) -> str:
     return "&".join(pairs)
 
 
-def _send_body(client: socket.socket, upstream: socket.socket, rest: bytes,
-               framing: Optional[int]) -> None:
-    """Exactly the body the head announced, nothing after it."""
-    if framing is None:
-        return
-    reader = _Reader(client, rest)
-    if framing >= 0:
-        reader.copy(upstream, framing)
-        return
-    while True:  # chunked: size line, data, CRLF; then trailers up to an empty line
-        line = reader.line()
-        upstream.sendall(line)
-        size_text = line.split(b";", 1)[0].strip()
-        if not size_text or any(c not in b"0123456789abcdefABCDEF" for c in size_text) \
-                or len(size_text) > 16:
-            raise BadRequest(400, "malformed chunk size")
-        size = int(size_text, 16)
-        if size == 0:
-            while True:
-                trailer = reader.line()
-                upstream.sendall(trailer)
-                if trailer == b"\r\n":
-                    return
-        reader.copy(upstream, size)
-        end = reader.exact(2)
-        if end != b"\r\n":
-            raise BadRequest(400, "malformed chunk")
-        upstream.sendall(end)
-
-
-class _Reader:
-    def __init__(self, sock: socket.socket, buffered: bytes) -> None:
-        self.sock = sock
-        self.buf = buffered
-
-    def _fill(self) -> None:
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise ValueError("connection closed mid-body")
-        self.buf += chunk
-
-    def line(self) -> bytes:
-        while b"\r\n" not in self.buf:
-            if len(self.buf) > 8192:
-                raise BadRequest(400, "chunk line too long")
-            self._fill()
-        line, _, self.buf = self.buf.partition(b"\r\n")
-        return line + b"\r\n"
-
-    def exact(self, count: int) -> bytes:
-        while len(self.buf) < count:
-            self._fill()
-        out, self.buf = self.buf[:count], self.buf[count:]
-        return out
-
-    def copy(self, sink: socket.socket, count: int) -> None:
-        while count > 0:
-            if not self.buf:
-                self._fill()
-            piece, self.buf = self.buf[:count], self.buf[count:]
-            sink.sendall(piece)
-            count -= len(piece)
-
-
-def _response_head(upstream: socket.socket, client: socket.socket, item: Credential,
-                   route: str, secret: str, placeholder: str) -> bytes:
-    """The upstream's response head as the tool gets it (interim 1xx heads too): every
-    line, the status line included, through :func:`_scrubbed`."""
-    buf = b""
-    while True:
-        while b"\r\n\r\n" not in buf:
-            if len(buf) > HEAD_LIMIT:
-                raise BadRequest(502, "upstream response head too large")
-            chunk = upstream.recv(65536)
-            if not chunk:
-                raise BadRequest(502, "upstream closed without answering")
-            buf += chunk
-        head, _, buf = buf.partition(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = lines[0].decode("latin-1")
-        code = status.split(" ")[1] if status.count(" ") >= 1 else ""
-        if not status.startswith("HTTP/1.") or not code.isdigit() or code == "101":
-            raise BadRequest(502, "unexpected upstream status line")
-        out = [_scrubbed("the status line", status, secret, placeholder)]
-        for name, value in _parse_headers(lines[1:]):
-            if name.lower() in DROP_RESPONSE:
-                continue
-            if name.lower() in ("location", "content-location"):
-                value = _route_location(value, item, route)
-                value = _hide_in_query(value, secret, placeholder)
-            out.append(_scrubbed(f"header {name}", f"{name}: {value}", secret, placeholder))
-        if code.startswith("1"):
-            client.sendall(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
+def _response_head(head: http.Head, item: Credential, route: str, secret: str,
+                   placeholder: str) -> http.Head:
+    """The upstream's response head as the tool gets it (interim 1xx heads too): the
+    reason phrase and every header line through :func:`_scrubbed`."""
+    reason = _scrubbed("the status line", head.reason, secret, placeholder)
+    out = []
+    chunked = any(name.lower() == "transfer-encoding" for name, _ in head.headers)
+    for name, value in head.headers:
+        if name.lower() in DROP_RESPONSE or chunked and name.lower() == "content-length":
             continue
-        break
-    out.append("Connection: close")
-    return ("\r\n".join(out) + "\r\n\r\n").encode("latin-1") + buf
+        if name.lower() in ("location", "content-location"):
+            value = _route_location(value, item, route)
+            value = _hide_in_query(value, secret, placeholder)
+        name, _, value = _scrubbed(f"header {name}", f"{name}: {value}", secret,
+                                   placeholder).partition(": ")
+        out.append((name, value))
+    if head.status >= 200:
+        out.append(("Connection", "close"))
+    return http.Head(head.status, reason, out)
 
 
 #: Decoding rounds tried on a response line before searching it for the secret.
@@ -563,25 +436,6 @@ def _route_location(value: str, item: Credential, route: str) -> str:
     if url.scheme == "https" and (url.hostname or "").lower() == item.host and port == item.port:
         return route + urllib.parse.urlunsplit(("", "", url.path or "/", url.query, url.fragment))
     return value
-
-
-def _relay(upstream: socket.socket, client: socket.socket) -> None:
-    """The response body as it arrives, until the upstream closes (no buffering)."""
-    while True:
-        data = upstream.recv(65536)
-        if not data:
-            return
-        client.sendall(data)
-
-
-def _answer(sock: socket.socket, status: int, text: str) -> None:
-    body = (text + "\n").encode("utf-8", "replace")
-    try:
-        sock.sendall(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}\r\n"
-                     f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
-                     "Connection: close\r\n\r\n".encode() + body)
-    except OSError:
-        pass
 
 
 # ---------------------------------------------------------------------- one run
