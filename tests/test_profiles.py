@@ -257,7 +257,7 @@ def _dependency_dir(target: Path) -> Path:
     import importlib.util
 
     target.mkdir()
-    for module in ("click", "pyseccomp"):
+    for module in ("click", "h11", "pyseccomp"):
         spec = importlib.util.find_spec(module)
         assert spec is not None and spec.origin is not None
         source = Path(spec.origin)
