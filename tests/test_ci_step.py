@@ -15,8 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import REPO, require_tool
+from conftest import REPO, require_tool
 
 SCRIPT = REPO / "ci" / "run-step.sh"
 

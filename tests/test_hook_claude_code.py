@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from conftest import REPO
 
 from sandlock.integrations import claude_code, shell_rules
-from tests.conftest import REPO
 
 SECRET = "top secret"
 

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import REPO
 
 from sandlock.compile import cachekey, runlog
 from sandlock.policy.profiles import path as profile_path
-from tests.conftest import REPO
 
 
 @pytest.fixture
