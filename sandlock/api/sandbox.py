@@ -878,7 +878,8 @@ class _CallJob:
         if call.failure is not None:
             raise call.failure
         assert call.status is not None
-        _log(self.sandbox, _result(call, ("call()", name), None, None))
+        if self.sandbox is not None and self.sandbox._log is not None:  # the run log is on
+            _log(self.sandbox, _result(call, ("call()", name), None, None))
         code, sig, timed_out = call.status
         if timed_out:
             raise TimeoutExpired(f"{name}: timed out; its process tree was killed")
@@ -1073,7 +1074,8 @@ class Process:
             raise self._call.failure
         if self._call.status is not None and self._sandbox is not None:  # once, at its end
             sandbox, self._sandbox = self._sandbox, None
-            _log(sandbox, _result(self._call, self.args, None, None))
+            if sandbox._log is not None:  # the run log is on
+                _log(sandbox, _result(self._call, self.args, None, None))
 
     def communicate(self, input: Optional[Union[bytes, str]] = None,
                     timeout: Optional[float] = None) -> tuple[Any, Any]:
