@@ -823,4 +823,9 @@ GUARDS: tuple[Guard, ...] = (
           "        log_run(compiled, list(command), code, (), [str(d) for d in denials])",
           "        pass",
           ("tests/test_runlog.py::test_trace_records_what_it_saw_refused",)),
+    Guard("review copies: no other run's grant reaches them", "sandlock/compile/grants.py",
+          "            copies.check(path, got)",
+          "            pass",
+          ("tests/test_undo.py::test_another_tool_cannot_read_a_runs_copy[--checkpoint]",
+           "tests/test_undo.py::test_another_tool_cannot_read_a_runs_copy[--dry-run]")),
 )

@@ -368,3 +368,50 @@ def test_api_dry_run_then_apply_and_checkpoint_then_rollback(ws: Path) -> None:
     assert not (ws / "sub").exists()
     assert session.rollback(box.finish_review()) == 4  # sub/, its two files, n.txt
     assert state(ws) == applied
+
+
+# ----------------------------------------------------------------------------
+# The copies are no other tool's to read
+
+
+READER = """\
+version = 1
+extends = ["shell"]
+[filesystem]
+read = ["${cache}"]
+"""
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint", "--dry-run"])
+def test_another_tool_cannot_read_a_runs_copy(ws: Path, tmp_path: Path, flag: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's snapshot and a pending dry run's copy hold the workspace's files. A
+    tool whose policy reads the cache directory (and not the workspace) is refused while
+    they exist, naming them; once discarded, the same policy runs. The reviewed run itself
+    still works in its own copy (the other tests)."""
+    (ws / "private.txt").write_text("only for the workspace's tool\n")
+    done, name = reviewed(ws, flag, "true")
+    assert done.returncode == 0, done.stderr
+    cache = os.environ["XDG_CACHE_HOME"]
+    copies = list(Path(cache).rglob("private.txt"))
+    assert copies, "the run kept no copy"
+    reader = tmp_path / "reader.toml"
+    reader.write_text(READER)
+    other = tmp_path / "other"
+    other.mkdir()
+
+    def read(path: Path) -> subprocess.CompletedProcess[str]:
+        return cli("run", "--policy", str(reader), "--var", f"workspace={other}", "--var",
+                   f"cache={cache}", "--", "cat", str(path))
+
+    refused = read(copies[0])
+    assert refused.returncode == 125 and "only for the workspace" not in refused.stdout
+    assert name in refused.stderr and "sandlock discard" in refused.stderr, refused.stderr
+    assert cli("discard", name).returncode == 0
+    # positive control: with no copy left the same policy runs, and reads what the cache
+    # directory holds (the copy's bytes, kept elsewhere there)
+    kept = Path(cache, "kept", "private.txt")
+    kept.parent.mkdir()
+    kept.write_text("only for the workspace's tool\n")
+    allowed = read(kept)
+    assert allowed.returncode == 0 and "only for the workspace" in allowed.stdout, allowed.stderr

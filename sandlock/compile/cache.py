@@ -50,6 +50,7 @@ from .. import PACKAGE_DIR, __version__
 from ..linux import kernel
 from . import cachekey
 from .cachekey import KEY_NAME as KEY_NAME  # the key's one definition is there
+from .reviewdirs import state_path
 
 TYPE_CHECKING = False  # typing costs milliseconds; this module exists to save them
 if TYPE_CHECKING:
@@ -245,10 +246,7 @@ def _key(policy_file: str, text: bytes, variables: Mapping[str, str], timeout: O
 
 
 def _cache_path(name: str) -> str:
-    base = os.environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.normpath(base), "sandlock", name)
+    return state_path(name)
 
 
 _OPEN_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

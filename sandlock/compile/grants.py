@@ -40,6 +40,7 @@ from .. import PACKAGE_DIR
 from ..errors import LandlockError, SandlockError
 from ..linux import kernel
 from ..policy.readfile import read_bounded
+from . import reviewdirs
 
 TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
 if TYPE_CHECKING:
@@ -658,6 +659,14 @@ class SecretCheck(WriteCheck):
             self.check_reach(path, got)
 
 
+class CopyCheck(SecretCheck):
+    """Refuses any grant, of any right, that reaches another run's copy of a tool's
+    files: a checkpoint's snapshot or a pending dry run's copy
+    (:mod:`sandlock.compile.reviewdirs`)."""
+
+    HARM = "read files there that only another tool's policy grants"
+
+
 def _secrets() -> list[tuple[str, str]]:
     """(path, what it is) of every secret no grant may reach, now."""
     from .cachekey import exposed
@@ -692,9 +701,13 @@ def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
     policy may name thousands). Raises GrantError or OSError."""
     checker = WriteCheck(policy_files)
     secrets: Optional[SecretCheck] = None
+    copies: Optional[CopyCheck] = None
     for path, rights in paths:
         got = resolve(path)
         try:
+            if copies is None:
+                copies = CopyCheck(reviewdirs.copies([p for p, _ in paths]))
+            copies.check(path, got)
             if rights & write_rights:
                 checker.check(path, got)
             else:

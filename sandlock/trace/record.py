@@ -597,6 +597,9 @@ def secrets(home: str) -> list[str]:
 
     out = [os.path.join(home, s) for s in HOME_SECRETS] + list(SYSTEM_SECRETS)
     out += _state_dirs()
+    from ..compile.reviewdirs import copies  # other runs' copies of their tools' files
+
+    out += [where for where, _ in copies(())]
     try:
         out += [os.path.join("/etc/ssh", n) for n in os.listdir("/etc/ssh") if n.endswith("_key")]
     except OSError:

@@ -3,11 +3,12 @@
 * Records and checkpoint snapshots: ``<cache>/sandlock/runs/RUN/`` (``<cache>`` is
   ``$XDG_CACHE_HOME`` or ``~/.cache``, as for the compiled-policy cache): inside
   sandlock's state directory, which no write grant may reach, is on, or lies inside
-  (:func:`sandlock.compile.grants.protected`). A read grant may reach it: reading an
-  older copy of one's own workspace forges nothing.
+  (:func:`sandlock.compile.grants.protected`); nor may another run's grant of any right
+  while the run exists (:mod:`sandlock.compile.reviewdirs`).
 * Dry-run scratch copies: ``<cache>/sandlock-scratch/RUN/N/``, granted to the tool in
   place of its write grants, so never trusted: everything applied from one is checked
-  against the record (:func:`sandlock.undo.tree.sync`).
+  against the record (:func:`sandlock.undo.tree.sync`); no other run's grant may reach
+  one while it exists.
 
 A record is JSON behind a keyed BLAKE2b tag. The key is derived from the key of the
 compiled-policy cache (:mod:`sandlock.compile.cachekey`: the kernel keyring, or a key
@@ -28,6 +29,8 @@ import time
 from typing import Any, Optional
 
 from ..compile import cache, cachekey
+from ..compile.reviewdirs import runs_path as runs_path  # one definition of the places
+from ..compile.reviewdirs import scratch_path as scratch_path
 from .tree import UndoError
 
 RECORD = "record"
@@ -41,14 +44,6 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def runs_path() -> str:
-    return cache._cache_path("runs")
-
-
-def scratch_path() -> str:
-    """``<cache>/sandlock-scratch``: beside sandlock's state directory, not in it (a
-    write grant there would be refused)."""
-    return os.path.join(os.path.dirname(os.path.dirname(runs_path())), "sandlock-scratch")
 
 
 def open_base(path: str) -> int:
