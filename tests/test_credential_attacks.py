@@ -652,3 +652,15 @@ def test_a_body_over_the_limit_is_refused_as_it_streams(
     status, response = ask_half_closed(server, (head + "5\r\nhello\r\n3\r\nxxx\r\n0\r\n\r\n").encode())
     assert status == 200, response
     assert [s["body"] for s in upstream.seen] == ["helloxxx"]
+
+
+@pytest.mark.any_user
+@pytest.mark.parametrize("target", ["/svc/a\tb", "/svc/caf\u00e9", "/svc/a b", "/svc/\x7f", ""])
+def test_the_route_target_check_refuses_unprintable_targets_itself(target: str) -> None:
+    """The HTTP layer (h11 and its head checks) refuses such targets before a route sees
+    them; the route's own check keeps refusing them whoever calls it (defence in depth,
+    tested on its own: the end-to-end attacks above stop earlier now)."""
+    with pytest.raises(R.BadRequest):
+        R._checked_target(target)
+    # positive control: a printable origin-form target passes
+    assert R._checked_target("/svc/a%20b")[0] == "svc"
