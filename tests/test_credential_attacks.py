@@ -655,7 +655,8 @@ def test_a_body_over_the_limit_is_refused_as_it_streams(
 
 
 @pytest.mark.any_user
-@pytest.mark.parametrize("target", ["/svc/a\tb", "/svc/caf\u00e9", "/svc/a b", "/svc/\x7f", ""])
+@pytest.mark.parametrize("target", ["/svc/a\tb", "/svc/caf\u00e9", "/svc/a b", "/svc/\x7f", ""],
+                         ids=["tab", "non-ASCII", "space", "DEL", "empty"])
 def test_the_route_target_check_refuses_unprintable_targets_itself(target: str) -> None:
     """The HTTP layer (h11 and its head checks) refuses such targets before a route sees
     them; the route's own check keeps refusing them whoever calls it (defence in depth,
