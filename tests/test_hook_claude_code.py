@@ -214,3 +214,15 @@ def test_shell_command_is_never_an_option(command: str, workspace: Path) -> None
 def test_shell_without_policy_refuses(workspace: Path) -> None:
     done = _shell("-c", "true")
     assert done.returncode == 125 and "--policy" in done.stderr
+
+
+def test_the_example_runs(tmp_path: Path) -> None:
+    """examples/claude_code_hook.sh: the hook's JSON in, the rewritten command run; the
+    note is read, the key outside the project refused."""
+    sandlock = f"{sys.executable} -P -m sandlock"
+    done = subprocess.run(["sh", str(REPO / "examples" / "claude_code_hook.sh")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "SANDLOCK": sandlock})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "  water the plants" in done.stdout and "api-key: Permission denied" in done.stdout
+    assert "sk-not-for-tools" not in done.stdout

@@ -6,7 +6,9 @@ Each refusal has its positive control: the same access without sandlock succeeds
 from __future__ import annotations
 
 import http.server
+import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Iterator
@@ -99,3 +101,16 @@ def test_fetch_reaches_only_the_allowed_host(served: Any, web: tuple[int, int]) 
     assert plain.stdout == f"hello from port {other}"  # positive control
     option = served.call("fetch", {"url": "--version"})
     assert option.is_error and "http:// or https:// URL" in text(option)
+
+
+def test_the_example_client_runs(tmp_path: Path) -> None:
+    """examples/mcp_serve_client.py: the SDK's client, the served tools, the secret refused."""
+    require_mcp()
+    from mcp_tools import REPO
+
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "mcp_serve_client.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "water the plants" in done.stdout and "Permission denied" in done.stdout
+    assert "sk-not-for-tools" not in done.stdout
