@@ -406,10 +406,12 @@ class KeyScene:
         require_front()
         self.tmp = tmp_path
         self.key_dir = tmp_path / "home" / ".cache" / "sandlock"
+        tree = str(Path(cache.__file__).resolve().parents[2])
+        # the tree under test stores the entry (not an installed copy, whose code differs)
         self.env = {**env, "XDG_CACHE_HOME": str(tmp_path / "home" / ".cache"),
-                    "TEST_KEY_DIR": str(self.key_dir)}
+                    "TEST_KEY_DIR": str(self.key_dir), "PYTHONPATH": tree}
         self.front = tmp_path / "sandlock-run"
-        sys.path.insert(0, str(Path(cache.__file__).resolve().parents[2]))
+        sys.path.insert(0, tree)
         try:
             import setup
         finally:
