@@ -11,8 +11,10 @@ import os
 from typing import Any, Mapping, Optional
 
 from ..trace.emit import printable
-from . import record, tree
-from .session import CHECKPOINT, SNAPSHOTS, changes
+from . import tree
+from .session import CHECKPOINT, changes
+from .session import _scratch as scratch_of
+from .session import _snapshot as snapshot_of
 
 DIFF_LIMIT = 256 << 10
 MARK = {"added": "A", "removed": "D", "modified": "M", "mode": "m", "times": "t"}
@@ -63,17 +65,7 @@ def _root(value: Mapping[str, Any], name: str, index: int, which: str,
         return roots[(which, index)]
     try:
         if (which == "before") == (value["mode"] == CHECKPOINT):  # a copy sandlock made
-            base_path = record.runs_path() if value["mode"] == CHECKPOINT else record.scratch_path()
-            base = record.open_base(base_path)
-            try:
-                holder = record.open_run(base, name)
-            finally:
-                os.close(base)
-            try:
-                inner = f"{SNAPSHOTS}/{index}" if value["mode"] == CHECKPOINT else str(index)
-                fd = os.open(inner, record._DIR, dir_fd=holder)
-            finally:
-                os.close(holder)
+            fd = (snapshot_of if value["mode"] == CHECKPOINT else scratch_of)(name, index)
         else:
             fd = tree.open_root(value["trees"][index])
     except (OSError, tree.UndoError):
