@@ -130,6 +130,18 @@ GUARDS: tuple[Guard, ...] = (
           "        raise self._refuse(f\"{where}: the request does not carry this run's "
           "placeholder of \"",
           (CREDENTIALS + "test_method_path_and_deny_refusals_name_the_rule",)),
+    Guard("credential route: the body is held and checked before the upstream", "sandlock/net/routes.py",
+          "        with request.held_body() as body:  # all of it, checked, before the secret leaves\n"
+          "            upstream = http.Upstream(self._connect(item, where))\n"
+          "            held.append(upstream.sock)\n"
+          "            upstream.send(method, f\"{path}{'?' + query if query else ''}\", out,\n"
+          "                          http.chunks(body))",
+          "        if True:  # streamed as it comes\n"
+          "            upstream = http.Upstream(self._connect(item, where))\n"
+          "            held.append(upstream.sock)\n"
+          "            upstream.send(method, f\"{path}{'?' + query if query else ''}\", out,\n"
+          "                          request.body())",
+          (ATTACKS + "test_a_malformed_body_never_reaches_the_upstream[short body]",)),
     Guard("credential route: rules", "sandlock/net/routes.py",
           "        allowed, rule = item.check(method, _decoded_path(path))",
           "        allowed, rule = True, \"switched off\"",

@@ -555,14 +555,20 @@ def test_a_malformed_or_smuggling_head_is_refused_before_the_upstream(
 
 @pytest.mark.any_user
 @pytest.mark.parametrize("what,extra,body", BODY_SMUGGLING, ids=[a[0] for a in BODY_SMUGGLING])
-def test_a_malformed_body_never_reaches_the_upstream_whole(
-        route: Any, upstream: Server, what: str, extra: str, body: str) -> None:
+def test_a_malformed_body_never_reaches_the_upstream(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch,
+        what: str, extra: str, body: str) -> None:
+    """The body is read whole and checked before the route connects: the upstream never
+    sees the head (with the secret) of a request whose body turns out malformed or cut
+    short. (Streamed as it came, the head left first and the upstream got a truncated
+    request whenever it read before the route closed.)"""
     server, placeholder = route()
+    accepted = count_connections(upstream, monkeypatch)
     request = (ALLOWED.format(placeholder=placeholder) + extra + "\r\n" + body).encode("latin-1")
     status, response = ask_half_closed(server, request)
     assert 400 <= status < 500 and "sandlock route: " in response, (what, response)
     assert not holds_secret(response)
-    assert upstream.seen == [], what
+    assert accepted == [] and upstream.seen == [], what
 
 
 #: The same requests well formed: each goes through, with the secret.
@@ -588,6 +594,30 @@ def test_positive_control_the_same_requests_well_formed_go_through(
     assert [(s["method"], s["path"], s["body"]) for s in upstream.seen] == [
         ("POST", "/v1/chat/x", received)]
     assert upstream.seen[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
+
+
+@pytest.mark.any_user
+def test_a_body_larger_than_memory_held_goes_through_whole_after_100_continue(
+        route: Any, upstream: Server) -> None:
+    """A body past the in-memory part of the hold (it waits in a temporary file) reaches
+    the upstream byte for byte; a client that asks ``Expect: 100-continue`` is told to
+    go on by the route itself (the upstream never sees ``Expect``)."""
+    from sandlock.net import http as H
+
+    server, placeholder = route()
+    body = bytes(range(256)) * ((3 * H.BODY_IN_MEMORY) // 256 + 7)
+    head = (ALLOWED.format(placeholder=placeholder) + "Expect: 100-continue\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(server.address, timeout=30) as sock:
+        sock.sendall(head)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 100 ")
+        sock.sendall(body)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 "), data[:200]
+    assert [(s["method"], s["body"].encode("latin-1")) for s in upstream.seen] == [("POST", body)]
+    assert "Expect" not in upstream.seen[0]["headers"]
 
 
 @pytest.mark.any_user

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import re
 import socket
-from typing import Iterable, Iterator, Sequence
+import tempfile
+from typing import IO, Iterable, Iterator, Sequence
 
 try:
     import h11
@@ -42,6 +43,8 @@ HEAD_LIMIT = 64 * 1024
 MAX_HEADERS = 100
 #: Bytes of a request body (announced or sent); more is 413, never forwarded whole.
 BODY_LIMIT = 1 << 30
+#: Bytes of a held request body kept in memory; the rest waits in an unnamed temporary file.
+BODY_IN_MEMORY = 1 << 20
 HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
 CONNECT_TIMEOUT = 15.0  #: seconds to connect to an upstream
 RECEIVE = 65536  #: bytes asked of one recv(2)
@@ -101,6 +104,24 @@ class Request:
                 return
             else:
                 raise HttpError(400, "malformed request body")
+
+    def held_body(self) -> IO[bytes]:
+        """The whole body, read and checked before anything is forwarded (as a reverse
+        proxy that buffers requests does): a file at its start, in memory up to
+        :data:`BODY_IN_MEMORY` bytes, then an unnamed temporary file. A body that is
+        malformed, too large or cut short raises :class:`HttpError` here, so its head
+        never leaves. A client waiting for ``100 Continue`` gets it first."""
+        if self._conn.they_are_waiting_for_100_continue:
+            self._send(h11.InformationalResponse(status_code=100, headers=[]))
+        held = tempfile.SpooledTemporaryFile(max_size=BODY_IN_MEMORY)
+        try:
+            for data in self.body():
+                held.write(data)
+            held.seek(0)
+        except BaseException:
+            held.close()
+            raise
+        return held
 
     def interim(self, head: "Head") -> None:
         """An interim (1xx) response head, as the upstream sent it (after the body)."""
@@ -288,6 +309,12 @@ class Upstream:
             if not isinstance(event, h11.Data):
                 return
             yield bytes(event.data)
+
+
+def chunks(held: IO[bytes]) -> Iterator[bytes]:
+    """The bytes of ``held`` (from :meth:`Request.held_body`), read :data:`RECEIVE` at a time."""
+    while data := held.read(RECEIVE):
+        yield data
 
 
 def _next(conn: h11.Connection, sock: socket.socket, what: str, status: int = 400) -> object:

@@ -20,7 +20,10 @@ anything outside its domain):
    line to ``report``;
 4. replaces the placeholder with the secret, connects to the upstream over TLS,
    verifying its certificate and host name (system store, or ``ca_file``), sends
-   the head and exactly the body the head announced, framed by sandlock;
+   the head and exactly the body the head announced, framed by sandlock. The body is
+   read whole and checked first (held in memory, then in an unnamed temporary file):
+   a body that is malformed, too large or cut short is answered 400 and the upstream
+   never sees the request;
 5. relays the response as it arrives (SSE and chunked bodies unbuffered, framed
    again for the tool). The
    response head is rewritten: a ``Location`` on the upstream itself points back
@@ -172,9 +175,11 @@ class RouteServer(LoopbackServer):
         if item.header is not None:
             out.append((item.header, item.attach(secret)))
         out.append(("Connection", "close"))
-        upstream = http.Upstream(self._connect(item, where))
-        held.append(upstream.sock)
-        upstream.send(method, f"{path}{'?' + query if query else ''}", out, request.body())
+        with request.held_body() as body:  # all of it, checked, before the secret leaves
+            upstream = http.Upstream(self._connect(item, where))
+            held.append(upstream.sock)
+            upstream.send(method, f"{path}{'?' + query if query else ''}", out,
+                          http.chunks(body))
         client.settimeout(None)
         route = self.base_url(item.name)
         head = upstream.response()
