@@ -320,6 +320,12 @@ GUARDS: tuple[Guard, ...] = (
           "    setpgid(0, 0);",
           "    ;",
           (KILLS + "test_killing_the_native_helpers_group_loses_no_call",)),
+    Guard("native: the notify step installs the host allowlist's gate",
+          "sandlock/exec/helper/sandlock_exec.c",
+          "            long listener = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, notify);",
+          "            if (flags) break;\n"
+          "            long listener = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, notify);",
+          ("tests/test_network_allow.py::test_api_run_is_mediated_like_the_cli[1]",)),
     Guard("native: a request is taken only when a supervisor says so", "sandlock/exec/native.py",
           "    return first != b\"\"",
           "    return True",

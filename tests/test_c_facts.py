@@ -30,7 +30,7 @@ import sandlock
 from sandlock.errors import ExitCode
 from sandlock.exec import engine, spec
 from sandlock.exec import native as nativeexec
-from sandlock.linux import cgroups, process
+from sandlock.linux import cgroups, kernel, process
 
 HELPER = Path(spec.__file__).resolve().parent / "helper" / "sandlock_exec.c"
 
@@ -57,8 +57,12 @@ def drift(text: str) -> list[str]:
     if forwarded != process.FORWARDED_SIGNALS:
         out.append(f"FORWARDED_SIGNALS {forwarded} != {process.FORWARDED_SIGNALS}")
     names = c_array(text, "step_names")
-    if names != [s for s in spec.ORDER if s != spec.NOTIFY]:
-        out.append(f"step_names {names} != spec.ORDER without notify")
+    if names != list(spec.ORDER):
+        out.append(f"step_names {names} != spec.ORDER")
+    for name in ("SECCOMP_FILTER_FLAG_NEW_LISTENER", "SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV"):
+        shift = re.fullmatch(r"\(1U << (\d+)\)", define(text, name + "_"))
+        if shift is None or 1 << int(shift[1]) != getattr(kernel, name):
+            out.append(f"{name}_ != kernel.{name}")
     required = [name[2:].lower() for name in c_array(text, "required_steps")]
     if required != list(spec.REQUIRED):
         out.append(f"required_steps {required} != spec.REQUIRED {spec.REQUIRED}")
@@ -76,7 +80,7 @@ def drift(text: str) -> list[str]:
     # The stage a failed step reports (engine.STAGES; the other steps report "setup").
     stages = {step.lower(): stage for step, stage in
               re.findall(r'case S_(\w+):[^\n]*\n\s*stage = "(\w+)";', text)}
-    if stages != {step: stage for step, stage in engine.STAGES.items() if step != spec.NOTIFY}:
+    if stages != dict(engine.STAGES):
         out.append(f"the child's stages {stages} != engine.STAGES")
     return out
 

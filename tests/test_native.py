@@ -379,7 +379,8 @@ TRUE = ["--", "/bin/true", "true"]
     # The step list: an old or future version, an unknown step, a missing or misplaced one.
     (counts(TRUE, version=1), 4, "another wire version"),
     (counts(TRUE, version=spec.VERSION + 1), 4, "another wire version"),
-    (counts(TRUE, steps=[*STEPS[:-1], "notify", "exec"]), 4, "does not implement the confinement step"),
+    (counts(TRUE, steps=[*STEPS[:-1], "trace", "exec"]), 4, "does not implement the confinement step"),
+    (counts(TRUE, steps=[*STEPS[:-1], "notify", "exec"]), 4, "file descriptors"),
     (counts(TRUE, steps=[s for s in STEPS if s != "seccomp"]), 4, "without caps, cloexec, nnp, seccomp"),
     (counts(TRUE, steps=[s for s in STEPS if s != "exec"]), 4, "without caps, cloexec, nnp, seccomp"),
     (counts(TRUE, steps=["exec", *STEPS[:-1]]), 4, "out of order"),

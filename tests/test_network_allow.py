@@ -18,7 +18,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import pytest
 from conftest import PYTHON, require_abi, require_tool, run_confined, write_policy
@@ -825,8 +825,17 @@ def test_api_run_is_mediated_like_the_cli(tmp_path: Path, http_server: Server, n
     Result.network_events, direct connections EACCES (whichever path commands take)."""
     needs_kernel()
     import sandlock
+    from sandlock.api import sandbox as api_sandbox
 
     monkeypatch.setenv("SANDLOCK_NATIVE", native)
+    native_calls: list[object] = []
+
+    class Counted(api_sandbox._NativeCall):
+        def __init__(self, *args: Any) -> None:
+            native_calls.append(self)
+            super().__init__(*args)
+
+    monkeypatch.setattr(api_sandbox, "_NativeCall", Counted)
     port = http_server.port
     before = http_server.accepted
     policy = net_policy(tmp_path, [f"api.internal.test:{port}"], deny=["bad.example.test"])
@@ -845,6 +854,9 @@ def test_api_run_is_mediated_like_the_cli(tmp_path: Path, http_server: Server, n
         assert any("refused direct connection to 127.0.0.1" in line
                    for line in direct.network_events)
     assert http_server.accepted == before + 3  # the three allowed fetches, nothing else
+    # SANDLOCK_NATIVE=1: the native supervisor installs the gate (its notify step) and
+    # sends the listener to the mediator; 0: the fork server's does
+    assert len(native_calls) == (4 if native == "1" else 0)
 
 
 def test_api_call_is_mediated(tmp_path: Path, http_server: Server) -> None:

@@ -207,11 +207,12 @@ class _NativeCall(_Call):
     end its calls, so :func:`shutdown` sends each a ``K``."""
 
     def __init__(self, compiled: compiler.Compiled, cmd: launcher.Command,
-                 stdio: Sequence[int], timeout: Optional[float], report_start: bool) -> None:
+                 stdio: Sequence[int], timeout: Optional[float], report_start: bool,
+                 notify: Optional[tuple[int, bytes]] = None) -> None:
         self.cmd = cmd
         try:
             sock = nativeexec.spawn(compiled, cmd, stdio, timeout, report_start,
-                                    None if timeout is None else timeout + _GRACE)
+                                    None if timeout is None else timeout + _GRACE, notify)
         except OSError as exc:  # EAGAIN (RLIMIT_NPROC), ENOMEM: as the fork server reports it
             sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             peer.close()
@@ -530,11 +531,24 @@ class Sandbox:
                 # run by the fork server's supervisor, or under [network] allow by the
                 # mediator's listener (RemoteMediation, below)
                 fields["signals"] = True
-            if kind == "exec" and self._native and nativeexec.enabled() and mediation is None \
-                    and "trace" not in fields and not compiled.signal_gate:
-                # a traced call's recorder is Python's; so is the signal gate
-                native = _NativeCall(compiled, cmd, stdio, limit, bool(fields.get("report_start")))
+            if kind == "exec" and self._native and nativeexec.enabled() \
+                    and "trace" not in fields and not compiled.signal_gate \
+                    and (mediation is None or spec.NOTIFY in nativeexec.implements()):
+                # a traced call's recorder is Python's; so is the signal gate. A host
+                # allowlist's gate is the mediator's: the child sends it its listener.
+                notify = None if mediation is None else (mediation.gate.child_end,
+                                                         mediation.gate.notify_bpf)
+                try:
+                    native = _NativeCall(compiled, cmd, stdio, limit,
+                                         bool(fields.get("report_start")), notify)
+                except BaseException:
+                    if mediation is not None:
+                        mediation.stop()
+                    raise
                 native.deadline = None if limit is None else _now() + limit + _GRACE
+                if mediation is not None:
+                    native.mediation = mediation
+                    mediation.start()
                 return native
             # The layout the supervisor expects (sandlock.exec.server._serve_one): the call's
             # socket, stdio, the ruleset fd, the mediation socket, then extra_fds.

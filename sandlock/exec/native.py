@@ -174,8 +174,13 @@ atexit.register(shutdown)
 
 
 def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optional[float],
-          report_start: bool, wait: Optional[float] = None) -> socket.socket:
+          report_start: bool, wait: Optional[float] = None,
+          notify: Optional[tuple[int, bytes]] = None) -> socket.socket:
     """Start one call; return the caller's end of its socket (closing it kills the call).
+
+    ``notify``: (socket, BPF) of a supervisor's notifying filter (the host allowlist's
+    connect gate): the child installs it after the policy's filter and sends its
+    listener on that socket (the ``notify`` step).
 
     Returns once a supervisor has taken the request (it says ``T`` just before it forks
     the command): a request lost before that (its idle supervisor was killed) never ran
@@ -189,7 +194,7 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     group = limit is not None
     if cmd.cwd is None:  # the helper runs in /: the caller's directory, named now
         cmd = type(cmd)(cmd.executable, cmd.argv, cmd.env, os.getcwd())
-    steps = spec.child_steps(compiled, cmd, in_group=group)
+    steps = spec.child_steps(compiled, cmd, in_group=group, notify=notify is not None)
     try:
         spec.check(steps, get().implements, HELPER)
     except ValueError as exc:  # a step this build does not take: never run without it
@@ -199,6 +204,10 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     fds = [*stdio]
     if compiled.ruleset_fd >= 0:
         fds.append(compiled.ruleset_fd)
+    filters = [compiled.bpf]
+    if notify is not None:
+        fds.append(notify[0])
+        filters.append(notify[1])
     args = ["-s"] if report_start else []
     if timeout is not None:
         args += ["-t", repr(float(timeout))]
@@ -208,7 +217,7 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     args += ["--", cmd.executable, *cmd.argv]  # the path to exec, then argv (argv[0] too)
     data = wire.native_request(steps, args, cmd.env)
     for _ in range(SUBMIT_TRIES):
-        ours = _submit_once(compiled.bpf, data, fds, wait)
+        ours = _submit_once(filters, data, fds, wait)
         if ours is not None:
             return ours
     raise OSError(errno.EPIPE, f"{SUBMIT_TRIES} requests to the sandlock-exec server were lost "
@@ -220,15 +229,16 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
 SUBMIT_TRIES = 5
 
 
-def _submit_once(bpf: bytes, data: bytes, fds: Sequence[int],
+def _submit_once(filters: Sequence[bytes], data: bytes, fds: Sequence[int],
                  wait: Optional[float]) -> Optional[socket.socket]:
     """Submit one request and wait until a supervisor has taken it (its ``T``, or a
     refusal); None if the call's socket ended first: the request was lost (the idle
     supervisor that received it, or the whole server, was killed) and nothing ran."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        # The filter travels as the socket's first message: no per-Sandbox state to keep.
-        ours.send(bpf)
+        # The filters travel as the socket's first messages: no per-Sandbox state to keep.
+        for bpf in filters:
+            ours.send(bpf)
         try:
             get().submit(data, [theirs.fileno(), *fds])
         except _Gone:

@@ -68,7 +68,7 @@ CLOEXEC = "cloexec"    #: close-on-exec for every descriptor >= 3
 NNP = "nnp"            #: PR_SET_NO_NEW_PRIVS
 LANDLOCK = "landlock"  #: landlock_restrict_self(the run's ruleset)
 SECCOMP = "seccomp"    #: the policy's seccomp filter
-NOTIFY = "notify"      #: the supervisors' notifying filters (host allowlist, trace): Python only
+NOTIFY = "notify"      #: a supervisor's notifying filter (host allowlist, trace), its listener sent
 EXEC = "exec"          #: execve(executable, argv, environment)
 
 #: Every step, in the only order :func:`child_steps` emits them.

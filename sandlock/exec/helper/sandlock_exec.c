@@ -23,7 +23,7 @@
  *
  * Request: one message of at most REQUEST_MAX bytes on fd 3 (sandlock/exec/wire.py).
  *   fds   (SCM_RIGHTS) call socket, stdin, stdout, stderr, [ruleset, with a landlock
- *         step], [memfd]
+ *         step], [notify socket, with a notify step], [memfd]
  *   data  u32 version, u32 nsteps, u32 nargs, u32 nenv (native byte order), then nsteps,
  *         nargs and nenv NUL-terminated strings and nothing after: the child's steps
  *         (sandlock/exec/spec.py: "name" or "name=arg[:arg]"; numbers are ASCII decimal
@@ -44,8 +44,11 @@
  * "F 125 SetupError\nmessage" on its call socket (the server does so itself when it
  * cannot fork an idle supervisor); one without fds, having no call socket, is dropped.
  *
- * Supervisor, per call: fd 0-2 the command's stdio, 3 the call socket, 4 the ruleset.
- * First message in is the seccomp BPF. Messages out (sandlock/exec/wire.py
+ * Supervisor, per call: fd 0-2 the command's stdio, 3 the call socket, 4 the ruleset,
+ * 5 the notify socket. First message in is the seccomp BPF; with a notify step, the
+ * second is the notifying filter (the host allowlist's connect gate, sandlock/net/connect.py),
+ * whose listener the child sends on the notify socket ("L" and the descriptor, as
+ * sandlock/linux/kernel.py install_listener) to the caller's mediator, and keeps no copy of. Messages out (sandlock/exec/wire.py
  * format): "T" (taken: sent just before the command is forked; a call whose socket
  * ends without it never started, and the caller submits it again), "S pid", "E returncode signal timed_out pid", "F 125 SetupError\nmessage"
  * (the supervisor failed), "X stage\0errno\0msg" (the child failed before exec;
@@ -112,6 +115,9 @@ struct cap_data { unsigned int effective, permitted, inheritable; };
 
 #define SOCK 3 /* the server's control socket; in a supervisor, its call socket */
 #define RULESET 4
+#define NOTIFY_SOCK 5 /* where the notify step sends its listener */
+#define SECCOMP_FILTER_FLAG_NEW_LISTENER_ (1U << 3)      /* linux/seccomp.h */
+#define SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV_ (1U << 5) /* Linux 5.19: no EINTR once received */
 /* Copies of Python facts: tests/test_c_facts.py compares each with the table it copies. */
 #define LAUNCHER_FAILED 125 /* sandlock.errors.ExitCode.LAUNCHER */
 #define TIMED_OUT 124       /* sandlock.errors.ExitCode.TIMEOUT */
@@ -121,20 +127,20 @@ struct cap_data { unsigned int effective, permitted, inheritable; };
 #define MAX_STEPS 64
 #define WIRE_VERSION 3 /* sandlock/exec/spec.py VERSION */
 #define REQUEST_MAX (64 * 1024) /* nativeexec.INLINE_LIMIT stays below: more goes in a memfd */
-#define MAX_FDS 6               /* call socket, stdin, stdout, stderr, ruleset, memfd */
+#define MAX_FDS 7               /* call socket, stdin, stdout, stderr, ruleset, notify, memfd */
 
 /* The confinement steps this program implements (sandlock/exec/spec.py), in order. */
 enum step_kind { S_CGROUP, S_SESSION, S_PARENT, S_SIGNALS, S_STDIO, S_CHDIR, S_RLIMIT, S_CAPS,
-                 S_CLOEXEC, S_NNP, S_LANDLOCK, S_SECCOMP, S_EXEC, N_STEP_KINDS };
+                 S_CLOEXEC, S_NNP, S_LANDLOCK, S_SECCOMP, S_NOTIFY, S_EXEC, N_STEP_KINDS };
 static const char *const step_names[N_STEP_KINDS] = {
     "cgroup", "session", "parent", "signals", "stdio", "chdir", "rlimit", "caps",
-    "cloexec", "nnp", "landlock", "seccomp", "exec"};
+    "cloexec", "nnp", "landlock", "seccomp", "notify", "exec"};
 /* The steps no list may lack (sandlock/exec/spec.py REQUIRED). */
 static const enum step_kind required_steps[] = {S_CAPS, S_CLOEXEC, S_NNP, S_SECCOMP};
 /* Parsed steps and options (static: nothing the vfork child may touch lives in a frame
  * it returns to). */
 static struct step { enum step_kind kind; const char *path; int resource; rlim_t value; } steps[MAX_STEPS];
-static int n_steps, report_start, has_ruleset;
+static int n_steps, report_start, has_ruleset, has_notify;
 static double timeout = -1;
 /* -p/-g/-G: the call's pids cgroup (see group_make) */
 static unsigned long long pids_limit; /* 0: none */
@@ -179,6 +185,25 @@ static int write_all(int fd, const char *data, size_t len) {
         data += n, len -= (size_t)n;
     }
     return 0;
+}
+
+/* "L" and descriptor `fd` (SCM_RIGHTS) on unix socket `sock`, as Python's
+ * socket.send_fds(sock, [b"L"], [fd]); -1 on a failure. Stack only (the vfork child). */
+static int send_fd(int sock, int fd) {
+    char data = 'L';
+    struct iovec io = {&data, 1};
+    union { char space[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr msg = {0};
+    msg.msg_iov = &io, msg.msg_iovlen = 1;
+    msg.msg_control = control.space, msg.msg_controllen = sizeof control.space;
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET, cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
+    ssize_t n;
+    while ((n = sendmsg(sock, &msg, MSG_NOSIGNAL)) < 0 && errno == EINTR) {}
+    return n == 1 ? 0 : -1;
 }
 
 /* Up to `size` bytes, through short reads and EINTR, until EOF; -1 on a failure. */
@@ -259,7 +284,8 @@ static int drop_capabilities(void) {
 
 /* Runs after fork; never returns. Takes the steps in order; any failure goes to errw as
  * "stage\0errno\0message" (the stages of sandlock/exec/engine.py STAGES). */
-static void child(pid_t parent, int errw, struct sock_fprog *prog, char **argv) {
+static void child(pid_t parent, int errw, struct sock_fprog *prog, struct sock_fprog *notify,
+                  char **argv) {
     const char *stage = "setup";
     for (int i = 0; i < n_steps; i++) {
         const struct step *step = &steps[i];
@@ -314,6 +340,21 @@ static void child(pid_t parent, int errw, struct sock_fprog *prog, char **argv) 
             stage = "seccomp";
             if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0U, prog) < 0) goto failed;
             break;
+        case S_NOTIFY: { /* after the policy's filter, as engine.py's network stage */
+            stage = "network";
+            unsigned flags = SECCOMP_FILTER_FLAG_NEW_LISTENER_ | SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV_;
+            long listener = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, notify);
+            if (listener < 0 && errno == EINVAL) /* a kernel without WAIT_KILLABLE_RECV */
+                listener = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER,
+                                   SECCOMP_FILTER_FLAG_NEW_LISTENER_, notify);
+            if (listener < 0) goto failed;
+            int sent = send_fd(NOTIFY_SOCK, (int)listener);
+            int err = errno;
+            close((int)listener); /* the tool must never hold its own listener */
+            errno = err;
+            if (sent < 0) goto failed;
+            break;
+        }
         case S_EXEC:
             stage = "exec";
             execv(argv[0], argv + 1); /* EXE, then ARGV0 ARGS...; environ is the command's */
@@ -379,6 +420,7 @@ static void parse_steps(char **text, uint32_t count) {
         if (!seen[required_steps[i]]) fail("a confinement without caps, cloexec, nnp, seccomp or exec");
     if (last != S_EXEC) fail("a confinement without caps, cloexec, nnp, seccomp or exec");
     has_ruleset = seen[S_LANDLOCK];
+    has_notify = seen[S_NOTIFY];
     if (seen[S_CGROUP] != (pids_limit > 0)) fail("the cgroup step and -p go together");
 }
 
@@ -580,6 +622,17 @@ static void supervise(char **command) {
     if (size <= 0 || size % (ssize_t)sizeof filter[0]) { errno = EPROTO; fail("reading the BPF"); }
     static struct sock_fprog prog;
     prog = (struct sock_fprog){(unsigned short)(size / (ssize_t)sizeof filter[0]), filter};
+    static struct sock_filter notify_filter[BPF_MAXINSNS];
+    static struct sock_fprog notify_prog;
+    if (has_notify) {
+        size = recv(SOCK, notify_filter, sizeof notify_filter, 0);
+        if (size <= 0 || size % (ssize_t)sizeof notify_filter[0]) {
+            errno = EPROTO;
+            fail("reading the notifying BPF");
+        }
+        notify_prog = (struct sock_fprog){(unsigned short)(size / (ssize_t)sizeof notify_filter[0]),
+                                          notify_filter};
+    }
 
     /* Signals arrive on a signalfd: SIGCHLD, and those forwarded to the command (as
      * launcher.FORWARDED_SIGNALS). Blocked before fork; the child unblocks them. */
@@ -606,7 +659,7 @@ static void supervise(char **command) {
         errno = err;
         fail("cannot fork the confined process");
     }
-    if (pid == 0) child(parent, errpipe[1], &prog, command);
+    if (pid == 0) child(parent, errpipe[1], &prog, &notify_prog, command);
     close(errpipe[1]);
     if (group_procs >= 0) close(group_procs), group_procs = -1; /* the child is in (or failed) */
     char report[600];
@@ -626,8 +679,9 @@ static void supervise(char **command) {
         return;
     }
     /* The command has its stdio: holding copies would delay the caller's EOF. */
-    for (int fd = 0; fd <= RULESET; fd++)
-        if (fd != SOCK) close(fd);
+    for (int fd = 0; fd < 3; fd++) close(fd);
+    if (has_ruleset) close(RULESET);
+    if (has_notify) close(NOTIFY_SOCK); /* (the signalfd and pipes took the lowest free ones) */
     char text[128];
     if (report_start) say(text, clamp(snprintf(text, sizeof text, "S %d", pid), sizeof text));
 
@@ -693,7 +747,7 @@ static char **split(char **at, char *end, uint32_t count, int first) {
 
 /* In the idle supervisor that received a request; never returns. Lays out its fds as the
  * header says, parses the request, then supervises the call. The received fds are
- * all above RULESET (fds 0-6 are the server's), so no dup2 below overwrites one. */
+ * all above NOTIFY_SOCK (fds 0-6 are the server's), so no dup2 below overwrites one. */
 static void serve_call(const int *fds, int nfds, size_t len, int flags) {
     /* The call socket replaces the control socket: from here on fail() answers this
      * call, and this process no longer holds the server's socket. */
@@ -726,12 +780,14 @@ static void serve_call(const int *fds, int nfds, size_t len, int flags) {
     args[0] = "sandlock-exec";
     options((int)head[2] + 1, args);
     parse_steps(step_text, head[1]);
-    if (nfds != 4 + has_ruleset) { errno = EBADF; fail("malformed request: file descriptors"); }
+    if (nfds != 4 + has_ruleset + has_notify) { errno = EBADF; fail("malformed request: file descriptors"); }
     for (int fd = 0; fd < 3; fd++)
         if (dup2(fds[1 + fd], fd) < 0) fail("setup");
     if (has_ruleset && dup2(fds[4], RULESET) < 0) fail("setup");
+    if (has_notify && dup2(fds[4 + has_ruleset], NOTIFY_SOCK) < 0) fail("setup");
     /* The originals, the memfd, the server's signalfd and notes: not ours to keep. */
-    syscall(__NR_close_range, has_ruleset ? RULESET + 1U : RULESET + 0U, ~0U, 0U);
+    syscall(__NR_close_range, has_notify ? NOTIFY_SOCK + 1U : has_ruleset ? RULESET + 1U : RULESET + 0U,
+            ~0U, 0U);
     environ = env;
     supervise(args + optind);
     _exit(0);
