@@ -326,6 +326,11 @@ GUARDS: tuple[Guard, ...] = (
           "            if (flags) break;\n"
           "            long listener = syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, flags, notify);",
           ("tests/test_network_allow.py::test_api_run_is_mediated_like_the_cli[1]",)),
+    Guard("native: the supervisor closes only the descriptors it was given",
+          "sandlock/exec/helper/sandlock_exec.c",
+          "    for (int fd = 0; fd < 3; fd++) close(fd);\n    if (has_ruleset) close(RULESET);",
+          "    for (int fd = 0; fd <= RULESET; fd++) if (fd != SOCK) close(fd);",
+          ("tests/test_native.py::test_the_supervisor_times_out_a_run_without_its_own_ruleset_or_gate[0]",)),
     Guard("native: a request is taken only when a supervisor says so", "sandlock/exec/native.py",
           "    return first != b\"\"",
           "    return True",

@@ -190,6 +190,22 @@ def test_timeout_kills_a_setsid_grandchild(path: str, box: sandlock.Sandbox,
     assert not alive(int(pidfile.read_text())), "the setsid'd grandchild survived"
 
 
+@pytest.mark.parametrize("abi", ["0", "1"])
+def test_the_supervisor_times_out_a_run_without_its_own_ruleset_or_gate(
+        native: None, workspace: Path, monkeypatch: pytest.MonkeyPatch, abi: str) -> None:
+    """The supervisor closes the descriptors it was given once the command runs, and
+    only those: with no ruleset (SANDLOCK_ABI=0, best effort) its signalfd took the
+    ruleset's number and was closed with them, so it spun on a dead descriptor and its
+    timeout never fired (the caller's grace period ended the call, unreported: signal
+    None). Control: with a ruleset (ABI 1) the same run reports the supervisor's kill."""
+    monkeypatch.setenv("SANDLOCK_ABI", abi)
+    policy = {"extends": ["base"], "filesystem": {"exec": ["/usr/bin/sleep"]}}
+    with sandlock.Sandbox(policy, best_effort=True) as sandbox:
+        assert (sandbox._compiled.ruleset_fd >= 0) == (abi != "0")
+        result = sandbox.run(["/usr/bin/sleep", "30"], timeout=0.3)
+    assert (result.returncode, result.outcome, result.signal) == (124, Outcome.TIMED_OUT, 9)
+
+
 def test_signals_and_kill_reach_the_tree(path: str, box: sandlock.Sandbox) -> None:
     proc = box.popen(["/bin/sh", "-c", "trap 'exit 7' USR1; while :; do sleep 0.05; done"])
     time.sleep(0.2)  # let the shell install its trap (not a timing assertion)
