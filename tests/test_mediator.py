@@ -193,3 +193,28 @@ def test_the_mediator_ends_with_its_sandbox_and_never_restarts(tmp_path: Path) -
     with pytest.raises(OSError, match="closed"):  # a call that passed the Sandbox's check
         box._mediator.open_call(False)
     assert box._mediator._proc is None
+
+
+def test_the_next_calls_gate_asked_ahead_survives_a_dead_mediator(tmp_path: Path) -> None:
+    """Each call asks the mediator for the next call's proxy and gate while it runs (they
+    are ready when that call comes). A mediator killed between calls takes the prepared
+    one with it: the next call gets a new mediator, still gated (a direct connection is
+    refused), and the one prepared ahead is a different gate from the call's own."""
+    box = sandlock.Sandbox({"extends": ["python"], "network": {"allow": ["example.test:443"]}})
+    direct = ("import errno, socket\ns = socket.socket()\ntry:\n"
+              "    s.connect(('127.0.0.1', 9))\nexcept OSError as e:\n"
+              "    print(errno.errorcode[e.errno])\n")
+    with box:
+        first = box.run([PYTHON, "-c", direct], capture_output=True, text=True)
+        assert first.stdout.strip() == "EACCES", first
+        ahead = box._next_mediation
+        assert ahead is not None and ahead[0] == os.getpid()
+        killed = box._mediator._proc
+        killed.kill()
+        killed.wait()
+        again = box.run([PYTHON, "-c", direct], capture_output=True, text=True)
+        assert again.stdout.strip() == "EACCES", again
+        assert any("refused direct connection to 127.0.0.1" in line
+                   for line in again.network_events), again
+        assert box._mediator._proc.pid != killed.pid
+        assert box._next_mediation is not None and box._next_mediation[1] is not ahead[1]

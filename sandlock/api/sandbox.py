@@ -413,6 +413,10 @@ class Sandbox:
                 self._compiled.close()
         if getattr(self, "_routes", None) is not None:
             self._routes.stop()
+        with self._lock:
+            ahead, self._next_mediation = self._next_mediation, None
+        if ahead is not None and ahead[0] == os.getpid():
+            ahead[1].stop()  # never used: ends in the mediator
         if getattr(self, "_mediator", None) is not None:
             self._mediator.close()  # calls under way keep their proxy and gate
         if getattr(self, "_review", None) is not None and not self._review.finished:
@@ -508,10 +512,37 @@ class Sandbox:
                 raise SandlockError("this Sandbox is closed")
             if self._mediator is None:
                 self._mediator = MediatorProcess(self.policy)
+            ahead, self._next_mediation = self._next_mediation, None
+        if ahead is not None and ahead[0] != os.getpid():  # a forked copy: its parent's
+            ahead = None
         # the signal gate (Landlock ABI < 6) rides on its listener (trace=True, whose
         # recorder would carry it, is refused under [network] allow: _trace_rules)
-        return RemoteMediation(self.policy, self._compiled.signal_gate,  # type: ignore[return-value]
-                               self._mediator)
+        mediation = None
+        if ahead is not None:
+            try:
+                mediation = ahead[1].ready()
+            except SetupError:  # the mediator died since: a new one below
+                pass
+            if mediation is not None and not mediation.alive():  # it died after answering
+                mediation.stop()
+                mediation = None
+        if mediation is None:
+            mediation = RemoteMediation(self.policy, self._compiled.signal_gate, self._mediator)
+        # The next call's proxy and gate are made in the mediator while this call runs.
+        try:
+            following = RemoteMediation(self.policy, self._compiled.signal_gate,
+                                        self._mediator, ahead=True)
+        except SetupError:
+            following = None
+        with self._lock:
+            if following is not None and (self._closed or self._next_mediation is not None):
+                following.stop()  # closed meanwhile, or another thread's call got there first
+            elif following is not None:
+                self._next_mediation = (os.getpid(), following)
+        return mediation  # type: ignore[return-value]
+
+    #: (pid of the process that asked, RemoteMediation asked ahead for the next call)
+    _next_mediation: Optional[tuple[int, Any]] = None
 
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),

@@ -160,22 +160,38 @@ class RemoteMediation:
     ``gate.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
 
     def __init__(self, policy: Policy, signals: bool = False,
-                 process: Optional[MediatorProcess] = None) -> None:
+                 process: Optional[MediatorProcess] = None, ahead: bool = False) -> None:
         """``signals``: the connect gate's listener also carries the signal gate
         (Landlock ABI < 6; :mod:`sandlock.linux.signalgate`): the tool gets one listener.
         ``process``: the Sandbox's warm mediator; without one, a process for this call
-        alone (ended with it)."""
+        alone (ended with it). ``ahead``: only ask for the call's proxy and gate (the
+        mediator makes them while the caller goes on); :meth:`ready` takes the answer."""
         from ..errors import SetupError
 
         self.events: list[str] = []
         self._stopped = False
         self._own = process is None
         self._process = MediatorProcess(policy) if process is None else process
+        self._answered = False
+        self.proxy = _Environment({})
+        self.gate = _Listener(-1, b"")
         try:
             self._sock = self._process.open_call(signals is True)
         except OSError as exc:
             raise SetupError(f"the network mediator for [network] allow did not start ({exc})"
                              ) from None
+        if not ahead:
+            self.ready()
+
+    def ready(self) -> "RemoteMediation":
+        """This call's proxy and gate, as the mediator answered (waiting for the answer
+        once); SetupError if it did not."""
+        from ..errors import SetupError
+
+        if self._answered:
+            return self
+        if self._stopped:
+            raise SetupError("this call's network mediation was stopped before it was used")
         try:
             self._sock.settimeout(START_TIMEOUT)
             data, fds, _, _ = socket.recv_fds(self._sock, 1 << 16, 1)
@@ -186,6 +202,7 @@ class RemoteMediation:
                 raise OSError("no answer")
             env, bpf = _answer(data)
         except (OSError, ValueError, EOFError, TypeError) as exc:
+            self._stopped = True
             self._sock.close()
             if self._own:
                 self._process.close()
@@ -193,6 +210,17 @@ class RemoteMediation:
                              ) from None
         self.proxy = _Environment(env)
         self.gate = _Listener(fds[0], bpf)
+        self._answered = True
+        return self
+
+    def alive(self) -> bool:
+        """Whether the mediator still holds this call's proxy and gate: its end of the
+        call's socket is open (a mediator that died after answering leaves EOF there)."""
+        import select
+
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN | select.POLLHUP)
+        return not self._stopped and not poller.poll(0)
 
     def command(self, cmd: Command) -> Command:
         """``cmd`` with the proxy variables set (they override the caller's)."""
@@ -216,6 +244,11 @@ class RemoteMediation:
             return
         self._stopped = True
         self._close_child_end()
+        if not self._answered:  # asked ahead, never used: the mediator sees EOF and ends it
+            self._sock.close()
+            if self._own:
+                self._process.close()
+            return
         try:
             self._sock.send(_STOP)
             self._sock.settimeout(START_TIMEOUT)
