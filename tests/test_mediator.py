@@ -218,3 +218,70 @@ def test_the_next_calls_gate_asked_ahead_survives_a_dead_mediator(tmp_path: Path
                    for line in again.network_events), again
         assert box._mediator._proc.pid != killed.pid
         assert box._next_mediation is not None and box._next_mediation[1] is not ahead[1]
+
+
+GRANDCHILD = ("import subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "print(child.pid, flush=True)\n"
+              "time.sleep(60)\n")
+
+
+def _ancestors(pid: int) -> list[int]:
+    """Pids above ``pid``, read from /proc/PID/status, up to init."""
+    out = []
+    while pid > 1:
+        with open(f"/proc/{pid}/status") as handle:
+            pid = next(int(line.split()[1]) for line in handle if line.startswith("PPid:"))
+        out.append(pid)
+    return out
+
+
+@pytest.mark.parametrize("abi, native", [("7", "1"), ("5", "1"), ("7", "0")],
+                         ids=["native", "native, signal gate", "fork server"])
+def test_the_mediator_is_an_ancestor_of_every_tool_process(
+        monkeypatch: pytest.MonkeyPatch, abi: str, native: str) -> None:
+    """The connect gate (and, below Landlock ABI 6, the signal gate it carries) reads
+    the tool's memory through /proc/TID/mem: under Yama's ptrace_scope = 1 (Ubuntu's
+    default) only an ancestor may. The mediator starts the sandlock-exec server that
+    runs its Sandbox's mediated commands, so it is an ancestor of the tool and of the
+    tool's children. Control: through the fork server (SANDLOCK_NATIVE=0) it is not,
+    which is why that path is refused where Yama restricts ptrace (see
+    test_a_gate_that_cannot_read_the_tool_says_why)."""
+    monkeypatch.setenv("SANDLOCK_ABI", abi)
+    monkeypatch.setenv("SANDLOCK_NATIVE", native)
+    from sandlock.linux import notify
+
+    if native == "0" and notify.memory_unreadable(ancestor=False):
+        pytest.skip("Yama restricts ptrace here: the fork server's mediated calls are refused")
+    box = sandlock.Sandbox({"extends": ["python"], "network": {"allow": ["example.test:443"]}})
+    with box, box.popen([PYTHON, "-c", GRANDCHILD], stdout=sandlock.PIPE) as process:
+        assert process.stdout is not None
+        grandchild = int(process.stdout.readline())
+        try:
+            mediator = box._mediator._proc.pid
+            assert (mediator in _ancestors(grandchild)) == (native == "1")
+            assert (mediator in _ancestors(process.pid)) == (native == "1")
+        finally:
+            process.kill()
+
+
+@pytest.mark.any_user
+def test_a_gate_that_cannot_read_the_tool_says_why(tmp_path: Path) -> None:
+    """Yama's ptrace_scope decides who may read a tool's memory: 0 anyone of the user, 1
+    an ancestor, 2 only with CAP_SYS_PTRACE, 3 no one; a gate that could not is refused
+    with the reason (never a gate that silently denies every connect)."""
+    from sandlock.linux import notify
+
+    with open("/proc/self/status") as handle:
+        caps = next(int(line.split()[1], 16) for line in handle if line.startswith("CapEff:"))
+    privileged = bool(caps >> notify.CAP_SYS_PTRACE & 1)
+    scope = tmp_path / "ptrace_scope"
+    assert notify.memory_unreadable(False, str(tmp_path / "absent")) is None  # no Yama
+    for value, ancestor, readable in (("0", False, True), ("1", True, True),
+                                      ("1", False, privileged), ("2", True, privileged),
+                                      ("3", True, False)):
+        scope.write_text(value + "\n")
+        why = notify.memory_unreadable(ancestor, str(scope))
+        assert (why is None) == readable, (value, ancestor, why)
+        if why is not None:
+            assert f"ptrace_scope is {value}" in why and "memory" in why

@@ -208,11 +208,12 @@ class _NativeCall(_Call):
 
     def __init__(self, compiled: compiler.Compiled, cmd: launcher.Command,
                  stdio: Sequence[int], timeout: Optional[float], report_start: bool,
-                 notify: Optional[tuple[int, bytes]] = None) -> None:
+                 notify: Optional[tuple[int, bytes]] = None, server: Any = None) -> None:
         self.cmd = cmd
         try:
             sock = nativeexec.spawn(compiled, cmd, stdio, timeout, report_start,
-                                    None if timeout is None else timeout + _GRACE, notify)
+                                    None if timeout is None else timeout + _GRACE, notify,
+                                    server)
         except OSError as exc:  # EAGAIN (RLIMIT_NPROC), ENOMEM: as the fork server reports it
             sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             peer.close()
@@ -510,8 +511,8 @@ class Sandbox:
         with self._lock:
             if self._closed:  # never start a mediator for a Sandbox that is closed
                 raise SandlockError("this Sandbox is closed")
-            if self._mediator is None:
-                self._mediator = MediatorProcess(self.policy)
+            if self._mediator is None:  # its own sandlock-exec server: see MediatorProcess
+                self._mediator = MediatorProcess(self.policy, self._native and nativeexec.enabled())
             ahead, self._next_mediation = self._next_mediation, None
         if ahead is not None and ahead[0] != os.getpid():  # a forked copy: its parent's
             ahead = None
@@ -562,16 +563,20 @@ class Sandbox:
                 # run by the fork server's supervisor, or under [network] allow by the
                 # mediator's listener (RemoteMediation, below)
                 fields["signals"] = True
+            # A traced call's recorder is Python's; so is the signal gate, unless a host
+            # allowlist's mediator carries it. Under [network] allow the command runs on
+            # the mediator's own server (an ancestor of the tool: Yama), the child sending
+            # the gate its listener (the notify step).
+            server = None if mediation is None else self._mediator.server
             if kind == "exec" and self._native and nativeexec.enabled() \
-                    and "trace" not in fields and not compiled.signal_gate \
-                    and (mediation is None or spec.NOTIFY in nativeexec.implements()):
-                # a traced call's recorder is Python's; so is the signal gate. A host
-                # allowlist's gate is the mediator's: the child sends it its listener.
+                    and "trace" not in fields and (
+                        (mediation is None and not compiled.signal_gate)
+                        or (server is not None and spec.NOTIFY in server.implements)):
                 notify = None if mediation is None else (mediation.gate.child_end,
                                                          mediation.gate.notify_bpf)
                 try:
                     native = _NativeCall(compiled, cmd, stdio, limit,
-                                         bool(fields.get("report_start")), notify)
+                                         bool(fields.get("report_start")), notify, server)
                 except BaseException:
                     if mediation is not None:
                         mediation.stop()
@@ -581,6 +586,16 @@ class Sandbox:
                     native.mediation = mediation
                     mediation.start()
                 return native
+            if mediation is not None:  # the mediator's gate, not an ancestor of this tool
+                from ..linux.notify import memory_unreadable
+
+                why = memory_unreadable(ancestor=False)
+                if why:
+                    mediation.stop()
+                    raise KernelSupportError(
+                        f"[network] allow through the fork server: the mediator {why}. The "
+                        "native helper runs such calls under the mediator (SANDLOCK_NATIVE=0 "
+                        "turns it off; an install without a C compiler lacks it)")
             # The layout the supervisor expects (sandlock.exec.server._serve_one): the call's
             # socket, stdio, the ruleset fd, the mediation socket, then extra_fds.
             fds = [*stdio] + ([compiled.ruleset_fd] if compiled.ruleset_fd >= 0 else [])

@@ -12,9 +12,12 @@ supervisor, a fork of that small static C program (not an exec), made ahead of t
 an idle supervisor waits for the next request and the server forks the next one while the
 call runs. The supervisor speaks the fork server's per-call wire format on that
 call's socket. Used for ``run``/``popen``/``run_async`` of commands when the helper
-exists, the policy has no ``[network] allow`` (that needs the Python connect
-supervisor) and ``SANDLOCK_NATIVE`` is not ``"0"``; ``call()`` always uses the fork
-server (the child runs Python, not ``execve``).
+exists and ``SANDLOCK_NATIVE`` is not ``"0"``, except ``trace=True`` (its recorder is
+the Python supervisor's); ``call()`` always uses the fork server (the child runs
+Python, not ``execve``). Under ``[network] allow`` the command runs on a server the
+Sandbox's mediator started (:class:`sandlock.net.mediator.MediatorProcess`), whose
+child takes the ``notify`` step: it installs the mediator's connect gate and sends it
+the listener, and the mediator, reading the tool's memory, is the tool's ancestor.
 
 A call never depends on the server once forked: if the server dies, calls in flight
 go on (their supervisors watch their own sockets) and the next call starts a new
@@ -60,37 +63,47 @@ def enabled() -> bool:
     return AVAILABLE and os.environ.get("SANDLOCK_NATIVE") != "0"
 
 
-class Server:
-    """The caller's handle on one ``sandlock-exec`` server (see :func:`get`)."""
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+def start_server() -> tuple[socket.socket, int]:
+    """A new ``sandlock-exec`` server, a child of this process: (the control socket, its
+    pid). Its first message (the hello) is left for :class:`Server` to read."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        # posix_spawn's file actions run in order: lift the socket above 3 first if
+        # it is one of the targets (a caller that closed its stdio).
+        peer = theirs.fileno()
+        if peer <= 3:  # close-on-exec: only the dup2 below reaches the server
+            peer = fcntl.fcntl(peer, fcntl.F_DUPFD_CLOEXEC, 4)
+        null = os.devnull
+        actions = [(os.POSIX_SPAWN_DUP2, peer, 3),
+                   *((os.POSIX_SPAWN_OPEN, fd, null, os.O_RDWR, 0) for fd in range(3))]
         try:
-            # posix_spawn's file actions run in order: lift the socket above 3 first if
-            # it is one of the targets (a caller that closed its stdio).
-            peer = theirs.fileno()
-            if peer <= 3:  # close-on-exec: only the dup2 below reaches the server
-                peer = fcntl.fcntl(peer, fcntl.F_DUPFD_CLOEXEC, 4)
-            null = os.devnull
-            actions = [(os.POSIX_SPAWN_DUP2, peer, 3),
-                       *((os.POSIX_SPAWN_OPEN, fd, null, os.O_RDWR, 0) for fd in range(3))]
-            try:
-                # stdio on /dev/null: the caller's pipes must not stay open in the server.
-                # Its own process group (the terminal's Ctrl-C is the caller's business),
-                # no blocked signal, default dispositions (Python ignores SIGPIPE).
-                self.pid = os.posix_spawn(HELPER, [HELPER], {}, file_actions=actions,
-                                          setpgroup=0, setsigmask=(),
-                                          setsigdef=DEFAULTED_SIGNALS)  # for every fork
-            finally:
-                if peer != theirs.fileno():
-                    os.close(peer)
-        except BaseException:
-            ours.close()
-            raise
+            # stdio on /dev/null: the caller's pipes must not stay open in the server.
+            # Its own process group (the terminal's Ctrl-C is the caller's business),
+            # no blocked signal, default dispositions (Python ignores SIGPIPE).
+            pid = os.posix_spawn(HELPER, [HELPER], {}, file_actions=actions,
+                                 setpgroup=0, setsigmask=(),
+                                 setsigdef=DEFAULTED_SIGNALS)  # for every fork
         finally:
-            theirs.close()
+            if peer != theirs.fileno():
+                os.close(peer)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return ours, pid
+
+
+class Server:
+    """The caller's handle on one ``sandlock-exec`` server: this process's own (see
+    :func:`get`), or ``adopted``, one another process started (:func:`start_server`)
+    and handed over, with its pid."""
+
+    def __init__(self, adopted: Optional[tuple[socket.socket, int]] = None) -> None:
+        ours, self.pid = start_server() if adopted is None else adopted
         self._sock = ours
-        self.owner = os.getpid()
+        #: The process that may reap it (an adopted server is its starter's child).
+        self.owner = os.getpid() if adopted is None else -1
         self.credentials = credentials()
         self.broken = False  #: set when a submit finds the server gone: get() restarts it
         try:
@@ -175,12 +188,14 @@ atexit.register(shutdown)
 
 def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optional[float],
           report_start: bool, wait: Optional[float] = None,
-          notify: Optional[tuple[int, bytes]] = None) -> socket.socket:
+          notify: Optional[tuple[int, bytes]] = None,
+          server: Optional[Server] = None) -> socket.socket:
     """Start one call; return the caller's end of its socket (closing it kills the call).
 
     ``notify``: (socket, BPF) of a supervisor's notifying filter (the host allowlist's
     connect gate): the child installs it after the policy's filter and sends its
-    listener on that socket (the ``notify`` step).
+    listener on that socket (the ``notify`` step). ``server``: an adopted server (a
+    mediator's, :class:`Server`) instead of this process's own.
 
     Returns once a supervisor has taken the request (it says ``T`` just before it forks
     the command): a request lost before that (its idle supervisor was killed) never ran
@@ -196,7 +211,7 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
         cmd = type(cmd)(cmd.executable, cmd.argv, cmd.env, os.getcwd())
     steps = spec.child_steps(compiled, cmd, in_group=group, notify=notify is not None)
     try:
-        spec.check(steps, get().implements, HELPER)
+        spec.check(steps, (server or get()).implements, HELPER)
     except ValueError as exc:  # a step this build does not take: never run without it
         from ..errors import SetupError
 
@@ -217,7 +232,7 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     args += ["--", cmd.executable, *cmd.argv]  # the path to exec, then argv (argv[0] too)
     data = wire.native_request(steps, args, cmd.env)
     for _ in range(SUBMIT_TRIES):
-        ours = _submit_once(filters, data, fds, wait)
+        ours = _submit_once(filters, data, fds, wait, server)
         if ours is not None:
             return ours
     raise OSError(errno.EPIPE, f"{SUBMIT_TRIES} requests to the sandlock-exec server were lost "
@@ -230,7 +245,7 @@ SUBMIT_TRIES = 5
 
 
 def _submit_once(filters: Sequence[bytes], data: bytes, fds: Sequence[int],
-                 wait: Optional[float]) -> Optional[socket.socket]:
+                 wait: Optional[float], server: Optional[Server] = None) -> Optional[socket.socket]:
     """Submit one request and wait until a supervisor has taken it (its ``T``, or a
     refusal); None if the call's socket ended first: the request was lost (the idle
     supervisor that received it, or the whole server, was killed) and nothing ran."""
@@ -240,8 +255,10 @@ def _submit_once(filters: Sequence[bytes], data: bytes, fds: Sequence[int],
         for bpf in filters:
             ours.send(bpf)
         try:
-            get().submit(data, [theirs.fileno(), *fds])
-        except _Gone:
+            (server or get()).submit(data, [theirs.fileno(), *fds])
+        except _Gone as gone:
+            if server is not None:  # adopted: its starter restarts it
+                raise OSError(errno.EPIPE, f"the sandlock-exec server is gone: {gone}") from None
             try:
                 get().submit(data, [theirs.fileno(), *fds])  # restarted once
             except _Gone as exc:

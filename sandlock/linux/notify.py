@@ -37,6 +37,40 @@ if TYPE_CHECKING:
                      args: tuple[int, ...]) -> None: ...
 
 
+#: Yama's ptrace restriction (Documentation/admin-guide/LSM/Yama.rst): 0 classic, 1 only
+#: an ancestor (Ubuntu's default), 2 only with CAP_SYS_PTRACE, 3 never. Opening
+#: /proc/TID/mem, as every gate does to read a notified call's arguments, is a ptrace
+#: attach under it.
+YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+CAP_SYS_PTRACE = 19
+
+
+def memory_unreadable(ancestor: bool, scope_file: str = YAMA_SCOPE) -> Optional[str]:
+    """None when a gate in this process can read its tool's memory, else why not.
+    ``ancestor``: the gate's process is an ancestor of every process of the tool."""
+    try:
+        with open(scope_file, "rb") as handle:
+            scope = int(handle.read().strip() or b"0")
+    except (OSError, ValueError):
+        return None  # no Yama: the classic rules (same user, not dumpable-protected)
+    if scope <= 0 or scope == 1 and ancestor:
+        return None
+    if scope >= 3:
+        return (f"cannot read the tool's memory: Yama's ptrace_scope is {scope} ({scope_file}: "
+                "no process may, whatever its privileges)")
+    try:
+        with open("/proc/self/status", "rb") as handle:
+            effective = next(int(line.split()[1], 16) for line in handle
+                             if line.startswith(b"CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        effective = 0
+    if effective >> CAP_SYS_PTRACE & 1:
+        return None
+    who = "an ancestor of the tool" if scope == 1 else "a process with CAP_SYS_PTRACE"
+    return (f"cannot read the tool's memory: Yama's ptrace_scope is {scope} ({scope_file}), "
+            f"which allows that only to {who}")
+
+
 def gate_unsupported() -> Optional[str]:
     """None when this kernel can run a gate that makes the tool's sockets
     (:mod:`sandlock.net.connect`: user notification, ADDFD with SEND), else why not,
@@ -48,7 +82,9 @@ def gate_unsupported() -> Optional[str]:
     if not kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF):
         return "needs seccomp user notification (Linux 5.9+)"
     missing = kernel.addfd_send_unsupported()
-    return f"needs Linux {kernel.ADDFD_SEND_KERNEL}+: {missing}" if missing else None
+    if missing:
+        return f"needs Linux {kernel.ADDFD_SEND_KERNEL}+: {missing}"
+    return memory_unreadable(ancestor=True)  # every gate is its tool's ancestor
 
 
 class Listener:

@@ -58,6 +58,9 @@ START_TIMEOUT = 30.0
 _STOP = b"stop"
 #: A new call (its socket rides along), and one whose gate also carries the signal gate.
 _CALL, _SIGNALS = b"call", b"call signals"
+#: The mediator's own sandlock-exec server, its control socket riding along (or alone:
+#: none could start).
+_SERVER, _NO_SERVER = b"server", b"no server"
 
 
 class _Environment:
@@ -78,29 +81,26 @@ class _Listener:
         self.notify_bpf = notify_bpf
 
 
-class MediatorProcess:
-    """The caller's handle on a Sandbox's mediator process: started once (a Python
-    start-up, ~50 ms) and kept warm for the Sandbox's calls. Each call gets a proxy and a
-    connect gate of its own in it (:meth:`open_call`), on a socket of its own: what one
-    call's gate holds (the sockets its tool made) is never another call's."""
+class WarmProcess:
+    """The caller's handle on a helper process of a Sandbox (:func:`start_process`):
+    started on first use (a Python start-up, ~50 ms) with ``config`` as its first
+    message, kept warm for the Sandbox's calls, each on a socket of its own
+    (:meth:`open`). Ended by :meth:`close`; restarted if it died, or in a forked copy
+    of its starter."""
 
-    def __init__(self, policy: Policy) -> None:
-        import pickle
+    def __init__(self, config: bytes, main: str, module: str = "sandlock.net.mediator") -> None:
         import threading
 
-        network = policy.network
-        self._config = pickle.dumps((tuple((r.low, r.high) for r in network.connect),
-                                     network.allow, network.deny, network.hosts))
+        self._config = config
+        self._main = (main, module)
         self._lock = threading.Lock()
         self._proc: Any = None
         self._sock: Optional[socket.socket] = None
         self._owner = -1
         self._closed = False
 
-    def open_call(self, signals: bool) -> socket.socket:
-        """A new call's socket: the mediator answers on it with the call's proxy
-        environment and gate (see :class:`RemoteMediation`). Starts the process on first
-        use, and again if it died or this is a forked copy of its starter."""
+    def open(self, message: bytes) -> socket.socket:
+        """A new call's socket, sent with ``message``: the process answers on it."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             with self._lock:
@@ -111,7 +111,7 @@ class MediatorProcess:
                         self._start()
                     assert self._sock is not None
                     try:
-                        self._sock.sendmsg([_SIGNALS if signals else _CALL],
+                        self._sock.sendmsg([message],
                                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                              theirs.fileno().to_bytes(4, sys.byteorder))],
                                            socket.MSG_NOSIGNAL)
@@ -129,7 +129,7 @@ class MediatorProcess:
 
     def _start(self) -> None:
         self._end()
-        self._proc, self._sock = start_process("serve")
+        self._proc, self._sock = start_process(*self._main)
         self._owner = os.getpid()
         self._sock.send(self._config)
 
@@ -140,11 +140,11 @@ class MediatorProcess:
         if self._owner != os.getpid():  # a forked copy: the process is its parent's
             sock.close()
             return
-        sock.close()  # EOF: the mediator ends once its calls have (their sockets close)
+        sock.close()  # EOF: the process ends once its calls have (their sockets close)
         if proc.poll() is None:
             import threading
 
-            threading.Thread(target=proc.wait, name="sandlock-mediator-reap", daemon=True).start()
+            threading.Thread(target=proc.wait, name="sandlock-helper-reap", daemon=True).start()
 
     def close(self) -> None:
         """Calls under way go on; the process exits when the last one has ended. No
@@ -154,44 +154,91 @@ class MediatorProcess:
             self._end()
 
 
-class RemoteMediation:
-    """The caller's handle on one call's proxy and connect gate in a mediator process;
-    used as api.py uses a :class:`sandlock.net.connect.Mediation` (``proxy.environment()``,
-    ``gate.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
+class MediatorProcess(WarmProcess):
+    """A Sandbox's mediator: each call gets a proxy and a connect gate of its own in it
+    (:meth:`open_call`), on a socket of its own: what one call's gate holds (the
+    sockets its tool made) is never another call's.
 
-    def __init__(self, policy: Policy, signals: bool = False,
-                 process: Optional[MediatorProcess] = None, ahead: bool = False) -> None:
-        """``signals``: the connect gate's listener also carries the signal gate
-        (Landlock ABI < 6; :mod:`sandlock.linux.signalgate`): the tool gets one listener.
-        ``process``: the Sandbox's warm mediator; without one, a process for this call
-        alone (ended with it). ``ahead``: only ask for the call's proxy and gate (the
-        mediator makes them while the caller goes on); :meth:`ready` takes the answer."""
+    ``native``: the mediator starts a ``sandlock-exec`` server of its own and hands it
+    over (:attr:`server`): the Sandbox's mediated commands run there, so the mediator is
+    an ancestor of every process of their tools. The gate reads a tool's memory
+    (``/proc/TID/mem``), which Yama's ``ptrace_scope`` = 1 (Ubuntu's default) allows
+    only to an ancestor."""
+
+    def __init__(self, policy: Policy, native: bool = False) -> None:
+        import pickle
+
+        network = policy.network
+        super().__init__(pickle.dumps((tuple((r.low, r.high) for r in network.connect),
+                                       network.allow, network.deny, network.hosts, native)),
+                         "serve")
+        self._native = native
+        #: The mediator's sandlock-exec server (``native``), else None.
+        self.server: Any = None
+
+    def _end(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.close()  # EOF: it exits; calls already forked go on
+        super()._end()
+
+    def _start(self) -> None:
+        super()._start()
+        self.server = None
+        if not self._native:
+            return
+        from ..exec import native as nativeexec
+
+        assert self._sock is not None
+        self._sock.settimeout(START_TIMEOUT)
+        try:
+            said, fds, _, _ = socket.recv_fds(self._sock, 64, 1)
+        finally:
+            self._sock.settimeout(None)
+        head, _, pid = said.partition(b" ")
+        if head != _SERVER or len(fds) != 1 or not pid.isdigit():
+            for fd in fds:
+                os.close(fd)
+            return  # it could not start one: its calls go through the fork server
+        self.server = nativeexec.Server(adopted=(socket.socket(fileno=fds[0]), int(pid)))
+
+    def open_call(self, signals: bool) -> socket.socket:
+        """A new call's socket (see :class:`RemoteMediation`); ``signals``: its gate's
+        listener also carries the signal gate."""
+        return self.open(_SIGNALS if signals else _CALL)
+
+
+class RemoteCall:
+    """The caller's handle on one call's part in a :class:`WarmProcess`: the process
+    answers the call's socket with JSON and one descriptor (taken by :meth:`ready`,
+    checked by :meth:`_take`), then waits for ``stop`` (or EOF) and answers it (read
+    by :meth:`stop`, checked by :meth:`_ended`). ``ahead``: only ask (the process
+    prepares the call while the caller goes on); :meth:`ready` takes the answer."""
+
+    #: What the process is, in errors.
+    what = "helper"
+
+    def __init__(self, process: WarmProcess, message: bytes, ahead: bool = False) -> None:
         from ..errors import SetupError
 
-        self.events: list[str] = []
         self._stopped = False
-        self._own = process is None
-        self._process = MediatorProcess(policy) if process is None else process
         self._answered = False
-        self.proxy = _Environment({})
-        self.gate = _Listener(-1, b"")
+        self._process = process
         try:
-            self._sock = self._process.open_call(signals is True)
+            self._sock = process.open(message)
         except OSError as exc:
-            raise SetupError(f"the network mediator for [network] allow did not start ({exc})"
-                             ) from None
+            raise SetupError(f"the {self.what} did not start ({exc})") from None
         if not ahead:
             self.ready()
 
-    def ready(self) -> "RemoteMediation":
-        """This call's proxy and gate, as the mediator answered (waiting for the answer
-        once); SetupError if it did not."""
+    def ready(self) -> "RemoteCall":
+        """The process's answer, taken once (waiting for it); SetupError if none came."""
         from ..errors import SetupError
 
         if self._answered:
             return self
         if self._stopped:
-            raise SetupError("this call's network mediation was stopped before it was used")
+            raise SetupError(f"this call's {self.what} was stopped before it was used")
         try:
             self._sock.settimeout(START_TIMEOUT)
             data, fds, _, _ = socket.recv_fds(self._sock, 1 << 16, 1)
@@ -200,27 +247,92 @@ class RemoteMediation:
                 for fd in fds:
                     os.close(fd)
                 raise OSError("no answer")
-            env, bpf = _answer(data)
+            try:
+                self._take(json.loads(data.decode()), fds[0])
+            except BaseException:
+                os.close(fds[0])
+                raise
         except (OSError, ValueError, EOFError, TypeError) as exc:
             self._stopped = True
             self._sock.close()
-            if self._own:
-                self._process.close()
-            raise SetupError(f"the network mediator for [network] allow did not start ({exc})"
-                             ) from None
-        self.proxy = _Environment(env)
-        self.gate = _Listener(fds[0], bpf)
+            self._ended_early()
+            raise SetupError(f"the {self.what} did not start ({exc})") from None
         self._answered = True
         return self
 
+    def _take(self, answer: Any, fd: int) -> None:
+        """Check and keep the answer (ValueError if it is not one) and its descriptor."""
+        raise NotImplementedError
+
+    def _ended(self, answer: Any) -> None:
+        """Check and keep the answer to ``stop``."""
+        raise NotImplementedError
+
+    def _ended_early(self) -> None:
+        """The call ends without a use (or its process failed): release what it holds."""
+
     def alive(self) -> bool:
-        """Whether the mediator still holds this call's proxy and gate: its end of the
-        call's socket is open (a mediator that died after answering leaves EOF there)."""
+        """Whether the process still holds this call: its end of the call's socket is
+        open (a process that died after answering leaves EOF there)."""
         import select
 
         poller = select.poll()
         poller.register(self._sock, select.POLLIN | select.POLLHUP)
         return not self._stopped and not poller.poll(0)
+
+    def stop(self) -> None:
+        """End the call in the process (once) and take its last answer."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if not self._answered:  # asked ahead, never used: the process sees EOF and ends it
+            self._sock.close()
+            self._ended_early()
+            return
+        try:
+            self._sock.send(_STOP)
+            self._sock.settimeout(START_TIMEOUT)
+            self._ended(json.loads(self._sock.recv(1 << 20).decode()))
+        except (OSError, ValueError, EOFError, TypeError):
+            pass  # it died: nothing to report, and nothing of it is left to stop
+        finally:
+            self._sock.close()
+            self._ended_early()
+
+
+class RemoteMediation(RemoteCall):
+    """The caller's handle on one call's proxy and connect gate in a mediator process;
+    used as api.py uses a :class:`sandlock.net.connect.Mediation` (``proxy.environment()``,
+    ``gate.child_end``/``notify_bpf``, ``command``, ``start``, ``stop``, ``events``)."""
+
+    what = "network mediator for [network] allow"
+
+    def __init__(self, policy: Policy, signals: bool = False,
+                 process: Optional[MediatorProcess] = None, ahead: bool = False) -> None:
+        """``signals``: the connect gate's listener also carries the signal gate
+        (Landlock ABI < 6; :mod:`sandlock.linux.signalgate`): the tool gets one listener.
+        ``process``: the Sandbox's warm mediator; without one, a process for this call
+        alone (ended with it). ``ahead``: see :class:`RemoteCall`."""
+        self.events: list[str] = []
+        self.proxy = _Environment({})
+        self.gate = _Listener(-1, b"")
+        self._own = process is None
+        super().__init__(MediatorProcess(policy) if process is None else process,
+                         _SIGNALS if signals is True else _CALL, ahead)
+
+    def _take(self, answer: Any, fd: int) -> None:
+        env, bpf = _answer(answer)
+        self.proxy = _Environment(env)
+        self.gate = _Listener(fd, bpf)
+
+    def _ended(self, answer: Any) -> None:
+        if isinstance(answer, list):
+            self.events = [e for e in answer if isinstance(e, str)][:1000]
+
+    def _ended_early(self) -> None:
+        self._close_child_end()
+        if self._own:
+            self._process.close()
 
     def command(self, cmd: Command) -> Command:
         """``cmd`` with the proxy variables set (they override the caller's)."""
@@ -238,34 +350,9 @@ class RemoteMediation:
             os.close(self.gate.child_end)
             self.gate.child_end = -1
 
-    def stop(self) -> None:
-        """End the call's proxy and gate (once); keep what they refused."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._close_child_end()
-        if not self._answered:  # asked ahead, never used: the mediator sees EOF and ends it
-            self._sock.close()
-            if self._own:
-                self._process.close()
-            return
-        try:
-            self._sock.send(_STOP)
-            self._sock.settimeout(START_TIMEOUT)
-            events = json.loads(self._sock.recv(1 << 20).decode())
-            if isinstance(events, list):
-                self.events = [e for e in events if isinstance(e, str)][:1000]
-        except (OSError, ValueError, EOFError, TypeError):
-            pass  # it died: nothing to report, and nothing of it is left to stop
-        finally:
-            self._sock.close()
-            if self._own:
-                self._process.close()
 
-
-def _answer(data: bytes) -> tuple[dict[str, str], bytes]:
+def _answer(answer: Any) -> tuple[dict[str, str], bytes]:
     """The mediator's first answer, checked: a str -> str environment and a BPF program."""
-    answer = json.loads(data.decode())
     if not isinstance(answer, dict) or not isinstance(answer.get("bpf"), str):
         raise ValueError("not an answer")
     env, bpf = answer.get("env"), bytes.fromhex(answer["bpf"])
@@ -336,7 +423,9 @@ def serve(fd: int) -> None:
     raise_nofile()  # room for MAX_CLIENTS clients and their upstreams, per call
     calls: list[threading.Thread] = []
     try:
-        ports, allow, deny, hosts = pickle.loads(sock.recv(1 << 20))
+        ports, allow, deny, hosts, native = pickle.loads(sock.recv(1 << 20))
+        if native:
+            _hand_over_server(sock)
         policy: Any = SimpleNamespace(network=SimpleNamespace(
             connect=tuple(SimpleNamespace(low=low, high=high) for low, high in ports),
             allow=allow, deny=deny, hosts=hosts))
@@ -357,6 +446,27 @@ def serve(fd: int) -> None:
     for thread in calls:
         thread.join()
     os._exit(0)
+
+
+def _hand_over_server(sock: socket.socket) -> None:
+    """Start a sandlock-exec server, a child of this process, and give its control socket
+    to the caller (this process keeps no copy: the caller's close ends it); reap it."""
+    import threading
+
+    from ..exec import native as nativeexec
+
+    try:
+        control, pid = nativeexec.start_server()
+    except OSError:
+        sock.send(_NO_SERVER)
+        return
+    try:
+        sock.sendmsg([_SERVER + b" %d" % pid], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                  control.fileno().to_bytes(4, sys.byteorder))])
+    finally:
+        control.close()
+    threading.Thread(target=os.waitpid, args=(pid, 0), name="sandlock-mediator-reap",
+                     daemon=True).start()
 
 
 def _serve_call(policy: Any, sock: socket.socket, signals: bool) -> None:

@@ -106,7 +106,10 @@ def supported() -> Optional[str]:
         return f"recording is not supported on {MACHINE}"
     if not kernel.seccomp_action_available(kernel.SECCOMP_RET_USER_NOTIF):
         return "recording needs seccomp user notification (Linux 5.9+)"
-    return None
+    from ..linux.notify import memory_unreadable
+
+    why = memory_unreadable(ancestor=True)  # the recorder is the tool's launcher or supervisor
+    return None if why is None else f"recording {why}"
 
 
 # ----------------------------------------------------------------------------
