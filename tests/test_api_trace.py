@@ -26,6 +26,15 @@ SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted"
 pytestmark = pytest.mark.skipif(T.supported() is not None, reason=str(T.supported()))
 
 
+@pytest.fixture(autouse=True, params=["native", "forkserver"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test on both paths of a traced command: the native one (a recorder process
+    of the Sandbox records, its sandlock-exec server runs the command) and the fork
+    server's (its supervisor records)."""
+    monkeypatch.setenv("SANDLOCK_NATIVE", "1" if request.param == "native" else "0")
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
 def _shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("api_trace")
@@ -37,9 +46,9 @@ def tmp_path(_shared: Path, request: pytest.FixtureRequest) -> Path:
     directory, whose every entry `sandlock learn` (tests/test_trace.py) grants with a
     descriptor of its own, grows by one entry only."""
     name: str = request.node.name
-    path = _shared / name[:60]
-    path.mkdir()
-    return path
+    place = _shared / name[:60]
+    place.mkdir()
+    return place
 
 
 def box(**filesystem: Any) -> Sandbox:
@@ -208,3 +217,40 @@ def test_trace_under_a_host_allowlist_is_refused_clearly() -> None:
         with pytest.raises(KernelSupportError, match=r"trace=True: not available with \[network\] allow"):
             sandbox.run(["cat", "/dev/null"], trace=True)
         assert sandbox.run(["cat", "/dev/null"]).returncode == 0
+
+
+GRANDCHILD = ("import subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "print(child.pid, flush=True)\n"
+              "time.sleep(60)\n")
+
+
+@pytest.mark.parametrize("abi", ["7", "5"], ids=["scoped", "signal gate"])
+def test_the_recorder_is_an_ancestor_of_every_tool_process(
+        path: str, monkeypatch: pytest.MonkeyPatch, abi: str) -> None:
+    """The recorder reads the tool's memory (/proc/TID/mem), which Yama's ptrace_scope =
+    1 allows only to an ancestor: the fork server's supervisor is the tool's parent; on
+    the native path the Sandbox's recorder process started the server the command runs
+    on. Below Landlock ABI 6 the signal gate rides on the recorder's listener."""
+    import sandlock
+    from sandlock.api import sandbox as api_sandbox
+
+    monkeypatch.setenv("SANDLOCK_ABI", abi)
+    python = "/usr/bin/python3"
+    with Sandbox({"extends": ["python"]}) as sandbox, sandbox.popen(
+            [python, "-c", GRANDCHILD], stdout=sandlock.PIPE, trace=True) as process:
+        assert process.stdout is not None
+        grandchild = int(process.stdout.readline())
+        try:
+            chain = [grandchild]
+            while chain[-1] > 1:
+                with open(f"/proc/{chain[-1]}/status") as handle:
+                    chain.append(next(int(line.split()[1]) for line in handle
+                                      if line.startswith("PPid:")))
+            if path == "native":
+                assert sandbox._recorder._proc.pid in chain
+            else:
+                assert sandbox._recorder is None
+            assert isinstance(process._call, api_sandbox._NativeCall) == (path == "native")
+        finally:
+            process.kill()

@@ -207,7 +207,7 @@ def test_the_next_calls_gate_asked_ahead_survives_a_dead_mediator(tmp_path: Path
     with box:
         first = box.run([PYTHON, "-c", direct], capture_output=True, text=True)
         assert first.stdout.strip() == "EACCES", first
-        ahead = box._next_mediation
+        ahead = box._ahead.get("mediation")
         assert ahead is not None and ahead[0] == os.getpid()
         killed = box._mediator._proc
         killed.kill()
@@ -217,7 +217,8 @@ def test_the_next_calls_gate_asked_ahead_survives_a_dead_mediator(tmp_path: Path
         assert any("refused direct connection to 127.0.0.1" in line
                    for line in again.network_events), again
         assert box._mediator._proc.pid != killed.pid
-        assert box._next_mediation is not None and box._next_mediation[1] is not ahead[1]
+        following = box._ahead.get("mediation")
+        assert following is not None and following[1] is not ahead[1]
 
 
 GRANDCHILD = ("import subprocess, sys, time\n"
@@ -285,3 +286,27 @@ def test_a_gate_that_cannot_read_the_tool_says_why(tmp_path: Path) -> None:
         assert (why is None) == readable, (value, ancestor, why)
         if why is not None:
             assert f"ptrace_scope is {value}" in why and "memory" in why
+
+
+EXIT_UNCLOSED = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import sandlock
+box = sandlock.Sandbox({"extends": ["python"], "network": {"allow": ["example.test:443"]}})
+assert box.run([sys.argv[2], "-c", "pass"]).returncode == 0
+traced = sandlock.Sandbox({"extends": ["python"]})
+assert traced.run([sys.argv[2], "-c", "pass"], trace=True).returncode == 0
+print("done", flush=True)
+"""
+
+
+def test_a_caller_that_never_closes_its_sandbox_still_exits() -> None:
+    """A Sandbox left open ends with the interpreter (its __del__ closes it): its warm
+    processes get EOF. Closing them used to start a reaper thread, which never starts
+    while the interpreter finalizes: the caller hung at exit."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", EXIT_UNCLOSED, str(REPO), PYTHON],
+                          capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "done\n"), done.stderr[-2000:]

@@ -80,6 +80,8 @@ class _Call:
     #: The proxy and connect gate of a call under ``[network] allow``, and
     #: what they refused (known once the call is closed).
     mediation: Optional[Mediation] = None
+    #: The recorder of a traced call on the native path (its denials, once closed).
+    recording: Any = None
     network_events: tuple[str, ...] = ()
     denials: tuple["Denial", ...] = ()  #: from a ``D`` report (``trace=True`` only)
     #: The call's own credential placeholders (``credentials=``), forgotten when it ends.
@@ -178,6 +180,11 @@ class _Call:
         if mediation is not None:
             mediation.stop()
             self.network_events = tuple(mediation.events)
+        recording, self.recording = self.recording, None
+        if recording is not None:  # judged in the recorder process: JSON lists, as D reports
+            recording.stop()
+            for batch in recording.batches:
+                self.denials += _denials(batch)
         session, self.session = self.session, None
         if session is not None:  # the route no longer knows the call's placeholders
             session.close()
@@ -322,6 +329,10 @@ class Sandbox:
         if timeout is not None:
             loaded = loaded.with_timeout(timeout)
         self._mediator: Any = None  #: net.mediator.MediatorProcess of ``[network] allow``
+        self._recorder: Any = None  #: trace.remote.RecorderProcess of native traced calls
+        #: Per slot ("mediation", "recording"): (pid that asked, the next call's part,
+        #: asked for while the previous call ran; see _prepared).
+        self._ahead: dict[str, tuple[int, Any]] = {}
         self._review: Any = None  #: sandlock.undo.session.Review of review=
         if review is not None:
             from ..undo.session import Review
@@ -415,11 +426,13 @@ class Sandbox:
         if getattr(self, "_routes", None) is not None:
             self._routes.stop()
         with self._lock:
-            ahead, self._next_mediation = self._next_mediation, None
-        if ahead is not None and ahead[0] == os.getpid():
-            ahead[1].stop()  # never used: ends in the mediator
-        if getattr(self, "_mediator", None) is not None:
-            self._mediator.close()  # calls under way keep their proxy and gate
+            asked, self._ahead = list(getattr(self, "_ahead", {}).values()), {}
+        for pid, handle in asked:
+            if pid == os.getpid():
+                handle.stop()  # never used: ends in its process
+        for process in (getattr(self, "_mediator", None), getattr(self, "_recorder", None)):
+            if process is not None:
+                process.close()  # calls under way keep their proxy, gate or recorder
         if getattr(self, "_review", None) is not None and not self._review.finished:
             self.finish_review()
 
@@ -511,39 +524,57 @@ class Sandbox:
         with self._lock:
             if self._closed:  # never start a mediator for a Sandbox that is closed
                 raise SandlockError("this Sandbox is closed")
-            if self._mediator is None:  # its own sandlock-exec server: see MediatorProcess
+            if self._mediator is None:  # its own sandlock-exec server: see WarmProcess
                 self._mediator = MediatorProcess(self.policy, self._native and nativeexec.enabled())
-            ahead, self._next_mediation = self._next_mediation, None
-        if ahead is not None and ahead[0] != os.getpid():  # a forked copy: its parent's
-            ahead = None
         # the signal gate (Landlock ABI < 6) rides on its listener (trace=True, whose
         # recorder would carry it, is refused under [network] allow: _trace_rules)
-        mediation = None
+        return self._prepared("mediation", lambda ahead: RemoteMediation(  # type: ignore[no-any-return]
+            self.policy, self._compiled.signal_gate, self._mediator, ahead=ahead))
+
+    def _recording(self) -> Any:
+        """A recorder for one traced command on the native path, in the Sandbox's
+        recorder process (:mod:`sandlock.trace.remote`, started on the first such call
+        and kept warm), never in this one; it carries the signal gate if need be."""
+        from ..trace.remote import RecorderProcess, RemoteRecording
+
+        rules = self._trace_rules()
+        with self._lock:
+            if self._closed:
+                raise SandlockError("this Sandbox is closed")
+            if self._recorder is None:
+                self._recorder = RecorderProcess(rules, native=True)
+        return self._prepared("recording", lambda ahead: RemoteRecording(
+            self._recorder, self._compiled.signal_gate, ahead=ahead))
+
+    def _prepared(self, slot: str, make: Callable[[bool], Any]) -> Any:
+        """A call's part in one of the Sandbox's warm processes (``make(ahead)``): the
+        one asked for while the previous call ran, if its process still holds it, else
+        a new one; then the next call's is asked for (the process makes it meanwhile)."""
+        with self._lock:
+            ahead = self._ahead.pop(slot, None)
+        if ahead is not None and ahead[0] != os.getpid():  # a forked copy: its parent's
+            ahead = None
+        handle = None
         if ahead is not None:
             try:
-                mediation = ahead[1].ready()
-            except SetupError:  # the mediator died since: a new one below
+                handle = ahead[1].ready()
+            except SetupError:  # the process died since: a new one below
                 pass
-            if mediation is not None and not mediation.alive():  # it died after answering
-                mediation.stop()
-                mediation = None
-        if mediation is None:
-            mediation = RemoteMediation(self.policy, self._compiled.signal_gate, self._mediator)
-        # The next call's proxy and gate are made in the mediator while this call runs.
+            if handle is not None and not handle.alive():  # it died after answering
+                handle.stop()
+                handle = None
+        if handle is None:
+            handle = make(False)
         try:
-            following = RemoteMediation(self.policy, self._compiled.signal_gate,
-                                        self._mediator, ahead=True)
+            following = make(True)
         except SetupError:
             following = None
         with self._lock:
-            if following is not None and (self._closed or self._next_mediation is not None):
+            if following is not None and (self._closed or slot in self._ahead):
                 following.stop()  # closed meanwhile, or another thread's call got there first
             elif following is not None:
-                self._next_mediation = (os.getpid(), following)
-        return mediation  # type: ignore[return-value]
-
-    #: (pid of the process that asked, RemoteMediation asked ahead for the next call)
-    _next_mediation: Optional[tuple[int, Any]] = None
+                self._ahead[slot] = (os.getpid(), following)
+        return handle
 
     def _submit(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
                 timeout: Optional[float], extra_fds: Sequence[int] = (),
@@ -563,29 +594,38 @@ class Sandbox:
                 # run by the fork server's supervisor, or under [network] allow by the
                 # mediator's listener (RemoteMediation, below)
                 fields["signals"] = True
-            # A traced call's recorder is Python's; so is the signal gate, unless a host
-            # allowlist's mediator carries it. Under [network] allow the command runs on
-            # the mediator's own server (an ancestor of the tool: Yama), the child sending
-            # the gate its listener (the notify step).
+            # On the native path a command's listener (the host allowlist's connect gate,
+            # trace's recorder, the signal gate riding on either) lives in a warm process
+            # of the Sandbox that also started the sandlock-exec server the command runs
+            # on (an ancestor of the tool: Yama); the child sends it the listener (the
+            # notify step). The signal gate alone has no process of its own there: such a
+            # command goes through the fork server, whose supervisor carries it.
+            native_path = kind == "exec" and self._native and nativeexec.enabled()
             server = None if mediation is None else self._mediator.server
-            if kind == "exec" and self._native and nativeexec.enabled() \
-                    and "trace" not in fields and (
-                        (mediation is None and not compiled.signal_gate)
-                        or (server is not None and spec.NOTIFY in server.implements)):
-                notify = None if mediation is None else (mediation.gate.child_end,
-                                                         mediation.gate.notify_bpf)
+            recording = None
+            if native_path and "trace" in fields and mediation is None:
+                recording = self._recording()
+                server = self._recorder.server
+            gate = mediation if mediation is not None else recording
+            if native_path and (
+                    (gate is None and "trace" not in fields and not compiled.signal_gate)
+                    or (gate is not None and server is not None
+                        and spec.NOTIFY in server.implements)):
+                notify = None if gate is None else (gate.gate.child_end, gate.gate.notify_bpf)
                 try:
                     native = _NativeCall(compiled, cmd, stdio, limit,
                                          bool(fields.get("report_start")), notify, server)
                 except BaseException:
-                    if mediation is not None:
-                        mediation.stop()
+                    if gate is not None:
+                        gate.stop()
                     raise
                 native.deadline = None if limit is None else _now() + limit + _GRACE
-                if mediation is not None:
-                    native.mediation = mediation
-                    mediation.start()
+                native.mediation, native.recording = mediation, recording
+                if gate is not None:
+                    gate.start()
                 return native
+            if recording is not None:  # its process has no server: the fork server records
+                recording.stop()
             if mediation is not None:  # the mediator's gate, not an ancestor of this tool
                 from ..linux.notify import memory_unreadable
 

@@ -573,34 +573,18 @@ def _hooks(*hooks: Any) -> Any:
     return hook
 
 
-#: The largest ``D`` message (the caller reads at most 64 KiB at once).
-_DENIALS_LIMIT = 60000
-
-
 def _send_denials(call: socket.socket, request: dict[str, Any], recorder: Any) -> None:
     """``D`` messages, each a JSON list of refused accesses, judged here (the recorded
     paths come from the tool's memory: they are never parsed in the caller's process),
-    before the call's ``E``/``F``; as many as the list needs (a path is at most 4 KiB)."""
+    before the call's ``E``/``F``; as many as the list needs."""
     if recorder is None:
         return
-    import json
-
     from ..trace.record import Judge
 
     recorder.stop()
     abi, rules, ports = request["trace"]
-    judge = Judge(abi, [tuple(r) for r in rules], dict(ports))
-    batch: list[str] = []
-    size = 0
-    for denial in judge.denials(recorder.events):
-        item = json.dumps(denial.as_dict())
-        if batch and size + len(item) > _DENIALS_LIMIT:
-            _send(call, "D [" + ",".join(batch) + "]")
-            batch, size = [], 0
-        batch.append(item)
-        size += len(item) + 1
-    if batch:
-        _send(call, "D [" + ",".join(batch) + "]")
+    for batch in Judge(abi, [tuple(r) for r in rules], dict(ports)).batches(recorder.events):
+        _send(call, "D " + batch)
 
 
 def _send(call: socket.socket, text: str) -> None:

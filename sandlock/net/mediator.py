@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 #: Seconds the caller waits for the mediator's answer (start-up is ~30 ms).
 START_TIMEOUT = 30.0
-_STOP = b"stop"
+STOP = b"stop"  #: ends a call (its process answers with what it kept)
 #: A new call (its socket rides along), and one whose gate also carries the signal gate.
 _CALL, _SIGNALS = b"call", b"call signals"
 #: The mediator's own sandlock-exec server, its control socket riding along (or alone:
@@ -86,18 +86,29 @@ class WarmProcess:
     started on first use (a Python start-up, ~50 ms) with ``config`` as its first
     message, kept warm for the Sandbox's calls, each on a socket of its own
     (:meth:`open`). Ended by :meth:`close`; restarted if it died, or in a forked copy
-    of its starter."""
+    of its starter.
 
-    def __init__(self, config: bytes, main: str, module: str = "sandlock.net.mediator") -> None:
+    ``native``: the process starts a ``sandlock-exec`` server of its own and hands it
+    over (:attr:`server`; its main calls :func:`hand_over_server` after reading the
+    config): the Sandbox's commands that this process supervises run there, so it is an
+    ancestor of every process of their tools. Its gates read a tool's memory
+    (``/proc/TID/mem``), which Yama's ``ptrace_scope`` = 1 (Ubuntu's default) allows
+    only to an ancestor."""
+
+    def __init__(self, config: bytes, main: str, module: str = "sandlock.net.mediator",
+                 native: bool = False) -> None:
         import threading
 
         self._config = config
         self._main = (main, module)
+        self._native = native
         self._lock = threading.Lock()
         self._proc: Any = None
         self._sock: Optional[socket.socket] = None
         self._owner = -1
         self._closed = False
+        #: The process's sandlock-exec server (``native``), else None.
+        self.server: Any = None
 
     def open(self, message: bytes) -> socket.socket:
         """A new call's socket, sent with ``message``: the process answers on it."""
@@ -132,8 +143,26 @@ class WarmProcess:
         self._proc, self._sock = start_process(*self._main)
         self._owner = os.getpid()
         self._sock.send(self._config)
+        if not self._native:
+            return
+        from ..exec import native as nativeexec
+
+        self._sock.settimeout(START_TIMEOUT)
+        try:
+            said, fds, _, _ = socket.recv_fds(self._sock, 64, 1)
+        finally:
+            self._sock.settimeout(None)
+        head, _, pid = said.partition(b" ")
+        if head != _SERVER or len(fds) != 1 or not pid.isdigit():
+            for fd in fds:
+                os.close(fd)
+            return  # it could not start one: its calls go through the fork server
+        self.server = nativeexec.Server(adopted=(socket.socket(fileno=fds[0]), int(pid)))
 
     def _end(self) -> None:
+        server, self.server = self.server, None
+        if server is not None:
+            server.close()  # EOF: it exits; calls already forked go on
         proc, sock, self._proc, self._sock = self._proc, self._sock, None, None
         if sock is None:
             return
@@ -141,7 +170,7 @@ class WarmProcess:
             sock.close()
             return
         sock.close()  # EOF: the process ends once its calls have (their sockets close)
-        if proc.poll() is None:
+        if proc.poll() is None and not sys.is_finalizing():  # (no thread starts then)
             import threading
 
             threading.Thread(target=proc.wait, name="sandlock-helper-reap", daemon=True).start()
@@ -157,13 +186,8 @@ class WarmProcess:
 class MediatorProcess(WarmProcess):
     """A Sandbox's mediator: each call gets a proxy and a connect gate of its own in it
     (:meth:`open_call`), on a socket of its own: what one call's gate holds (the
-    sockets its tool made) is never another call's.
-
-    ``native``: the mediator starts a ``sandlock-exec`` server of its own and hands it
-    over (:attr:`server`): the Sandbox's mediated commands run there, so the mediator is
-    an ancestor of every process of their tools. The gate reads a tool's memory
-    (``/proc/TID/mem``), which Yama's ``ptrace_scope`` = 1 (Ubuntu's default) allows
-    only to an ancestor."""
+    sockets its tool made) is never another call's. ``native``: see
+    :class:`WarmProcess`."""
 
     def __init__(self, policy: Policy, native: bool = False) -> None:
         import pickle
@@ -171,36 +195,7 @@ class MediatorProcess(WarmProcess):
         network = policy.network
         super().__init__(pickle.dumps((tuple((r.low, r.high) for r in network.connect),
                                        network.allow, network.deny, network.hosts, native)),
-                         "serve")
-        self._native = native
-        #: The mediator's sandlock-exec server (``native``), else None.
-        self.server: Any = None
-
-    def _end(self) -> None:
-        server, self.server = self.server, None
-        if server is not None:
-            server.close()  # EOF: it exits; calls already forked go on
-        super()._end()
-
-    def _start(self) -> None:
-        super()._start()
-        self.server = None
-        if not self._native:
-            return
-        from ..exec import native as nativeexec
-
-        assert self._sock is not None
-        self._sock.settimeout(START_TIMEOUT)
-        try:
-            said, fds, _, _ = socket.recv_fds(self._sock, 64, 1)
-        finally:
-            self._sock.settimeout(None)
-        head, _, pid = said.partition(b" ")
-        if head != _SERVER or len(fds) != 1 or not pid.isdigit():
-            for fd in fds:
-                os.close(fd)
-            return  # it could not start one: its calls go through the fork server
-        self.server = nativeexec.Server(adopted=(socket.socket(fileno=fds[0]), int(pid)))
+                         "serve", native=native)
 
     def open_call(self, signals: bool) -> socket.socket:
         """A new call's socket (see :class:`RemoteMediation`); ``signals``: its gate's
@@ -264,6 +259,10 @@ class RemoteCall:
         """Check and keep the answer (ValueError if it is not one) and its descriptor."""
         raise NotImplementedError
 
+    def _read_end(self) -> Any:
+        """The answer to ``stop``: one JSON message."""
+        return json.loads(self._sock.recv(1 << 20).decode())
+
     def _ended(self, answer: Any) -> None:
         """Check and keep the answer to ``stop``."""
         raise NotImplementedError
@@ -290,9 +289,9 @@ class RemoteCall:
             self._ended_early()
             return
         try:
-            self._sock.send(_STOP)
+            self._sock.send(STOP)
             self._sock.settimeout(START_TIMEOUT)
-            self._ended(json.loads(self._sock.recv(1 << 20).decode()))
+            self._ended(self._read_end())
         except (OSError, ValueError, EOFError, TypeError):
             pass  # it died: nothing to report, and nothing of it is left to stop
         finally:
@@ -425,7 +424,7 @@ def serve(fd: int) -> None:
     try:
         ports, allow, deny, hosts, native = pickle.loads(sock.recv(1 << 20))
         if native:
-            _hand_over_server(sock)
+            hand_over_server(sock)
         policy: Any = SimpleNamespace(network=SimpleNamespace(
             connect=tuple(SimpleNamespace(low=low, high=high) for low, high in ports),
             allow=allow, deny=deny, hosts=hosts))
@@ -448,9 +447,10 @@ def serve(fd: int) -> None:
     os._exit(0)
 
 
-def _hand_over_server(sock: socket.socket) -> None:
-    """Start a sandlock-exec server, a child of this process, and give its control socket
-    to the caller (this process keeps no copy: the caller's close ends it); reap it."""
+def hand_over_server(sock: socket.socket) -> None:
+    """In a :class:`WarmProcess` started ``native``: start a sandlock-exec server, a child
+    of this process, and give its control socket to the caller (this process keeps no
+    copy: the caller's close ends it); reap it."""
     import threading
 
     from ..exec import native as nativeexec
@@ -488,7 +488,7 @@ def _serve_call(policy: Any, sock: socket.socket, signals: bool) -> None:
         mediation.start()
         said = sock.recv(16)  # "stop", or b"" when the caller is gone
         mediation.stop()
-        if said == _STOP:
+        if said == STOP:
             sock.send(json.dumps(list(mediation.events)[:1000]).encode())
     except BaseException:  # noqa: BLE001 - the caller sees EOF and reports it
         if mediation is not None:

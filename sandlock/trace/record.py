@@ -37,7 +37,7 @@ import socket
 import stat
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
 
 from ..compile import abi as A
 from ..compile.seccomp import Rule, refusal, socket_grant
@@ -678,6 +678,10 @@ def suggestion(need: Need, policy_files: Sequence[str] = ()) -> tuple[str, str, 
     return section, line, ""
 
 
+#: The largest batch of :meth:`Judge.batches` (its reader takes at most 64 KiB at once).
+BATCH_LIMIT = 60000
+
+
 @dataclass
 class Judge:
     """Landlock's verdict on a recorded access, from the rights the ruleset holds."""
@@ -709,6 +713,24 @@ class Judge:
         if need.port >= 0:
             return not self.ports.get(need.port, 0) & need.rights
         return bool(need.rights & ~self.granted(need.path))
+
+    def batches(self, events: Iterable[Event]) -> Iterator[str]:
+        """:meth:`denials` as JSON lists of their :meth:`Denial.as_dict`, each at most
+        :data:`BATCH_LIMIT` bytes unless one denial alone is longer (a path is at most
+        4 KiB): the messages a supervisor sends its caller."""
+        import json
+
+        batch: list[str] = []
+        size = 0
+        for denial in self.denials(events):
+            item = json.dumps(denial.as_dict())
+            if batch and size + len(item) > BATCH_LIMIT:
+                yield "[" + ",".join(batch) + "]"
+                batch, size = [], 0
+            batch.append(item)
+            size += len(item) + 1
+        if batch:
+            yield "[" + ",".join(batch) + "]"
 
     def denials(self, events: Iterable[Event]) -> list[Denial]:
         out: dict[tuple[str, str, int], Denial] = {}

@@ -1,0 +1,154 @@
+"""``trace=True`` on the native path: a Sandbox's recorder, in a process of its own.
+
+A traced command through the fork server is recorded and judged by its Python
+supervisor. On the native path the command's supervisor is C, so the recording runs
+in a recorder process of the Sandbox (a :class:`sandlock.net.mediator.WarmProcess`:
+a clean ``python -I -S``, started on the first traced call, kept warm, ended by
+``close()``), which also starts the ``sandlock-exec`` server those commands run on:
+it is the ancestor of every process of the tool, as Yama asks of whoever reads the
+tool's memory. Each call gets a :class:`sandlock.trace.record.Recorder` of its own
+there: the process answers the call's socket with the recorder's filter (JSON) and the
+socket on which the confined child sends its listener (the ``notify`` step); at
+``stop`` it judges what was recorded (:class:`sandlock.trace.record.Judge`, with the
+rules the caller sent once) and answers with JSON lists of denials, then ``end``. The
+recorded paths come from the tool's memory: they are parsed here, never in the
+caller, which reads JSON only, with a size bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Any, Optional
+
+from ..net.mediator import STOP, RemoteCall, WarmProcess, _Listener, hand_over_server
+
+#: The end of a call's denials (each message before it is one JSON list).
+_END = b"end"
+#: A new call, and one whose recorder also carries the signal gate.
+_CALL, _SIGNALS = b"call", b"call signals"
+#: Bytes of denials the caller takes from one call (beyond, the rest is dropped).
+DENIALS_LIMIT = 16 << 20
+
+
+class RecorderProcess(WarmProcess):
+    """A Sandbox's recorder process; ``rules`` are what its judge decides by
+    (:meth:`sandlock.api.sandbox.Sandbox._trace_rules`)."""
+
+    def __init__(self, rules: tuple[int, list[tuple[str, int, bool]], dict[int, int]],
+                 native: bool) -> None:
+        abi, paths, ports = rules
+        super().__init__(json.dumps([abi, paths, sorted(ports.items()), native]).encode(),
+                         "serve", "sandlock.trace.remote", native=native)
+
+
+class RemoteRecording(RemoteCall):
+    """The caller's handle on one call's recorder: ``gate`` (its filter and the socket
+    the child sends its listener on), ``start``, ``stop``, then ``batches``: the JSON
+    lists of denials the process judged, each as a ``D`` report carries it.
+    ``signals``: the recorder's listener also carries the signal gate (Landlock ABI < 6)."""
+
+    what = "trace recorder"
+
+    def __init__(self, process: RecorderProcess, signals: bool = False,
+                 ahead: bool = False) -> None:
+        self.batches: list[bytes] = []
+        self.gate = _Listener(-1, b"")
+        super().__init__(process, _SIGNALS if signals else _CALL, ahead)
+
+    def _take(self, answer: Any, fd: int) -> None:
+        if not isinstance(answer, dict) or not isinstance(answer.get("bpf"), str):
+            raise ValueError("not an answer")
+        bpf = bytes.fromhex(answer["bpf"])
+        if not bpf or len(bpf) % 8:
+            raise ValueError("not a BPF program")
+        self.gate = _Listener(fd, bpf)
+
+    def _read_end(self) -> Any:
+        batches, size = [], 0
+        while (message := self._sock.recv(1 << 17)) != _END:
+            if not message:
+                raise EOFError("the recorder ended before its denials did")
+            size += len(message)
+            if size <= DENIALS_LIMIT:
+                batches.append(message)
+        return batches
+
+    def _ended(self, answer: Any) -> None:
+        self.batches = answer
+
+    def _ended_early(self) -> None:
+        self.start()
+
+    def start(self) -> None:
+        """The listener socket has gone to the supervisor with the request: drop ours."""
+        if self.gate.child_end >= 0:
+            os.close(self.gate.child_end)
+            self.gate.child_end = -1
+
+
+# ----------------------------------------------------------------------------
+# The recorder process
+
+
+def serve(fd: int) -> None:
+    """Main of the recorder process (never returns): the rules once, then a thread per
+    call; ends when the caller's socket and every call's have closed."""
+    import threading
+
+    sock = socket.socket(fileno=fd)
+    sock.set_inheritable(False)
+    calls: list[threading.Thread] = []
+    try:
+        abi, paths, ports, native = json.loads(sock.recv(1 << 24).decode())
+        rules = (abi, [tuple(r) for r in paths], dict(ports))
+        if native:
+            hand_over_server(sock)
+        while True:
+            said, fds, _, _ = socket.recv_fds(sock, 64, 1)
+            if not fds:
+                break  # EOF (or a message without its socket: the caller is broken)
+            call = socket.socket(fileno=fds[0])
+            for extra in fds[1:]:
+                os.close(extra)
+            calls = [t for t in calls if t.is_alive()]
+            thread = threading.Thread(target=_serve_call, args=(rules, call, said == _SIGNALS),
+                                      name="sandlock-recorder-call", daemon=True)
+            thread.start()
+            calls.append(thread)
+    except BaseException:  # noqa: BLE001 - the caller sees EOF on each call and reports it
+        pass
+    for thread in calls:
+        thread.join()
+    os._exit(0)
+
+
+def _serve_call(rules: tuple[Any, ...], sock: socket.socket, signals: bool) -> None:
+    """One call: a recorder of its own, until the caller says ``stop`` (then its
+    denials, judged) or closes the call's socket."""
+    from .record import Judge, Recorder
+
+    recorder: Optional[Recorder] = None
+    try:
+        recorder = Recorder()
+        if signals:  # the signal gate rides on the recorder's listener (before its bpf goes)
+            from ..linux.signalgate import Signals
+
+            recorder.gate_signals(Signals())
+        sock.sendmsg([json.dumps({"bpf": recorder.notify_bpf.hex()}).encode()],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                       recorder.child_end.to_bytes(4, sys.byteorder))])
+        recorder.start()
+        said = sock.recv(16)  # "stop", or b"" when the caller is gone
+        recorder.stop()
+        if said == STOP:
+            for batch in Judge(*rules).batches(recorder.events):
+                sock.send(batch.encode())
+            sock.send(_END)
+    except BaseException:  # noqa: BLE001 - the caller sees EOF and reports it
+        if recorder is not None:
+            recorder.stop()
+    finally:
+        sock.close()
