@@ -203,6 +203,23 @@ def test_no_landlock_api_review_control(place: dict[str, Path], tmp_path: Path,
     session.forget(name)
 
 
+def test_a_review_that_cannot_start_says_why_once(place: dict[str, Path], tmp_path: Path) -> None:
+    """A review refused while it prepares (here a tree too deep to copy; in a container, a
+    uid with no home for the record's key) says why, exit 125, leaves nothing, and does not
+    then send the user to discard copies that were never kept ("no run NAME")."""
+    from sandlock.undo import tree
+
+    ws = place["ws"]
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    (ws / "/".join(["d"] * (tree.MAX_DEPTH + 5))).mkdir(parents=True)
+    done = Scene(None, False, cache).sandlock("run", *SHELL, "--var", f"workspace={ws}",
+                                              "--dry-run", "--", "true", cwd=ws)
+    assert done.returncode == 125 and "nested deeper than 256 levels" in done.stderr, done.stderr
+    assert "no run" not in done.stderr and "discard" not in done.stderr, done.stderr
+    assert [p for p in cache.rglob("*") if p.is_file()] == []
+
+
 # ----------------------------------------------------------------------------
 # A gap: strict refuses (naming it and the way out), best-effort runs and says it
 

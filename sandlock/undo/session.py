@@ -231,8 +231,11 @@ class Review:
         return self.name
 
     def discard_now(self) -> None:
-        if self.name:
-            forget(self.name)
+        """Forget this run (record and copies), once: a second call (the caller's, after
+        :meth:`prepare` discarded what it had begun) has nothing left to forget."""
+        name, self.name = self.name, ""
+        if name:
+            forget(name)
 
 
 def _hash_originals(top: str, before: tree.Manifest, after: tree.Manifest) -> None:
