@@ -22,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
@@ -29,6 +30,7 @@ import pytest
 from conftest import ABI, REPO, require_abi
 from mcp_tools import SERVER, python_policy, require_mcp, session, text
 from test_container_profile import LAUNCHER, profile_file
+from test_mcp_serve import web  # noqa: F401 - the fixture: two loopback HTTP servers
 
 SECRET = "top secret of the user"
 #: (id, SANDLOCK_ABI or None for this kernel's, under Docker's default seccomp profile)
@@ -360,8 +362,10 @@ def _env(scene: Scene) -> dict[str, str]:
     return {name: scene.env[name] for name in ("SANDLOCK_ABI", "XDG_CACHE_HOME") if name in scene.env}
 
 
-def test_mcp_gateway_and_serve(scene: Scene, place: dict[str, Path]) -> None:
+def test_mcp_gateway_and_serve(scene: Scene, place: dict[str, Path],
+                               web: tuple[int, int]) -> None:  # noqa: F811
     require_mcp()
+    allowed, other = web
     ws, secret = place["ws"], place["secret"]
     argv, errlog = _gateway(scene, place)
     with session(argv, cwd=str(ws), errlog=errlog, env=_env(scene)) as client:
@@ -369,17 +373,43 @@ def test_mcp_gateway_and_serve(scene: Scene, place: dict[str, Path]) -> None:
         stolen = client.call("read", {"path": str(secret)})
         assert stolen.is_error and SECRET not in text(stolen)
     assert "warning" not in errlog.read_text()
+    fetch = scene.abi is None or scene.abi >= 4  # below, --allow-host is refused (next test)
     serve = scene.argv([sys.executable, "-P", "-m", "sandlock", "mcp", "serve", "--workspace",
-                        str(ws)])
+                        str(ws), *(["--allow-host", f"127.0.0.1:{allowed}"] if fetch else [])])
     with session(serve, cwd=str(ws), errlog=place["root"] / "serve.err",
                  env=_env(scene)) as client:
         result = text(client.call("shell", {"command": f"cat {secret}; echo INSIDE-$((6*7))"}))
         assert "INSIDE-42" in result and SECRET not in result, result
         written = client.call("write_file", {"path": str(secret), "content": "planted"})
         assert written.is_error and secret.read_text() == SECRET + "\n"
-    # control: the same server, unconfined, reads the secret
+        if fetch:
+            fetched = text(client.call("fetch", {"url": f"http://127.0.0.1:{allowed}/"}))
+            assert fetched == f"hello from port {allowed}"
+            refused = client.call("fetch", {"url": f"http://127.0.0.1:{other}/"})
+            assert refused.is_error and f"hello from port {other}" not in text(refused)
+    # controls: the other port answers without sandlock; the same server, unconfined,
+    # reads the secret
+    with urllib.request.urlopen(f"http://127.0.0.1:{other}/", timeout=30) as answer:
+        assert answer.read().decode() == f"hello from port {other}"
     with session([sys.executable, str(SERVER)], cwd=str(ws), errlog=place["root"] / "plain.err") as client:
         assert text(client.call("read", {"path": str(secret)})).strip() == SECRET
+
+
+def test_mcp_serve_fetch_refused_below_abi4(place: dict[str, Path], tmp_path: Path) -> None:
+    """The host allowlist also needs Landlock's TCP rules (ABI 4: without them the tool can
+    bind any port), and serve runs its tools strictly: below ABI 4, --allow-host is refused
+    naming the gap and this command's way out, not options it does not have."""
+    require_mcp()
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    done = Scene(3, False, cache).run(
+        [sys.executable, "-P", "-m", "sandlock", "mcp", "serve", "--workspace", str(place["ws"]),
+         "--allow-host", "127.0.0.1:9"], place["ws"], input="")
+    assert done.returncode == 125, done.stderr
+    assert "the fetch tool (--allow-host)" in done.stderr
+    assert "TCP port restriction (needs Landlock ABI 4)" in done.stderr
+    assert "run it without --allow-host" in done.stderr and "Refusing to run." not in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("compat", ["strict", "best-effort"])
