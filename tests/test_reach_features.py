@@ -350,7 +350,8 @@ def _gateway(scene: Scene, place: dict[str, Path], head: str = "", tail: str = "
     registry = place["root"] / "registry"
     registry.mkdir(exist_ok=True)
     (registry / "listing.toml").write_text(python_policy())
-    read = python_policy("${workspace}").replace("version = 1\n", "version = 1\n" + head, 1)
+    read = python_policy("${workspace}", isolation="tool")  # one instance for both calls
+    read = read.replace("version = 1\n", "version = 1\n" + head, 1)
     (registry / "read.toml").write_text(read + tail)
     argv = scene.argv([sys.executable, "-P", "-m", "sandlock", "mcp", "--registry", str(registry),
                        "--var", f"workspace={place['ws']}", "--", sys.executable, str(SERVER)])
@@ -387,12 +388,18 @@ def test_mcp_gateway_and_serve(scene: Scene, place: dict[str, Path],
             assert fetched == f"hello from port {allowed}"
             refused = client.call("fetch", {"url": f"http://127.0.0.1:{other}/"})
             assert refused.is_error and f"hello from port {other}" not in text(refused)
-    # controls: the other port answers without sandlock; the same server, unconfined,
-    # reads the secret
+
+
+def test_mcp_controls(place: dict[str, Path], web: tuple[int, int]) -> None:  # noqa: F811
+    """Positive controls of the test above: the other port answers without sandlock, and
+    the same server, unconfined, reads the secret."""
+    require_mcp()
+    other = web[1]
     with urllib.request.urlopen(f"http://127.0.0.1:{other}/", timeout=30) as answer:
         assert answer.read().decode() == f"hello from port {other}"
-    with session([sys.executable, str(SERVER)], cwd=str(ws), errlog=place["root"] / "plain.err") as client:
-        assert text(client.call("read", {"path": str(secret)})).strip() == SECRET
+    with session([sys.executable, str(SERVER)], cwd=str(place["ws"]),
+                 errlog=place["root"] / "plain.err") as client:
+        assert text(client.call("read", {"path": str(place["secret"])})).strip() == SECRET
 
 
 def test_mcp_serve_fetch_refused_below_abi4(place: dict[str, Path], tmp_path: Path) -> None:
