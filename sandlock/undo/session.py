@@ -83,6 +83,25 @@ def moved(policy: Policy, copies: Mapping[str, str]) -> Policy:
     return replace(policy, paths=paths, env=env)
 
 
+def confined_by_landlock(mode: str) -> None:
+    """Refuse a review where Landlock confines no file (no Landlock, or ``SANDLOCK_ABI=0``),
+    whatever the policy's compat: what a review promises is Landlock's to keep. A dry run's
+    originals are kept apart only by not being granted, and a checkpoint's snapshot only by
+    the state directory no grant reaches; without filesystem confinement the tool writes
+    the originals, or deletes the snapshot a rollback needs, and the review would still
+    say "the originals are unchanged" or "rollback restores"."""
+    from ..compile import abi, ruleset
+
+    if abi.fs_handled(ruleset.detect_abi()):
+        return
+    kept = ("the originals a dry run keeps apart" if mode == DRY_RUN
+            else "the snapshot a rollback restores")
+    raise UndoError(f"a {mode} needs Landlock filesystem confinement, and {ruleset.landlock_missing()}: "
+                    f"without it the tool can write {kept}, so --best-effort (compat = "
+                    "\"best-effort\") does not lift this; run it on a kernel with Landlock "
+                    "(Linux 5.13+, \"landlock\" in the lsm= boot parameter), or without the review")
+
+
 class Review:
     """A run under review: :meth:`prepare` before compiling, :meth:`finish` once the
     tool (and everything it started) is gone. ``name`` is the run's name afterwards."""
@@ -103,6 +122,7 @@ class Review:
 
     def prepare(self, policy: Policy) -> Policy:
         """Copy or snapshot the trees; the policy to compile (a dry run's grants moved)."""
+        confined_by_landlock(self.mode)
         self.trees = write_trees(policy)
         if not self.trees:
             raise UndoError(f"{policy.source}: no write-granted directory: nothing to "
@@ -211,8 +231,11 @@ class Review:
         return self.name
 
     def discard_now(self) -> None:
-        if self.name:
-            forget(self.name)
+        """Forget this run (record and copies), once: a second call (the caller's, after
+        :meth:`prepare` discarded what it had begun) has nothing left to forget."""
+        name, self.name = self.name, ""
+        if name:
+            forget(name)
 
 
 def _hash_originals(top: str, before: tree.Manifest, after: tree.Manifest) -> None:

@@ -248,6 +248,7 @@ class Gateway:
         self._init: Optional[dict[str, Any]] = None
         self._listing: Optional[Instance] = None
         self._warm: dict[str, Instance] = {}
+        self._warned: set[str] = set()  #: entries whose unenforced protections were said
         #: client id -> (instance, its id there) of a request in flight (for cancellation)
         self._inflight: dict[wire.Id, tuple[Instance, int]] = {}
         self._workers: list[threading.Thread] = []
@@ -337,7 +338,26 @@ class Gateway:
 
     def _instance(self, entry: str, label: str) -> Instance:
         box = self.registry.sandbox(entry, self.variables)
+        self._warn(entry, box)
         return Instance(box, self.argv, label, self.send, self._err)
+
+    def _warn(self, entry: str, box: Sandbox) -> None:
+        """Say, once per entry, what its policy relies on and this kernel does not enforce
+        (a best-effort policy, or gaps it accepts), as `sandlock run` does before each run:
+        the gateway's stderr is where the client's user reads it. A per-user process limit
+        is left to `explain` and `check`, as `run` leaves it unless it can bite."""
+        from ...linux.process import PER_USER_LIMIT
+
+        with self._lock:
+            if entry in self._warned:
+                return
+            self._warned.add(entry)
+        lines = [line for line in box.warnings if not line.startswith(PER_USER_LIMIT)]
+        if lines:
+            self._say(f"[{entry}] warning: NOT enforced for this caller on this kernel "
+                      f"(Landlock ABI {box.abi}):")
+            for line in lines:
+                self._say(f"[{entry}] warning:   - {line}")
 
     def _initialize(self, id: wire.Id, params: dict[str, Any]) -> None:
         if self._init is not None:

@@ -29,7 +29,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from ...errors import PolicyError
+from ...errors import KernelSupportError, PolicyError
 from ...trace.emit import printable
 
 if TYPE_CHECKING:
@@ -77,7 +77,17 @@ class Tools:
             self.boxes[tool] = by_profile[profile]
         self.hosts = tuple(hosts)
         if self.hosts:
-            self.boxes["fetch"] = Sandbox(fetch_policy(self.hosts))
+            try:
+                self.boxes["fetch"] = Sandbox(fetch_policy(self.hosts))
+            except KernelSupportError as exc:
+                # The compiler's refusal names the gaps; its way out (--accept,
+                # --best-effort) is not this command's: serve runs every tool strictly.
+                gaps = str(exc).split("\nRefusing to run.", 1)[0]
+                raise KernelSupportError(
+                    f"the fetch tool (--allow-host): {gaps}\n`sandlock mcp serve` runs every "
+                    "tool strictly (it has no --accept or --best-effort): on this kernel run it "
+                    "without --allow-host, or run a fetch server behind the gateway (`sandlock "
+                    "mcp --registry`), whose policy may accept the gap") from None
 
     def run(self, tool: str, argv: Sequence[str], input: Optional[str] = None) -> tuple[Result, str, str]:
         """Run ``argv`` under ``tool``'s sandbox in the workspace: the result, stdout, stderr."""
