@@ -56,3 +56,66 @@ def test_positive_control_the_slash_only_rule_lets_them_through(
     assert [s["headers"]["Authorization"] for s in upstream.seen] == [f"Bearer {SECRET}"] * 2
     for target in ("/api/v1/chat/admin", "/api/v1/keys/"):
         assert ask(server, _request(target, "", placeholder))[0] == 403
+
+
+# ----------------------------------------------------------------------------
+# Credential routes: bodies held at once
+
+
+def _hold_a_body(server: Any, placeholder: str, size: int) -> socket.socket:
+    """A connection that has sent all but the last byte of a ``size``-byte body, once the
+    route holds it (its request is in the route, not yet at the upstream)."""
+    sock = socket.create_connection(server.address, timeout=30)
+    head = ALLOWED.format(placeholder=placeholder) + f"Content-Length: {size}\r\n\r\n"
+    sock.sendall(head.encode() + b"a" * (size - 1))
+    held = getattr(H, "_HELD", None)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (held is None or held.count < size - 1):
+        time.sleep(0.05)
+        if held is None and time.monotonic() > deadline - 19:
+            break
+    return sock
+
+
+def _finish(sock: socket.socket) -> int:
+    sock.sendall(b"a")
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    return int(data.split(b" ", 2)[1])
+
+
+def _body_request(placeholder: str, size: int) -> bytes:
+    return (ALLOWED.format(placeholder=placeholder) + f"Content-Length: {size}\r\n\r\n"
+            ).encode() + b"b" * size
+
+
+@pytest.mark.any_user
+def test_request_bodies_held_at_once_are_bounded(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each body is held whole before the upstream is connected (up to 1 GiB), one per
+    connection (up to 256): without a bound on them together a tool fills the launcher's
+    disk (or memory: /tmp is often a tmpfs). Past the bound a request is a 503 from the
+    route, and its upstream never sees it; a body held is counted until its request ends."""
+    monkeypatch.setattr(H, "HELD_LIMIT", 3 << 20, raising=False)
+    server, placeholder = route()
+    first = _hold_a_body(server, placeholder, 2 << 20)
+    status, response = ask_half_closed(server, _body_request(placeholder, 2 << 20))
+    assert status == 503 and "sandlock route: " in response, response[:300]
+    assert upstream.seen == []
+    assert _finish(first) == 200
+    status, response = ask_half_closed(server, _body_request(placeholder, 2 << 20))
+    assert status == 200, response[:300]  # the first one's bytes were given back
+    assert [len(s["body"]) for s in upstream.seen] == [2 << 20] * 2
+
+
+@pytest.mark.any_user
+def test_positive_control_unbounded_the_bodies_are_held_together(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(H, "HELD_LIMIT", 1 << 40)
+    server, placeholder = route()
+    first = _hold_a_body(server, placeholder, 2 << 20)
+    status, response = ask_half_closed(server, _body_request(placeholder, 2 << 20))
+    assert status == 200, response[:300]
+    assert _finish(first) == 200

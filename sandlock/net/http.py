@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 import socket
 import tempfile
+import threading
+from contextlib import contextmanager
 from typing import IO, Iterable, Iterator, Sequence
 
 try:
@@ -45,6 +47,10 @@ MAX_HEADERS = 100
 BODY_LIMIT = 1 << 30
 #: Bytes of a held request body kept in memory; the rest waits in an unnamed temporary file.
 BODY_IN_MEMORY = 1 << 20
+#: Bytes of request bodies held at once by this process (a run's launcher, a Sandbox's
+#: route server), memory and temporary files together: without it, as many bodies as
+#: connections (256 of 1 GiB) would fill the disk or, in a tmpfs, the memory.
+HELD_LIMIT = BODY_LIMIT
 HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
 CONNECT_TIMEOUT = 15.0  #: seconds to connect to an upstream
 RECEIVE = 65536  #: bytes asked of one recv(2)
@@ -52,7 +58,8 @@ RECEIVE = 65536  #: bytes asked of one recv(2)
 HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization"})
 REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found",
            407: "Proxy Authentication Required", 413: "Content Too Large",
-           431: "Request Header Fields Too Large", 501: "Not Implemented", 502: "Bad Gateway"}
+           431: "Request Header Fields Too Large", 501: "Not Implemented", 502: "Bad Gateway",
+           503: "Service Unavailable"}
 #: Bytes no head line may hold: controls but HTAB, and DEL (RFC 9110 section 5.5).
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _END = re.compile(rb"\n\r?\n")
@@ -105,23 +112,29 @@ class Request:
             else:
                 raise HttpError(400, "malformed request body")
 
-    def held_body(self) -> IO[bytes]:
+    @contextmanager
+    def held_body(self) -> Iterator[IO[bytes]]:
         """The whole body, read and checked before anything is forwarded (as a reverse
         proxy that buffers requests does): a file at its start, in memory up to
-        :data:`BODY_IN_MEMORY` bytes, then an unnamed temporary file. A body that is
-        malformed, too large or cut short raises :class:`HttpError` here, so its head
-        never leaves. A client waiting for ``100 Continue`` gets it first."""
+        :data:`BODY_IN_MEMORY` bytes, then an unnamed temporary file, closed when the
+        ``with`` ends. A body that is malformed, too large or cut short, or that would
+        take the bytes held at once past :data:`HELD_LIMIT`, raises :class:`HttpError`
+        here, so its head never leaves. A client waiting for ``100 Continue`` gets it
+        first."""
         if self._conn.they_are_waiting_for_100_continue:
             self._send(h11.InformationalResponse(status_code=100, headers=[]))
         held = tempfile.SpooledTemporaryFile(max_size=BODY_IN_MEMORY)
+        taken = 0
         try:
             for data in self.body():
+                _HELD.take(len(data))
+                taken += len(data)
                 held.write(data)
             held.seek(0)
-        except BaseException:
+            yield held
+        finally:
             held.close()
-            raise
-        return held
+            _HELD.give(taken)
 
     def interim(self, head: "Head") -> None:
         """An interim (1xx) response head, as the upstream sent it (after the body)."""
@@ -143,6 +156,28 @@ class Request:
         except h11.ProtocolError as exc:
             raise HttpError(502, f"the upstream's response cannot be passed on ({exc})") from None
         self._sock.sendall(data or b"")
+
+
+class _Held:
+    """The count of request body bytes held at once in this process (:data:`HELD_LIMIT`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def take(self, count: int) -> None:
+        with self._lock:
+            if self.count + count > HELD_LIMIT:
+                raise HttpError(503, f"request bodies of {HELD_LIMIT} bytes are held at once "
+                                "(the limit); send it again later")
+            self.count += count
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self.count -= count
+
+
+_HELD = _Held()
 
 
 class Head:
