@@ -10,22 +10,17 @@ import time
 from typing import Any
 
 import pytest
-from test_credential_attacks import (  # noqa: F401 - fixtures used by name
-    ALLOWED,
-    SECRET,
-    _request,
-    ask,
-    ask_half_closed,
-    certificate,
-    count_connections,
-    other,
-    route,
-    upstream,
-)
+import test_credential_attacks as attacks
+from test_credential_attacks import ALLOWED, SECRET, _request, ask, ask_half_closed
 from test_credentials import Server
 
 from sandlock.net import http as H
 from sandlock.policy import credentials as C
+
+#: The route, its TLS upstream and their certificate, as tests/test_credential_attacks.py
+#: stands them up.
+certificate, other, upstream, route = (attacks.certificate, attacks.other, attacks.upstream,
+                                       attacks.route)
 
 # ----------------------------------------------------------------------------
 # Credential routes: a denied path with a trailing slash
