@@ -5,9 +5,16 @@ real gateway (confined instances on the real kernel), with its positive control.
 
 from __future__ import annotations
 
+import io
+import json
+import os
+import select
 import socket
+import sys
+import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 import test_credential_attacks as attacks
@@ -114,3 +121,179 @@ def test_positive_control_unbounded_the_bodies_are_held_together(
     status, response = ask_half_closed(server, _body_request(placeholder, 2 << 20))
     assert status == 200, response[:300]
     assert _finish(first) == 200
+
+
+# ----------------------------------------------------------------------------
+# The MCP gateway, driven in this process with raw JSON lines (the SDK's client sends
+# none of these shapes); its instances are the real confined processes.
+
+LENIENT = Path(__file__).resolve().parent / "mcp_lenient.py"
+MCP_SECRET = "mcp-s3cret-" + "x" * 8
+#: Seconds an answer may take (a confined instance starts, answers, stops).
+ANSWER = 60.0
+
+
+def _policy(*reads: str, isolation: str = "call") -> str:
+    grants = [sys.prefix, str(LENIENT.parent), *reads]
+    return (f'version = 1\nextends = ["python"]\n[filesystem]\nread = {json.dumps(grants)}\n'
+            f'[mcp]\nisolation = "{isolation}"\n')
+
+
+class Driver:
+    """A :class:`Gateway` serving raw lines written here; its answers read back here."""
+
+    def __init__(self, registry: Path, secret: Path) -> None:
+        from sandlock.api.registry import Registry
+        from sandlock.integrations.mcp.gateway import Gateway
+
+        self.registry = Registry(registry)
+        into, self._write = os.pipe()
+        self._read, out = os.pipe()
+        self.err = io.StringIO()
+        self.gateway = Gateway(self.registry, [sys.executable, str(LENIENT), "--secret",
+                                               str(secret)],
+                               stdout=os.fdopen(out, "wb"), stderr=self.err)
+        self._thread = threading.Thread(target=self.gateway.serve, args=(into,), daemon=True)
+        self._thread.start()
+        self._pending = b""
+        self.notes: list[dict[str, Any]] = []
+        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "attack", "version": "1"}}})
+        assert "result" in self.answer(0), self.err.getvalue()
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, message: Any) -> None:
+        self.line(json.dumps(message))
+
+    def line(self, text: str) -> None:
+        os.write(self._write, text.encode() + b"\n")
+
+    def answer(self, id: Any, timeout: float = ANSWER) -> dict[str, Any]:
+        """The response to ``id`` (notifications before it kept in ``notes``); an
+        AssertionError when none comes in time."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self._pending:
+                line, self._pending = self._pending.split(b"\n", 1)
+                message = json.loads(line)
+                if "id" not in message:
+                    self.notes.append(message)
+                elif message["id"] == id:
+                    return dict(message)
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._read], [], [], left)[0]:
+                raise AssertionError(f"no answer to {id!r} in {timeout:g} s")
+            self._pending += os.read(self._read, 1 << 20)
+
+    def call(self, id: int, params: dict[str, Any], timeout: float = ANSWER) -> dict[str, Any]:
+        self.send({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+        return self.answer(id, timeout)
+
+    def close(self) -> None:
+        os.close(self._write)
+        self._thread.join(timeout=30)
+        self.registry.close()
+        os.close(self._read)
+
+
+@pytest.fixture(scope="module")
+def mcp_place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A registry whose ``listing`` and ``wide`` entries may read the secret, ``narrow``
+    may not; ``deep``, ``deep-note`` and ``surrogate`` keep one warm instance each."""
+    root = tmp_path_factory.mktemp("mcp-attack")
+    registry, secret = root / "registry", root / "secret" / "key.txt"
+    for directory in (registry, secret.parent):
+        directory.mkdir()
+        os.chmod(directory, 0o755)
+    secret.write_text(MCP_SECRET + "\n")
+    os.chmod(secret, 0o644)
+    for name, reads in (("listing", [str(secret.parent)]), ("wide", [str(secret.parent)]),
+                        ("narrow", [])):
+        (registry / f"{name}.toml").write_text(_policy(*reads))
+    for name in ("deep", "deep-note", "surrogate"):
+        (registry / f"{name}.toml").write_text(_policy(isolation="tool"))
+    return {"registry": registry, "secret": secret}
+
+
+@pytest.fixture
+def mcp(mcp_place: dict[str, Path]) -> Iterator[Driver]:
+    driver = Driver(mcp_place["registry"], mcp_place["secret"])
+    yield driver
+    driver.close()
+
+
+def _text(response: dict[str, Any]) -> str:
+    return "".join(block.get("text", "") for block in response["result"]["content"])
+
+
+@pytest.mark.parametrize("tool", ["deep", "deep-note", "surrogate"])
+def test_a_hostile_server_line_never_leaves_a_call_unanswered(mcp: Driver, tool: str) -> None:
+    """A message nested 50000 deep (json.loads: RecursionError) or holding a lone surrogate
+    (valid JSON; UTF-8 cannot encode it) killed the thread that read the instance or the
+    one that answered the client: the call, and every later call sent to that warm
+    instance, waited for ever. Now the first is refused as not JSON (the instance is
+    stopped and replaced), the second relayed as the JSON escape it came as."""
+    first = mcp.call(1, {"name": tool, "arguments": {}}, timeout=30)
+    if tool == "surrogate":
+        assert _text(first) == "a\ud800b"
+    else:
+        assert first["error"]["code"] == -32002 and "not JSON" in first["error"]["message"]
+    again = mcp.call(2, {"name": tool, "arguments": {}}, timeout=30)  # the same entry's instance
+    assert ("result" in again) == (tool == "surrogate"), again
+    assert _text(mcp.call(3, {"name": "narrow", "arguments": {}})).startswith("narrow: denied")
+    assert "Traceback" not in mcp.err.getvalue()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_positive_control_without_the_depth_bound_the_call_waits(
+        mcp: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandlock.integrations.mcp import wire
+
+    monkeypatch.setattr(wire, "MAX_DEPTH", 1 << 30)
+    monkeypatch.setattr(wire, "_RECURSION", ())  # a RecursionError no longer read as "not JSON"
+    with pytest.raises(AssertionError, match="no answer"):
+        mcp.call(1, {"name": "deep-note", "arguments": {}}, timeout=5)
+
+
+def test_a_case_variant_name_key_is_refused(mcp: Driver) -> None:
+    """``{"name": "wide", "Name": "narrow"}``: the gateway chose the policy of ``wide``; a
+    server decoding with Go's encoding/json (case-insensitive keys, the last one wins)
+    runs ``narrow`` under it. Refused, naming both keys."""
+    response = mcp.call(1, {"name": "wide", "Name": "narrow", "arguments": {}})
+    assert response["error"]["code"] == -32602, response
+    assert "'Name'" in response["error"]["message"] and "'name'" in response["error"]["message"]
+    assert _text(mcp.call(2, {"name": "narrow", "arguments": {}})) == "narrow: denied (errno 13)"
+    assert _text(mcp.call(3, {"name": "wide", "arguments": {}})) == f"wide: {MCP_SECRET}"
+
+
+def test_positive_control_without_the_key_check_narrow_runs_under_wide(
+        mcp: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "_ambiguous", lambda params: None)
+    response = mcp.call(1, {"name": "wide", "Name": "narrow", "arguments": {}})
+    assert _text(response) == f"narrow: {MCP_SECRET}"
+
+
+def test_a_tool_call_sent_as_a_notification_never_reaches_a_server(mcp: Driver) -> None:
+    """A notification is no tool call to the gateway: it went to the listing instance,
+    where a server that dispatches on the method alone ran the tool under the listing
+    policy. Only MCP's own notifications (``notifications/...``) are relayed."""
+    mcp.send({"jsonrpc": "2.0", "method": "tools/call",
+              "params": {"name": "narrow", "arguments": {}}})
+    mcp.send({"jsonrpc": "2.0", "id": 9, "method": "ping"})
+    assert "result" in mcp.answer(9)  # after the notification, had it been relayed
+    assert not any(MCP_SECRET in json.dumps(note) for note in mcp.notes), mcp.notes
+
+
+def test_positive_control_relayed_the_notification_runs_the_tool(
+        mcp: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "NOTIFICATION", "")
+    mcp.send({"jsonrpc": "2.0", "method": "tools/call",
+              "params": {"name": "narrow", "arguments": {}}})
+    mcp.send({"jsonrpc": "2.0", "id": 9, "method": "ping"})
+    mcp.answer(9)
+    assert [note["params"]["data"] for note in mcp.notes] == [f"narrow: {MCP_SECRET}"]

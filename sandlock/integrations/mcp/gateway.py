@@ -50,6 +50,10 @@ MAX_STDERR_LINE = 2000
 START_TIMEOUT = 120.0
 #: How long a stopped instance gets to exit after its stdin closes, before it is killed.
 STOP_GRACE = 0.5
+#: The prefix of every notification MCP defines; a client's notification without it is
+#: dropped: a server that dispatches on the method alone would run a ``tools/call``
+#: sent as one, in the listing instance, under the listing policy.
+NOTIFICATION = "notifications/"
 
 
 class ServerFailed(Exception):
@@ -230,6 +234,11 @@ class Instance:
             thread.join(timeout=10)
 
 
+def _ambiguous(params: dict[str, Any]) -> Optional[str]:
+    """A key of a tools/call's ``params`` that is ``name`` in another case (or None)."""
+    return next((key for key in params if key != "name" and key.casefold() == "name"), None)
+
+
 class Gateway:
     """The client's server: reads the client's messages, answers them from confined instances."""
 
@@ -311,6 +320,8 @@ class Gateway:
         worker.start()
 
     def _notification(self, message: dict[str, Any]) -> None:
+        if not message["method"].startswith(NOTIFICATION):
+            return  # JSON-RPC answers no notification, refused or not
         if message["method"] == "notifications/cancelled":
             params = message.get("params") or {}
             request = params.get("requestId")
@@ -383,6 +394,14 @@ class Gateway:
         name = (params or {}).get("name")
         if not isinstance(name, str):
             self.send(wire.error(id, wire.INVALID_PARAMS, "tools/call needs a tool name"))
+            return
+        twin = _ambiguous(params or {})
+        if twin is not None:
+            self.send(wire.error(id, wire.INVALID_PARAMS,
+                                 f"tools/call params hold {printable(repr(twin))[:100]} beside "
+                                 "'name': a server reading keys regardless of case (Go's "
+                                 "encoding/json) would run another tool than the one whose "
+                                 "policy applies; refused"))
             return
         entry = self.entry(name)
         if entry is None:
