@@ -124,6 +124,77 @@ def test_positive_control_unbounded_the_bodies_are_held_together(
 
 
 # ----------------------------------------------------------------------------
+# Credential routes: connections that sent a head and trickle their body
+
+
+def _trickling(server: Any, placeholder: str, count: int) -> list[socket.socket]:
+    """``count`` connections that sent an allowed request's head with their placeholder
+    and one byte of a 100-byte body, once the route has read their heads."""
+    held = []
+    for _ in range(count):
+        sock = socket.create_connection(server.address, timeout=30)
+        sock.sendall((ALLOWED.format(placeholder=placeholder)
+                      + "Content-Length: 100\r\n\r\nx").encode())
+        held.append(sock)
+    time.sleep(1.0)
+    return held
+
+
+def _status(server: Any, request: bytes) -> int:
+    """The route's answer's status; 0 when it closed the connection without one."""
+    try:
+        return ask_half_closed(server, request)[0]
+    except OSError:
+        return 0
+
+
+@pytest.mark.any_user
+def test_a_request_still_sending_its_body_is_let_go_before_another_is_refused(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the API one route server serves every call of a Sandbox. A call that fills
+    its connections with requests whose heads are in and whose bodies never end (a byte
+    every 29 s keeps each one) kept every other call's requests out: only a connection
+    without its head was let go. A request counts as silent until its body is in."""
+    from sandlock.net import listener
+
+    monkeypatch.setattr(listener, "MAX_CLIENTS", 8)
+    server, placeholder = route()
+    hogs = _trickling(server, placeholder, 8)
+    try:
+        status = _status(server, _body_request(placeholder, 5))
+    finally:
+        for sock in hogs:
+            sock.close()
+    assert status == 200
+    assert [s["body"] for s in upstream.seen] == ["bbbbb"]
+
+
+@pytest.mark.any_user
+def test_positive_control_a_request_in_is_not_let_go_for_another(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a connection counted as heard once its head is in, the same victim is refused."""
+    from sandlock.net import listener
+
+    monkeypatch.setattr(listener, "MAX_CLIENTS", 8)
+    server, placeholder = route()
+    read_request = H.read_request
+
+    def heard_at_its_head(sock: socket.socket) -> H.Request:
+        request = read_request(sock)
+        server._heard(sock)
+        return request
+
+    monkeypatch.setattr(H, "read_request", heard_at_its_head)
+    hogs = _trickling(server, placeholder, 8)
+    try:
+        status = _status(server, _body_request(placeholder, 5))
+    finally:
+        for sock in hogs:
+            sock.close()
+    assert status == 0 and upstream.seen == []
+
+
+# ----------------------------------------------------------------------------
 # The MCP gateway, driven in this process with raw JSON lines (the SDK's client sends
 # none of these shapes); its instances are the real confined processes.
 
