@@ -280,7 +280,7 @@ def mcp_place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     secret.write_text(MCP_SECRET + "\n")
     os.chmod(secret, 0o644)
     for name, reads in (("listing", [str(secret.parent)]), ("wide", [str(secret.parent)]),
-                        ("narrow", [])):
+                        ("narrow", []), ("hang", [])):
         (registry / f"{name}.toml").write_text(_policy(*reads))
     for name in ("deep", "deep-note", "surrogate"):
         (registry / f"{name}.toml").write_text(_policy(isolation="tool"))
@@ -368,3 +368,52 @@ def test_positive_control_relayed_the_notification_runs_the_tool(
     mcp.send({"jsonrpc": "2.0", "id": 9, "method": "ping"})
     mcp.answer(9)
     assert [note["params"]["data"] for note in mcp.notes] == [f"narrow: {MCP_SECRET}"]
+
+
+def _hang_and_cancel(driver: Driver, ids: range) -> None:
+    """Calls of ``hang`` under ``ids``, each cancelled by the client once it runs."""
+    for id in ids:
+        driver.send({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                     "params": {"name": "hang", "arguments": {}}})
+    deadline = time.monotonic() + ANSWER
+    while time.monotonic() < deadline and set(ids) - set(driver.gateway._inflight):
+        time.sleep(0.05)
+    for id in ids:
+        driver.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                     "params": {"requestId": id, "reason": "took too long"}})
+
+
+def test_a_cancelled_call_gives_its_slot_back(
+        mcp_place: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that never answers a call kept its per-call instance, and one of the
+    gateway's MAX_CALLS slots, after the client cancelled the call (and without a
+    policy timeout, for ever): MAX_CALLS such calls and no tool call ran again. A
+    cancelled call's own instance is now stopped."""
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "MAX_CALLS", 2)
+    driver = Driver(mcp_place["registry"], mcp_place["secret"])
+    try:
+        _hang_and_cancel(driver, range(1, 3))
+        answer = driver.call(3, {"name": "narrow", "arguments": {}}, timeout=30)
+        assert _text(answer) == "narrow: denied (errno 13)"
+    finally:
+        driver.close()
+
+
+def test_positive_control_a_cancelled_call_left_running_keeps_its_slot(
+        mcp_place: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "MAX_CALLS", 2)
+    monkeypatch.setattr(gateway.Instance, "one_call", property(
+        lambda self: False, lambda self, value: None), raising=False)
+    driver = Driver(mcp_place["registry"], mcp_place["secret"])
+    try:
+        _hang_and_cancel(driver, range(1, 3))
+        with pytest.raises(AssertionError, match="no answer"):
+            driver.call(3, {"name": "narrow", "arguments": {}}, timeout=3)
+        for instance, _ in list(driver.gateway._inflight.values()):
+            instance.process.kill()  # (the test's own clean-up)
+    finally:
+        driver.close()

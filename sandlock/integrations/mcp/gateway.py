@@ -74,6 +74,8 @@ class Instance:
         from ...api.sandbox import PIPE
 
         self.label = label
+        #: Started for one call (``isolation = "call"``): a cancelled call ends it.
+        self.one_call = False
         self._notify_client = notify_client
         self._stderr = stderr
         self.process: Process = box.popen(list(argv), stdin=PIPE, stdout=PIPE, stderr=PIPE)
@@ -331,6 +333,8 @@ class Gateway:
                 instance, id = target
                 self._quietly(instance.notify, wire.notification(
                     "notifications/cancelled", {**params, "requestId": id}))
+                if instance.one_call:  # a server that never answers kept the call's slot
+                    instance.process.kill()
             return
         if message["method"] == "notifications/initialized":
             return  # each instance gets its own from the gateway's handshake
@@ -417,6 +421,7 @@ class Gateway:
                 fresh = instance is None
                 if instance is None:
                     instance = self._instance(entry, name)
+                    instance.one_call = True
             except (SandlockError, ServerFailed) as exc:
                 self.send(wire.error(id, wire.SERVER_FAILED, f"{who} could not start: {exc}"))
                 return
