@@ -5,7 +5,7 @@ answers some calls with what a gateway must survive. Run as a script, confined o
   decodes ``{"name": "a", "Name": "b"}`` into a struct's ``name`` field as ``b``.
 * A ``tools/call`` sent as a notification (no id) is run too, as JSON-RPC dispatchers
   that look only at the method do; its result comes back as a log notification.
-* Tool ``hang`` never answers. Tool ``deep`` answers with a result nested 50000 deep,
+* Tools ``hang*`` never answer. Tool ``deep`` answers with a result nested 50000 deep,
   ``deep-note`` sends such a notification first, ``surrogate`` answers with a lone
   UTF-16 surrogate (``\\ud800``, valid JSON text that no UTF-8 encoder takes back).
 * Any other tool ``NAME`` tries to read the file named by ``--secret PATH`` and answers
@@ -69,7 +69,7 @@ def main() -> None:
                 raw('{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info",'
                     '"data":%s0%s}}' % ("[" * DEPTH, "]" * DEPTH))
                 send(result(id, "deep-note answered"))
-            elif name == "hang":
+            elif str(name).startswith("hang"):
                 pass  # never answers, whatever the client says
             elif name == "surrogate":
                 raw('{"jsonrpc":"2.0","id":%d,"result":{"content":[{"type":"text",'

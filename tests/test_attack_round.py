@@ -282,7 +282,7 @@ def mcp_place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, reads in (("listing", [str(secret.parent)]), ("wide", [str(secret.parent)]),
                         ("narrow", []), ("hang", [])):
         (registry / f"{name}.toml").write_text(_policy(*reads))
-    for name in ("deep", "deep-note", "surrogate"):
+    for name in ("deep", "deep-note", "surrogate", "hang-warm"):
         (registry / f"{name}.toml").write_text(_policy(isolation="tool"))
     return {"registry": registry, "secret": secret}
 
@@ -370,11 +370,12 @@ def test_positive_control_relayed_the_notification_runs_the_tool(
     assert [note["params"]["data"] for note in mcp.notes] == [f"narrow: {MCP_SECRET}"]
 
 
-def _hang_and_cancel(driver: Driver, ids: range) -> None:
-    """Calls of ``hang`` under ``ids``, each cancelled by the client once it runs."""
+def _hang_and_cancel(driver: Driver, ids: range, tool: str) -> None:
+    """Calls of ``tool`` (``hang``: an instance each; ``hang-warm``: one warm instance)
+    under ``ids``, each cancelled by the client once it runs."""
     for id in ids:
         driver.send({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-                     "params": {"name": "hang", "arguments": {}}})
+                     "params": {"name": tool, "arguments": {}}})
     deadline = time.monotonic() + ANSWER
     while time.monotonic() < deadline and set(ids) - set(driver.gateway._inflight):
         time.sleep(0.05)
@@ -385,18 +386,19 @@ def _hang_and_cancel(driver: Driver, ids: range) -> None:
 
 def test_a_cancelled_call_gives_its_slot_back(
         mcp_place: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A server that never answers a call kept its per-call instance, and one of the
-    gateway's MAX_CALLS slots, after the client cancelled the call (and without a
-    policy timeout, for ever): MAX_CALLS such calls and no tool call ran again. A
-    cancelled call's own instance is now stopped."""
+    """A server that never answers a call kept one of the gateway's MAX_CALLS slots after
+    the client cancelled the call (without a policy timeout, for ever): MAX_CALLS such
+    calls and no tool call ran again. A cancelled call is given up (its own instance
+    stopped, a warm one left serving)."""
     from sandlock.integrations.mcp import gateway
 
     monkeypatch.setattr(gateway, "MAX_CALLS", 2)
     driver = Driver(mcp_place["registry"], mcp_place["secret"])
     try:
-        _hang_and_cancel(driver, range(1, 3))
-        answer = driver.call(3, {"name": "narrow", "arguments": {}}, timeout=30)
-        assert _text(answer) == "narrow: denied (errno 13)"
+        for first, tool in ((1, "hang-warm"), (4, "hang")):
+            _hang_and_cancel(driver, range(first, first + 2), tool)
+            answer = driver.call(first + 2, {"name": "narrow", "arguments": {}}, timeout=30)
+            assert _text(answer) == "narrow: denied (errno 13)", tool
     finally:
         driver.close()
 
@@ -406,11 +408,10 @@ def test_positive_control_a_cancelled_call_left_running_keeps_its_slot(
     from sandlock.integrations.mcp import gateway
 
     monkeypatch.setattr(gateway, "MAX_CALLS", 2)
-    monkeypatch.setattr(gateway.Instance, "one_call", property(
-        lambda self: False, lambda self, value: None), raising=False)
+    monkeypatch.setattr(gateway.Instance, "cancel", lambda self, id: None, raising=False)
     driver = Driver(mcp_place["registry"], mcp_place["secret"])
     try:
-        _hang_and_cancel(driver, range(1, 3))
+        _hang_and_cancel(driver, range(1, 3), "hang-warm")
         with pytest.raises(AssertionError, match="no answer"):
             driver.call(3, {"name": "narrow", "arguments": {}}, timeout=3)
         for instance, _ in list(driver.gateway._inflight.values()):

@@ -64,6 +64,7 @@ class _Slot:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.response: Optional[dict[str, Any]] = None
+        self.why: Optional[str] = None  #: why it is done without a response
 
 
 class Instance:
@@ -74,8 +75,6 @@ class Instance:
         from ...api.sandbox import PIPE
 
         self.label = label
-        #: Started for one call (``isolation = "call"``): a cancelled call ends it.
-        self.one_call = False
         self._notify_client = notify_client
         self._stderr = stderr
         self.process: Process = box.popen(list(argv), stdin=PIPE, stdout=PIPE, stderr=PIPE)
@@ -118,8 +117,18 @@ class Instance:
         if not slot.done.wait(timeout):
             raise ServerFailed(f"did not answer within {timeout:g} s")
         if slot.response is None:
-            raise ServerFailed(self.failed or "stopped")
+            raise ServerFailed(slot.why or self.failed or "stopped")
         return slot.response
+
+    def cancel(self, id: int) -> None:
+        """Stop waiting for the answer to ``id``: the client cancelled it. A server that
+        never answers kept the call's slot (one of :data:`MAX_CALLS`) for ever; a call's
+        own instance is stopped as the call ends, a warm one keeps serving."""
+        with self._lock:
+            slot = self._waiting.pop(id, None)
+        if slot is not None:
+            slot.why = "was cancelled by the client"
+            slot.done.set()
 
     def request(self, method: str, params: Optional[dict[str, Any]],
                 timeout: Optional[float] = None) -> dict[str, Any]:
@@ -333,8 +342,7 @@ class Gateway:
                 instance, id = target
                 self._quietly(instance.notify, wire.notification(
                     "notifications/cancelled", {**params, "requestId": id}))
-                if instance.one_call:  # a server that never answers kept the call's slot
-                    instance.process.kill()
+                instance.cancel(id)
             return
         if message["method"] == "notifications/initialized":
             return  # each instance gets its own from the gateway's handshake
@@ -421,7 +429,6 @@ class Gateway:
                 fresh = instance is None
                 if instance is None:
                     instance = self._instance(entry, name)
-                    instance.one_call = True
             except (SandlockError, ServerFailed) as exc:
                 self.send(wire.error(id, wire.SERVER_FAILED, f"{who} could not start: {exc}"))
                 return
