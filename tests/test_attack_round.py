@@ -61,6 +61,56 @@ def test_positive_control_the_slash_only_rule_lets_them_through(
 
 
 # ----------------------------------------------------------------------------
+# Credential routes: a secret h11 refuses to send
+
+
+EDGE_SECRET = "sk-edge-" + "7" * 16 + " "
+
+
+def _edge_route(upstream: Server, certificate: tuple[Path, Path]) -> tuple[Any, str]:
+    from sandlock.net import routes as R
+
+    server = R.RouteServer([attacks._credential(upstream, certificate[0])],
+                           [(attacks.HOST, "127.0.0.1")], lambda _message: None)
+    placeholder = server.session({"api": EDGE_SECRET}).placeholders["api"]
+    server.start()
+    return server, placeholder
+
+
+@pytest.mark.any_user
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_secret_that_ends_with_a_space_never_comes_back_in_the_refusal(
+        upstream: Server, certificate: tuple[Path, Path]) -> None:
+    """h11 refuses a header value that ends with a space as it builds the request, and
+    its message quotes the value: the route's thread died with ``Illegal header value
+    b'Bearer <secret> '`` in a traceback on the launcher's stderr (which an agent reads
+    back with the tool's output), and the tool got no answer. Now it is a 400 that quotes
+    nothing, and such a secret is refused when a run starts."""
+    server, placeholder = _edge_route(upstream, certificate)
+    try:
+        status, response = ask(server, _request("/api/v1/x", "", placeholder))
+    finally:
+        server.stop()
+    assert status == 400 and "sandlock route: " in response, response
+    assert EDGE_SECRET.strip() not in response
+    item = attacks._credential(upstream, certificate[0])
+    with pytest.raises(C.CredentialError, match="ends with a space or tab"):
+        C.secrets_for([item], [], {}, {"api": EDGE_SECRET})
+    assert C.secrets_for([item], [], {}, {"api": EDGE_SECRET.strip()})  # control
+
+
+@pytest.mark.any_user
+def test_positive_control_h11_quotes_the_value_it_refuses() -> None:
+    """What the route used to put in its answer: h11's own message, with the secret."""
+    import h11
+
+    with pytest.raises(h11.LocalProtocolError) as refused:
+        h11.Connection(h11.CLIENT).send(h11.Request(method="GET", target="/", headers=[
+            ("Host", "a"), ("Authorization", f"Bearer {EDGE_SECRET}")]))
+    assert EDGE_SECRET in str(refused.value)
+
+
+# ----------------------------------------------------------------------------
 # Credential routes: bodies held at once
 
 

@@ -29,7 +29,7 @@ import socket
 import tempfile
 import threading
 from contextlib import contextmanager
-from typing import IO, Iterable, Iterator, Sequence
+from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 try:
     import h11
@@ -38,6 +38,8 @@ except ImportError:  # a broken install: say which part is missing, never a trac
 
     raise SetupError("[network] allow and [credentials] need the Python package h11 (a "
                      "dependency of sandlock): install it, e.g. pip install 'h11>=0.16'") from None
+
+_Event = TypeVar("_Event", bound="h11.Event")
 
 #: Bytes of a request head (request line and headers), and of an upstream's response head.
 HEAD_LIMIT = 64 * 1024
@@ -138,13 +140,13 @@ class Request:
 
     def interim(self, head: "Head") -> None:
         """An interim (1xx) response head, as the upstream sent it (after the body)."""
-        self._send(h11.InformationalResponse(status_code=head.status, reason=head.reason,
-                                             headers=list(head.headers)))
+        self._send(_head(h11.InformationalResponse, 502, _UNPASSABLE, status_code=head.status,
+                         reason=head.reason, headers=list(head.headers)))
 
     def respond(self, head: "Head", body: Iterable[bytes]) -> None:
         """The response, its body written as it comes (after the request's body)."""
-        self._send(h11.Response(status_code=head.status, reason=head.reason,
-                                headers=list(head.headers)))
+        self._send(_head(h11.Response, 502, _UNPASSABLE, status_code=head.status,
+                         reason=head.reason, headers=list(head.headers)))
         for data in body:
             if data:
                 self._send(h11.Data(data=data))
@@ -153,8 +155,8 @@ class Request:
     def _send(self, event: h11.Event) -> None:
         try:
             data = self._conn.send(event)
-        except h11.ProtocolError as exc:
-            raise HttpError(502, f"the upstream's response cannot be passed on ({exc})") from None
+        except h11.ProtocolError:
+            raise HttpError(502, _UNPASSABLE) from None
         self._sock.sendall(data or b"")
 
 
@@ -310,7 +312,8 @@ class Upstream:
              body: Iterable[bytes]) -> None:
         """The request: its head, then its body framed as the head announces (the
         chunk sizes are h11's, never the tool's), then its end."""
-        self._send(h11.Request(method=method, target=target, headers=list(headers)))
+        self._send(_head(h11.Request, 400, _UNSENDABLE, method=method, target=target,
+                         headers=list(headers)))
         for data in body:
             if data:
                 self._send(h11.Data(data=data))
@@ -319,8 +322,8 @@ class Upstream:
     def _send(self, event: h11.Event) -> None:
         try:
             data = self._conn.send(event)
-        except h11.ProtocolError as exc:
-            raise HttpError(400, f"the request cannot be forwarded ({exc})") from None
+        except h11.ProtocolError:
+            raise HttpError(400, _UNSENDABLE) from None
         self.sock.sendall(data or b"")
 
     def response(self) -> Head:
@@ -344,6 +347,22 @@ class Upstream:
             if not isinstance(event, h11.Data):
                 return
             yield bytes(event.data)
+
+
+#: Why a message h11 refuses to write is not sent. Never h11's own text: it quotes the
+#: value it refused, in a route's request the header with the secret (a secret that ends
+#: with a space reached the tool that way, and the launcher's stderr in a traceback).
+_UNSENDABLE = "the request cannot be forwarded as HTTP/1.1"
+_UNPASSABLE = "the upstream's response cannot be passed on as HTTP/1.1"
+
+
+def _head(kind: Callable[..., _Event], status: int, message: str, **fields: Any) -> _Event:
+    """The h11 event ``kind(**fields)`` (h11 checks a head as it builds it); an
+    :class:`HttpError` ``status`` with ``message`` when h11 refuses it."""
+    try:
+        return kind(**fields)
+    except h11.ProtocolError:
+        raise HttpError(status, message) from None
 
 
 def chunks(held: IO[bytes]) -> Iterator[bytes]:

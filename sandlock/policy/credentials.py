@@ -423,6 +423,12 @@ def secrets_for(credentials: Sequence[Credential], grants: Sequence[Any],
         else:
             raise CredentialError("no secret: give from_env or from_file (or pass it with "
                                   "Sandbox(..., credentials={...}) from Python)", (item.name,))
+        value = item.attach(out[item.name])
+        if item.header is not None and value != value.strip(" \t"):
+            raise CredentialError(f"the secret in its format ({item.format!r}) begins or ends "
+                                  "with a space or tab, which no HTTP header value may: it "
+                                  "could never be sent; remove it from the secret",
+                                  (item.name,))
     return out
 
 
