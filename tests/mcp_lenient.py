@@ -3,6 +3,8 @@ answers some calls with what a gateway must survive. Run as a script, confined o
 
 * Keys are matched case-insensitively, the last one winning: Go's ``encoding/json``
   decodes ``{"name": "a", "Name": "b"}`` into a struct's ``name`` field as ``b``.
+* Tool names are read regardless of case and surrounding spaces (``" Narrow"`` is
+  ``narrow``).
 * A ``tools/call`` sent as a notification (no id) is run too, as JSON-RPC dispatchers
   that look only at the method do; its result comes back as a log notification.
 * Tools ``hang*`` never answer. Tool ``deep`` answers with a result nested 50000 deep,
@@ -62,7 +64,7 @@ def main() -> None:
                 {"name": name, "inputSchema": {"type": "object"}}
                 for name in ("narrow", "wide", "deep", "deep-note", "surrogate")]}})
         elif method == "tools/call":
-            name = params.get("name")
+            name = str(params.get("name")).strip().lower()
             if name == "deep":
                 raw('{"jsonrpc":"2.0","id":%d,"result":{"x":%s0%s}}' % (id, "[" * DEPTH, "]" * DEPTH))
             elif name == "deep-note":

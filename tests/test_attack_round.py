@@ -320,8 +320,8 @@ class Driver:
 
 @pytest.fixture(scope="module")
 def mcp_place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A registry whose ``listing`` and ``wide`` entries may read the secret, ``narrow``
-    may not; ``deep``, ``deep-note`` and ``surrogate`` keep one warm instance each."""
+    """A registry whose ``listing``, ``wide`` and ``default`` entries may read the secret,
+    ``narrow`` may not; ``deep``, ``deep-note`` and ``surrogate`` keep one warm instance each."""
     root = tmp_path_factory.mktemp("mcp-attack")
     registry, secret = root / "registry", root / "secret" / "key.txt"
     for directory in (registry, secret.parent):
@@ -330,6 +330,7 @@ def mcp_place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     secret.write_text(MCP_SECRET + "\n")
     os.chmod(secret, 0o644)
     for name, reads in (("listing", [str(secret.parent)]), ("wide", [str(secret.parent)]),
+                        ("default", [str(secret.parent)]),
                         ("narrow", []), ("hang", [])):
         (registry / f"{name}.toml").write_text(_policy(*reads))
     for name in ("deep", "deep-note", "surrogate", "hang-warm"):
@@ -395,6 +396,25 @@ def test_positive_control_without_the_key_check_narrow_runs_under_wide(
     monkeypatch.setattr(gateway, "_ambiguous", lambda params: None)
     response = mcp.call(1, {"name": "wide", "Name": "narrow", "arguments": {}})
     assert _text(response) == f"narrow: {MCP_SECRET}"
+
+
+@pytest.mark.parametrize("name", ["NARROW", " narrow", "narrow\t", "\uff4earrow"])
+def test_a_look_alike_of_a_registered_name_is_refused(mcp: Driver, name: str) -> None:
+    """``NARROW`` has no entry: it ran under ``default``, and a server that reads tool
+    names regardless of case, spaces or Unicode form ran ``narrow`` there, under a policy
+    wider than narrow's. A name that reads as a registered one is refused, naming it."""
+    response = mcp.call(1, {"name": name, "arguments": {}})
+    assert response["error"]["code"] == -32001, response
+    assert "'narrow'" in response["error"]["message"]
+    assert _text(mcp.call(2, {"name": "other", "arguments": {}})) == f"other: {MCP_SECRET}"
+
+
+def test_positive_control_a_look_alike_runs_the_tool_under_default(
+        mcp: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "_folded", lambda name: name)
+    assert _text(mcp.call(1, {"name": "NARROW", "arguments": {}})) == f"narrow: {MCP_SECRET}"
 
 
 def test_a_tool_call_sent_as_a_notification_never_reaches_a_server(mcp: Driver) -> None:

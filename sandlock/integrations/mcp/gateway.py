@@ -8,7 +8,9 @@ stdin/stdout, and starts the server only inside sandboxes, every time:
   ``listing`` entry, or ``default`` when there is none;
 * ``tools/call`` of tool NAME runs under the registry entry ``NAME`` (``NAME.toml`` or
   ``[tools.NAME]``), else ``default``; a tool with neither is refused with an MCP error
-  naming it, never run under some other policy;
+  naming it, never run under some other policy, and so is a name that is no entry but
+  reads as one to a loose server (``READ`` beside ``read``) and a call whose params hold
+  ``name`` in another case beside it (Go's encoding/json reads that one);
 * the entry's ``[mcp] isolation`` chooses how: ``"call"`` (the default) starts a fresh
   confined instance for the call (initialize it, call, stop it), so no call sees another's
   state and concurrent calls never share one; ``"tool"`` keeps one instance per entry warm
@@ -250,6 +252,14 @@ def _ambiguous(params: dict[str, Any]) -> Optional[str]:
     return next((key for key in params if key != "name" and key.casefold() == "name"), None)
 
 
+def _folded(name: str) -> str:
+    """``name`` as a server that looks tools up loosely may read it: NFKC, case-folded,
+    without surrounding white space."""
+    import unicodedata
+
+    return unicodedata.normalize("NFKC", name).casefold().strip()
+
+
 class Gateway:
     """The client's server: reads the client's messages, answers them from confined instances."""
 
@@ -396,6 +406,14 @@ class Gateway:
         except ServerFailed as exc:
             self.send(wire.error(id, wire.SERVER_FAILED, f"{who} {exc}"))
 
+    def _look_alike(self, tool: str) -> Optional[str]:
+        """The registry entry ``tool`` is not but reads as (:func:`_folded`), or None: a
+        server that looks tools up loosely would run that entry's tool under ``default``."""
+        if tool in self.registry:
+            return None
+        folded = _folded(tool)
+        return next((name for name in self.registry.names if _folded(name) == folded), None)
+
     def entry(self, tool: str) -> Optional[str]:
         """The registry entry a call of ``tool`` runs under, or None: refused."""
         if tool in self.registry and tool != LISTING:
@@ -420,6 +438,12 @@ class Gateway:
             self.send(wire.error(id, wire.TOOL_REFUSED,
                                  f"tool {name!r} has no policy in the sandlock registry "
                                  f"(no [tools.{name}], no default): refused"))
+            return
+        like = self._look_alike(name)
+        if like is not None:
+            self.send(wire.error(id, wire.TOOL_REFUSED,
+                                 f"tool {name!r} is not {like!r} but reads as it to a server "
+                                 "that ignores case, spaces or Unicode forms: refused"))
             return
         who = f"the server of tool {name!r}"
         with self._calls:
