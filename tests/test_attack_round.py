@@ -367,6 +367,21 @@ def test_a_hostile_server_line_never_leaves_a_call_unanswered(mcp: Driver, tool:
     assert "Traceback" not in mcp.err.getvalue()
 
 
+@pytest.mark.any_user
+def test_a_message_deeper_than_the_bound_is_not_json() -> None:
+    """Past the bound, not only past json.loads' recursion limit: a message 980 deep is
+    decoded, and re-encoding it in a thread a few dozen frames deep raises RecursionError."""
+    from sandlock.integrations.mcp import wire
+
+    def nested(depth: int) -> bytes:
+        return b'{"a":' * (depth - 1) + b"[]" + b"}" * (depth - 1)
+
+    with pytest.raises(ValueError, match="nested more than"):
+        wire.decode(nested(wire.MAX_DEPTH + 1))
+    assert wire.decode(nested(wire.MAX_DEPTH))  # control: at the bound
+    assert wire.decode(b"3") == 3 and wire.decode(b"[]") == []
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_positive_control_without_the_depth_bound_the_call_waits(
         mcp: Driver, monkeypatch: pytest.MonkeyPatch) -> None:
