@@ -76,14 +76,14 @@ def decode(line: bytes) -> Any:
         value = json.loads(line)
     except _RECURSION:
         raise ValueError(f"nested more than {MAX_DEPTH} deep") from None
-    containers = [(value, 1)] if isinstance(value, (dict, list)) else []
+    containers = [(value, 1)] if type(value) in (dict, list) else []  # json.loads' types
     while containers:
         item, depth = containers.pop()
-        if depth > MAX_DEPTH:
-            raise ValueError(f"nested more than {MAX_DEPTH} deep")
-        children = item.values() if isinstance(item, dict) else item
-        containers.extend((child, depth + 1) for child in children
-                          if isinstance(child, (dict, list)))
+        for child in item.values() if type(item) is dict else item:
+            if type(child) is dict or type(child) is list:
+                if depth >= MAX_DEPTH:
+                    raise ValueError(f"nested more than {MAX_DEPTH} deep")
+                containers.append((child, depth + 1))
     return value
 
 
