@@ -9,7 +9,8 @@ answers some calls with what a gateway must survive. Run as a script, confined o
   that look only at the method do; its result comes back as a log notification.
 * Tools ``hang*`` never answer. Tool ``deep`` answers with a result nested 50000 deep,
   ``deep-note`` sends such a notification first, ``surrogate`` answers with a lone
-  UTF-16 surrogate (``\\ud800``, valid JSON text that no UTF-8 encoder takes back).
+  UTF-16 surrogate (``\\ud800``, valid JSON text that no UTF-8 encoder takes back);
+  ``nan`` and ``inf`` answer with ``NaN`` and ``-1e999`` (no JSON; Python reads them).
 * Any other tool ``NAME`` tries to read the file named by ``--secret PATH`` and answers
   ``NAME: <its text>`` or ``NAME: denied (errno N)``.
 """
@@ -71,6 +72,9 @@ def main() -> None:
                 raw('{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info",'
                     '"data":%s0%s}}' % ("[" * DEPTH, "]" * DEPTH))
                 send(result(id, "deep-note answered"))
+            elif name in ("nan", "inf"):
+                raw('{"jsonrpc":"2.0","id":%d,"result":{"content":[],"x":%s}}'
+                    % (id, "NaN" if name == "nan" else "-1e999"))
             elif str(name).startswith("hang"):
                 pass  # never answers, whatever the client says
             elif name == "surrogate":

@@ -260,6 +260,18 @@ def _policy(*reads: str, isolation: str = "call") -> str:
             f'[mcp]\nisolation = "{isolation}"\n')
 
 
+def _strict(line: bytes) -> dict[str, Any]:
+    """A line the gateway wrote, read as strict JSON (RFC 8259), as a client's parser does."""
+    def refuse(text: str) -> float:
+        raise AssertionError(f"the gateway wrote {text} (not JSON): {line[:200]!r}")
+
+    def finite(text: str) -> float:
+        return float(text) if abs(float(text)) != float("inf") else refuse(text)
+
+    message: dict[str, Any] = json.loads(line, parse_constant=refuse, parse_float=finite)
+    return message
+
+
 class Driver:
     """A :class:`Gateway` serving raw lines written here; its answers read back here."""
 
@@ -297,7 +309,7 @@ class Driver:
         while True:
             while b"\n" in self._pending:
                 line, self._pending = self._pending.split(b"\n", 1)
-                message = json.loads(line)
+                message = _strict(line)
                 if "id" not in message:
                     self.notes.append(message)
                 elif message["id"] == id:
@@ -333,7 +345,7 @@ def mcp_place(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                         ("default", [str(secret.parent)]),
                         ("narrow", []), ("hang", [])):
         (registry / f"{name}.toml").write_text(_policy(*reads))
-    for name in ("deep", "deep-note", "surrogate", "hang-warm"):
+    for name in ("deep", "deep-note", "surrogate", "nan", "inf", "hang-warm"):
         (registry / f"{name}.toml").write_text(_policy(isolation="tool"))
     return {"registry": registry, "secret": secret}
 
@@ -349,13 +361,15 @@ def _text(response: dict[str, Any]) -> str:
     return "".join(block.get("text", "") for block in response["result"]["content"])
 
 
-@pytest.mark.parametrize("tool", ["deep", "deep-note", "surrogate"])
+@pytest.mark.parametrize("tool", ["deep", "deep-note", "surrogate", "nan", "inf"])
 def test_a_hostile_server_line_never_leaves_a_call_unanswered(mcp: Driver, tool: str) -> None:
     """A message nested 50000 deep (json.loads: RecursionError) or holding a lone surrogate
     (valid JSON; UTF-8 cannot encode it) killed the thread that read the instance or the
     one that answered the client: the call, and every later call sent to that warm
-    instance, waited for ever. Now the first is refused as not JSON (the instance is
-    stopped and replaced), the second relayed as the JSON escape it came as."""
+    instance, waited for ever. ``NaN`` and ``-1e999`` (no JSON, read by json.loads) were
+    written back as ``NaN`` and ``-Infinity``, which a strict client's parser refuses.
+    Now the first and the last are refused as not JSON (the instance is stopped and
+    replaced), the surrogate relayed as the JSON escape it came as."""
     first = mcp.call(1, {"name": tool, "arguments": {}}, timeout=30)
     if tool == "surrogate":
         assert _text(first) == "a\ud800b"

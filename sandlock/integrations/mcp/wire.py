@@ -9,6 +9,7 @@ https://modelcontextprotocol.io/specification/2025-11-25/basic/transports#stdio
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
@@ -71,9 +72,11 @@ def lines(fd: int, limit: int = MAX_MESSAGE) -> Iterator[bytes]:
 
 def decode(line: bytes) -> Any:
     """The JSON value of one line (``ValueError`` if it is not JSON, or nested deeper than
-    :data:`MAX_DEPTH`)."""
+    :data:`MAX_DEPTH`). ``NaN``, ``Infinity`` and numbers too large for a float (``1e999``)
+    are not JSON (RFC 8259): :func:`json.loads` takes them, :func:`encode` would write
+    them back as ``NaN`` or ``Infinity``, and a strict client's parser drops that line."""
     try:
-        value = json.loads(line)
+        value = json.loads(line, parse_float=_finite, parse_constant=_not_a_number)
     except _RECURSION:
         raise ValueError(f"nested more than {MAX_DEPTH} deep") from None
     containers = [(value, 1)] if type(value) in (dict, list) else []  # json.loads' types
@@ -85,6 +88,17 @@ def decode(line: bytes) -> Any:
                     raise ValueError(f"nested more than {MAX_DEPTH} deep")
                 containers.append((child, depth + 1))
     return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError("a number too large for a float")
+    return value
+
+
+def _not_a_number(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
 
 
 def encode(message: dict[str, Any]) -> bytes:
