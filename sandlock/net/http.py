@@ -27,7 +27,9 @@ from __future__ import annotations
 import re
 import socket
 import tempfile
-from typing import IO, Iterable, Iterator, Sequence
+import threading
+from contextlib import contextmanager
+from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 try:
     import h11
@@ -37,6 +39,8 @@ except ImportError:  # a broken install: say which part is missing, never a trac
     raise SetupError("[network] allow and [credentials] need the Python package h11 (a "
                      "dependency of sandlock): install it, e.g. pip install 'h11>=0.16'") from None
 
+_Event = TypeVar("_Event", bound="h11.Event")
+
 #: Bytes of a request head (request line and headers), and of an upstream's response head.
 HEAD_LIMIT = 64 * 1024
 #: Header lines in a request head.
@@ -45,6 +49,10 @@ MAX_HEADERS = 100
 BODY_LIMIT = 1 << 30
 #: Bytes of a held request body kept in memory; the rest waits in an unnamed temporary file.
 BODY_IN_MEMORY = 1 << 20
+#: Bytes of request bodies held at once by this process (a run's launcher, a Sandbox's
+#: route server), memory and temporary files together: without it, as many bodies as
+#: connections (256 of 1 GiB) would fill the disk or, in a tmpfs, the memory.
+HELD_LIMIT = BODY_LIMIT
 HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
 CONNECT_TIMEOUT = 15.0  #: seconds to connect to an upstream
 RECEIVE = 65536  #: bytes asked of one recv(2)
@@ -52,7 +60,8 @@ RECEIVE = 65536  #: bytes asked of one recv(2)
 HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization"})
 REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found",
            407: "Proxy Authentication Required", 413: "Content Too Large",
-           431: "Request Header Fields Too Large", 501: "Not Implemented", 502: "Bad Gateway"}
+           431: "Request Header Fields Too Large", 501: "Not Implemented", 502: "Bad Gateway",
+           503: "Service Unavailable"}
 #: Bytes no head line may hold: controls but HTAB, and DEL (RFC 9110 section 5.5).
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _END = re.compile(rb"\n\r?\n")
@@ -105,33 +114,39 @@ class Request:
             else:
                 raise HttpError(400, "malformed request body")
 
-    def held_body(self) -> IO[bytes]:
+    @contextmanager
+    def held_body(self) -> Iterator[IO[bytes]]:
         """The whole body, read and checked before anything is forwarded (as a reverse
         proxy that buffers requests does): a file at its start, in memory up to
-        :data:`BODY_IN_MEMORY` bytes, then an unnamed temporary file. A body that is
-        malformed, too large or cut short raises :class:`HttpError` here, so its head
-        never leaves. A client waiting for ``100 Continue`` gets it first."""
+        :data:`BODY_IN_MEMORY` bytes, then an unnamed temporary file, closed when the
+        ``with`` ends. A body that is malformed, too large or cut short, or that would
+        take the bytes held at once past :data:`HELD_LIMIT`, raises :class:`HttpError`
+        here, so its head never leaves. A client waiting for ``100 Continue`` gets it
+        first."""
         if self._conn.they_are_waiting_for_100_continue:
             self._send(h11.InformationalResponse(status_code=100, headers=[]))
         held = tempfile.SpooledTemporaryFile(max_size=BODY_IN_MEMORY)
+        taken = 0
         try:
             for data in self.body():
+                _HELD.take(len(data))
+                taken += len(data)
                 held.write(data)
             held.seek(0)
-        except BaseException:
+            yield held
+        finally:
             held.close()
-            raise
-        return held
+            _HELD.give(taken)
 
     def interim(self, head: "Head") -> None:
         """An interim (1xx) response head, as the upstream sent it (after the body)."""
-        self._send(h11.InformationalResponse(status_code=head.status, reason=head.reason,
-                                             headers=list(head.headers)))
+        self._send(_head(h11.InformationalResponse, 502, _UNPASSABLE, status_code=head.status,
+                         reason=head.reason, headers=list(head.headers)))
 
     def respond(self, head: "Head", body: Iterable[bytes]) -> None:
         """The response, its body written as it comes (after the request's body)."""
-        self._send(h11.Response(status_code=head.status, reason=head.reason,
-                                headers=list(head.headers)))
+        self._send(_head(h11.Response, 502, _UNPASSABLE, status_code=head.status,
+                         reason=head.reason, headers=list(head.headers)))
         for data in body:
             if data:
                 self._send(h11.Data(data=data))
@@ -140,9 +155,31 @@ class Request:
     def _send(self, event: h11.Event) -> None:
         try:
             data = self._conn.send(event)
-        except h11.ProtocolError as exc:
-            raise HttpError(502, f"the upstream's response cannot be passed on ({exc})") from None
+        except h11.ProtocolError:
+            raise HttpError(502, _UNPASSABLE) from None
         self._sock.sendall(data or b"")
+
+
+class _Held:
+    """The count of request body bytes held at once in this process (:data:`HELD_LIMIT`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def take(self, count: int) -> None:
+        with self._lock:
+            if self.count + count > HELD_LIMIT:
+                raise HttpError(503, f"request bodies of {HELD_LIMIT} bytes are held at once "
+                                "(the limit); send it again later")
+            self.count += count
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self.count -= count
+
+
+_HELD = _Held()
 
 
 class Head:
@@ -275,7 +312,8 @@ class Upstream:
              body: Iterable[bytes]) -> None:
         """The request: its head, then its body framed as the head announces (the
         chunk sizes are h11's, never the tool's), then its end."""
-        self._send(h11.Request(method=method, target=target, headers=list(headers)))
+        self._send(_head(h11.Request, 400, _UNSENDABLE, method=method, target=target,
+                         headers=list(headers)))
         for data in body:
             if data:
                 self._send(h11.Data(data=data))
@@ -284,8 +322,8 @@ class Upstream:
     def _send(self, event: h11.Event) -> None:
         try:
             data = self._conn.send(event)
-        except h11.ProtocolError as exc:
-            raise HttpError(400, f"the request cannot be forwarded ({exc})") from None
+        except h11.ProtocolError:
+            raise HttpError(400, _UNSENDABLE) from None
         self.sock.sendall(data or b"")
 
     def response(self) -> Head:
@@ -309,6 +347,22 @@ class Upstream:
             if not isinstance(event, h11.Data):
                 return
             yield bytes(event.data)
+
+
+#: Why a message h11 refuses to write is not sent. Never h11's own text: it quotes the
+#: value it refused, in a route's request the header with the secret (a secret that ends
+#: with a space reached the tool that way, and the launcher's stderr in a traceback).
+_UNSENDABLE = "the request cannot be forwarded as HTTP/1.1"
+_UNPASSABLE = "the upstream's response cannot be passed on as HTTP/1.1"
+
+
+def _head(kind: Callable[..., _Event], status: int, message: str, **fields: Any) -> _Event:
+    """The h11 event ``kind(**fields)`` (h11 checks a head as it builds it); an
+    :class:`HttpError` ``status`` with ``message`` when h11 refuses it."""
+    try:
+        return kind(**fields)
+    except h11.ProtocolError:
+        raise HttpError(status, message) from None
 
 
 def chunks(held: IO[bytes]) -> Iterator[bytes]:

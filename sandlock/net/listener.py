@@ -6,7 +6,8 @@ It listens from construction (its port goes into the tool's policy and environme
 before the tool starts) and serves after :meth:`LoopbackServer.start`. The tool may
 open connections until a descriptor runs out: at most :data:`MAX_CLIENTS` are served at
 once. When that many are open, a new connection takes the place of the oldest one that
-has not yet sent its request head (an idle connection holds a slot only until then);
+has not yet sent its request (its head; to the route server, its body too: a body sent a
+byte at a time would hold a slot for ever) and holds a slot only until then;
 if every one has, the new one is closed at once. Either is reported once per server.
 Under the API one route server serves every call of a Sandbox: this is what keeps one
 call from starving another's requests by holding idle connections.

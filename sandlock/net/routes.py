@@ -149,7 +149,6 @@ class RouteServer(LoopbackServer):
 
     def _forward(self, client: socket.socket, held: list[socket.socket]) -> None:
         request = http.read_request(client)
-        self._heard(client)
         method, target, headers = request.method, request.target, request.headers
         if not _METHOD.match(method):
             raise BadRequest(400, "malformed request line")
@@ -176,6 +175,7 @@ class RouteServer(LoopbackServer):
             out.append((item.header, item.attach(secret)))
         out.append(("Connection", "close"))
         with request.held_body() as body:  # all of it, checked, before the secret leaves
+            self._heard(client)  # until now the first let go, as a silent one (listener.py)
             upstream = http.Upstream(self._connect(item, where))
             held.append(upstream.sock)
             upstream.send(method, f"{path}{'?' + query if query else ''}", out,

@@ -57,6 +57,11 @@ class CredentialError(ValueError):
         self.key = tuple(key)
 
 
+def _slashless(path: str) -> str:
+    """``path`` without its trailing slashes (``/`` stays ``/``)."""
+    return path.rstrip("/") or "/"
+
+
 @dataclass(frozen=True)
 class DenyRule:
     text: str  #: as written
@@ -66,11 +71,15 @@ class DenyRule:
 
     def matches(self, method: str, path: str) -> bool:
         """Deny rules are read the way the loosest upstream could read the request: the
-        path case-insensitively (``/v1/ADMIN`` is ``/v1/admin*``), and a ``GET`` rule also
-        covers ``HEAD`` (servers answer HEAD with their GET handler)."""
-        return ((self.method is None or self.method == method
-                 or (self.method == "GET" and method == "HEAD"))
-                and fnmatchcase(path.lower(), self.glob.lower()))
+        path case-insensitively (``/v1/ADMIN`` is ``/v1/admin*``), with or without a
+        trailing slash (Express, Rails and Spring route ``/v1/admin/`` to the handler of
+        ``/v1/admin``), and a ``GET`` rule also covers ``HEAD`` (servers answer HEAD with
+        their GET handler)."""
+        if not (self.method is None or self.method == method
+                or (self.method == "GET" and method == "HEAD")):
+            return False
+        path, glob = path.lower(), self.glob.lower()
+        return fnmatchcase(path, glob) or fnmatchcase(_slashless(path), _slashless(glob))
 
 
 @dataclass(frozen=True)
@@ -414,6 +423,12 @@ def secrets_for(credentials: Sequence[Credential], grants: Sequence[Any],
         else:
             raise CredentialError("no secret: give from_env or from_file (or pass it with "
                                   "Sandbox(..., credentials={...}) from Python)", (item.name,))
+        value = item.attach(out[item.name])
+        if item.header is not None and value != value.strip(" \t"):
+            raise CredentialError(f"the secret in its format ({item.format!r}) begins or ends "
+                                  "with a space or tab, which no HTTP header value may: it "
+                                  "could never be sent; remove it from the secret",
+                                  (item.name,))
     return out
 
 

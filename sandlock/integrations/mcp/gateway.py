@@ -8,7 +8,9 @@ stdin/stdout, and starts the server only inside sandboxes, every time:
   ``listing`` entry, or ``default`` when there is none;
 * ``tools/call`` of tool NAME runs under the registry entry ``NAME`` (``NAME.toml`` or
   ``[tools.NAME]``), else ``default``; a tool with neither is refused with an MCP error
-  naming it, never run under some other policy;
+  naming it, never run under some other policy, and so is a name that is no entry but
+  reads as one to a loose server (``READ`` beside ``read``) and a call whose params hold
+  ``name`` in another case beside it (Go's encoding/json reads that one);
 * the entry's ``[mcp] isolation`` chooses how: ``"call"`` (the default) starts a fresh
   confined instance for the call (initialize it, call, stop it), so no call sees another's
   state and concurrent calls never share one; ``"tool"`` keeps one instance per entry warm
@@ -50,6 +52,10 @@ MAX_STDERR_LINE = 2000
 START_TIMEOUT = 120.0
 #: How long a stopped instance gets to exit after its stdin closes, before it is killed.
 STOP_GRACE = 0.5
+#: The prefix of every notification MCP defines; a client's notification without it is
+#: dropped: a server that dispatches on the method alone would run a ``tools/call``
+#: sent as one, in the listing instance, under the listing policy.
+NOTIFICATION = "notifications/"
 
 
 class ServerFailed(Exception):
@@ -60,6 +66,7 @@ class _Slot:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.response: Optional[dict[str, Any]] = None
+        self.why: Optional[str] = None  #: why it is done without a response
 
 
 class Instance:
@@ -112,8 +119,18 @@ class Instance:
         if not slot.done.wait(timeout):
             raise ServerFailed(f"did not answer within {timeout:g} s")
         if slot.response is None:
-            raise ServerFailed(self.failed or "stopped")
+            raise ServerFailed(slot.why or self.failed or "stopped")
         return slot.response
+
+    def cancel(self, id: int) -> None:
+        """Stop waiting for the answer to ``id``: the client cancelled it. A server that
+        never answers kept the call's slot (one of :data:`MAX_CALLS`) for ever; a call's
+        own instance is stopped as the call ends, a warm one keeps serving."""
+        with self._lock:
+            slot = self._waiting.pop(id, None)
+        if slot is not None:
+            slot.why = "was cancelled by the client"
+            slot.done.set()
 
     def request(self, method: str, params: Optional[dict[str, Any]],
                 timeout: Optional[float] = None) -> dict[str, Any]:
@@ -230,6 +247,19 @@ class Instance:
             thread.join(timeout=10)
 
 
+def _ambiguous(params: dict[str, Any]) -> Optional[str]:
+    """A key of a tools/call's ``params`` that is ``name`` in another case (or None)."""
+    return next((key for key in params if key != "name" and key.casefold() == "name"), None)
+
+
+def _folded(name: str) -> str:
+    """``name`` as a server that looks tools up loosely may read it: NFKC, case-folded,
+    without surrounding white space."""
+    import unicodedata
+
+    return unicodedata.normalize("NFKC", name).casefold().strip()
+
+
 class Gateway:
     """The client's server: reads the client's messages, answers them from confined instances."""
 
@@ -312,6 +342,8 @@ class Gateway:
         worker.start()
 
     def _notification(self, message: dict[str, Any]) -> None:
+        if not message["method"].startswith(NOTIFICATION):
+            return  # JSON-RPC answers no notification, refused or not
         if message["method"] == "notifications/cancelled":
             params = message.get("params") or {}
             request = params.get("requestId")
@@ -321,6 +353,7 @@ class Gateway:
                 instance, id = target
                 self._quietly(instance.notify, wire.notification(
                     "notifications/cancelled", {**params, "requestId": id}))
+                instance.cancel(id)
             return
         if message["method"] == "notifications/initialized":
             return  # each instance gets its own from the gateway's handshake
@@ -393,6 +426,14 @@ class Gateway:
         except ServerFailed as exc:
             self.send(wire.error(id, wire.SERVER_FAILED, f"{who} {exc}"))
 
+    def _look_alike(self, tool: str) -> Optional[str]:
+        """The registry entry ``tool`` is not but reads as (:func:`_folded`), or None: a
+        server that looks tools up loosely would run that entry's tool under ``default``."""
+        if tool in self.registry:
+            return None
+        folded = _folded(tool)
+        return next((name for name in self.registry.names if _folded(name) == folded), None)
+
     def entry(self, tool: str) -> Optional[str]:
         """The registry entry a call of ``tool`` runs under, or None: refused."""
         if tool in self.registry and tool != LISTING:
@@ -404,11 +445,25 @@ class Gateway:
         if not isinstance(name, str):
             self.send(wire.error(id, wire.INVALID_PARAMS, "tools/call needs a tool name"))
             return
+        twin = _ambiguous(params or {})
+        if twin is not None:
+            self.send(wire.error(id, wire.INVALID_PARAMS,
+                                 f"tools/call params hold {printable(repr(twin))[:100]} beside "
+                                 "'name': a server reading keys regardless of case (Go's "
+                                 "encoding/json) would run another tool than the one whose "
+                                 "policy applies; refused"))
+            return
         entry = self.entry(name)
         if entry is None:
             self.send(wire.error(id, wire.TOOL_REFUSED,
                                  f"tool {name!r} has no policy in the sandlock registry "
                                  f"(no [tools.{name}], no default): refused"))
+            return
+        like = self._look_alike(name)
+        if like is not None:
+            self.send(wire.error(id, wire.TOOL_REFUSED,
+                                 f"tool {name!r} is not {like!r} but reads as it to a server "
+                                 "that ignores case, spaces or Unicode forms: refused"))
             return
         who = f"the server of tool {name!r}"
         with self._calls:

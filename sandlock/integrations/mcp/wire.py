@@ -9,6 +9,7 @@ https://modelcontextprotocol.io/specification/2025-11-25/basic/transports#stdio
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Union
 
@@ -18,6 +19,14 @@ if TYPE_CHECKING:
 #: The largest message either side may send (bytes of one line). A longer one ends the
 #: connection it came on: the rest of that line cannot be told from a next message.
 MAX_MESSAGE = 16 * 1024 * 1024
+#: The deepest nesting of arrays and objects a message may have. A deeper one is refused
+#: as it is read: :func:`json.loads` raises RecursionError on one deep enough, and one
+#: just under its limit raises it when re-encoded in a thread with a deeper stack. Either
+#: ended the thread that read a server or answered the client, and every call waiting on
+#: it waited for ever. (MCP's messages, JSON Schemas included, nest a few levels.)
+MAX_DEPTH = 100
+#: What :func:`decode` reads as "not JSON" beside ValueError (a name, for the tests).
+_RECURSION: tuple[type[BaseException], ...] = (RecursionError,)
 
 #: JSON-RPC error codes (https://www.jsonrpc.org/specification#error_object).
 PARSE_ERROR = -32700
@@ -62,13 +71,40 @@ def lines(fd: int, limit: int = MAX_MESSAGE) -> Iterator[bytes]:
 
 
 def decode(line: bytes) -> Any:
-    """The JSON value of one line (``ValueError`` if it is not JSON)."""
-    return json.loads(line)
+    """The JSON value of one line (``ValueError`` if it is not JSON, or nested deeper than
+    :data:`MAX_DEPTH`). ``NaN``, ``Infinity`` and numbers too large for a float (``1e999``)
+    are not JSON (RFC 8259): :func:`json.loads` takes them, :func:`encode` would write
+    them back as ``NaN`` or ``Infinity``, and a strict client's parser drops that line."""
+    try:
+        value = json.loads(line, parse_float=_finite, parse_constant=_not_a_number)
+    except _RECURSION:
+        raise ValueError(f"nested more than {MAX_DEPTH} deep") from None
+    containers = [(value, 1)] if type(value) in (dict, list) else []  # json.loads' types
+    while containers:
+        item, depth = containers.pop()
+        for child in item.values() if type(item) is dict else item:
+            if type(child) is dict or type(child) is list:
+                if depth >= MAX_DEPTH:
+                    raise ValueError(f"nested more than {MAX_DEPTH} deep")
+                containers.append((child, depth + 1))
+    return value
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError("a number too large for a float")
+    return value
+
+
+def _not_a_number(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    """One message as a line (JSON escapes every newline inside it)."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    """One message as a line, in ASCII: JSON escapes every newline and every other
+    character, a lone surrogate (valid JSON text, which UTF-8 cannot encode) included."""
+    return json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
 
 
 def valid_id(value: object) -> TypeGuard[Id]:
