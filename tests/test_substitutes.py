@@ -477,8 +477,8 @@ def test_mediator_filter_without_the_gate_is_refused(
     original = mediator.RemoteMediation.__init__
 
     def without_gate(self: mediator.RemoteMediation, policy: object, signals: bool = False,
-                     *process: object) -> None:  # the Sandbox's warm mediator, passed on
-        original(self, policy, False, *process)  # type: ignore[arg-type]
+                     *process: object, **options: object) -> None:  # passed on
+        original(self, policy, False, *process, **options)  # type: ignore[arg-type]
 
     monkeypatch.setattr(mediator.RemoteMediation, "__init__", without_gate)
     script = _program(tmp_path, SIGNAL_ATTACKS["kill"])

@@ -207,6 +207,16 @@ def _forget_native_calls() -> None:
 os.register_at_fork(after_in_child=_forget_native_calls)
 
 
+def _failed(failure: SandlockError) -> _Call:
+    """A call refused before any supervisor took it, reported as a supervisor's
+    refusal is (its Result carries ``failure``)."""
+    sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    peer.close()
+    call = _Call(sock)
+    call.failure = failure
+    return call
+
+
 class _NativeCall(_Call):
     """A command call supervised by a ``sandlock-exec`` supervisor, forked for it by the
     process's native server (:mod:`sandlock.exec.native`): the same messages on the same
@@ -222,9 +232,7 @@ class _NativeCall(_Call):
                                     None if timeout is None else timeout + _GRACE, notify,
                                     server)
         except OSError as exc:  # EAGAIN (RLIMIT_NPROC), ENOMEM: as the fork server reports it
-            sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            peer.close()
-            super().__init__(sock)
+            super().__init__(_failed(SetupError("")).sock)
             self.failure = SetupError(f"cannot start {nativeexec.HELPER}: {exc} (SANDLOCK_NATIVE=0"
                                       " runs commands through the fork server instead)")
             return
@@ -612,6 +620,14 @@ class Sandbox:
                     or (gate is not None and server is not None
                         and spec.NOTIFY in server.implements)):
                 notify = None if gate is None else (gate.gate.child_end, gate.gate.notify_bpf)
+                if notify is not None and compiled.signal_gate:
+                    from ..linux.signalgate import carried
+
+                    try:
+                        carried(notify[1])  # the one listener must carry the signal gate
+                    except SetupError as exc:  # refused as a supervisor refuses it: a Result
+                        gate.stop()  # type: ignore[union-attr]
+                        return _failed(exc)
                 try:
                     native = _NativeCall(compiled, cmd, stdio, limit,
                                          bool(fields.get("report_start")), notify, server)

@@ -523,18 +523,11 @@ def _mediate_fd(request: dict[str, Any], fds: Sequence[int]) -> int:
 
 def _mediator_carries(request: dict[str, Any]) -> Any:
     """The signal gate's handler, when the mediator of a call under ``[network] allow``
-    carries it (:func:`sandlock.net.mediator.serve`): a process may have only one
-    listener, so the child gets no gate of its own; the program it installs for the
-    mediator must begin with the gate's filter, else the call is refused, never run
-    without the signal scope."""
-    from ..errors import SetupError
-    from ..linux.signalgate import Signals
+    carries it (:func:`sandlock.net.mediator.serve`; checked by
+    :func:`sandlock.linux.signalgate.carried`)."""
+    from ..linux.signalgate import carried
 
-    signals = Signals()
-    if not bytes(request["mediate"]).startswith(signals.prefix):
-        raise SetupError("malformed request: the signal gate is needed (Landlock ABI < 6) "
-                         "and the mediator's filter does not carry it")
-    return signals
+    return carried(request["mediate"])
 
 
 def _listener_hook(request: dict[str, Any], fds: Sequence[int]) -> Any:

@@ -269,3 +269,18 @@ class SignalGate(Listener):
 
     def _notified(self, ident: int, tid: int, nr: int, args: tuple[int, ...]) -> None:
         self._respond(ident, -errno.ENOSYS)  # not a call of the gate: never notified
+
+
+def carried(bpf: bytes) -> "Signals":
+    """The gate's handler for a run whose other listener carries it (the mediator's or
+    the recorder's, whose filter ``bpf`` the child installs): that filter must begin
+    with the gate's, else SetupError: a process gets one listener, so a child whose
+    filter lacked it would run without the signal scope."""
+    from ..errors import SetupError
+
+    signals = Signals()
+    if not bytes(bpf).startswith(signals.prefix):
+        raise SetupError("malformed request: the signal gate is needed (Landlock ABI < 6) "
+                         "and the mediator's filter does not carry it")
+    return signals
+
