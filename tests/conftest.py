@@ -281,3 +281,23 @@ def python_probe(tmp_path: Path, code: str, *, filesystem: str = "", network: st
                           + extra_toml, name="probe.toml")
     return run_confined(policy, [PYTHON, "-c", textwrap.dedent(code)], variables=variables,
                         env=env, timeout=timeout)
+
+
+def reboot_keyring() -> bytes:
+    """What a reboot (or the user's last logout) does to the kernel user keyring: the
+    compiled-policy cache's key there is a new one. Returns the new key; skips where the
+    keyring is refused (the cache key is then a file, which a reboot keeps)."""
+    import ctypes
+
+    from sandlock.compile.cachekey import KEY_NAME
+    from sandlock.linux import kernel
+    from sandlock.linux.syscalls import NR
+
+    before = kernel.user_keyring_secret(KEY_NAME)
+    if before is None:
+        pytest.skip("the kernel keyring is refused here: the cache key is a file already")
+    new = os.urandom(len(before))
+    added = kernel._syscall(NR["add_key"], b"user", KEY_NAME, new,
+                            ctypes.c_size_t(len(new)), ctypes.c_long(kernel.KEY_SPEC_USER_KEYRING))
+    assert added >= 0 and kernel.user_keyring_secret(KEY_NAME) == new != before
+    return new

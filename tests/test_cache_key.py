@@ -56,9 +56,9 @@ from sandlock.compile import cachekey, grants
 cachekey.key_directory = lambda: os.environ["TEST_KEY_DIR"]
 off = os.environ.get("TEST_GUARD_OFF")
 if off == "read_key":  # trusts whatever the key name leads to
-    def lax(directory):
+    def lax(directory, name=cachekey.KEY_FILE):
         try:
-            fd = os.open(cachekey.KEY_FILE, os.O_RDONLY, dir_fd=directory)
+            fd = os.open(name, os.O_RDONLY, dir_fd=directory)
         except FileNotFoundError:
             return None, None
         try:
@@ -339,12 +339,22 @@ def test_grant_that_reaches_a_key_file_is_refused_where_the_keyring_works(scene:
     assert info["code"] == 0 and printed(done) == as_text(scene.key.read_bytes())
 
 
-def test_grant_on_home_is_allowed_where_the_keyring_holds_the_key(scene: Scene) -> None:
+def test_grant_on_home_reaches_the_records_key_even_where_the_keyring_holds_the_cache_key(
+        scene: Scene) -> None:
+    """Where the keyring holds the cache key, no cache key file is made; but the run log's
+    and undo records' key is always a file there (it must outlive a reboot), made or not
+    yet: a grant on the home directory reaches it and is refused. Control: a grant on a
+    directory of the home beside sandlock's runs."""
     policy = write_policy(scene.root, GRANT_HOME.replace("${home}", str(scene.home)), "home.toml")
-    (scene.home / "note").write_text("mine\n")
-    done, info = scene.run(["cat", str(scene.home / "note")], refuse="", policy=policy)
-    assert (info["code"], done.stdout) == (0, "mine\n"), done.stderr
+    (scene.home / "notes").mkdir()
+    (scene.home / "notes" / "note").write_text("mine\n")
+    done, info = scene.run(["cat", str(scene.home / "notes" / "note")], refuse="", policy=policy)
+    assert info["code"] == 125 and "run log and undo records" in done.stderr, done.stderr
     assert not scene.key.exists()
+    narrower = write_policy(scene.root, GRANT_HOME.replace("${home}", str(scene.home / "notes")),
+                            "notes.toml")
+    done, info = scene.run(["cat", str(scene.home / "notes" / "note")], refuse="", policy=narrower)
+    assert (info["code"], done.stdout) == (0, "mine\n"), done.stderr
 
 
 def test_key_directory_is_the_password_database_home() -> None:

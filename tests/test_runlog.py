@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import REPO
+from conftest import REPO, reboot_keyring
 
 from sandlock.compile import cachekey, runlog
 from sandlock.policy.profiles import path as profile_path
@@ -126,6 +126,18 @@ def test_tampering_is_detected(logged: Path, attack: str, says: str) -> None:
     assert any(says in problem for problem in problems), problems
 
 
+def test_the_log_still_verifies_after_a_reboot(logged: Path) -> None:
+    """A reboot replaces the keyring's cache key; the log is keyed by the records key
+    file, which stays, so its records still verify (with the cache's key they read as
+    forged after every reboot). Control: the cache key did change, and a record edited
+    after the reboot is still caught."""
+    reboot_keyring()
+    assert runlog.verify() == (3, [])
+    first, second, third = lines(logged)
+    _rewrite(logged, [first, _edit_exit(second), third])
+    assert any("record 2 was altered" in problem for problem in runlog.verify()[1])
+
+
 def test_replaced_by_older_copy(logged: Path) -> None:
     """A copy of the log saved earlier, put back after more runs: the anchor moved on."""
     older = (logged / runlog.LOG_FILE).read_bytes()
@@ -216,3 +228,33 @@ def test_a_log_that_names_no_place_is_an_error(value: str, ws: Path) -> None:
     done = cli(Path(value), "run", "--policy", "shell", "--var", f"workspace={ws}", "--",
                "/bin/true")
     assert done.returncode == 125 and "SANDLOCK_LOG must be" in done.stderr, done.stderr
+
+
+def test_a_grant_reaching_the_records_key_is_refused(ws: Path, tmp_path: Path) -> None:
+    """The records key (run log, undo records) is a file beside the cache's: no grant of
+    any right may reach it, whether it exists yet or not (a tool granted it could forge
+    a record that verifies). Control: a grant beside it runs."""
+    directory = cachekey.key_directory()
+    if directory is None:
+        pytest.skip("this uid has no home directory in the password database")
+    from sandlock.compile import cache
+
+    assert cachekey.records_secret(cache.open_private_dir)[0] is not None  # it exists now
+    beside = Path(directory).parent / f"sandlock-test-beside-{os.getpid()}"
+    beside.mkdir(exist_ok=True)
+    try:
+        for target, refused in ((cachekey.records_path(), True), (str(beside), False)):
+            policy = tmp_path / "p.toml"
+            policy.write_text(f'version = 1\nextends = ["shell"]\n[filesystem]\nread = ["{target}"]\n')
+            env = {k: v for k, v in os.environ.items() if k != runlog.ENV}
+            done = subprocess.run(
+                [sys.executable, "-P", "-m", "sandlock", "run", "--policy", str(policy), "--var",
+                 f"workspace={ws}", "--", "/bin/true"], capture_output=True, text=True,
+                env={**env, "PYTHONPATH": str(REPO)}, timeout=60)
+            if refused:
+                assert done.returncode == 125, done.stderr
+                assert "run log and undo records" in done.stderr
+            else:
+                assert done.returncode == 0, done.stderr
+    finally:
+        beside.rmdir()

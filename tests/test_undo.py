@@ -128,6 +128,20 @@ def test_rollback_restores_byte_for_byte(ws: Path) -> None:
     assert cli("rollback", name).returncode == 125
 
 
+def test_rollback_after_a_reboot(ws: Path) -> None:
+    """A checkpoint taken before a reboot rolls back after it: its record is keyed by
+    the records key file, not by the keyring's cache key, which a reboot replaces."""
+    from conftest import reboot_keyring
+
+    before = state(ws)
+    done, name = reviewed(ws, "--checkpoint", EDIT)
+    assert done.returncode == 0, done.stderr
+    reboot_keyring()
+    back = cli("rollback", name)
+    assert back.returncode == 0, back.stderr
+    assert state(ws) == before
+
+
 # ----------------------------------------------------------------------------
 # Attacks on apply: what the tool left in its scratch
 

@@ -100,27 +100,67 @@ def secret(open_private_dir: Callable[..., Optional[int]]) -> tuple[Optional[byt
                       f"directory (owned by uid "
                       f"{os.geteuid()}, no access for group or others, reached without a "
                       "symbolic link through directories only root or this uid can write)")
+    key, problem = _file_key(fd, KEY_FILE)
     where = os.path.join(directory, KEY_FILE)
-    try:
-        key, problem = read_key(fd)
-        if key is None and problem is None:
-            made = _create(fd)
-            if made is not None:
-                return None, f"{why}, and the key file {where!r} cannot be made: {made}"
-            key, problem = read_key(fd)
-    finally:
-        os.close(fd)
     if key is None:
-        return None, (f"{why}, and the key file {where!r} is not trusted: {problem or 'missing'}"
-                      "; remove it and the next run makes a new one")
+        return None, f"{why}, and the key file {where!r} {problem}"
     return key, f"the key file {where!r} ({why}; no grant may reach it)"
 
 
-def read_key(directory: int) -> tuple[Optional[bytes], Optional[str]]:
-    """(the key in ``directory``'s key file, None) if every check holds; (None, why not)
-    if one fails; (None, None) if there is no key file."""
+def _file_key(directory: int, name: str) -> tuple[Optional[bytes], str]:
+    """(the key of file ``name`` in ``directory``, made on first use; closes
+    ``directory``) or (None, why not, as the end of a sentence)."""
     try:
-        fd = os.open(KEY_FILE, _READ, dir_fd=directory)
+        key, problem = read_key(directory, name)
+        if key is None and problem is None:
+            made = _create(directory, name)
+            if made is not None:
+                return None, f"cannot be made: {made}"
+            key, problem = read_key(directory, name)
+    finally:
+        os.close(directory)
+    if key is None:
+        return None, (f"is not trusted: {problem or 'missing'}; remove it and the next run "
+                      "makes a new one")
+    return key, ""
+
+
+#: The key of records that must verify as long as they exist (the run log, undo
+#: records): a file beside the cache key's, since the keyring's key does not survive
+#: a reboot or the user's last logout, and a record made with it would then read as
+#: forged. No grant of any right may reach it (grants.SecretCheck), whether it exists
+#: yet or not.
+RECORDS_FILE = "records-key"
+
+
+def records_path() -> Optional[str]:
+    directory = key_directory()
+    return None if directory is None else os.path.join(directory, RECORDS_FILE)
+
+
+def records_secret(open_private_dir: Callable[..., Optional[int]]) -> tuple[Optional[bytes], str]:
+    """(the records key, where it is kept) or (None, why there is none)."""
+    directory = key_directory()
+    if directory is None:
+        return None, f"uid {os.geteuid()} has no existing home directory in the password database"
+    fd = open_private_dir(directory, create=True, private_from=1)
+    if fd is None:
+        return None, (f"{directory!r} cannot be opened or made as a private directory (owned "
+                      f"by uid {os.geteuid()}, no access for group or others, reached "
+                      "without a symbolic link through directories only root or this uid "
+                      "can write)")
+    where = os.path.join(directory, RECORDS_FILE)
+    key, problem = _file_key(fd, RECORDS_FILE)
+    if key is None:
+        return None, f"the key file {where!r} {problem}"
+    return key, f"the key file {where!r}"
+
+
+def read_key(directory: int, name: str = KEY_FILE) -> tuple[Optional[bytes], Optional[str]]:
+    """(the key in ``directory``'s key file ``name``, None) if every check holds; (None,
+    why not) if one fails; (None, None) if there is no key file."""
+    try:
+        fd = os.open(name, _READ, dir_fd=directory)
     except FileNotFoundError:
         return None, None
     except OSError as exc:  # ELOOP: a symbolic link; EACCES, ENXIO...
@@ -149,11 +189,11 @@ def read_key(directory: int) -> tuple[Optional[bytes], Optional[str]]:
         os.close(fd)
 
 
-def _create(directory: int) -> Optional[str]:
-    """Make a key and publish it as the key file unless one was published first; the
-    reason it failed, or None. (Between the ``link`` and the ``unlink`` the key has two
-    links: a launcher reading it then runs once without the cache.)"""
-    tmp = f".{KEY_FILE}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+def _create(directory: int, name: str = KEY_FILE) -> Optional[str]:
+    """Make a key and publish it as the key file ``name`` unless one was published first;
+    the reason it failed, or None. (Between the ``link`` and the ``unlink`` the key has
+    two links: a launcher reading it then runs once without the cache.)"""
+    tmp = f".{name}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o600, dir_fd=directory)
@@ -168,7 +208,7 @@ def _create(directory: int) -> Optional[str]:
         finally:
             os.close(fd)
         try:
-            os.link(tmp, KEY_FILE, src_dir_fd=directory, dst_dir_fd=directory,
+            os.link(tmp, name, src_dir_fd=directory, dst_dir_fd=directory,
                     follow_symlinks=False)
         except FileExistsError:
             pass  # another launcher published one first: use it

@@ -669,13 +669,15 @@ class CopyCheck(SecretCheck):
 
 def _secrets() -> list[tuple[str, str]]:
     """(path, what it is) of every secret no grant may reach, now."""
-    from .cachekey import exposed
+    from .cachekey import exposed, records_path
     from .logdir import exposed as run_log
 
-    key = exposed()
+    key, records = exposed(), records_path()
     return run_log() + ([] if key is None else [(key, "the key that authenticates sandlock's "
                                                       "compiled-policy cache (kept in a file "
-                                                      "here)")])
+                                                      "here)")]) \
+        + ([] if records is None else [(records, "the key that authenticates sandlock's run "
+                                                 "log and undo records")])
 
 
 def _module_files() -> dict[tuple[int, int], str]:

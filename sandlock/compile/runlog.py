@@ -12,15 +12,16 @@ secret). Every string is written JSON-escaped (``ensure_ascii``): a tool's file 
 command name cannot add a line or a terminal escape to the log.
 
 Why off: while the log is on, no grant of any right may reach its directory
-(:func:`exposed`, checked with the cache key's file by
+(:func:`exposed`, checked with the key files by
 :class:`sandlock.compile.grants.SecretCheck`, and as a state directory for write
 grants): a policy that reads the whole home directory is then refused. Each logged
 run also costs a key lookup, a lock, an append and an anchor rewrite.
 
 The chain: record ``n`` carries ``seq = n`` and ``prev``, the ``mac`` of record ``n-1``
 (64 zeros for the first), and its own ``mac``, HMAC-SHA256 over its other fields with
-a key derived from the compiled-policy cache's key (:mod:`sandlock.compile.cachekey`:
-the kernel keyring, no tool can reach it; or the key file no grant may reach). So a
+a key derived from the records key (:func:`sandlock.compile.cachekey.records_secret`:
+a file no grant of any right may reach, which outlives a reboot, unlike the keyring's
+cache key: a log keyed with that read as forged after every reboot). So a
 record removed, edited or moved breaks the chain, and no one without the key can
 write a record that continues it. The tail (records cut off the end, or the whole
 file replaced by an older copy of itself) is caught by the anchor: the count and last
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 LOG_FILE = "runs.jsonl"
 ANCHORS = "anchors"
 GENESIS = "0" * 64
-#: What the key of the log is derived from the cache's key with (domain separation: a
+#: What the key of the log is derived from the records key with (domain separation: a
 #: tag for one can never stand for the other).
 DERIVE = b"sandlock:run-log:v1"
 #: The largest log verify reads whole, and the largest record.
@@ -68,11 +69,11 @@ def _key() -> bytes:
     import hmac
 
     from .cache import open_private_dir
-    from .cachekey import secret
+    from .cachekey import records_secret
 
-    key, where = secret(open_private_dir)
+    key, where = records_secret(open_private_dir)
     if key is None:
-        raise LogError(f"the run log needs the cache key to authenticate its records: {where}")
+        raise LogError(f"the run log needs its key to authenticate its records: {where}")
     return hmac.new(key, DERIVE, hashlib.sha256).digest()
 
 

@@ -10,9 +10,10 @@
   against the record (:func:`sandlock.undo.tree.sync`); no other run's grant may reach
   one while it exists.
 
-A record is JSON behind a keyed BLAKE2b tag. The key is derived from the key of the
-compiled-policy cache (:mod:`sandlock.compile.cachekey`: the kernel keyring, or a key
-file no grant of any right may reach), so a tool that can write a record or a snapshot
+A record is JSON behind a keyed BLAKE2b tag. The key is derived from the records key
+(:func:`sandlock.compile.cachekey.records_secret`: a file no grant of any right may
+reach, which outlives a reboot: a checkpoint can be rolled back after one), so a tool
+that can write a record or a snapshot
 (a later run with a broader policy, or any same-uid process without the key) cannot
 make sandlock apply or restore what it wrote: a record that does not verify, or a
 snapshot file whose digest differs from its record's, is refused before anything is
@@ -56,7 +57,7 @@ def open_base(path: str) -> int:
 
 
 def _mac_key() -> bytes:
-    secret, where = cachekey.secret(cache.open_private_dir)
+    secret, where = cachekey.records_secret(cache.open_private_dir)
     if secret is None:
         raise UndoError(f"no key to authenticate run records: {where}")
     return _blake2b(b"sandlock:undo-record:v1", secret)
