@@ -956,4 +956,8 @@ GUARDS: tuple[Guard, ...] = (
           "    secret, where = cachekey.records_secret(cache.open_private_dir)",
           "    secret, where = cachekey.secret(cache.open_private_dir)",
           ("tests/test_undo.py::test_rollback_after_a_reboot",)),
+    Guard("run log: checked before the run starts", "sandlock/cli/launch.py",
+          "            warn_gaps(compiled)\n            log_ready()\n",
+          "            warn_gaps(compiled)\n",
+          ("tests/test_runlog.py::test_a_log_that_cannot_be_written_stops_the_run_before_it_starts",)),
 )

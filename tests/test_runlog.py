@@ -258,3 +258,29 @@ def test_a_grant_reaching_the_records_key_is_refused(ws: Path, tmp_path: Path) -
                 assert done.returncode == 0, done.stderr
     finally:
         beside.rmdir()
+
+
+def test_a_log_that_cannot_be_written_stops_the_run_before_it_starts(
+        log_dir: Path, ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log directory sandlock does not trust (here: readable by others) is found before
+    the tool runs: exit 125, nothing ran (found after it, the tool had run unlogged and
+    its exit code was lost behind the error). The same for `trace` and the API. Control:
+    the private directory logs the same run."""
+    import sandlock
+
+    log_dir.mkdir(parents=True, mode=0o755)
+    os.chmod(log_dir, 0o755)
+    marker = ws / "ran"
+    done = run(log_dir, ws, "/bin/sh", "-c", f"touch {marker}")
+    assert done.returncode == 125 and "nothing was run" in done.stderr, done.stderr
+    assert not marker.exists()
+    traced = cli(log_dir, "trace", "--policy", "shell", "--var", f"workspace={ws}", "--",
+                 "/bin/sh", "-c", f"touch {marker}")
+    assert traced.returncode == 125 and not marker.exists(), traced.stderr
+    monkeypatch.setenv(runlog.ENV, str(log_dir))
+    with pytest.raises(sandlock.SandlockError, match="private directory"):
+        sandlock.Sandbox({"extends": ["shell"]}, vars={"workspace": str(ws)})
+    os.chmod(log_dir, 0o700)  # control
+    done = run(log_dir, ws, "/bin/sh", "-c", f"touch {marker}")
+    assert done.returncode == 0 and marker.exists(), done.stderr
+    assert runlog.verify() == (1, [])

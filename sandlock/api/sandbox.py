@@ -362,6 +362,10 @@ class Sandbox:
 
         self._log = run_log()  #: the run log's directory the grants are checked against
         try:
+            if self._log is not None:  # its records can be appended: else nothing runs
+                from ..compile.runlog import ready
+
+                ready()
             self._compiled = compiler.compile_policy(loaded, self._routes)
         except BaseException:
             if self._routes is not None:

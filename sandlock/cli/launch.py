@@ -188,6 +188,7 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                     compiled, argv, caller_env=review.environment(os.environ), cwd=review.cwd)
                 review.launched = True
             warn_gaps(compiled)
+            log_ready()
             events: list[str] = []
 
             def report(line: str) -> None:  # kept for the run log (network refusals)
@@ -213,6 +214,21 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return ExitCode.SIGNAL_BASE + 2
+
+
+def log_ready() -> None:
+    """Before a run: its record can be appended when the run log is on (off: one
+    environment lookup), else SandlockError (exit 125) and nothing runs."""
+    import os
+
+    if not os.environ.get("SANDLOCK_LOG"):
+        return
+    from ..compile.runlog import LogError, ready
+
+    try:
+        ready()
+    except LogError as exc:
+        raise SandlockError(f"run log: {exc} (nothing was run)") from None
 
 
 def log_run(compiled: Compiled, argv: Sequence[str], code: int, events: Sequence[str],

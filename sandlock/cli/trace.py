@@ -17,7 +17,7 @@ import click
 from ..errors import ExitCode, SandlockError
 from ..trace.emit import command as shell_command
 from ..trace.emit import printable
-from .launch import load_full, log_run, parse_vars, prepared
+from .launch import load_full, log_ready, log_run, parse_vars, prepared
 from .launch import say as _say_raw
 from .paths import PathArg
 
@@ -119,6 +119,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
         failure: Optional[SandlockError] = None
         # The network the filter was compiled from ([credentials] adds its route's port).
         sockets = socket_rules((compiled.policy or loaded).network)
+        log_ready()
         with compiled, Recorder(network_mediated=bool(loaded.network.allow),
                                 sockets=sockets) as recorder:
             try:
@@ -247,6 +248,7 @@ def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: O
                                     "directory") from None
         cmd = launcher.prepare_command(compiled, list(argv))
         code = 0
+        log_ready()
         with compiled, T.Recorder(programs=True) as recorder:
             try:
                 child = launcher.run(compiled, cmd, report=report, recorder=recorder)

@@ -186,6 +186,29 @@ def _policy_hash(source: str) -> Optional[str]:
         return None
 
 
+def ready() -> None:
+    """Check, before a run starts, that its record can be appended (no-op while the log
+    is off): the key, the private directories, the log file and the anchor. LogError
+    otherwise, so that a run the log would miss never starts (found after it, the tool
+    had run unlogged and its exit code was lost behind the error)."""
+    log_dir = directory()
+    if log_dir is None:
+        return
+    key = _key()
+    logs, anchors = _open_dirs(log_dir, create=True)
+    try:
+        fd = os.open(LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=logs)
+        try:
+            _check_file(fd)
+        finally:
+            os.close(fd)
+        _read_anchor(anchors, log_dir, key)
+    finally:
+        os.close(logs)
+        os.close(anchors)
+
+
 def append(source: str, command: Sequence[str], exit_code: int, *,
            refused: Sequence[str] = (), reports: Sequence[str] = (),
            credentials: Sequence[str] = (), api: bool = False) -> None:
