@@ -48,7 +48,7 @@ from .. import PACKAGE_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Optional
+    from typing import Any, Callable, Optional
 
     from ..exec.spec import Command
     from ..policy.model import Policy
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 START_TIMEOUT = 30.0
 STOP = b"stop"  #: ends a call (its process answers with what it kept)
 #: A new call (its socket rides along), and one whose gate also carries the signal gate.
-_CALL, _SIGNALS = b"call", b"call signals"
+CALL, SIGNALS = b"call", b"call signals"
 #: The mediator's own sandlock-exec server, its control socket riding along (or alone:
 #: none could start).
 _SERVER, _NO_SERVER = b"server", b"no server"
@@ -200,7 +200,7 @@ class MediatorProcess(WarmProcess):
     def open_call(self, signals: bool) -> socket.socket:
         """A new call's socket (see :class:`RemoteMediation`); ``signals``: its gate's
         listener also carries the signal gate."""
-        return self.open(_SIGNALS if signals else _CALL)
+        return self.open(SIGNALS if signals else CALL)
 
 
 class RemoteCall:
@@ -317,7 +317,7 @@ class RemoteMediation(RemoteCall):
         self.gate = _Listener(-1, b"")
         self._own = process is None
         super().__init__(MediatorProcess(policy) if process is None else process,
-                         _SIGNALS if signals is True else _CALL, ahead)
+                         SIGNALS if signals is True else CALL, ahead)
 
     def _take(self, answer: Any, fd: int) -> None:
         env, bpf = _answer(answer)
@@ -414,20 +414,34 @@ def serve(fd: int) -> None:
     """Main of the mediator process (never returns): the rules once, then a thread per
     call; ends when the caller's socket and every call's have closed."""
     import pickle
-    import threading
     from types import SimpleNamespace
+
+    def setup(config: bytes) -> tuple[Any, bool]:
+        ports, allow, deny, hosts, native = pickle.loads(config)
+        return SimpleNamespace(network=SimpleNamespace(
+            connect=tuple(SimpleNamespace(low=low, high=high) for low, high in ports),
+            allow=allow, deny=deny, hosts=hosts)), native
+
+    raise_nofile()  # room for MAX_CLIENTS clients and their upstreams, per call
+    serve_warm(fd, setup, _serve_call, "sandlock-mediator-call")
+
+
+def serve_warm(fd: int, setup: Callable[[bytes], tuple[Any, bool]],
+               serve_call: Callable[[Any, socket.socket, bool], None], name: str) -> None:
+    """Main of a :class:`WarmProcess` (never returns): its config once (``setup`` makes
+    (what each call needs, native) of it), its own sandlock-exec server handed over if
+    native, then a thread per call, ``serve_call(that, the call's socket, whether its
+    listener also carries the signal gate)``; ends when the caller's socket and every
+    call's have closed."""
+    import threading
 
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)
-    raise_nofile()  # room for MAX_CLIENTS clients and their upstreams, per call
     calls: list[threading.Thread] = []
     try:
-        ports, allow, deny, hosts, native = pickle.loads(sock.recv(1 << 20))
+        state, native = setup(sock.recv(1 << 24))
         if native:
             hand_over_server(sock)
-        policy: Any = SimpleNamespace(network=SimpleNamespace(
-            connect=tuple(SimpleNamespace(low=low, high=high) for low, high in ports),
-            allow=allow, deny=deny, hosts=hosts))
         while True:
             said, fds, _, _ = socket.recv_fds(sock, 64, 1)
             if not fds:
@@ -436,8 +450,8 @@ def serve(fd: int) -> None:
             for extra in fds[1:]:
                 os.close(extra)
             calls = [t for t in calls if t.is_alive()]
-            thread = threading.Thread(target=_serve_call, args=(policy, call, said == _SIGNALS),
-                                      name="sandlock-mediator-call", daemon=True)
+            thread = threading.Thread(target=serve_call, args=(state, call, said == SIGNALS),
+                                      name=name, daemon=True)
             thread.start()
             calls.append(thread)
     except BaseException:  # noqa: BLE001 - the caller sees EOF on each call and reports it

@@ -23,12 +23,11 @@ import socket
 import sys
 from typing import Any, Optional
 
-from ..net.mediator import STOP, RemoteCall, WarmProcess, _Listener, hand_over_server
+from ..net.mediator import CALL, SIGNALS, STOP, RemoteCall, WarmProcess, _Listener, serve_warm
 
 #: The end of a call's denials (each message before it is one JSON list).
 _END = b"end"
-#: A new call, and one whose recorder also carries the signal gate.
-_CALL, _SIGNALS = b"call", b"call signals"
+
 #: Bytes of denials the caller takes from one call (beyond, the rest is dropped).
 DENIALS_LIMIT = 16 << 20
 
@@ -56,7 +55,7 @@ class RemoteRecording(RemoteCall):
                  ahead: bool = False) -> None:
         self.batches: list[bytes] = []
         self.gate = _Listener(-1, b"")
-        super().__init__(process, _SIGNALS if signals else _CALL, ahead)
+        super().__init__(process, SIGNALS if signals else CALL, ahead)
 
     def _take(self, answer: Any, fd: int) -> None:
         if not isinstance(answer, dict) or not isinstance(answer.get("bpf"), str):
@@ -96,33 +95,11 @@ class RemoteRecording(RemoteCall):
 def serve(fd: int) -> None:
     """Main of the recorder process (never returns): the rules once, then a thread per
     call; ends when the caller's socket and every call's have closed."""
-    import threading
+    def setup(config: bytes) -> tuple[Any, bool]:
+        abi, paths, ports, native = json.loads(config.decode())
+        return (abi, [tuple(r) for r in paths], dict(ports)), native
 
-    sock = socket.socket(fileno=fd)
-    sock.set_inheritable(False)
-    calls: list[threading.Thread] = []
-    try:
-        abi, paths, ports, native = json.loads(sock.recv(1 << 24).decode())
-        rules = (abi, [tuple(r) for r in paths], dict(ports))
-        if native:
-            hand_over_server(sock)
-        while True:
-            said, fds, _, _ = socket.recv_fds(sock, 64, 1)
-            if not fds:
-                break  # EOF (or a message without its socket: the caller is broken)
-            call = socket.socket(fileno=fds[0])
-            for extra in fds[1:]:
-                os.close(extra)
-            calls = [t for t in calls if t.is_alive()]
-            thread = threading.Thread(target=_serve_call, args=(rules, call, said == _SIGNALS),
-                                      name="sandlock-recorder-call", daemon=True)
-            thread.start()
-            calls.append(thread)
-    except BaseException:  # noqa: BLE001 - the caller sees EOF on each call and reports it
-        pass
-    for thread in calls:
-        thread.join()
-    os._exit(0)
+    serve_warm(fd, setup, _serve_call, "sandlock-recorder-call")
 
 
 def _serve_call(rules: tuple[Any, ...], sock: socket.socket, signals: bool) -> None:
