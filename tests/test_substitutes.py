@@ -356,6 +356,10 @@ def test_signal_gate_in_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     with sandlock.Sandbox(policy) as box:
         assert box.run([PYTHON, str(script), str(victim.pid)]).returncode == errno.EPERM
         assert box.run(list(OWN["shell_child"])).returncode == 0
+        # traced: natively, the gate rides on the recorder process's listener
+        traced = box.run([PYTHON, str(script), str(victim.pid)], trace=True)
+        assert traced.returncode == errno.EPERM, traced
+        assert box.run(list(OWN["shell_child"]), trace=True).returncode == 0
         with pytest.raises(PermissionError):
             box.call(os.kill, victim.pid, signal.SIGTERM)
         box.call(os.kill, 0, 0)  # its own process group
