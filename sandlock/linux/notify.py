@@ -45,9 +45,11 @@ YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
 CAP_SYS_PTRACE = 19
 
 
-def memory_unreadable(ancestor: bool, scope_file: str = YAMA_SCOPE) -> Optional[str]:
+def memory_unreadable(ancestor: bool, scope_file: str = YAMA_SCOPE,
+                      status_file: str = "/proc/self/status") -> Optional[str]:
     """None when a gate in this process can read its tool's memory, else why not.
-    ``ancestor``: the gate's process is an ancestor of every process of the tool."""
+    ``ancestor``: the gate's process is an ancestor of every process of the tool.
+    ``status_file``: where this process's capabilities are read (``CapEff``)."""
     try:
         with open(scope_file, "rb") as handle:
             scope = int(handle.read().strip() or b"0")
@@ -59,7 +61,7 @@ def memory_unreadable(ancestor: bool, scope_file: str = YAMA_SCOPE) -> Optional[
         return (f"cannot read the tool's memory: Yama's ptrace_scope is {scope} ({scope_file}: "
                 "no process may, whatever its privileges)")
     try:
-        with open("/proc/self/status", "rb") as handle:
+        with open(status_file, "rb") as handle:
             effective = next(int(line.split()[1], 16) for line in handle
                              if line.startswith(b"CapEff:"))
     except (OSError, StopIteration, ValueError):
