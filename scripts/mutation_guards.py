@@ -257,7 +257,7 @@ GUARDS: tuple[Guard, ...] = (
     Guard("HTTP layer: announced body limit", "sandlock/net/http.py",
           '        if name.lower() == "content-length" and int(value) > BODY_LIMIT:',
           "        if False:",
-          (SMUG + "[body over the limit]",)),
+          (ATTACKS + "test_an_announced_body_over_the_limit_is_refused_at_its_head",)),
     Guard("HTTP layer: streamed body limit", "sandlock/net/http.py",
           "                if total > BODY_LIMIT:",
           "                if False:",

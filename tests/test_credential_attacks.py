@@ -554,6 +554,21 @@ def test_a_malformed_or_smuggling_head_is_refused_before_the_upstream(
 
 
 @pytest.mark.any_user
+def test_an_announced_body_over_the_limit_is_refused_at_its_head(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head announcing more than the body limit is answered 413 from the head alone:
+    the route neither holds nor waits for a body it would refuse (without this check
+    the body hold would read up to the limit first, then refuse it)."""
+    server, placeholder = route()
+    accepted = count_connections(upstream, monkeypatch)
+    request = (ALLOWED.format(placeholder=placeholder)
+               + "Content-Length: 1000000000000\r\n\r\nhello").encode("latin-1")
+    status, response = ask_half_closed(server, request)
+    assert status == 413 and "larger than" in response, response
+    assert accepted == [] and upstream.seen == []
+
+
+@pytest.mark.any_user
 @pytest.mark.parametrize("what,extra,body", BODY_SMUGGLING, ids=[a[0] for a in BODY_SMUGGLING])
 def test_a_malformed_body_never_reaches_the_upstream(
         route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch,
