@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from conftest import require_tool
+from conftest import require_native, require_tool
 
 from sandlock import Outcome, Sandbox
 from sandlock.errors import KernelSupportError
@@ -31,6 +31,8 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     """Every test on both paths of a traced command: the native one (a recorder process
     of the Sandbox records, its sandlock-exec server runs the command) and the fork
     server's (its supervisor records)."""
+    if request.param == "native":
+        require_native()
     monkeypatch.setenv("SANDLOCK_NATIVE", "1" if request.param == "native" else "0")
     return str(request.param)
 

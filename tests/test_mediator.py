@@ -16,7 +16,7 @@ from typing import Any
 
 import helper_tools
 import pytest
-from conftest import PYTHON, REPO, require_abi
+from conftest import PYTHON, REPO, require_abi, require_native
 
 import sandlock
 from sandlock.net import listener
@@ -252,6 +252,8 @@ def test_the_mediator_is_an_ancestor_of_every_tool_process(
     monkeypatch.setenv("SANDLOCK_NATIVE", native)
     from sandlock.linux import notify
 
+    if native == "1":
+        require_native()
     if native == "0" and notify.memory_unreadable(ancestor=False):
         pytest.skip("Yama restricts ptrace here: the fork server's mediated calls are refused")
     box = sandlock.Sandbox({"extends": ["python"], "network": {"allow": ["example.test:443"]}})
