@@ -616,8 +616,11 @@ class Sandbox:
             server = None if mediation is None else self._mediator.server
             recording = None
             if native_path and "trace" in fields and mediation is None:
-                recording = self._recording()
-                server = self._recorder.server
+                try:
+                    recording = self._recording()
+                    server = self._recorder.server
+                except SetupError:  # no recorder process: the fork server's supervisor records
+                    recording = None
             gate = mediation if mediation is not None else recording
             if native_path and (
                     (gate is None and "trace" not in fields and not compiled.signal_gate)
