@@ -157,6 +157,7 @@ class WarmProcess:
             for fd in fds:
                 os.close(fd)
             return  # it could not start one: its calls go through the fork server
+        os.set_inheritable(fds[0], False)  # a copy in a later child would keep it alive
         self.server = nativeexec.Server(adopted=(socket.socket(fileno=fds[0]), int(pid)))
 
     def _end(self) -> None:
@@ -238,6 +239,8 @@ class RemoteCall:
             self._sock.settimeout(START_TIMEOUT)
             data, fds, _, _ = socket.recv_fds(self._sock, 1 << 16, 1)
             self._sock.settimeout(None)
+            for fd in fds:  # received descriptors are inheritable: never into a later child
+                os.set_inheritable(fd, False)
             if not data or len(fds) != 1:
                 for fd in fds:
                     os.close(fd)
@@ -447,6 +450,7 @@ def serve_warm(fd: int, setup: Callable[[bytes], tuple[Any, bool]],
             if not fds:
                 break  # EOF (or a message without its socket: the caller is broken)
             call = socket.socket(fileno=fds[0])
+            call.set_inheritable(False)
             for extra in fds[1:]:
                 os.close(extra)
             calls = [t for t in calls if t.is_alive()]
