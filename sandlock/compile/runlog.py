@@ -39,6 +39,7 @@ machine may lose the last ones, which verify then reports.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 from .logdir import ENV, LogError, directory, exposed
 
@@ -46,7 +47,7 @@ __all__ = ["ENV", "LogError", "append", "directory", "exposed", "log_run", "veri
 
 TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
 if TYPE_CHECKING:
-    from typing import Any, Optional, Sequence
+    from typing import Any, Iterator, Optional, Sequence
 
     from .compiler import Compiled
 
@@ -186,6 +187,25 @@ def _policy_hash(source: str) -> Optional[str]:
         return None
 
 
+@contextmanager
+def _opened(log_dir: str) -> Iterator[tuple[bytes, int, int]]:
+    """(the key, the log file open for appending and checked, the anchors directory),
+    closed on leaving."""
+    key = _key()
+    logs, anchors = _open_dirs(log_dir, create=True)
+    try:
+        fd = os.open(LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=logs)
+        try:
+            _check_file(fd)
+            yield key, fd, anchors
+        finally:
+            os.close(fd)  # releases a lock taken on it
+    finally:
+        os.close(logs)
+        os.close(anchors)
+
+
 def ready() -> None:
     """Check, before a run starts, that its record can be appended (no-op while the log
     is off): the key, the private directories, the log file and the anchor. LogError
@@ -194,19 +214,8 @@ def ready() -> None:
     log_dir = directory()
     if log_dir is None:
         return
-    key = _key()
-    logs, anchors = _open_dirs(log_dir, create=True)
-    try:
-        fd = os.open(LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=logs)
-        try:
-            _check_file(fd)
-        finally:
-            os.close(fd)
+    with _opened(log_dir) as (key, _, anchors):
         _read_anchor(anchors, log_dir, key)
-    finally:
-        os.close(logs)
-        os.close(anchors)
 
 
 def append(source: str, command: Sequence[str], exit_code: int, *,
@@ -220,38 +229,27 @@ def append(source: str, command: Sequence[str], exit_code: int, *,
     import json
     import time
 
-    key = _key()
-    logs, anchors = _open_dirs(log_dir, create=True)
-    try:
-        fd = os.open(LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=logs)
+    with _opened(log_dir) as (key, fd, anchors):
+        fcntl.flock(fd, fcntl.LOCK_EX)  # one writer at a time: the chain is a sequence
+        count, last = _read_anchor(anchors, log_dir, key)
         try:
-            _check_file(fd)
-            fcntl.flock(fd, fcntl.LOCK_EX)  # one writer at a time: the chain is a sequence
-            count, last = _read_anchor(anchors, log_dir, key)
-            try:
-                import pwd
+            import pwd
 
-                user = pwd.getpwuid(os.geteuid()).pw_name
-            except (ImportError, KeyError):
-                user = ""
-            record: dict[str, Any] = {
-                "seq": count + 1,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "user": user, "uid": os.geteuid(), "policy": _clip(source),
-                "policy_sha256": _policy_hash(source),
-                "command": _clip(list(command)), "exit": exit_code,
-                "refused": _clip(list(refused)), "reports": _clip(list(reports)),
-                "credentials": _clip(list(credentials)), "api": api, "prev": last}
-            record["mac"] = _mac(key, record)
-            line = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-            os.write(fd, line.encode() + b"\n")
-            _write_anchor(anchors, log_dir, key, count + 1, record["mac"])
-        finally:
-            os.close(fd)  # releases the lock
-    finally:
-        os.close(logs)
-        os.close(anchors)
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except (ImportError, KeyError):
+            user = ""
+        record: dict[str, Any] = {
+            "seq": count + 1,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "user": user, "uid": os.geteuid(), "policy": _clip(source),
+            "policy_sha256": _policy_hash(source),
+            "command": _clip(list(command)), "exit": exit_code,
+            "refused": _clip(list(refused)), "reports": _clip(list(reports)),
+            "credentials": _clip(list(credentials)), "api": api, "prev": last}
+        record["mac"] = _mac(key, record)
+        line = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        os.write(fd, line.encode() + b"\n")
+        _write_anchor(anchors, log_dir, key, count + 1, record["mac"])
 
 
 def log_run(compiled: Compiled, argv: Sequence[str], code: int, events: Sequence[str] = (),
