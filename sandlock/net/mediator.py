@@ -206,10 +206,12 @@ class MediatorProcess(WarmProcess):
 
 class RemoteCall:
     """The caller's handle on one call's part in a :class:`WarmProcess`: the process
-    answers the call's socket with JSON and one descriptor (taken by :meth:`ready`,
-    checked by :meth:`_take`), then waits for ``stop`` (or EOF) and answers it (read
-    by :meth:`stop`, checked by :meth:`_ended`). ``ahead``: only ask (the process
-    prepares the call while the caller goes on); :meth:`ready` takes the answer."""
+    answers the call's socket with JSON holding ``bpf`` (its notifying filter, hex) and
+    the socket the confined child sends its listener on (both kept as :attr:`gate` by
+    :meth:`ready`; the rest of the answer checked by :meth:`_take`), then waits for
+    ``stop`` (or EOF) and answers it (read by :meth:`stop`, checked by :meth:`_ended`).
+    ``ahead``: only ask (the process prepares the call while the caller goes on);
+    :meth:`ready` takes the answer."""
 
     #: What the process is, in errors.
     what = "helper"
@@ -220,6 +222,7 @@ class RemoteCall:
         self._stopped = False
         self._answered = False
         self._process = process
+        self.gate = _Listener(-1, b"")
         try:
             self._sock = process.open(message)
         except OSError as exc:
@@ -246,10 +249,13 @@ class RemoteCall:
                     os.close(fd)
                 raise OSError("no answer")
             try:
-                self._take(json.loads(data.decode()), fds[0])
+                answer = json.loads(data.decode())
+                bpf = _bpf(answer)
+                self._take(answer)
             except BaseException:
                 os.close(fds[0])
                 raise
+            self.gate = _Listener(fds[0], bpf)
         except (OSError, ValueError, EOFError, TypeError) as exc:
             self._stopped = True
             self._sock.close()
@@ -258,9 +264,8 @@ class RemoteCall:
         self._answered = True
         return self
 
-    def _take(self, answer: Any, fd: int) -> None:
-        """Check and keep the answer (ValueError if it is not one) and its descriptor."""
-        raise NotImplementedError
+    def _take(self, answer: Any) -> None:
+        """Check and keep what else the answer holds (ValueError if it is not one)."""
 
     def _read_end(self) -> Any:
         """The answer to ``stop``: one JSON message."""
@@ -272,6 +277,13 @@ class RemoteCall:
 
     def _ended_early(self) -> None:
         """The call ends without a use (or its process failed): release what it holds."""
+        self.start()
+
+    def start(self) -> None:
+        """The listener socket has gone to the supervisor with the request: drop ours."""
+        if self.gate.child_end >= 0:
+            os.close(self.gate.child_end)
+            self.gate.child_end = -1
 
     def alive(self) -> bool:
         """Whether the process still holds this call: its end of the call's socket is
@@ -317,22 +329,19 @@ class RemoteMediation(RemoteCall):
         alone (ended with it). ``ahead``: see :class:`RemoteCall`."""
         self.events: list[str] = []
         self.proxy = _Environment({})
-        self.gate = _Listener(-1, b"")
         self._own = process is None
         super().__init__(MediatorProcess(policy) if process is None else process,
                          SIGNALS if signals is True else CALL, ahead)
 
-    def _take(self, answer: Any, fd: int) -> None:
-        env, bpf = _answer(answer)
-        self.proxy = _Environment(env)
-        self.gate = _Listener(fd, bpf)
+    def _take(self, answer: Any) -> None:
+        self.proxy = _Environment(_environment(answer))
 
     def _ended(self, answer: Any) -> None:
         if isinstance(answer, list):
             self.events = [e for e in answer if isinstance(e, str)][:1000]
 
     def _ended_early(self) -> None:
-        self._close_child_end()
+        super()._ended_early()
         if self._own:
             self._process.close()
 
@@ -343,27 +352,24 @@ class RemoteMediation(RemoteCall):
         # type(cmd): a command like the caller's (net/ sits beside exec/, never above it)
         return type(cmd)(cmd.executable, cmd.argv, tuple(env.items()), cmd.cwd)
 
-    def start(self) -> None:
-        """The listener socket has gone to the supervisor with the request: drop ours."""
-        self._close_child_end()
 
-    def _close_child_end(self) -> None:
-        if self.gate.child_end >= 0:
-            os.close(self.gate.child_end)
-            self.gate.child_end = -1
-
-
-def _answer(answer: Any) -> tuple[dict[str, str], bytes]:
-    """The mediator's first answer, checked: a str -> str environment and a BPF program."""
+def _bpf(answer: Any) -> bytes:
+    """The notifying filter of a warm process's first answer, checked: a BPF program."""
     if not isinstance(answer, dict) or not isinstance(answer.get("bpf"), str):
         raise ValueError("not an answer")
-    env, bpf = answer.get("env"), bytes.fromhex(answer["bpf"])
+    bpf = bytes.fromhex(answer["bpf"])
+    if not bpf or len(bpf) % 8:
+        raise ValueError("not a BPF program")
+    return bpf
+
+
+def _environment(answer: dict[str, Any]) -> dict[str, str]:
+    """The proxy environment of the mediator's first answer, checked: str -> str."""
+    env = answer.get("env")
     if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
                                           for k, v in env.items())):
         raise ValueError("not an environment")
-    if not bpf or len(bpf) % 8:
-        raise ValueError("not a BPF program")
-    return env, bpf
+    return env
 
 
 def end_process(proc: Any, sock: socket.socket, gently: bool = False) -> None:

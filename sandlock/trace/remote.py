@@ -18,12 +18,11 @@ caller, which reads JSON only, with a size bound.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 from typing import Any, Optional
 
-from ..net.mediator import CALL, SIGNALS, STOP, RemoteCall, WarmProcess, _Listener, serve_warm
+from ..net.mediator import CALL, SIGNALS, STOP, RemoteCall, WarmProcess, serve_warm
 
 #: The end of a call's denials (each message before it is one JSON list).
 _END = b"end"
@@ -54,16 +53,7 @@ class RemoteRecording(RemoteCall):
     def __init__(self, process: RecorderProcess, signals: bool = False,
                  ahead: bool = False) -> None:
         self.batches: list[bytes] = []
-        self.gate = _Listener(-1, b"")
         super().__init__(process, SIGNALS if signals else CALL, ahead)
-
-    def _take(self, answer: Any, fd: int) -> None:
-        if not isinstance(answer, dict) or not isinstance(answer.get("bpf"), str):
-            raise ValueError("not an answer")
-        bpf = bytes.fromhex(answer["bpf"])
-        if not bpf or len(bpf) % 8:
-            raise ValueError("not a BPF program")
-        self.gate = _Listener(fd, bpf)
 
     def _read_end(self) -> Any:
         batches, size = [], 0
@@ -77,15 +67,6 @@ class RemoteRecording(RemoteCall):
 
     def _ended(self, answer: Any) -> None:
         self.batches = answer
-
-    def _ended_early(self) -> None:
-        self.start()
-
-    def start(self) -> None:
-        """The listener socket has gone to the supervisor with the request: drop ours."""
-        if self.gate.child_end >= 0:
-            os.close(self.gate.child_end)
-            self.gate.child_end = -1
 
 
 # ----------------------------------------------------------------------------
