@@ -315,3 +315,50 @@ def test_a_caller_that_never_closes_its_sandbox_still_exits() -> None:
     done = subprocess.run([sys.executable, "-c", EXIT_UNCLOSED, str(REPO), PYTHON],
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, "done\n"), done.stderr[-2000:]
+
+
+SUBREAPER_CALLER = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+import sandlock
+from sandlock.linux import kernel
+kernel.set_child_subreaper()  # as a caller that also runs `sandlock run`'s launcher in process
+for _ in range(3):
+    with sandlock.Sandbox({"extends": ["python"], "network": {"allow": ["example.test:443"]}}) as box:
+        assert box.run([sys.argv[2], "-c", "pass"]).returncode == 0
+    with sandlock.Sandbox({"extends": ["python"]}) as traced:
+        assert traced.run([sys.argv[2], "-c", "pass"], trace=True).returncode == 0
+def zombies():
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid():
+            out.append(pid)
+    return out
+deadline = time.monotonic() + 20
+while zombies() and time.monotonic() < deadline:
+    time.sleep(0.2)
+found = zombies()
+for pid in found:
+    os.waitpid(int(pid), os.WNOHANG)
+print(len(found))
+"""
+
+
+def test_warm_processes_leave_no_zombie_to_a_subreaper_caller() -> None:
+    """A Sandbox's mediator and recorder each start a sandlock-exec server; at close they
+    reap it before they exit. Left to outlive them, it was re-parented to the nearest
+    subreaper, a caller that also runs the launcher in process (pytest here), where it
+    stayed a zombie: each counts against RLIMIT_NPROC, and a user's CI suite ran out of
+    processes."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SUBREAPER_CALLER, str(REPO), PYTHON],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "0", done.stdout

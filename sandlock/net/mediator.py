@@ -48,6 +48,7 @@ from .. import PACKAGE_DIR
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import threading
     from typing import Any, Callable, Optional
 
     from ..exec.spec import Command
@@ -447,10 +448,11 @@ def serve_warm(fd: int, setup: Callable[[bytes], tuple[Any, bool]],
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)
     calls: list[threading.Thread] = []
+    reaper: Optional[threading.Thread] = None
     try:
         state, native = setup(sock.recv(1 << 24))
         if native:
-            hand_over_server(sock)
+            reaper = hand_over_server(sock)
         while True:
             said, fds, _, _ = socket.recv_fds(sock, 64, 1)
             if not fds:
@@ -468,13 +470,15 @@ def serve_warm(fd: int, setup: Callable[[bytes], tuple[Any, bool]],
         pass
     for thread in calls:
         thread.join()
+    if reaper is not None:  # its server ends at the caller's EOF too: reaped here, never
+        reaper.join(START_TIMEOUT)  # left to whichever subreaper is above this process
     os._exit(0)
 
 
-def hand_over_server(sock: socket.socket) -> None:
+def hand_over_server(sock: socket.socket) -> Optional[threading.Thread]:
     """In a :class:`WarmProcess` started ``native``: start a sandlock-exec server, a child
     of this process, and give its control socket to the caller (this process keeps no
-    copy: the caller's close ends it); reap it."""
+    copy: the caller's close ends it); the thread that reaps it (None: no server)."""
     import threading
 
     from ..exec import native as nativeexec
@@ -483,14 +487,16 @@ def hand_over_server(sock: socket.socket) -> None:
         control, pid = nativeexec.start_server()
     except OSError:
         sock.send(_NO_SERVER)
-        return
+        return None
     try:
         sock.sendmsg([_SERVER + b" %d" % pid], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                                   control.fileno().to_bytes(4, sys.byteorder))])
     finally:
         control.close()
-    threading.Thread(target=os.waitpid, args=(pid, 0), name="sandlock-mediator-reap",
-                     daemon=True).start()
+    reaper = threading.Thread(target=os.waitpid, args=(pid, 0), name="sandlock-server-reap",
+                              daemon=True)
+    reaper.start()
+    return reaper
 
 
 def _serve_call(policy: Any, sock: socket.socket, signals: bool) -> None:

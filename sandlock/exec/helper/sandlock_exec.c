@@ -975,6 +975,17 @@ int main(void) {
         if (fds[0].revents & (POLLHUP | POLLERR | POLLNVAL)) break;
         if ((fds[0].revents & POLLIN) && fork_idle() < 0) refuse_one();
     }
+    /* The idle supervisor sees the same EOF and exits: reaped here (up to a second), never
+     * left to end after this process and stay a zombie under a subreaper above it. One that
+     * took a request first (its note) supervises that call and is left to it. */
+    for (int tries = 0; idle > 0 && tries < 100; tries++) {
+        drain_notes();
+        if (idle > 0 && waitpid(idle, NULL, WNOHANG) == idle) idle = 0;
+        struct pollfd wait[2] = {{sigfd, POLLIN, 0}, {notes[0], POLLIN, 0}};
+        if (idle > 0) poll(wait, 2, 10);
+        char drained[sizeof(struct signalfd_siginfo)];
+        while (read(sigfd, drained, sizeof drained) > 0) {}
+    }
     kill_strays();
     return 0;
 }
