@@ -207,12 +207,17 @@ def _forget_native_calls() -> None:
 os.register_at_fork(after_in_child=_forget_native_calls)
 
 
+def _ended_socket() -> socket.socket:
+    """A call socket whose supervisor end is already gone (a call that never started)."""
+    sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    peer.close()
+    return sock
+
+
 def _failed(failure: SandlockError) -> _Call:
     """A call refused before any supervisor took it, reported as a supervisor's
     refusal is (its Result carries ``failure``)."""
-    sock, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    peer.close()
-    call = _Call(sock)
+    call = _Call(_ended_socket())
     call.failure = failure
     return call
 
@@ -232,7 +237,7 @@ class _NativeCall(_Call):
                                     None if timeout is None else timeout + _GRACE, notify,
                                     server)
         except OSError as exc:  # EAGAIN (RLIMIT_NPROC), ENOMEM: as the fork server reports it
-            super().__init__(_failed(SetupError("")).sock)
+            super().__init__(_ended_socket())
             self.failure = SetupError(f"cannot start {nativeexec.HELPER}: {exc} (SANDLOCK_NATIVE=0"
                                       " runs commands through the fork server instead)")
             return

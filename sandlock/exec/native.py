@@ -12,12 +12,12 @@ supervisor, a fork of that small static C program (not an exec), made ahead of t
 an idle supervisor waits for the next request and the server forks the next one while the
 call runs. The supervisor speaks the fork server's per-call wire format on that
 call's socket. Used for ``run``/``popen``/``run_async`` of commands when the helper
-exists and ``SANDLOCK_NATIVE`` is not ``"0"``, except ``trace=True`` (its recorder is
-the Python supervisor's); ``call()`` always uses the fork server (the child runs
-Python, not ``execve``). Under ``[network] allow`` the command runs on a server the
-Sandbox's mediator started (:class:`sandlock.net.mediator.MediatorProcess`), whose
-child takes the ``notify`` step: it installs the mediator's connect gate and sends it
-the listener, and the mediator, reading the tool's memory, is the tool's ancestor.
+exists and ``SANDLOCK_NATIVE`` is not ``"0"``; ``call()`` always uses the fork server
+(the child runs Python, not ``execve``). Under ``[network] allow`` or with
+``trace=True`` the command runs on a server that the Sandbox's mediator or recorder
+process started (:class:`sandlock.net.mediator.WarmProcess`), whose child takes the
+``notify`` step: it installs that process's filter and sends it the listener, and the
+process, reading the tool's memory, is the tool's ancestor.
 
 A call never depends on the server once forked: if the server dies, calls in flight
 go on (their supervisors watch their own sockets) and the next call starts a new
