@@ -968,4 +968,8 @@ GUARDS: tuple[Guard, ...] = (
           "        if (idle > 0 && waitpid(idle, NULL, WNOHANG) == idle) idle = 0;",
           "        idle = 0;",
           ("tests/test_mediator.py::test_warm_processes_leave_no_zombie_to_a_subreaper_caller",)),
+    Guard("launcher: a library caller is the subreaper for the run only", "sandlock/exec/launcher.py",
+          "        if not was_subreaper:\n            kernel.set_child_subreaper(False)\n",
+          "        pass\n",
+          ("tests/test_process.py::test_the_launcher_gives_a_library_caller_its_subreaper_setting_back",)),
 )

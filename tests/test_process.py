@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import POLICIES, PYTHON, alive, python_probe, require_abi, run_confined, write_policy
+from conftest import (POLICIES, PYTHON, REPO, alive, python_probe, require_abi, run_confined,
+                      write_policy)
 
 from sandlock.compile.seccomp import NEVER_ALLOW
 
@@ -570,3 +571,50 @@ def test_syscall_sysv_shared_memory_of_the_caller_is_unreachable(tmp_path: Path)
     finally:
         libc.shmctl(segment, 0, None)  # IPC_RMID
     assert seen == {"denied": "EPERM", "allowed": "SECRET"}
+
+
+#: A library caller: runs the launcher in process, then has a child of its own that leaves
+#: an orphan. ``adopted`` if the orphan came back to the caller (its subreaper) to be waited
+#: for; left a subreaper, a caller that never waits keeps each such orphan as a zombie.
+LIBRARY_CALLER = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from sandlock.compile import compiler
+from sandlock.exec import launcher
+from sandlock.linux import kernel
+from sandlock.policy.model import load_policy
+if sys.argv[3] == "subreaper":  # the control: a caller that is one on its own
+    kernel.set_child_subreaper()
+with compiler.compile_policy(load_policy(sys.argv[2])) as compiled:
+    child = launcher.run(compiled, launcher.prepare_command(compiled, ["/usr/bin/true"]),
+                         forward_signals=False)
+assert child.returncode == 0, child.returncode
+parent = os.fork()
+if parent == 0:
+    if os.fork() == 0:
+        os.read(os.open("/dev/null", os.O_RDONLY), 1)  # ends at once
+        os._exit(0)
+    os._exit(0)
+os.waitpid(parent, 0)
+try:
+    os.waitpid(-1, 0)  # the orphan, if it came back here
+    print("adopted")
+except ChildProcessError:
+    print("not adopted")
+"""
+
+
+@pytest.mark.any_user
+@pytest.mark.parametrize("caller", ["plain", "subreaper"])
+def test_the_launcher_gives_a_library_caller_its_subreaper_setting_back(tmp_path: Path,
+                                                                         caller: str) -> None:
+    """`launcher.run` makes its caller the tool tree's subreaper for the run only. Left one
+    afterwards, a caller (pytest, a probe) adopted every orphan of its other children and
+    never waited for them: zombies piled up until its user's RLIMIT_NPROC refused forks.
+    The control: a caller that was a subreaper before stays one, and adopts."""
+    policy = write_policy(tmp_path, 'version = 1\nextends = ["base"]\n'
+                          '[filesystem]\nexec = ["/usr/bin/true"]\n')
+    done = subprocess.run([sys.executable, "-c", LIBRARY_CALLER, str(REPO), str(policy), caller],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == ("adopted" if caller == "subreaper" else "not adopted")

@@ -450,7 +450,8 @@ class Starting:
 def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
         forward_signals: bool = True, report: Optional[Callable[[str], None]] = None,
         _mediation: Optional[Mediation] = None, recorder: Optional[Recorder] = None) -> Child:
-    """Run ``cmd`` confined, as the launcher process: subreaper, signal forwarding, timeout.
+    """Run ``cmd`` confined, as the launcher process: subreaper (for the run only), signal
+    forwarding, timeout.
 
     Returns the finished :class:`Child`; its ``returncode`` follows :class:`ExitCode`.
     ``report`` receives one line per network refusal (policies with ``[network] allow``),
@@ -458,15 +459,21 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
     only, :mod:`sandlock.trace.record`) loads its notifying filter in the child and is started
     before the child's execve, which it is notified of; the caller stops it.
     """
-    kernel.set_child_subreaper()
-    if compiled.routes is not None:  # credential routes (issue 16), granted by compile_policy
-        from ..net.routes import Routes, serving
+    was_subreaper = kernel.set_child_subreaper()
+    try:
+        if compiled.routes is not None:  # credential routes (issue 16), granted by compile_policy
+            from ..net.routes import Routes, serving
 
-        assert isinstance(compiled.routes, Routes)  # the API's remote ones never come here
-        with serving(compiled.routes, cmd) as routed_cmd:  # serving for this run only
-            return _mediated(compiled, routed_cmd, timeout, forward_signals, _mediation,
-                             recorder, report)
-    return _mediated(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)
+            assert isinstance(compiled.routes, Routes)  # the API's remote ones never come here
+            with serving(compiled.routes, cmd) as routed_cmd:  # serving for this run only
+                return _mediated(compiled, routed_cmd, timeout, forward_signals, _mediation,
+                                 recorder, report)
+        return _mediated(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)
+    finally:
+        # The run's tree is reaped by now. A caller that stayed a subreaper would adopt
+        # every orphan of its other children for good, as zombies it never waits for.
+        if not was_subreaper:
+            kernel.set_child_subreaper(False)
 
 
 def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,

@@ -31,6 +31,7 @@ _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 PR_GET_SECCOMP = 21
 PR_SET_NAME = 15  # https://man7.org/linux/man-pages/man2/pr_set_name.2const.html
 # seccomp(2), from linux/seccomp.h
@@ -156,8 +157,17 @@ def set_name(name: bytes) -> None:
     _check(_prctl(PR_SET_NAME, address, 0, 0, 0), "prctl(PR_SET_NAME)")
 
 
-def set_child_subreaper() -> None:
-    _check(_prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+def set_child_subreaper(on: bool = True) -> bool:
+    """Make this process a child subreaper (or no longer one); returns whether it was one.
+
+    A library caller must be given back the setting it had: a subreaper adopts every
+    orphan below it, and a caller that never waits for them keeps them as zombies, which
+    count against its user's process limit."""
+    was = ctypes.c_int(0)
+    _check(_prctl(PR_GET_CHILD_SUBREAPER, ctypes.addressof(was), 0, 0, 0),
+           "prctl(PR_GET_CHILD_SUBREAPER)")
+    _check(_prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0), "prctl(PR_SET_CHILD_SUBREAPER)")
+    return bool(was.value)
 
 
 def make_fprog(bpf: bytes) -> tuple[SockFprog, object]:

@@ -1033,7 +1033,7 @@ def _spawn(compiled: compiler.Compiled, command: launcher.Command, executor: str
     try:
         for reader in readers:
             reader.start()
-        kernel.set_child_subreaper()
+        was_subreaper = kernel.set_child_subreaper()
         stdio = (slave, out_w, err_w)
         try:
             if executor == "launcher":
@@ -1041,6 +1041,8 @@ def _spawn(compiled: compiler.Compiled, command: launcher.Command, executor: str
             else:
                 _run_api(compiled, command, stdio, executor)
         finally:
+            if not was_subreaper:  # as launcher.run: for the payload's run only
+                kernel.set_child_subreaper(False)
             for fd in stdio:
                 os.close(fd)
         for reader in readers:
@@ -1121,8 +1123,8 @@ def probe_policy(policy: Policy, *, home: str | None = None,
     ``executor`` (one of :data:`EXECUTORS`): what starts the payload; the rows must not
     depend on it.
 
-    Note: like `sandlock run`, this makes the calling process a child subreaper
-    and kills every child of the calling thread once the payload exits.
+    Note: like `sandlock run`, this makes the calling process a child subreaper while the
+    payload runs, and kills every child it gained meanwhile once the payload exits.
     """
     from ..compile import ruleset
 
