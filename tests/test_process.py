@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import (POLICIES, PYTHON, REPO, alive, python_probe, require_abi, run_confined,
-                      write_policy)
+from conftest import POLICIES, PYTHON, REPO, alive, python_probe, require_abi, run_confined, write_policy
 
 from sandlock.compile.seccomp import NEVER_ALLOW
 
