@@ -145,19 +145,11 @@ class Request:
 
     def respond(self, head: "Head", body: Iterable[bytes]) -> None:
         """The response, its body written as it comes (after the request's body)."""
-        self._send(_head(h11.Response, 502, _UNPASSABLE, status_code=head.status,
-                         reason=head.reason, headers=list(head.headers)))
-        for data in body:
-            if data:
-                self._send(h11.Data(data=data))
-        self._send(h11.EndOfMessage())
+        _message(self._send, _head(h11.Response, 502, _UNPASSABLE, status_code=head.status,
+                                   reason=head.reason, headers=list(head.headers)), body)
 
     def _send(self, event: h11.Event) -> None:
-        try:
-            data = self._conn.send(event)
-        except h11.ProtocolError:
-            raise HttpError(502, _UNPASSABLE) from None
-        self._sock.sendall(data or b"")
+        _emit(self._conn, self._sock, event, 502, _UNPASSABLE)
 
 
 class _Held:
@@ -312,19 +304,11 @@ class Upstream:
              body: Iterable[bytes]) -> None:
         """The request: its head, then its body framed as the head announces (the
         chunk sizes are h11's, never the tool's), then its end."""
-        self._send(_head(h11.Request, 400, _UNSENDABLE, method=method, target=target,
-                         headers=list(headers)))
-        for data in body:
-            if data:
-                self._send(h11.Data(data=data))
-        self._send(h11.EndOfMessage())
+        _message(self._send, _head(h11.Request, 400, _UNSENDABLE, method=method, target=target,
+                                   headers=list(headers)), body)
 
     def _send(self, event: h11.Event) -> None:
-        try:
-            data = self._conn.send(event)
-        except h11.ProtocolError:
-            raise HttpError(400, _UNSENDABLE) from None
-        self.sock.sendall(data or b"")
+        _emit(self._conn, self.sock, event, 400, _UNSENDABLE)
 
     def response(self) -> Head:
         """The next response head (interim 1xx ones first; 101 is refused: nothing but
@@ -363,6 +347,27 @@ def _head(kind: Callable[..., _Event], status: int, message: str, **fields: Any)
         return kind(**fields)
     except h11.ProtocolError:
         raise HttpError(status, message) from None
+
+
+def _emit(conn: h11.Connection, sock: socket.socket, event: h11.Event, status: int,
+          message: str) -> None:
+    """``event`` framed by ``conn`` onto ``sock``; an :class:`HttpError` ``status`` with
+    ``message`` when h11 refuses it."""
+    try:
+        data = conn.send(event)
+    except h11.ProtocolError:
+        raise HttpError(status, message) from None
+    sock.sendall(data or b"")
+
+
+def _message(send: Callable[[h11.Event], None], head: h11.Event, body: Iterable[bytes]) -> None:
+    """A whole message: ``head``, its body as it comes (h11 frames it as the head
+    announces: the chunk sizes are never the peer's), then its end."""
+    send(head)
+    for data in body:
+        if data:
+            send(h11.Data(data=data))
+    send(h11.EndOfMessage())
 
 
 def chunks(held: IO[bytes]) -> Iterator[bytes]:
