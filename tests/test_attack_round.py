@@ -163,6 +163,20 @@ def test_request_bodies_held_at_once_are_bounded(
 
 
 @pytest.mark.any_user
+def test_a_request_refused_while_its_body_is_sent_still_gets_its_answer(
+        route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The route refuses a request before its body is all in (here: past the bound on bodies
+    held). Closed with the body's bytes unread, the connection was reset: the tool's send
+    failed or its answer was lost (ECONNRESET), instead of its reading why. The route now
+    half-closes after its answer and drains what the tool still sends, for a moment."""
+    monkeypatch.setattr(H, "HELD_LIMIT", 1 << 20)
+    server, placeholder = route()
+    status, response = ask_half_closed(server, _body_request(placeholder, 8 << 20))
+    assert status == 503 and "sandlock route: " in response, response[:300]
+    assert upstream.seen == []
+
+
+@pytest.mark.any_user
 def test_positive_control_unbounded_the_bodies_are_held_together(
         route: Any, upstream: Server, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(H, "HELD_LIMIT", 1 << 40)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
@@ -165,10 +166,16 @@ def test_policy_schema_errors_carry_file_line_and_key() -> None:
         loads_policy('[network]\nhosts = { "x.test" = "nope" }\n')
 
 
-def new_threads(before: set[threading.Thread]) -> list[str]:
-    """Threads alive now that were not before. (Threads of earlier tests may end meanwhile:
-    a count would blame this test for them.)"""
-    return sorted(thread.name for thread in threading.enumerate() if thread not in before)
+def new_threads(before: set[threading.Thread], settle: float = 10.0) -> list[str]:
+    """Threads alive that were not ``before`` and still are after ``settle`` seconds: a leak
+    stays. (Threads of earlier tests may end meanwhile, and the test's HTTP server ends a
+    connection's thread after the connection: a count blamed the test for either.)"""
+    deadline = time.monotonic() + settle
+    while True:
+        new = sorted(thread.name for thread in threading.enumerate() if thread not in before)
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.05)
 
 
 def test_no_allow_rules_import_nothing_of_the_network_layer(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ import re
 import socket
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
@@ -56,6 +57,7 @@ HELD_LIMIT = BODY_LIMIT
 HEAD_TIMEOUT = 30.0  #: seconds a client may take to send its request head
 CONNECT_TIMEOUT = 15.0  #: seconds to connect to an upstream
 RECEIVE = 65536  #: bytes asked of one recv(2)
+LINGER = 2.0  #: seconds an answered connection is drained of what the client still sends
 #: Request headers that concern the hop to the proxy or route, never the origin server.
 HOP_HEADERS = frozenset({"connection", "keep-alive", "proxy-connection", "proxy-authorization"})
 REASONS = {400: "Bad Request", 403: "Forbidden", 404: "Not Found",
@@ -286,8 +288,21 @@ def answer(sock: socket.socket, status: int, text: str,
     try:
         sock.sendall(head_bytes(f"HTTP/1.1 {status} {REASONS.get(status, 'Error')}", headers)
                      + body)
+        _linger(sock)
     except OSError:
         pass
+
+
+def _linger(sock: socket.socket) -> None:
+    """Half-close, then drain what the client still sends (a body the answer refused), for
+    at most :data:`LINGER` seconds: closed with bytes unread, the socket resets the
+    connection, and the client may lose the answer (a lingering close, as web servers do)."""
+    sock.shutdown(socket.SHUT_WR)
+    deadline = time.monotonic() + LINGER
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        if not sock.recv(RECEIVE):
+            return
 
 
 # ---------------------------------------------------------------------- to an upstream
