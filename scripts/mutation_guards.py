@@ -976,4 +976,9 @@ GUARDS: tuple[Guard, ...] = (
           "                     + body)\n        _linger(sock)\n",
           "                     + body)\n",
           ("tests/test_attack_round.py::test_a_request_refused_while_its_body_is_sent_still_gets_its_answer",)),
+    Guard("run log: a record says what the run did not enforce", "sandlock/compile/runlog.py",
+          "               not_enforced=compiled.warnings)",
+          "               not_enforced=())",
+          ("tests/test_runlog.py::test_a_best_effort_run_records_what_it_did_not_enforce[cli]",
+           "tests/test_runlog.py::test_a_best_effort_run_records_what_it_did_not_enforce[api]")),
 )

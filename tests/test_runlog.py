@@ -284,3 +284,66 @@ def test_a_log_that_cannot_be_written_stops_the_run_before_it_starts(
     done = run(log_dir, ws, "/bin/sh", "-c", f"touch {marker}")
     assert done.returncode == 0 and marker.exists(), done.stderr
     assert runlog.verify() == (1, [])
+
+
+@pytest.mark.parametrize("mode", ["cli", "api"])
+def test_a_best_effort_run_records_what_it_did_not_enforce(log_dir: Path, ws: Path, mode: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A best-effort run on a kernel that lacks a protection runs without it; its record
+    says which (as `run`, `explain` and the API do), so that the log never shows such a
+    run as fully confined. Control: on this kernel's full ABI nothing is listed."""
+    from sandlock import Sandbox
+
+    policy = ws.parent / "ports.toml"  # a TCP port rule: ABI 4
+    policy.write_text('version = 1\nextends = ["shell"]\n[network]\nconnect = [443]\n')
+    for abi, gaps in (("3", True), ("", False)):
+        if abi:
+            monkeypatch.setenv("SANDLOCK_ABI", abi)
+        else:
+            monkeypatch.delenv("SANDLOCK_ABI", raising=False)
+        if mode == "cli":
+            done = cli(log_dir, "run", "--best-effort", "--policy", str(policy), "--var",
+                       f"workspace={ws}", "--", "/bin/true")
+            assert done.returncode == 0, done.stderr
+        else:
+            monkeypatch.setenv(runlog.ENV, str(log_dir))
+            with Sandbox(policy, vars={"workspace": str(ws)}, best_effort=True) as box:
+                assert box.run(["/bin/true"]).returncode == 0
+        record = json.loads(lines(log_dir)[-1])
+        assert bool(record["not_enforced"]) is gaps, record
+        if gaps:
+            assert any("TCP" in line for line in record["not_enforced"]), record["not_enforced"]
+    monkeypatch.setenv(runlog.ENV, str(log_dir))
+    assert runlog.verify() == (2, [])
+
+
+def _as_written_without(log_dir: Path, field: str) -> None:
+    """Rewrite the log as a version whose records lack ``field`` would have written it:
+    each record authentic (MAC, chain, anchor), so only the fields differ."""
+    key, prev, out = runlog._key(), runlog.GENESIS, []
+    for line in lines(log_dir):
+        record = json.loads(line)
+        del record[field], record["mac"]
+        record["prev"] = prev
+        record["mac"] = prev = runlog._mac(key, record)
+        out.append(json.dumps(record, sort_keys=True, separators=(",", ":")).encode() + b"\n")
+    _rewrite(log_dir, out)
+    logs, anchors = runlog._open_dirs(str(log_dir), create=False)
+    try:
+        runlog._write_anchor(anchors, str(log_dir), key, len(out), prev)
+    finally:
+        os.close(logs)
+        os.close(anchors)
+
+
+@pytest.mark.parametrize("field", ["not_enforced", "reports"])
+def test_records_of_the_version_before_not_enforced_still_verify(logged: Path, field: str) -> None:
+    """Records written before ``not_enforced`` existed lack it and still verify (their MAC
+    covers what they hold). Control: records lacking another field are not records, even
+    authentic: the set of fields is one of the two versions', nothing else."""
+    _as_written_without(logged, field)
+    count, problems = runlog.verify()
+    if field == "not_enforced":
+        assert (count, problems) == (3, [])
+    else:
+        assert problems and "not a record" in problems[0], problems

@@ -62,7 +62,11 @@ MAX_LOG = 256 << 20
 MAX_FIELD = 4096
 MAX_ITEMS = 200
 FIELDS = ("seq", "time", "user", "uid", "policy", "policy_sha256", "command", "exit",
-          "refused", "reports", "credentials", "api", "prev")
+          "refused", "reports", "credentials", "api", "not_enforced", "prev")
+#: The fields of a record, with its MAC, as this version writes them and as the version
+#: before ``not_enforced`` did (its records still verify: the MAC covers what they hold).
+RECORD_SHAPES = (sorted((*FIELDS, "mac")),
+                 sorted(name for name in (*FIELDS, "mac") if name != "not_enforced"))
 
 
 def _key() -> bytes:
@@ -220,8 +224,10 @@ def ready() -> None:
 
 def append(source: str, command: Sequence[str], exit_code: int, *,
            refused: Sequence[str] = (), reports: Sequence[str] = (),
-           credentials: Sequence[str] = (), api: bool = False) -> None:
-    """Append one record for a finished run (no-op while the log is off)."""
+           credentials: Sequence[str] = (), api: bool = False,
+           not_enforced: Sequence[str] = ()) -> None:
+    """Append one record for a finished run (no-op while the log is off).
+    ``not_enforced``: the protections the run went without (best effort, or accepted)."""
     log_dir = directory()
     if log_dir is None:
         return
@@ -245,7 +251,8 @@ def append(source: str, command: Sequence[str], exit_code: int, *,
             "policy_sha256": _policy_hash(source),
             "command": _clip(list(command)), "exit": exit_code,
             "refused": _clip(list(refused)), "reports": _clip(list(reports)),
-            "credentials": _clip(list(credentials)), "api": api, "prev": last}
+            "credentials": _clip(list(credentials)), "api": api,
+            "not_enforced": _clip(list(not_enforced)), "prev": last}
         record["mac"] = _mac(key, record)
         line = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         os.write(fd, line.encode() + b"\n")
@@ -270,7 +277,8 @@ def log_run(compiled: Compiled, argv: Sequence[str], code: int, events: Sequence
     credentials = tuple(getattr(routes, "events", ())) if routes is not None else ()
     try:
         append(compiled.source, argv, code, refused=refused, api=api,
-               reports=[e for e in events if e not in credentials], credentials=credentials)
+               reports=[e for e in events if e not in credentials], credentials=credentials,
+               not_enforced=compiled.warnings)
     except OSError as exc:
         raise LogError(f"cannot write the run log: {exc.strerror or exc}") from None
 
@@ -326,7 +334,7 @@ def verify(path: Optional[str] = None) -> tuple[int, list[str]]:
     for number, raw in enumerate(lines, 1):
         try:
             record = json.loads(raw)
-            if not isinstance(record, dict) or sorted(record) != sorted((*FIELDS, "mac")):
+            if not isinstance(record, dict) or sorted(record) not in RECORD_SHAPES:
                 raise ValueError
         except ValueError:
             problems.append(f"line {number}: not a record")
