@@ -144,13 +144,14 @@ def c_array(text: str, name: str) -> list[str]:
 
 def drift(text: str) -> list[str]:
     """Every fact of the front end's source that differs from the Python it copies."""
+    from sandlock.compile import logdir
     from sandlock.policy.readfile import MAX_BYTES
 
     facts = {"KEY_NAME": f'"{cachekey.KEY_NAME.decode()}"', "KEY_BYTES": str(cachekey.KEY_BYTES),
              "KEY_FILE": f'"{cachekey.KEY_FILE}"', "TAG_BYTES": str(cache.TAG_BYTES),
              "NATIVE_FORMAT": str(cache.NATIVE_FORMAT), "NATIVE_PREFIX": f'"{cache.NATIVE_PREFIX}"',
              "NATIVE_DIR": f'"{cache.NATIVE_DIR}"', "NATIVE_NAME_BYTES": str(cache.NATIVE_NAME_BYTES),
-             "ENV_NO_CACHE": f'"{cache.ENV_NO_CACHE}"'}
+             "ENV_NO_CACHE": f'"{cache.ENV_NO_CACHE}"', "ENV_LOG": f'"{logdir.ENV}"'}
     out = [name for name, value in facts.items() if define(text, name) != value]
     if define(text, "POLICY_MAX") != f"(1 << {MAX_BYTES.bit_length() - 1})" or MAX_BYTES & (
             MAX_BYTES - 1):
@@ -187,6 +188,7 @@ def test_the_front_ends_copies_are_the_python_tables() -> None:
     ('"sandlock:policy-cache:v1"', '"sandlock:policy-cache:v2"'),
     ('#define NATIVE_FORMAT 1', '#define NATIVE_FORMAT 2'),
     ('"XDG_CACHE_HOME",', ""),
+    ('#define ENV_LOG "SANDLOCK_LOG"', '#define ENV_LOG "SANDLOCK_LOGS"'),
     ('{"--policy", "--var", "--timeout"}', '{"--policy", "--var", "--timeout", "--tool"}'),
     ("__NR_landlock_create_ruleset 444", "__NR_landlock_create_ruleset 445"),
 ])
@@ -512,3 +514,27 @@ def test_a_verified_entry_is_rechecked(change: str, tmp_path: Path, env: dict[st
         "extended-file": "stale: an extended policy file changed",
         "optional-path": "stale: a policy path appeared or vanished",
         None: "a hit: running it natively is not written yet"}[change]
+
+
+@pytest.mark.parametrize("log", ["on", "0"])
+def test_with_the_run_log_on_the_python_cli_runs(log: str, tmp_path: Path,
+                                                 env: dict[str, str]) -> None:
+    """SANDLOCK_LOG is not in the native key: with the log on, the run must be checked
+    against it and recorded, which only the Python CLI does; the front end falls back
+    (and the record is there). Control: SANDLOCK_LOG=0 (off) goes on to the hit."""
+    from sandlock.compile import runlog
+
+    policy = write_policy(tmp_path, POLICY)
+    stored(policy, env, tmp_path)
+    log_dir = tmp_path / "log"
+    done, notes = front(["run", "--policy", str(policy), "--", "true"],
+                        {**env, runlog.ENV: str(log_dir) if log == "on" else "0"}, tmp_path)
+    assert done.returncode == 0, done.stderr
+    if log == "on":
+        assert notes["fallback"].startswith("the run log is on"), notes
+        assert len((log_dir / runlog.LOG_FILE).read_bytes().splitlines()) == 1
+        state = cachekey.key_directory()
+        if state is not None:  # the anchor this test's log left in the state directory
+            Path(state, runlog.ANCHORS, runlog._anchor_name(str(log_dir))).unlink(missing_ok=True)
+    else:
+        assert notes["fallback"] == "a hit: running it natively is not written yet", notes

@@ -10,8 +10,9 @@
  * without following a link, and trusts nothing in it before its keyed BLAKE2b tag
  * verifies and its key equals the one built here, in full.
  *
- * On anything else (another command or option, a bare profile name, --tool, --accept, no
- * entry, a check that fails, any doubt) it execs the Python CLI with the same arguments,
+ * On anything else (another command or option, a bare profile name, --tool, --accept, the
+ * run log on, no entry, a check that fails, any doubt) it execs the Python CLI with the same
+ * arguments,
  * which compiles, stores, runs and reports exactly as without this program. Running a hit
  * itself is not written yet: after the entry verified it reads its facts and re-checks
  * what cache._fresh re-checks (extended files re-read and compared, each policy path's
@@ -72,6 +73,7 @@
 #define POLICY_MAX (1 << 20)                 /* sandlock/policy/readfile.py MAX_BYTES */
 #define ENTRY_MAX (64 << 20)
 #define ENV_NO_CACHE "SANDLOCK_NO_CACHE"     /* cache.ENV_NO_CACHE */
+#define ENV_LOG "SANDLOCK_LOG"               /* sandlock/compile/logdir.py ENV */
 /* cache.NATIVE_ENV, in order */
 static const char *const native_env[] = {"SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME",
                                          "SANDLOCK_STUB", "SANDLOCK_STATE_DIR"};
@@ -602,6 +604,9 @@ int main(int argc, char **argv) {
         fall_back("not a run");
     if (getenv(ENV_NO_CACHE) && getenv(ENV_NO_CACHE)[0])
         fall_back("the cache is off");
+    const char *log = getenv(ENV_LOG); /* logdir.directory: off when unset, empty or "0" */
+    if (log && log[0] && strcmp(log, "0"))
+        fall_back("the run log is on (the Python CLI checks it and appends the record)");
 
     const char *policy = NULL, *timeout = NULL;
     int best_effort = 0, i = 2;
