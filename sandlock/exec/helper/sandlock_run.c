@@ -12,8 +12,7 @@
  *
  * On anything else (another command or option, a bare profile name, --tool, --accept, the
  * run log on, no entry, a check that fails, any doubt) it execs the Python CLI with the same
- * arguments,
- * which compiles, stores, runs and reports exactly as without this program. Running a hit
+ * arguments, which compiles, stores, runs and reports exactly as without this program. Running a hit
  * itself is not written yet: after the entry verified it reads its facts and re-checks
  * what cache._fresh re-checks (extended files re-read and compared, each policy path's
  * existence, the Landlock ABI), then still falls back; the grants opened now against the
