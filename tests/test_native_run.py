@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 from conftest import write_policy
@@ -186,7 +186,7 @@ def test_the_front_ends_copies_are_the_python_tables() -> None:
 @pytest.mark.any_user
 @pytest.mark.parametrize(("old", "new"), [
     ('"sandlock:policy-cache:v1"', '"sandlock:policy-cache:v2"'),
-    ('#define NATIVE_FORMAT 1', '#define NATIVE_FORMAT 2'),
+    ('#define NATIVE_FORMAT 2', '#define NATIVE_FORMAT 3'),
     ('"XDG_CACHE_HOME",', ""),
     ('#define ENV_LOG "SANDLOCK_LOG"', '#define ENV_LOG "SANDLOCK_LOGS"'),
     ('{"--policy", "--var", "--timeout"}', '{"--policy", "--var", "--timeout", "--tool"}'),
@@ -538,3 +538,98 @@ def test_with_the_run_log_on_the_python_cli_runs(log: str, tmp_path: Path,
             Path(state, runlog.ANCHORS, runlog._anchor_name(str(log_dir))).unlink(missing_ok=True)
     else:
         assert notes["fallback"] == "a hit: running it natively is not written yet", notes
+
+
+# ----------------------------------------------------------------------------
+# The witness: what the grant checks saw, seen again (compile/grants.py Witness)
+
+
+def _replace_directory(path: Path) -> None:
+    """Another directory of the same name, the old one moved aside (what a tool with write
+    access to the parent can do between two runs)."""
+    path.rename(path.with_name(path.name + ".old"))
+    path.mkdir()
+
+
+def _plant_link(path: Path) -> None:
+    """The directory replaced by a link to another (a tool's planted link)."""
+    elsewhere = path.with_name("elsewhere")
+    elsewhere.mkdir()
+    path.rename(path.with_name(path.name + ".old"))
+    path.symlink_to(elsewhere)
+
+
+def _rewrite_policy(policy: Path) -> None:
+    """The policy file replaced by a copy, same bytes: the key is the same, the file
+    (protected: a write grant may not reach it) is another."""
+    copy = policy.with_name("copy.toml")
+    copy.write_bytes(policy.read_bytes())
+    copy.rename(policy)
+
+
+def _mount(path: Path) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(path)], check=True)
+
+
+WITNESSED = {
+    "grant-replaced": ("ws", _replace_directory, "stale: a grant resolves to another object"),
+    "grant-link": ("ws", _plant_link, "a grant through a link Python would refuse"),
+    "policy-replaced": ("policy", _rewrite_policy, "stale: a protected object moved"),
+    "checkpoint-made": ("runs", Path.mkdir, "stale: the checkpoints or dry runs changed"),
+    "mount": ("mnt", _mount, "stale: the mount table changed"),
+    "unchanged": ("ws", lambda _: None, "a hit: running it natively is not written yet"),
+}
+
+
+@pytest.mark.parametrize("change", WITNESSED)
+def test_what_the_grant_checks_saw_is_seen_again(change: str, tmp_path: Path,
+                                                 env: dict[str, str]) -> None:
+    """The compile that stores a native entry records what its grant checks saw; the front
+    end observes the same facts again and goes on only when all are equal (the checks read
+    nothing else). A grant's directory replaced, a link planted in its place, a protected
+    file replaced, a checkpoint made, a mount: each falls back to the Python CLI, which
+    checks afresh. Control: unchanged, the front end goes on to the hit."""
+    where, act, why = WITNESSED[change]
+    if change == "mount" and os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    ws, mnt = tmp_path / "ws", tmp_path / "mnt"
+    ws.mkdir()
+    mnt.mkdir()
+    policy = write_policy(tmp_path, f'extends = ["base"]\n{POLICY}write = ["{ws}"]\n')
+    stored(policy, env, tmp_path)
+    target = {"ws": ws, "policy": policy, "mnt": mnt,
+              "runs": Path(env["XDG_CACHE_HOME"]) / "sandlock" / "runs"}[where]
+    act(target)
+    try:
+        done, notes = front(["run", "--policy", str(policy), "--", "true"], env, tmp_path)
+    finally:
+        if change == "mount":
+            subprocess.run(["umount", str(mnt)], check=True)
+    assert notes["entry"] == "verified"
+    assert notes["fallback"] == why, notes
+    if change == "grant-link":  # the Python CLI's own check refuses it, as it must
+        assert done.returncode == 125 and "symbolic link" in done.stderr, done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.any_user
+def test_a_fact_that_changed_while_the_checks_ran_leaves_no_native_entry() -> None:
+    """Two reads of the mount table (or two checkers' looks at one protected object) that
+    differ during one compile: the witness is unsound and the plan gets no native entry
+    (the front end would compare with facts no single check judged). Control: the same
+    read twice keeps it sound."""
+    from sandlock.compile.grants import Witness
+
+    for second, sound in ((b"1 0 0:1 / / rw - x y z\n", True), (b"2 0 0:1 / / rw - x y z\n", False)):
+        witness = Witness()
+        witness.saw_mounts(b"1 0 0:1 / / rw - x y z\n")
+        witness.saw_mounts(second)
+        assert witness.sound is sound
+    witness = Witness()
+    witness.saw_listing("/x", ["a"])
+    witness.saw_listing("/x", ["a", "b"])
+    assert not witness.sound
+    routeless: Any = type("Routeless", (), {"routes": None})()  # a plan without routes
+    assert cache.native_payload(b"", {"signal_gate": False, "cgroup": None}, routeless,
+                                (), witness) is None

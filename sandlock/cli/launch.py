@@ -148,8 +148,12 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
         for line in cautions(loaded):  # once: a cache hit does not come here
             say(f"warning: {line}")
         routes = prepared(loaded)
+        from ..compile.grants import witnessing
+
         try:
-            compiled = compiler.compile_policy(loaded, routes)
+            # What the grant checks see, for the native entry (when the plan is stored)
+            with witnessing(cached is not None) as witness:
+                compiled = compiler.compile_policy(loaded, routes)
         except BaseException:
             if routes is not None:
                 routes.stop()
@@ -158,7 +162,7 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
             from ..exec import spec  # the child's steps, for the native entry
 
             cached.store(loaded, compiled, spec.encode(spec.child_steps(
-                compiled, spec.Command("", (), ()), in_group=False)))
+                compiled, spec.Command("", (), ()), in_group=False)), witness)
         return compiled
     finally:
         if cached is not None:  # done with the cache: its directory is not the tool's

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 
     from ..policy.model import Policy
     from .compiler import Compiled
+    from .grants import Witness
 
 FORMAT = 3
 MAGIC = b"sandlock-compiled-policy\x00%d\n" % FORMAT
@@ -194,17 +195,19 @@ class Lookup:
         self._policy_file = policy_file
         self._native = native  #: native_key's arguments, for the native entry
 
-    def store(self, policy: Policy, compiled: Compiled, steps: Sequence[str] = ()) -> None:
+    def store(self, policy: Policy, compiled: Compiled, steps: Sequence[str] = (),
+              witness: Optional[Witness] = None) -> None:
         """Save ``compiled`` for next time; with ``steps`` (the child's, encoded by
-        :mod:`sandlock.exec.spec`, a layer above), its native entry too. Never raises: a
-        cache that cannot be written only costs speed, it must not change what the
-        command does."""
+        :mod:`sandlock.exec.spec`, a layer above) and ``witness`` (what its grant checks
+        saw), its native entry too. Never raises: a cache that cannot be written only
+        costs speed, it must not change what the command does."""
         try:
             value = _value(policy, compiled, self._policy_file)
             if value is not None:
                 _write(self.directory, self.name, self._secret, self.key, value)
                 if self._native and steps:
-                    write_native(self._secret, native_key(*self._native), value, compiled, steps)
+                    write_native(self._secret, native_key(*self._native), value, compiled, steps,
+                                 witness)
         except Exception:  # noqa: BLE001 - see docstring
             pass
 
@@ -524,7 +527,7 @@ def _prune(directory: int) -> None:
 # NATIVE_PREFIX and the hex unkeyed BLAKE2b (NATIVE_NAME_BYTES) of the key bytes: the C front end
 # (exec/helper/sandlock_run.c) computes both from what it sees and compares the key in full.
 
-NATIVE_FORMAT = 1
+NATIVE_FORMAT = 2
 NATIVE_MAGIC = b"sandlock-native-entry\x00%d\n" % NATIVE_FORMAT
 NATIVE_PREFIX = "n-"
 NATIVE_DIR = "native"  #: beside "policies", the marshal entries' directory
@@ -535,7 +538,9 @@ NATIVE_ENV = ("SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME", "SANDLOCK_STUB
 #: The facts after the key, in order (read_native's names).
 NATIVE_FIELDS = ("source", "layers", "checks", "abi", "handled_fs", "handled_net", "scoped",
                  "paths", "ports", "file_only", "write_rights", "warnings", "bpf", "steps",
-                 "env_passed", "env_set", "timeout")
+                 "env_passed", "env_set", "timeout",
+                 # what the grant checks saw (compile.grants.Witness)
+                 "mountinfo", "home", "key_file", "grants", "protected", "exposures", "listings")
 
 
 def _field(data: bytes) -> bytes:
@@ -553,6 +558,42 @@ def _number(value: int) -> bytes:
 def _optional(value: Optional[str]) -> bytes:
     """An optional text: a count (0 or 1), then the text if there is one."""
     return _number(0) if value is None else _number(1) + _field(os.fsencode(value))
+
+
+def _ids(ids: Sequence[tuple[int, int]]) -> bytes:
+    """(device, inode) pairs: a count, then two numbers each."""
+    return _number(len(ids)) + b"".join(_number(dev) + _number(ino) for dev, ino in ids)
+
+
+def _some(value: Optional[bytes]) -> bytes:
+    """Something optional already encoded: a count (0 or 1), then it."""
+    return _number(0) if value is None else _number(1) + value
+
+
+def _witness_fields(witness: Witness) -> bytes:
+    """The witness's facts, in NATIVE_FIELDS' order (after "timeout")."""
+    from hashlib import blake2b
+
+    out = [_some(None if witness.mountinfo is None else
+                 _field(blake2b(witness.mountinfo, digest_size=32).digest())),
+           _optional(witness.home), _optional(witness.key_file), _number(len(witness.grants))]
+    out += [_field(os.fsencode(path)) + _number(int(is_dir)) + _field(os.fsencode(canonical))
+            + _ids(chain) for path, chain, canonical, is_dir in witness.grants]
+    out.append(_number(len(witness.protected)))
+    for where, (own, ancestors, position) in witness.protected.items():
+        out.append(_field(os.fsencode(where))
+                   + _some(None if own is None else _number(own[0]) + _number(own[1]))
+                   + _ids(ancestors) + _some(None if position is None else
+                                             _field(os.fsencode(position[0]))
+                                             + _field(os.fsencode(position[1]))))
+    out.append(_number(len(witness.exposures)))
+    out += [_number(key) + _field(os.fsencode(point)) + _some(None if above is None else _ids(above))
+            for key, (point, above) in witness.exposures.items()]
+    out.append(_number(len(witness.listings)))
+    out += [_field(os.fsencode(base)) + _some(None if names is None else _number(len(names))
+                                             + b"".join(_field(name) for name in names))
+            for base, names in witness.listings.items()]
+    return b"".join(out)
 
 
 def _code_fields(code: tuple[Any, ...]) -> bytes:
@@ -600,10 +641,13 @@ def native_name(key: bytes) -> str:
 
 
 def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled,
-                   steps: Sequence[str]) -> Optional[bytes]:
+                   steps: Sequence[str], witness: Optional[Witness]) -> Optional[bytes]:
     """The native entry after its tag, or None for a plan the front end does not run: one
-    that needs a supervisor or a check it does not make (the signal gate, a pids cgroup)."""
+    that needs a supervisor or a check it does not make (the signal gate, a pids cgroup),
+    or whose checks' witness is missing or saw a fact change while they ran."""
     if value["signal_gate"] or value["cgroup"] is not None or compiled.routes is not None:
+        return None
+    if witness is None or not witness.sound or len(witness.grants) != len(value["plan"][4]):
         return None
     abi, handled_fs, handled_net, scoped, paths, ports, file_only, write_rights = value["plan"]
     timeout = value["timeout"]
@@ -627,14 +671,15 @@ def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled,
     out.append(_number(len(set_)))
     out += [_field(os.fsencode(name)) + _field(os.fsencode(text)) for name, text in set_]
     out.append(_optional(None if timeout is None else repr(float(timeout))))
+    out.append(_witness_fields(witness))
     return b"".join(out)
 
 
 def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Compiled,
-                 steps: Sequence[str]) -> None:
+                 steps: Sequence[str], witness: Optional[Witness]) -> None:
     """Write the native entry of a plan just stored, in its own private directory
     (NATIVE_DIR); none for a plan the front end does not run (it then always falls back)."""
-    payload = native_payload(key, value, compiled, steps)
+    payload = native_payload(key, value, compiled, steps, witness)
     if payload is None:
         return
     directory = open_private_dir(_cache_path(NATIVE_DIR), create=True)
@@ -671,11 +716,17 @@ class _Fields:
     def text(self) -> str:
         return os.fsdecode(self.raw())
 
-    def optional(self) -> Optional[str]:
+    def count(self, most: int) -> int:
         count = self.number()
-        if count > 1:
-            raise ValueError("an optional field with more than one value")
-        return self.text() if count else None
+        if count > most:
+            raise ValueError("a count above its bound")
+        return count
+
+    def optional(self) -> Optional[str]:
+        return self.text() if self.count(1) else None
+
+    def ids(self) -> list[tuple[int, int]]:
+        return [(self.number(), self.number()) for _ in range(self.number())]
 
 
 def read_native(data: bytes, secret: bytes) -> Optional[dict[str, Any]]:
@@ -705,6 +756,17 @@ def read_native(data: bytes, secret: bytes) -> Optional[dict[str, Any]]:
         out["env_set"] = [(r.text(), r.text()) for _ in range(r.number())]
         timeout = r.optional()
         out["timeout"] = None if timeout is None else float(timeout)
+        out["mountinfo"] = r.raw() if r.count(1) else None
+        out["home"], out["key_file"] = r.optional(), r.optional()
+        out["grants"] = [(r.text(), bool(r.number()), r.text(), r.ids())
+                         for _ in range(r.number())]
+        out["protected"] = [(r.text(), (r.number(), r.number()) if r.count(1) else None, r.ids(),
+                             (r.text(), r.text()) if r.count(1) else None)
+                            for _ in range(r.number())]
+        out["exposures"] = [(r.number(), r.text(), r.ids() if r.count(1) else None)
+                            for _ in range(r.number())]
+        out["listings"] = [(r.text(), [r.raw() for _ in range(r.number())] if r.count(1) else None)
+                           for _ in range(r.number())]
     except ValueError:
         return None
     return out if r.at == len(r.data) else None

@@ -215,15 +215,19 @@ def _resolve(path: str) -> Resolved:
 # What sandlock trusts later
 
 
-def _state_dirs() -> list[str]:
-    """Every place a later run (the CLI, the API, the binary) may keep its state."""
-    homes = [os.environ.get("HOME", "")]
+def _password_home() -> Optional[str]:
+    """The euid's home directory in the password database, or None."""
     try:
         import pwd
 
-        homes.append(pwd.getpwuid(os.geteuid()).pw_dir)
+        return pwd.getpwuid(os.geteuid()).pw_dir
     except (ImportError, KeyError):
-        pass
+        return None
+
+
+def _state_dirs() -> list[str]:
+    """Every place a later run (the CLI, the API, the binary) may keep its state."""
+    homes = [os.environ.get("HOME", ""), _password_home() or ""]
     bases = [os.environ.get("XDG_CACHE_HOME", "")] + [os.path.join(h, ".cache") for h in homes if h]
     out = [os.path.join(b, "sandlock") for b in bases if os.path.isabs(b)]
     stub_state = os.environ.get(ENV_STATE, "")
@@ -341,6 +345,14 @@ def _unescape(field: bytes) -> str:
 
 def read_mounts() -> dict[int, Mount]:
     """Every mount of this process's namespace, by mount id, from one bounded read."""
+    data = read_mountinfo()
+    if _witness is not None:
+        _witness.saw_mounts(data)
+    return parse_mounts(data)
+
+
+def read_mountinfo() -> bytes:
+    """The bytes of :data:`MOUNTINFO`, from one bounded read."""
     try:
         fd = os.open(MOUNTINFO, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
@@ -351,7 +363,7 @@ def read_mounts() -> dict[int, Mount]:
         os.close(fd)
     if data is None:
         raise Unjudgeable(f"{MOUNTINFO} is larger than {MAX_MOUNTINFO} bytes")
-    return parse_mounts(data)
+    return data
 
 
 def parse_mounts(data: bytes) -> dict[int, Mount]:
@@ -584,6 +596,8 @@ class WriteCheck:
                 self._exposures = _exposures(self._mounts, [(where, what, position) for
                                                             where, what, _, _, position
                                                             in self._protected])
+                if _witness is not None:
+                    _witness.saw_protected(self._protected, self._exposures)
         except Unjudgeable as exc:
             raise GrantError(path, f"{exc}: sandlock refuses a write grant whose mounts it "
                                    "cannot check") from None
@@ -695,6 +709,94 @@ def _module_files() -> dict[tuple[int, int], str]:
     return out
 
 
+# ----------------------------------------------------------------------------
+# The witness: what one compile's checks saw, for the native front end
+# (docs/design.md "Native front end"): it runs a stored plan only where it sees the same
+
+
+class Witness:
+    """What the grant checks of one compile saw, recorded from the very resolutions and
+    reads they judged (a second look could see something else: a race). The native front
+    end (``sandlock-run``) observes the same facts at a later run and runs the stored plan
+    only when all are equal: the checks read nothing else, so their verdict stands. It
+    judges nothing itself, so the rules keep one source (this module).
+
+    ``sound`` is False when two reads of one fact differed during the compile: then no
+    native entry is written."""
+
+    def __init__(self) -> None:
+        self.sound = True
+        self.mountinfo: Optional[bytes] = None
+        #: (path, chain, canonical, is a directory) per grant, in the plan's order
+        self.grants: list[tuple[str, tuple[tuple[int, int], ...], str, bool]] = []
+        #: path -> (own id, sorted ancestor ids, position), every checker's protected objects
+        self.protected: dict[str, tuple[Optional[tuple[int, int]], list[tuple[int, int]],
+                                        Optional[tuple[str, str]]]] = {}
+        #: mount id -> (mount point, sorted ids above it, or None: judged by name)
+        self.exposures: dict[int, tuple[str, Optional[list[tuple[int, int]]]]] = {}
+        #: directory -> sorted names (bytes), or None: the copies' places as listed
+        self.listings: dict[str, Optional[list[bytes]]] = {}
+        #: What decides members of the protected set and is in no key: the euid's home in
+        #: the password database (the state directories) and the cache key file's path
+        #: where a grant must not reach it (cachekey.exposed), or None.
+        from .cachekey import exposed
+
+        self.home = _password_home()
+        self.key_file = exposed()
+
+    def _same(self, old: object, new: object) -> None:
+        if old is not None and old != new:
+            self.sound = False
+
+    def saw_mounts(self, data: bytes) -> None:
+        self._same(self.mountinfo, data)
+        self.mountinfo = data
+
+    def saw_grant(self, path: str, got: Resolved) -> None:
+        self.grants.append((path, got.chain, got.canonical, got.is_dir))
+
+    def saw_protected(self, protected: Sequence[tuple[str, str, Optional[tuple[int, int]],
+                                                      set[tuple[int, int]],
+                                                      Optional[tuple[str, str]]]],
+                      exposures: Sequence[tuple[int, Mount, str, Optional[set[tuple[int, int]]]]]
+                      ) -> None:
+        for where, _, own, ancestors, position in protected:
+            fact = (own, sorted(ancestors), position)
+            self._same(self.protected.get(where), fact)
+            self.protected[where] = fact
+        for key, mount, _, above in exposures:
+            seen = (mount.point, None if above is None else sorted(above))
+            self._same(self.exposures.get(key), seen)
+            self.exposures[key] = seen
+
+    def saw_listing(self, directory: str, names: Optional[Sequence[str]]) -> None:
+        listed = None if names is None else sorted(os.fsencode(name) for name in names)
+        if directory in self.listings:
+            self._same(self.listings[directory], listed)
+        self.listings[directory] = listed
+
+
+_witness: Optional[Witness] = None
+
+
+class witnessing:
+    """``with witnessing() as witness:`` records what the grant checks of the compile
+    made inside it see (one compile at a time: the CLI's, which stores the plan);
+    ``witnessing(False)`` records nothing (``witness`` is None)."""
+
+    def __init__(self, on: bool = True) -> None:
+        self._on = on
+
+    def __enter__(self) -> Optional[Witness]:
+        global _witness
+        _witness = Witness() if self._on else None
+        return _witness
+
+    def __exit__(self, *exc: object) -> None:
+        global _witness
+        _witness = None
+
+
 def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
               policy_files: Iterable[str]) -> Iterator[tuple[Resolved, int]]:
     """Resolve each policy path once, check it if it grants any of ``write_rights``, and
@@ -706,9 +808,12 @@ def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
     copies: Optional[CopyCheck] = None
     for path, rights in paths:
         got = resolve(path)
+        if _witness is not None:
+            _witness.saw_grant(path, got)
         try:
             if copies is None:
-                copies = CopyCheck(reviewdirs.copies([p for p, _ in paths]))
+                copies = CopyCheck(reviewdirs.copies(
+                    [p for p, _ in paths], None if _witness is None else _witness.saw_listing))
             copies.check(path, got)
             if rights & write_rights:
                 checker.check(path, got)

@@ -16,7 +16,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Sequence
+    from typing import Callable, Optional, Sequence
 
 
 def state_path(name: str) -> str:
@@ -44,17 +44,23 @@ def _inside(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def copies(own: Sequence[str]) -> list[tuple[str, str]]:
+def copies(own: Sequence[str], seen: Optional[Callable[[str, Optional[list[str]]], None]] = None
+           ) -> list[tuple[str, str]]:
     """(directory, what it is) of every run's copy that exists now, but those holding one
     of ``own`` (the paths of the policy being checked: a dry run's grants, moved into its
-    copy). Costs a directory listing of each place when they exist, nothing more."""
+    copy). Costs a directory listing of each place when they exist, nothing more.
+    ``seen`` is told each place and what its listing found (None: no listing)."""
     out = []
     for base, what in ((runs_path(), "the snapshot of checkpointed run"),
                        (scratch_path(), "the copy of dry run")):
         try:
             names = sorted(os.listdir(base))
         except OSError:  # none yet (or unreadable: then sandlock cannot make one either)
+            if seen is not None:
+                seen(base, None)
             continue
+        if seen is not None:
+            seen(base, names)
         for name in names:
             where = os.path.join(base, name)
             if not any(_inside(os.path.normpath(path), where) for path in own):

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -65,7 +66,7 @@
 #define KEY_BYTES 32                         /* cachekey.KEY_BYTES */
 #define KEY_FILE "key"                       /* cachekey.KEY_FILE */
 #define TAG_BYTES 32                         /* cache.TAG_BYTES */
-#define NATIVE_FORMAT 1                      /* cache.NATIVE_FORMAT */
+#define NATIVE_FORMAT 2                      /* cache.NATIVE_FORMAT */
 #define NATIVE_PREFIX "n-"                   /* cache.NATIVE_PREFIX */
 #define NATIVE_DIR "native"                  /* cache.NATIVE_DIR */
 #define NATIVE_NAME_BYTES 20                 /* cache.NATIVE_NAME_BYTES */
@@ -86,6 +87,7 @@ static const char *const options_python[] = {"--tool", "--policies", "--accept",
                                              "--checkpoint", "-h", "--help"};
 
 static int debug;
+static int keyring_held; /* fetch_secret found the key in the keyring */
 static char **given_argv;
 static char package_parent[PATH_MAX], package_dir[PATH_MAX];
 
@@ -390,7 +392,7 @@ static int fetch_secret(uint8_t key[KEY_BYTES]) {
     if (id < 0 && (errno == ENOKEY || errno == EKEYEXPIRED || errno == EKEYREVOKED))
         return 0; /* Python adds one to the keyring: let it */
     if (id >= 0 && syscall(SYS_keyctl, KEYCTL_READ, id, key, KEY_BYTES) == KEY_BYTES)
-        return 1;
+        return keyring_held = 1;
     char dir[PATH_MAX];
 #ifdef SANDLOCK_KEY_DIRECTORY /* tests/test_native_run.py: a scene's (cachekey.key_directory) */
     snprintf(dir, sizeof dir, "%s", SANDLOCK_KEY_DIRECTORY);
@@ -493,6 +495,625 @@ static void skip(struct reader *r, unsigned long long count) {
 /* Every list's count is bounded by what is left (each item holds a field or more). */
 #define COUNT(r) number_field(r, (unsigned long long)((r)->end - (r)->at) / 4)
 
+/* The witness (compile/grants.py Witness): what the compile's grant checks saw, observed
+ * again now exactly as they observe it; any difference falls back. Nothing here judges a
+ * grant: the rules have one source, the Python checks. */
+
+#define MOUNTINFO "/proc/self/mountinfo" /* grants.MOUNTINFO */
+#define MAX_MOUNTINFO (16 << 20)         /* grants.MAX_MOUNTINFO */
+#define MAX_LINKS 40                     /* grants.MAX_LINKS */
+#define ROOT_FRAME "root:"               /* grants.ROOT_FRAME */
+/* grants.SYSTEM_DIRS */
+static const char *const system_dirs[] = {"/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32",
+                                          "/lib64", "/libx32", "/opt"};
+#define WALK (O_PATH | O_NOFOLLOW | O_CLOEXEC) /* grants._WALK */
+#define DIR_PATH (O_PATH | O_DIRECTORY | O_CLOEXEC) /* grants._DIR */
+
+
+struct id { unsigned long long dev, ino; };
+struct ids { struct id *at; size_t n, cap; };
+
+static void add_id(struct ids *l, unsigned long long dev, unsigned long long ino) {
+    if (l->n == l->cap) {
+        l->cap = l->cap ? l->cap * 2 : 16;
+        struct id *grown = realloc(l->at, l->cap * sizeof *grown);
+        if (!grown)
+            fall_back("out of memory");
+        l->at = grown;
+    }
+    l->at[l->n].dev = dev;
+    l->at[l->n].ino = ino;
+    l->n++;
+}
+
+static int by_id(const void *a, const void *b) {
+    const struct id *x = a, *y = b;
+    if (x->dev != y->dev)
+        return x->dev < y->dev ? -1 : 1;
+    return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+static int has_id(const struct ids *l, unsigned long long dev, unsigned long long ino) {
+    for (size_t i = 0; i < l->n; i++)
+        if (l->at[i].dev == dev && l->at[i].ino == ino)
+            return 1;
+    return 0;
+}
+
+/* A growing string */
+struct str { char *s; size_t n, cap; };
+
+static void append(struct str *t, const char *data, size_t len) {
+    if (t->n + len + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 256;
+        while (cap < t->n + len + 1)
+            cap *= 2;
+        char *grown = realloc(t->s, cap);
+        if (!grown)
+            fall_back("out of memory");
+        t->s = grown;
+        t->cap = cap;
+    }
+    memcpy(t->s + t->n, data, len);
+    t->n += len;
+    t->s[t->n] = 0;
+}
+
+static char *copy_of(const char *data, size_t len) {
+    struct str t = {0};
+    append(&t, data, len);
+    return t.s;
+}
+
+/* A /proc file's bytes (its size is not known ahead); NULL when larger than `max` or
+ * unreadable (policy/readfile.py read_bounded). */
+static uint8_t *read_proc(const char *path, size_t max, size_t *len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    size_t cap = 1 << 16, got = 0;
+    uint8_t *data = malloc(cap);
+    while (data) {
+        if (got == cap) {
+            uint8_t *grown = cap > max ? NULL : realloc(data, cap * 2);
+            if (!grown) {
+                free(data);
+                data = NULL;
+                break;
+            }
+            data = grown;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, data + got, cap - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            free(data);
+            data = NULL;
+            break;
+        }
+        if (r == 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (data && got > max) {
+        free(data);
+        return NULL;
+    }
+    *len = got;
+    return data;
+}
+
+/* The mount table (grants.parse_mounts), by mount id */
+struct mount { unsigned long long id; char *device, *root, *point; };
+static struct mount *mounts;
+static size_t nmounts;
+static uint8_t *mountinfo;
+static size_t mountinfo_len;
+
+/* grants._unescape: \ooo (octal) as the byte it stands for */
+static char *unescape(const uint8_t *field, size_t len) {
+    struct str t = {0};
+    append(&t, "", 0);
+    for (size_t i = 0; i < len;) {
+        if (field[i] == '\\' && i + 4 <= len && field[i + 1] >= '0' && field[i + 1] <= '7' && field[i + 2] >= '0' &&
+            field[i + 2] <= '7' && field[i + 3] >= '0' && field[i + 3] <= '7') {
+            int v = (field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 + (field[i + 3] - '0');
+            if (v > 255)
+                fall_back("a mount table Python cannot read");
+            char c = (char)v;
+            append(&t, &c, 1);
+            i += 4;
+        } else {
+            append(&t, (const char *)field + i, 1);
+            i++;
+        }
+    }
+    return t.s;
+}
+
+/* Reads and parses the mount table once; any line Python would refuse falls back. */
+static void load_mounts(void) {
+    if (mountinfo)
+        return;
+    mountinfo = read_proc(MOUNTINFO, MAX_MOUNTINFO, &mountinfo_len);
+    if (!mountinfo)
+        fall_back("cannot read the mount table");
+    size_t cap = 0;
+    const uint8_t *at = mountinfo, *end = mountinfo + mountinfo_len;
+    while (at < end) { /* bytes.splitlines: \n, \r and \r\n end a line */
+        const uint8_t *eol = at;
+        while (eol < end && *eol != '\n' && *eol != '\r')
+            eol++;
+        const uint8_t *field[64];
+        size_t flen[64], n = 0;
+        for (const uint8_t *p = at; n < 64;) { /* split(b" ") */
+            const uint8_t *sp = memchr(p, ' ', (size_t)(eol - p));
+            field[n] = p;
+            flen[n++] = (size_t)((sp ? sp : eol) - p);
+            if (!sp)
+                break;
+            p = sp + 1;
+        }
+        int dash = 0;
+        for (size_t i = 6; i < n; i++)
+            dash |= flen[i] == 1 && field[i][0] == '-';
+        int digits = flen[0] > 0 && flen[0] <= 19;
+        for (size_t i = 0; digits && i < flen[0]; i++)
+            digits = field[0][i] >= '0' && field[0][i] <= '9';
+        if (n < 10 || n == 64 || !dash || !digits)
+            fall_back("a mount table Python cannot read");
+        if (nmounts == cap) {
+            cap = cap ? cap * 2 : 64;
+            struct mount *grown = realloc(mounts, cap * sizeof *grown);
+            if (!grown)
+                fall_back("out of memory");
+            mounts = grown;
+        }
+        struct mount *m = &mounts[nmounts++];
+        m->id = strtoull(copy_of((const char *)field[0], flen[0]), NULL, 10);
+        m->device = copy_of((const char *)field[2], flen[2]);
+        m->root = unescape(field[3], flen[3]);
+        m->point = unescape(field[4], flen[4]);
+        at = eol + (eol < end && *eol == '\r' && eol + 1 < end && eol[1] == '\n' ? 2 : 1);
+    }
+}
+
+static struct mount *mount_by_id(unsigned long long id) {
+    for (size_t i = nmounts; i-- > 0;) /* a dict: the last line of an id wins */
+        if (mounts[i].id == id)
+            return &mounts[i];
+    return NULL;
+}
+
+/* grants._mount_id; 0 and -1 when fdinfo names none */
+static int mount_id(int fd, unsigned long long *id) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
+    int info = open(path, O_RDONLY | O_CLOEXEC);
+    if (info < 0)
+        return -1;
+    char data[4097];
+    ssize_t got = read(info, data, 4096);
+    close(info);
+    if (got <= 0)
+        return -1;
+    data[got] = 0;
+    char *at = strstr(data, "\nmnt_id:");
+    if (!at)
+        return -1;
+    char *end;
+    errno = 0;
+    *id = strtoull(at + 8, &end, 10);
+    return errno || end == at + 8 || (*end != '\n' && *end) ? -1 : 0;
+}
+
+static char *fd_path(int fd) {
+    char link[64], target[PATH_MAX + 1];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, target, PATH_MAX);
+    if (n < 0)
+        fall_back("cannot tell where a descriptor is");
+    return copy_of(target, (size_t)n);
+}
+
+/* grants._within */
+static int within(const char *inner, const char *outer) {
+    size_t n = strlen(outer);
+    return !strcmp(outer, "/") || !strcmp(inner, outer) ||
+           (!strncmp(inner, outer, n) && inner[n] == '/');
+}
+
+/* grants._join: base with tail's slashes stripped, or base alone */
+static char *join(const char *base, const char *tail) {
+    while (*tail == '/')
+        tail++;
+    size_t tlen = strlen(tail);
+    while (tlen && tail[tlen - 1] == '/')
+        tlen--;
+    if (!tlen)
+        return copy_of(base, strlen(base));
+    size_t blen = strlen(base);
+    while (blen && base[blen - 1] == '/')
+        blen--;
+    struct str t = {0};
+    append(&t, base, blen);
+    append(&t, "/", 1);
+    append(&t, tail, tlen);
+    return t.s;
+}
+
+/* os.path.dirname */
+static char *dirname_of(const char *p) {
+    const char *slash = strrchr(p, '/');
+    size_t len = slash ? (size_t)(slash - p) + 1 : 0;
+    size_t all = 0;
+    while (all < len && p[all] == '/')
+        all++;
+    if (len && all != len)
+        while (len && p[len - 1] == '/')
+            len--;
+    return copy_of(p, len);
+}
+
+/* grants._position: (device, path in its filesystem) of the object open as `fd` */
+static void position(int fd, char **device, char **inner) {
+    unsigned long long id;
+    if (mount_id(fd, &id) < 0)
+        fall_back("cannot tell which mount a descriptor is on");
+    load_mounts();
+    struct mount *m = mount_by_id(id);
+    char *here = fd_path(fd);
+    if (!m && here[0] == '/') {
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+            fall_back("cannot tell which mount a descriptor is on");
+        char dev[48];
+        snprintf(dev, sizeof dev, "%u:%u", major(st.st_dev), minor(st.st_dev));
+        *device = copy_of(dev, strlen(dev));
+        struct str t = {0};
+        append(&t, ROOT_FRAME, strlen(ROOT_FRAME));
+        append(&t, here, strlen(here));
+        *inner = t.s;
+        return;
+    }
+    if (!m || m->root[0] != '/' || here[0] != '/' || !within(here, m->point))
+        fall_back("an object on a mount Python cannot place");
+    *device = m->device;
+    *inner = join(m->root, here + strlen(m->point));
+}
+
+/* grants._up: ids of directory `fd` and of every directory above it; closes `fd` */
+static void up(int fd, struct ids *out) {
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        fall_back("cannot walk up from a directory");
+    for (;;) {
+        add_id(out, st.st_dev, st.st_ino);
+        int parent = openat(fd, "..", DIR_PATH);
+        if (parent < 0) {
+            if (errno == EACCES || errno == EPERM) /* PermissionError */
+                break;
+            fall_back("cannot walk up from a directory");
+        }
+        close(fd);
+        fd = parent;
+        if (fstat(fd, &st) < 0)
+            fall_back("cannot walk up from a directory");
+        if (has_id(out, st.st_dev, st.st_ino))
+            break;
+    }
+    close(fd);
+    qsort(out->at, out->n, sizeof *out->at, by_id);
+}
+
+static int in_system_dir(const char *canonical) {
+    for (size_t i = 0; i < sizeof system_dirs / sizeof *system_dirs; i++)
+        if (within(canonical, system_dirs[i]))
+            return 1;
+    return 0;
+}
+
+/* grants._resolve: `path` walked from "/" one component at a time without following a
+ * link, but a trusted one (grants._trusted_link); its descriptor, canonical path, the ids
+ * of "/" and of each component, and whether it is a directory. */
+static int resolve(const char *path, struct str *canon, struct ids *chain, int *is_dir) {
+    char **stack = NULL;
+    size_t n = 0, cap = 0;
+    const char *pending = path; /* components still to push, first the path's */
+    int links = 0;
+    int fd = open("/", DIR_PATH);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0)
+        fall_back("cannot open /");
+    chain->n = 0;
+    add_id(chain, st.st_dev, st.st_ino);
+    size_t *ends = NULL, depth = 0; /* canon's length before each component */
+    canon->n = 0;
+    append(canon, "", 0);
+    for (;;) {
+        if (pending) { /* push pending's components, last first (a stack) */
+            char *copy = copy_of(pending, strlen(pending));
+            size_t first = n;
+            for (char *save = NULL, *p = strtok_r(copy, "/", &save); p; p = strtok_r(NULL, "/", &save)) {
+                if (n == cap) {
+                    cap = cap ? cap * 2 : 32;
+                    char **grown = realloc(stack, cap * sizeof *grown);
+                    if (!grown)
+                        fall_back("out of memory");
+                    stack = grown;
+                }
+                stack[n++] = p;
+            }
+            for (size_t a = first, b = n; a + 1 < b; a++, b--) { /* reversed */
+                char *t = stack[a];
+                stack[a] = stack[b - 1];
+                stack[b - 1] = t;
+            }
+            pending = NULL;
+        }
+        if (!n)
+            break;
+        const char *name = stack[--n];
+        if (!strcmp(name, "."))
+            continue;
+        if (!strcmp(name, "..")) {
+            if (depth) {
+                int parent = openat(fd, "..", DIR_PATH);
+                if (parent < 0)
+                    fall_back("a grant that no longer resolves");
+                close(fd);
+                fd = parent;
+                canon->n = ends[--depth];
+                canon->s[canon->n] = 0;
+                chain->n--;
+                if (fstat(fd, &st) < 0)
+                    fall_back("a grant that no longer resolves");
+            }
+            continue;
+        }
+        int step = openat(fd, name, WALK);
+        if (step < 0 || fstat(step, &st) < 0)
+            fall_back("a grant that no longer resolves");
+        if (S_ISLNK(st.st_mode)) {
+            const char *here = depth ? canon->s : "/";
+            struct stat dir;
+            if (!((!strcmp(here, "/") || in_system_dir(here)) && fstat(fd, &dir) == 0 &&
+                  dir.st_uid == 0 && !(dir.st_mode & 022) && st.st_uid == 0))
+                fall_back("a grant through a link Python would refuse");
+            if (++links > MAX_LINKS)
+                fall_back("a grant through too many links");
+            char target[PATH_MAX + 1];
+            ssize_t len = readlinkat(step, "", target, PATH_MAX);
+            if (len < 0)
+                fall_back("a grant that no longer resolves");
+            target[len] = 0;
+            pending = copy_of(target, (size_t)len);
+            if (target[0] == '/') {
+                close(fd);
+                fd = open("/", DIR_PATH);
+                if (fd < 0)
+                    fall_back("cannot open /");
+                canon->n = 0;
+                canon->s[0] = 0;
+                depth = 0;
+                chain->n = 1;
+            }
+            if (fstat(fd, &st) < 0)
+                fall_back("a grant that no longer resolves");
+            close(step);
+            continue;
+        }
+        close(fd);
+        fd = step;
+        size_t *grown = realloc(ends, (depth + 1) * sizeof *grown);
+        if (!grown)
+            fall_back("out of memory");
+        ends = grown;
+        ends[depth++] = canon->n;
+        append(canon, "/", 1);
+        append(canon, name, strlen(name));
+        add_id(chain, st.st_dev, st.st_ino);
+        if (n && !S_ISDIR(st.st_mode))
+            fall_back("a grant that no longer resolves");
+    }
+    if (!depth)
+        append(canon, "/", 1);
+    *is_dir = S_ISDIR(st.st_mode);
+    return fd;
+}
+
+/* grants._ancestry: the object's own id (or none: missing), the ids of its nearest
+ * existing directory and above, and where it is or would be in its filesystem. */
+static void ancestry(const char *path, int *has_own, struct id *own, struct ids *above,
+                     char **device, char **inner) {
+    char *probe = copy_of(path, strlen(path));
+    int fd;
+    *has_own = 0;
+    *device = *inner = NULL;
+    above->n = 0;
+    while ((fd = open(probe, O_PATH | O_CLOEXEC)) < 0) {
+        char *parent = dirname_of(probe);
+        if (!strcmp(parent, probe))
+            return;
+        probe = parent;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        fall_back("cannot stat a protected object");
+    if (!strcmp(probe, path)) {
+        *has_own = 1;
+        own->dev = st.st_dev;
+        own->ino = st.st_ino;
+    }
+    char *where;
+    position(fd, device, &where);
+    *inner = join(where, path + strlen(probe));
+    if (!S_ISDIR(st.st_mode)) {
+        char *real = fd_path(fd);
+        close(fd);
+        char *holder = dirname_of(real);
+        fd = open(holder[0] ? holder : "/", DIR_PATH);
+        if (fd < 0)
+            fall_back("cannot open a protected object's directory");
+    }
+    up(fd, above);
+}
+
+/* The rest of a reader's fields as ids: a count, then pairs. */
+static void read_ids(struct reader *r, struct ids *out) {
+    out->n = 0;
+    for (unsigned long long i = 0, n = COUNT(r); i < n; i++) {
+        unsigned long long dev = number_field(r, UINT64_MAX);
+        add_id(out, dev, number_field(r, UINT64_MAX));
+    }
+}
+
+static int same_ids(const struct ids *a, const struct ids *b) {
+    return a->n == b->n && (!a->n || !memcmp(a->at, b->at, a->n * sizeof *a->at));
+}
+
+/* An optional text field, compared with `now` (NULL: none) */
+static int same_optional(struct reader *r, const char *now) {
+    int present = (int)number_field(r, 1);
+    if (!present)
+        return now == NULL;
+    char *was = string_field(r);
+    return now && !strcmp(was, now);
+}
+
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The cache key file where Python would keep no grant from it (cachekey.exposed), or
+ * NULL: none, or the key in the keyring and no file. */
+static char *exposed_key_file(const char *home) {
+    struct stat st;
+    if (!home || home[0] != '/' || stat(home, &st) < 0 || !S_ISDIR(st.st_mode))
+        return NULL;
+    if (!plain_path(home))
+        fall_back("a home directory Python would normalise");
+    struct str t = {0};
+    append(&t, home, strcmp(home, "/") ? strlen(home) : 0);
+    append(&t, "/.cache/sandlock/" KEY_FILE, strlen("/.cache/sandlock/" KEY_FILE));
+    if (lstat(t.s, &st) == 0 || !keyring_held)
+        return t.s;
+    return NULL;
+}
+
+/* The witness's fields (cache._witness_fields), each fact observed now and compared. */
+static void recheck_witness(struct reader *r) {
+    if (number_field(r, 1)) { /* mountinfo's BLAKE2b */
+        size_t len;
+        const uint8_t *want = next(r, &len);
+        load_mounts();
+        uint8_t digest[32];
+        blake2b(digest, sizeof digest, NULL, 0, mountinfo, mountinfo_len);
+        if (!want || len != sizeof digest)
+            fall_back("a malformed native entry");
+        if (memcmp(digest, want, sizeof digest))
+            fall_back("stale: the mount table changed");
+    }
+    struct passwd *pw = getpwuid(geteuid());
+    const char *home = pw && pw->pw_dir ? pw->pw_dir : NULL;
+    if (!same_optional(r, home))
+        fall_back("stale: the home directory in the password database changed");
+    if (!same_optional(r, exposed_key_file(home)))
+        fall_back("stale: the cache key file appeared or went");
+    struct ids want = {0}, now = {0};
+    struct str canon = {0};
+    for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* grants */
+        char *path = string_field(r);
+        int was_dir = (int)number_field(r, 1), is_dir;
+        char *canonical = string_field(r);
+        read_ids(r, &want);
+        int fd = resolve(path, &canon, &now, &is_dir);
+        close(fd);
+        if (is_dir != was_dir || strcmp(canon.s, canonical) || !same_ids(&want, &now))
+            fall_back("stale: a grant resolves to another object");
+    }
+    for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* protected */
+        char *where = string_field(r);
+        int had_own = (int)number_field(r, 1);
+        struct id was_own = {0, 0};
+        if (had_own) {
+            was_own.dev = number_field(r, UINT64_MAX);
+            was_own.ino = number_field(r, UINT64_MAX);
+        }
+        read_ids(r, &want);
+        int placed = (int)number_field(r, 1);
+        char *was_device = placed ? string_field(r) : NULL, *was_inner = placed ? string_field(r) : NULL;
+        int has_own;
+        struct id own = {0, 0};
+        char *device, *inner;
+        ancestry(where, &has_own, &own, &now, &device, &inner);
+        if (has_own != had_own || (has_own && (own.dev != was_own.dev || own.ino != was_own.ino)) ||
+            !same_ids(&want, &now) || (device != NULL) != placed ||
+            (placed && (strcmp(device, was_device) || strcmp(inner, was_inner))))
+            fall_back("stale: a protected object moved");
+    }
+    for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* exposures */
+        unsigned long long id = number_field(r, UINT64_MAX);
+        char *point = string_field(r);
+        int had = (int)number_field(r, 1);
+        if (had)
+            read_ids(r, &want);
+        int fd = open(point, O_PATH | O_CLOEXEC), here = 0;
+        if (fd >= 0) {
+            unsigned long long at;
+            struct stat st;
+            here = mount_id(fd, &at) == 0 && at == id && fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+            if (!here)
+                close(fd);
+        }
+        now.n = 0;
+        if (here)
+            up(fd, &now);
+        if (here != had || (had && !same_ids(&want, &now)))
+            fall_back("stale: a mount that shows a protected object changed");
+    }
+    for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* listings */
+        char *base = string_field(r);
+        int had = (int)number_field(r, 1);
+        unsigned long long count = had ? COUNT(r) : 0;
+        char **names = calloc(count + 1, sizeof *names);
+        if (!names)
+            fall_back("out of memory");
+        for (unsigned long long k = 0; k < count; k++)
+            names[k] = string_field(r);
+        DIR *dir = opendir(base);
+        if ((dir != NULL) != had)
+            fall_back("stale: the checkpoints or dry runs changed");
+        if (!dir)
+            continue;
+        char **seen = NULL;
+        size_t m = 0, cap = 0;
+        struct dirent *e;
+        while ((e = readdir(dir))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                continue;
+            if (m == cap) {
+                cap = cap ? cap * 2 : 16;
+                char **grown = realloc(seen, cap * sizeof *grown);
+                if (!grown)
+                    fall_back("out of memory");
+                seen = grown;
+            }
+            seen[m++] = copy_of(e->d_name, strlen(e->d_name));
+        }
+        closedir(dir);
+        if (m)
+            qsort(seen, m, sizeof *seen, by_name);
+        if (m != count)
+            fall_back("stale: the checkpoints or dry runs changed");
+        for (size_t k = 0; k < m; k++)
+            if (strcmp(seen[k], names[k]))
+                fall_back("stale: the checkpoints or dry runs changed");
+    }
+}
+
 /* The facts after the key (cache.NATIVE_FIELDS), checked now as Python's hit checks them;
  * any difference falls back (the Python CLI then compiles afresh and reports). */
 static void recheck(const uint8_t *facts, size_t len) {
@@ -554,6 +1175,7 @@ static void recheck(const uint8_t *facts, size_t len) {
     skip(&r, COUNT(&r)); /* env_passed */
     skip(&r, 2 * COUNT(&r)); /* env_set */
     skip(&r, number_field(&r, 1)); /* timeout */
+    recheck_witness(&r);
     if (r.at != r.end)
         fall_back("a malformed native entry");
 }
