@@ -15,9 +15,11 @@
  * arguments, which compiles, stores, runs and reports exactly as without this program. Running a hit
  * itself is not written yet: after the entry verified it reads its facts and re-checks
  * what cache._fresh re-checks (extended files re-read and compared, each policy path's
- * existence, the Landlock ABI), then still falls back; the grants opened now against the
- * protected set and the key file, the ruleset, the steps and the supervision of
- * sandlock-exec remain. It is off unless SANDLOCK_NATIVE_RUN=1.
+ * existence, the Landlock ABI) and what the grant checks saw (the witness: each grant
+ * resolved again, each protected object placed again, the mount table, the checkpoint and
+ * dry-run listings, the home and the key file: all must be equal), then still falls back;
+ * the ruleset, the steps and the supervision of sandlock-exec remain. It is off unless
+ * SANDLOCK_NATIVE_RUN=1.
  *
  * SANDLOCK_NATIVE_DEBUG=1 writes to stderr the key bytes (hex) and why it falls back
  * (fixed texts only: nothing a tool controls is printed).
