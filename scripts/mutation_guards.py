@@ -1001,4 +1001,13 @@ GUARDS: tuple[Guard, ...] = (
           "        if ((dir != NULL) != had)\n",
           "        if (0)\n",
           ("tests/test_native_run.py::test_what_the_grant_checks_saw_is_seen_again[checkpoint-made]",)),
+    Guard("sandlock-run: a stale entry is handed over as stale",
+          "sandlock/exec/helper/sandlock_run.c",
+          '    if (!strncmp(why, "stale:", 6) && setenv(ENV_STALE, "1", 1) < 0)\n        _exit(125);\n',
+          "",
+          ("tests/test_native_run.py::test_a_stale_entry_is_written_anew[True]",)),
+    Guard("cache: a run handed over as stale compiles afresh", "sandlock/compile/cache.py",
+          '    stale = os.environ.pop(ENV_NATIVE_STALE, "") == "1"',
+          "    stale = False",
+          ("tests/test_native_run.py::test_a_stale_entry_is_written_anew[True]",)),
 )

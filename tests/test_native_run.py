@@ -151,7 +151,8 @@ def drift(text: str) -> list[str]:
              "KEY_FILE": f'"{cachekey.KEY_FILE}"', "TAG_BYTES": str(cache.TAG_BYTES),
              "NATIVE_FORMAT": str(cache.NATIVE_FORMAT), "NATIVE_PREFIX": f'"{cache.NATIVE_PREFIX}"',
              "NATIVE_DIR": f'"{cache.NATIVE_DIR}"', "NATIVE_NAME_BYTES": str(cache.NATIVE_NAME_BYTES),
-             "ENV_NO_CACHE": f'"{cache.ENV_NO_CACHE}"', "ENV_LOG": f'"{logdir.ENV}"'}
+             "ENV_NO_CACHE": f'"{cache.ENV_NO_CACHE}"', "ENV_LOG": f'"{logdir.ENV}"',
+             "ENV_STALE": f'"{cache.ENV_NATIVE_STALE}"'}
     out = [name for name, value in facts.items() if define(text, name) != value]
     if define(text, "POLICY_MAX") != f"(1 << {MAX_BYTES.bit_length() - 1})" or MAX_BYTES & (
             MAX_BYTES - 1):
@@ -633,3 +634,30 @@ def test_a_fact_that_changed_while_the_checks_ran_leaves_no_native_entry() -> No
     routeless: Any = type("Routeless", (), {"routes": None})()  # a plan without routes
     assert cache.native_payload(b"", {"signal_gate": False, "cgroup": None}, routeless,
                                 (), witness) is None
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+def test_a_stale_entry_is_written_anew(refresh: bool, tmp_path: Path, env: dict[str, str]) -> None:
+    """A stale entry (here: a grant's directory replaced) is handed over with
+    SANDLOCK_NATIVE_STALE=1: the Python CLI compiles afresh and writes a new entry, whose
+    witness is today's world, so the next run goes on to the hit. Control: told nothing
+    (the variable taken out on its way), the Python CLI runs its own cache hit and the
+    entry stays stale."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    policy = write_policy(tmp_path, f'extends = ["base"]\n{POLICY}write = ["{ws}"]\n')
+    stored(policy, env, tmp_path)
+    _replace_directory(ws)
+    run = ["run", "--policy", str(policy), "--", "true"]
+    if refresh:
+        done, notes = front(run, env, tmp_path)
+    else:  # the Python CLI exactly as the front end starts it, without the variable
+        start = ("import sys; sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p not in "
+                 "('', '.')]; from sandlock.cli.run import main; main(sys.argv[2:])")
+        done = subprocess.run([sys.executable, "-c", start, str(HELPER_DIR.parents[2]), *run],
+                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                              check=False)
+    assert done.returncode == 0, done.stderr
+    _, notes = front(run, env, tmp_path)
+    assert notes["fallback"] == ("a hit: running it natively is not written yet" if refresh
+                                 else "stale: a grant resolves to another object"), notes

@@ -326,6 +326,9 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
            best_effort: bool) -> Optional[Lookup]:
     """The cache slot for the policy file whose bytes are ``text``; None when the cache
     is off or unusable (no keyring, no private directory)."""
+    # Set by sandlock-run for the run it hands over when its native entry is stale:
+    # compile afresh, and store both entries anew (taken out: never the tool's).
+    stale = os.environ.pop(ENV_NATIVE_STALE, "") == "1"
     if os.environ.get(ENV_NO_CACHE):
         return None
     try:
@@ -339,8 +342,9 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
     if directory is None:
         return None
     name = _digest(key)
-    return Lookup(key, directory, name, secret, _read(directory, name, secret, key, policy_file),
-                  policy_file, (policy_file, text, variables, timeout, best_effort, key[2]))
+    entry = None if stale else _read(directory, name, secret, key, policy_file)
+    return Lookup(key, directory, name, secret, entry, policy_file,
+                  (policy_file, text, variables, timeout, best_effort, key[2]))
 
 
 # ----------------------------------------------------------------------------
@@ -528,6 +532,8 @@ def _prune(directory: int) -> None:
 # (exec/helper/sandlock_run.c) computes both from what it sees and compares the key in full.
 
 NATIVE_FORMAT = 2
+#: Set by the front end when it hands a run over because its entry is stale.
+ENV_NATIVE_STALE = "SANDLOCK_NATIVE_STALE"
 NATIVE_MAGIC = b"sandlock-native-entry\x00%d\n" % NATIVE_FORMAT
 NATIVE_PREFIX = "n-"
 NATIVE_DIR = "native"  #: beside "policies", the marshal entries' directory

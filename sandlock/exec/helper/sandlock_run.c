@@ -76,6 +76,7 @@
 #define ENTRY_MAX (64 << 20)
 #define ENV_NO_CACHE "SANDLOCK_NO_CACHE"     /* cache.ENV_NO_CACHE */
 #define ENV_LOG "SANDLOCK_LOG"               /* sandlock/compile/logdir.py ENV */
+#define ENV_STALE "SANDLOCK_NATIVE_STALE"    /* cache.ENV_NATIVE_STALE */
 /* cache.NATIVE_ENV, in order */
 static const char *const native_env[] = {"SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME",
                                          "SANDLOCK_STUB", "SANDLOCK_STATE_DIR"};
@@ -107,6 +108,9 @@ static void say_debug(const char *what, const char *text) {
 
 __attribute__((noreturn)) static void fall_back(const char *why) {
     say_debug("fallback", why);
+    /* A stale entry: the Python CLI compiles afresh and writes both entries anew. */
+    if (!strncmp(why, "stale:", 6) && setenv(ENV_STALE, "1", 1) < 0)
+        _exit(125);
     int argc = 0;
     while (given_argv[argc])
         argc++;
