@@ -75,6 +75,13 @@ def key_directory() -> Optional[str]:
     return os.path.join(os.path.normpath(home), ".cache", "sandlock")
 
 
+def not_private(path: str) -> str:
+    """Why ``path`` is no place for sandlock's state: what open_private_dir requires."""
+    return (f"{path!r} cannot be opened or made as a private directory (owned by uid "
+            f"{os.geteuid()}, no access for group or others, reached without a symbolic link "
+            "through directories only root or this uid can write)")
+
+
 def key_path() -> Optional[str]:
     directory = key_directory()
     return None if directory is None else os.path.join(directory, KEY_FILE)
@@ -145,10 +152,7 @@ def records_secret(open_private_dir: Callable[..., Optional[int]]) -> tuple[Opti
         return None, f"uid {os.geteuid()} has no existing home directory in the password database"
     fd = open_private_dir(directory, create=True, private_from=1)
     if fd is None:
-        return None, (f"{directory!r} cannot be opened or made as a private directory (owned "
-                      f"by uid {os.geteuid()}, no access for group or others, reached "
-                      "without a symbolic link through directories only root or this uid "
-                      "can write)")
+        return None, not_private(directory)
     where = os.path.join(directory, RECORDS_FILE)
     key, problem = _file_key(fd, RECORDS_FILE)
     if key is None:

@@ -110,7 +110,7 @@ def _open_dirs(log_dir: str, create: bool) -> tuple[int, int]:
     """Descriptors of the log's directory and of the anchors' (private, reached
     without a link: :func:`sandlock.compile.cache.open_private_dir`)."""
     from .cache import open_private_dir
-    from .cachekey import key_directory
+    from .cachekey import key_directory, not_private
 
     state = key_directory()
     if state is None:
@@ -118,14 +118,11 @@ def _open_dirs(log_dir: str, create: bool) -> tuple[int, int]:
                        "anchor lives in sandlock's state directory)")
     logs = open_private_dir(log_dir, create=create, private_from=1)
     if logs is None:
-        raise LogError(f"{log_dir!r} cannot be opened or made as a private directory (owned "
-                       f"by uid {os.geteuid()}, no access for group or others, reached without "
-                       "a symbolic link through directories only root or this uid can write)")
+        raise LogError(not_private(log_dir))
     anchors = open_private_dir(os.path.join(state, ANCHORS), create=create, private_from=1)
     if anchors is None:
         os.close(logs)
-        raise LogError(f"{os.path.join(state, ANCHORS)!r} cannot be opened or made as a "
-                       "private directory")
+        raise LogError(not_private(os.path.join(state, ANCHORS)))
     return logs, anchors
 
 

@@ -50,9 +50,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 def open_base(path: str) -> int:
     fd = cache.open_private_dir(path, create=True, private_from=2)
     if fd is None:
-        raise UndoError(f"{path!r} cannot be opened or made as a private directory (owned by "
-                        f"uid {os.geteuid()}, no access for group or others, reached without "
-                        "a symbolic link through directories only root or this uid can write)")
+        raise UndoError(cachekey.not_private(path))
     return fd
 
 
