@@ -693,8 +693,23 @@ static struct mount *mount_by_id(unsigned long long id) {
     return NULL;
 }
 
-/* grants._mount_id; 0 and -1 when fdinfo names none */
+/* grants._mount_id: the id fdinfo shows, asked of statx(2) where it answers (the same
+ * field of the same mount: STATX_MNT_ID, not the 64-bit STATX_MNT_ID_UNIQUE), else read
+ * from fdinfo; 0, or -1 when neither names one. */
+#define STATX_MNT_ID_BIT 0x1000U /* linux/stat.h STATX_MNT_ID */
+#define STATX_MNT_ID_AT 144      /* offset of struct statx's stx_mnt_id (a __u64) */
 static int mount_id(int fd, unsigned long long *id) {
+    uint8_t buf[256]; /* struct statx */
+    uint32_t mask;
+    uint64_t found;
+    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_MNT_ID_BIT, buf) == 0) {
+        memcpy(&mask, buf, sizeof mask); /* stx_mask comes first */
+        memcpy(&found, buf + STATX_MNT_ID_AT, sizeof found);
+        if (mask & STATX_MNT_ID_BIT) {
+            *id = found;
+            return 0;
+        }
+    }
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
     int info = open(path, O_RDONLY | O_CLOEXEC);
@@ -790,13 +805,48 @@ static void position(int fd, char **device, char **inner) {
     *inner = join(m->root, here + strlen(m->point));
 }
 
+/* Every directory up() walked from this run, and the index of its parent there (-1: none
+ * further): a second walk through one stops where an earlier one went on. */
+static struct ids walked;
+static long *walked_up;
+static size_t walked_cap;
+
+static long walked_find(unsigned long long dev, unsigned long long ino) {
+    for (size_t i = 0; i < walked.n; i++)
+        if (walked.at[i].dev == dev && walked.at[i].ino == ino)
+            return (long)i;
+    return -1;
+}
+
 /* grants._up: ids of directory `fd` and of every directory above it; closes `fd` */
 static void up(int fd, struct ids *out) {
     struct stat st;
     if (fstat(fd, &st) < 0)
         fall_back("cannot walk up from a directory");
+    long last = -1; /* the directory walked before, whose parent this is */
     for (;;) {
+        long known = walked_find(st.st_dev, st.st_ino);
+        if (known >= 0) { /* walked up from before (one look at the tree per run) */
+            if (last >= 0)
+                walked_up[last] = known;
+            for (long i = known; i >= 0; i = walked_up[i])
+                add_id(out, walked.at[i].dev, walked.at[i].ino);
+            break;
+        }
         add_id(out, st.st_dev, st.st_ino);
+        add_id(&walked, st.st_dev, st.st_ino);
+        long here = (long)walked.n - 1;
+        if (walked.n > walked_cap) {
+            walked_cap = walked.cap;
+            long *grown = realloc(walked_up, walked_cap * sizeof *grown);
+            if (!grown)
+                fall_back("out of memory");
+            walked_up = grown;
+        }
+        walked_up[here] = -1; /* "/", or where this uid may not search on */
+        if (last >= 0)
+            walked_up[last] = here;
+        last = here;
         int parent = openat(fd, "..", DIR_PATH);
         if (parent < 0) {
             if (errno == EACCES || errno == EPERM) /* PermissionError */
