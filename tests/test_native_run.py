@@ -661,3 +661,28 @@ def test_a_stale_entry_is_written_anew(refresh: bool, tmp_path: Path, env: dict[
     _, notes = front(run, env, tmp_path)
     assert notes["fallback"] == ("a hit: running it natively is not written yet" if refresh
                                  else "stale: a grant resolves to another object"), notes
+
+
+def test_a_protected_tree_mounted_twice_still_reaches_the_hit(tmp_path: Path,
+                                                              env: dict[str, str]) -> None:
+    """The state directory bind-mounted a second time (as containers and bind-mounted homes
+    do): ".." of that mount's root is its mount point's parent, so a directory's parents
+    depend on the mount it was reached through. The front end must walk up as the checks
+    do, each time (a shortcut by inode made every such run stale, for good). Control: the
+    first run after the mount is stale (the table changed) and writes the entry anew."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    ws, mnt = tmp_path / "ws", tmp_path / "sub" / "mnt"
+    ws.mkdir()
+    mnt.mkdir(parents=True)
+    policy = write_policy(tmp_path, f'extends = ["base"]\n{POLICY}write = ["{ws}"]\n')
+    stored(policy, env, tmp_path)
+    subprocess.run(["mount", "--bind", env["XDG_CACHE_HOME"], str(mnt)], check=True)
+    try:
+        run = ["run", "--policy", str(policy), "--", "true"]
+        _, first = front(run, env, tmp_path)
+        _, second = front(run, env, tmp_path)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    assert first["fallback"] == "stale: the mount table changed", first
+    assert second["fallback"] == "a hit: running it natively is not written yet", second

@@ -805,48 +805,15 @@ static void position(int fd, char **device, char **inner) {
     *inner = join(m->root, here + strlen(m->point));
 }
 
-/* Every directory up() walked from this run, and the index of its parent there (-1: none
- * further): a second walk through one stops where an earlier one went on. */
-static struct ids walked;
-static long *walked_up;
-static size_t walked_cap;
-
-static long walked_find(unsigned long long dev, unsigned long long ino) {
-    for (size_t i = 0; i < walked.n; i++)
-        if (walked.at[i].dev == dev && walked.at[i].ino == ino)
-            return (long)i;
-    return -1;
-}
-
 /* grants._up: ids of directory `fd` and of every directory above it; closes `fd` */
 static void up(int fd, struct ids *out) {
+    /* No memo by (dev, ino) across walks: ".." of a mount's root is the mount point's
+     * parent, so a directory's parent depends on the mount it was reached through. */
     struct stat st;
     if (fstat(fd, &st) < 0)
         fall_back("cannot walk up from a directory");
-    long last = -1; /* the directory walked before, whose parent this is */
     for (;;) {
-        long known = walked_find(st.st_dev, st.st_ino);
-        if (known >= 0) { /* walked up from before (one look at the tree per run) */
-            if (last >= 0)
-                walked_up[last] = known;
-            for (long i = known; i >= 0; i = walked_up[i])
-                add_id(out, walked.at[i].dev, walked.at[i].ino);
-            break;
-        }
         add_id(out, st.st_dev, st.st_ino);
-        add_id(&walked, st.st_dev, st.st_ino);
-        long here = (long)walked.n - 1;
-        if (walked.n > walked_cap) {
-            walked_cap = walked.cap;
-            long *grown = realloc(walked_up, walked_cap * sizeof *grown);
-            if (!grown)
-                fall_back("out of memory");
-            walked_up = grown;
-        }
-        walked_up[here] = -1; /* "/", or where this uid may not search on */
-        if (last >= 0)
-            walked_up[last] = here;
-        last = here;
         int parent = openat(fd, "..", DIR_PATH);
         if (parent < 0) {
             if (errno == EACCES || errno == EPERM) /* PermissionError */
