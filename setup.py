@@ -98,9 +98,11 @@ def run_defines() -> list[str]:
 def front_end_variant(target: str, python: str, package_file: str,
                       key_directory: Optional[str] = None) -> Optional[str]:
     """Build a copy of the front end elsewhere (benchmarks/, tests/): ``python`` run on a
-    fallback, the package above ``package_file``, the key file's directory
-    ``key_directory``; the compiler's complaint, or None once built."""
+    fallback (its key still names this interpreter, which stores the entries), the
+    package above ``package_file``, the key file's directory ``key_directory``; the
+    compiler's complaint, or None once built."""
     defines = [f"-DSANDLOCK_PYTHON={c_string(python)}",
+               f"-DSANDLOCK_KEY_PYTHON={c_string(sys.executable)}",
                f"-DSANDLOCK_PACKAGE_FILE={c_string(package_file)}",
                *(d for d in run_defines() if not d.startswith("-DSANDLOCK_PYTHON="))]
     if key_directory is not None:

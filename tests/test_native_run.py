@@ -49,7 +49,9 @@ def require_front() -> None:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    out = dict(os.environ)
+    """The front end's environment: no PYTHON* variable (with one it falls back: the
+    import path it protects would not be the witnessed one)."""
+    out = {name: value for name, value in os.environ.items() if not name.startswith("PYTHON")}
     out.pop(cache.ENV_NO_CACHE, None)
     out.update({"XDG_CACHE_HOME": str(tmp_path / "cache"), "SANDLOCK_NATIVE_RUN": "1",
                 "SANDLOCK_NATIVE_DEBUG": "1"})
@@ -344,7 +346,8 @@ def test_what_falls_back_to_the_python_cli(case: str, tmp_path: Path, env: dict[
     write_policy(tmp_path, POLICY)
     done, notes = front(args, env, tmp_path)
     assert notes["fallback"] == why
-    python = subprocess.run([sys.executable, "-m", "sandlock", *args], env=env, cwd=tmp_path,
+    python = subprocess.run([sys.executable, "-m", "sandlock", *args], cwd=tmp_path,
+                            env={**env, "PYTHONPATH": str(HELPER_DIR.parents[2])},
                             capture_output=True, text=True, timeout=60, check=False)
     assert (done.returncode, done.stdout) == (python.returncode, python.stdout)
 
@@ -686,3 +689,60 @@ def test_a_protected_tree_mounted_twice_still_reaches_the_hit(tmp_path: Path,
         subprocess.run(["umount", str(mnt)], check=True)
     assert first["fallback"] == "stale: the mount table changed", first
     assert second["fallback"] == "a hit: running it natively is not written yet", second
+
+
+def test_a_python_variable_falls_back(tmp_path: Path, env: dict[str, str]) -> None:
+    """PYTHONPATH (or any PYTHON* variable) changes the import path the Python CLI would
+    protect: a directory on it may not be granted write, lest a tool plant a module the
+    next launcher runs. The witness holds the import path of the interpreter started
+    without them, so the front end falls back (and Python refuses the grant here).
+    Control: without the variable it goes on to the hit."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    policy = write_policy(tmp_path, f'extends = ["base"]\n{POLICY}write = ["{ws}"]\n')
+    stored(policy, env, tmp_path)
+    run = ["run", "--policy", str(policy), "--", "true"]
+    _, control = front(run, env, tmp_path)
+    done, notes = front(run, {**env, "PYTHONPATH": str(ws)}, tmp_path)
+    assert control["fallback"] == "a hit: running it natively is not written yet", control
+    assert notes["fallback"].startswith("a PYTHON* variable is set"), notes
+    assert done.returncode == 125 and "import path" in done.stderr, done.stderr
+
+
+def test_a_pth_file_added_to_a_site_directory_makes_the_entry_stale(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """A .pth file in a site directory adds a directory to the import path (what an
+    editable install of a project in the workspace does), with no variable changed: the
+    witness lists each site directory's .pth files, with their digests, and the front end
+    finds the new one. (The file added names a directory that does not exist: the
+    interpreter's other users see no change.) Control: unchanged, it goes on to the hit."""
+    import site
+
+    directory = Path(site.getsitepackages()[0])
+    if not os.access(directory, os.W_OK):
+        pytest.skip(f"{directory} is not writable by this user")
+    policy = write_policy(tmp_path, POLICY)
+    stored(policy, env, tmp_path)
+    run = ["run", "--policy", str(policy), "--", "true"]
+    _, control = front(run, env, tmp_path)
+    planted = directory / f"zz-sandlock-test-{os.getpid()}.pth"
+    planted.write_text(f"{tmp_path / 'nowhere'}\n")
+    try:
+        _, notes = front(run, env, tmp_path)
+    finally:
+        planted.unlink()
+    assert control["fallback"] == "a hit: running it natively is not written yet", control
+    assert notes["fallback"] == "stale: a site directory's .pth files changed", notes
+
+
+@pytest.mark.any_user
+def test_the_native_key_names_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The front end runs the interpreter it was built for; an entry stored by another
+    (another venv over the same package) saw another import path and Python installation,
+    so its key differs and the front end never finds it. Control: the same interpreter,
+    the same key."""
+    args: tuple[Any, ...] = ("/p.toml", b"", {}, None, False)
+    mine = cache.native_key(*args)
+    assert cache.native_key(*args) == mine
+    monkeypatch.setattr(sys, "executable", "/another/venv/bin/python")
+    assert cache.native_key(*args) != mine

@@ -546,7 +546,8 @@ NATIVE_FIELDS = ("source", "layers", "checks", "abi", "handled_fs", "handled_net
                  "paths", "ports", "file_only", "write_rights", "warnings", "bpf", "steps",
                  "env_passed", "env_set", "timeout",
                  # what the grant checks saw (compile.grants.Witness)
-                 "mountinfo", "home", "key_file", "grants", "protected", "exposures", "listings")
+                 "mountinfo", "home", "state_dir", "key_file", "python_files", "site_dirs",
+                 "grants", "protected", "exposures", "listings")
 
 
 def _field(data: bytes) -> bytes:
@@ -582,7 +583,15 @@ def _witness_fields(witness: Witness) -> bytes:
 
     out = [_some(None if witness.mountinfo is None else
                  _field(blake2b(witness.mountinfo, digest_size=32).digest())),
-           _optional(witness.home), _optional(witness.key_file), _number(len(witness.grants))]
+           _optional(witness.home), _optional(witness.state_dir), _optional(witness.key_file),
+           _number(len(witness.python_files))]
+    out += [_field(os.fsencode(path)) + _some(None if digest is None else _field(digest))
+            for path, digest in witness.python_files]
+    out.append(_number(len(witness.site_dirs)))
+    out += [_field(os.fsencode(base)) + _some(None if names is None else _number(len(names))
+                                             + b"".join(_field(name) for name in names))
+            for base, names in witness.site_dirs]
+    out.append(_number(len(witness.grants)))
     out += [_field(os.fsencode(path)) + _number(int(is_dir)) + _field(os.fsencode(canonical))
             + _ids(chain) for path, chain, canonical, is_dir in witness.grants]
     out.append(_number(len(witness.protected)))
@@ -620,13 +629,15 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
                code: Optional[tuple[Any, ...]] = None) -> bytes:
     """The native entry's key: every fact _key holds that the C front end can see without
     Python, as bytes it builds the same way (tests/test_native_run.py compares them).
-    ``sys.path`` is replaced by the package directory: the front end runs this package
-    (the one beside it) on a miss. Empty when the front end could not build the same key
-    (the entry is then not written)."""
+    ``sys.path`` is replaced by the interpreter and the package directory: the front end
+    runs this package (the one beside it) with the interpreter it was built for on a
+    miss; what else decides the import path is in the witness (grants.Witness). Empty
+    when the front end could not build the same key (the entry is then not written)."""
     if getattr(sys, "frozen", False):
         return b""  # the binary's front end is not built yet (docs/design.md)
     env = os.environ
-    fields = [_field(NATIVE_MAGIC), _field(__version__.encode()), _field(os.fsencode(PACKAGE_DIR)),
+    fields = [_field(NATIVE_MAGIC), _field(__version__.encode()), _field(os.fsencode(sys.executable)),
+              _field(os.fsencode(PACKAGE_DIR)),
               _code_fields(_code_id() if code is None else code),
               _field(os.uname().machine.encode()), _number(os.geteuid()),
               _number(kernel.landlock_abi())]
@@ -763,7 +774,11 @@ def read_native(data: bytes, secret: bytes) -> Optional[dict[str, Any]]:
         timeout = r.optional()
         out["timeout"] = None if timeout is None else float(timeout)
         out["mountinfo"] = r.raw() if r.count(1) else None
-        out["home"], out["key_file"] = r.optional(), r.optional()
+        out["home"], out["state_dir"], out["key_file"] = r.optional(), r.optional(), r.optional()
+        out["python_files"] = [(r.text(), r.raw() if r.count(1) else None)
+                               for _ in range(r.number())]
+        out["site_dirs"] = [(r.text(), [r.raw() for _ in range(r.number())] if r.count(1) else None)
+                            for _ in range(r.number())]
         out["grants"] = [(r.text(), bool(r.number()), r.text(), r.ids())
                          for _ in range(r.number())]
         out["protected"] = [(r.text(), (r.number(), r.number()) if r.count(1) else None, r.ids(),

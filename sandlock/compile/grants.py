@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import sys
-from stat import S_ISDIR, S_ISLNK
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 
 from .. import PACKAGE_DIR
 from ..errors import LandlockError, SandlockError
@@ -737,12 +737,22 @@ class Witness:
         #: directory -> sorted names (bytes), or None: the copies' places as listed
         self.listings: dict[str, Optional[list[bytes]]] = {}
         #: What decides members of the protected set and is in no key: the euid's home in
-        #: the password database (the state directories) and the cache key file's path
-        #: where a grant must not reach it (cachekey.exposed), or None.
-        from .cachekey import exposed
+        #: the password database and its state directory (the state directories, the
+        #: records key), the cache key file's path where a grant must not reach it
+        #: (cachekey.exposed), or None each; the files that decide this interpreter's
+        #: import path, with their digests, and its site directories' .pth files.
+        self.home: Optional[str] = None
+        self.state_dir: Optional[str] = None
+        self.key_file: Optional[str] = None
+        self.python_files: list[tuple[str, Optional[bytes]]] = []
+        self.site_dirs: list[tuple[str, Optional[list[bytes]]]] = []
+        try:
+            from .cachekey import exposed, key_directory
 
-        self.home = _password_home()
-        self.key_file = exposed()
+            self.home, self.state_dir, self.key_file = _password_home(), key_directory(), exposed()
+            self.python_files, self.site_dirs = _python_world()
+        except Exception:  # noqa: BLE001 - a witness not taken: no native entry, no error
+            self.sound = False
 
     def _same(self, old: object, new: object) -> None:
         if old is not None and old != new:
@@ -774,6 +784,52 @@ class Witness:
         if directory in self.listings:
             self._same(self.listings[directory], listed)
         self.listings[directory] = listed
+
+
+def _python_world() -> tuple[list[tuple[str, Optional[bytes]]],
+                             list[tuple[str, Optional[list[bytes]]]]]:
+    """(files, site directories) that decide this interpreter's import path, beside the
+    environment (the front end falls back on any PYTHON* variable) and the interpreter
+    (in the native key): its pyvenv.cfg (either place it is looked for), the
+    sitecustomize and usercustomize it ran, and each site directory's .pth files (a
+    line of one adds a directory, or runs code); each file with the BLAKE2b of its bytes
+    (None: missing, not a regular file, or above 1 MiB), each directory with its sorted
+    .pth names (None: it cannot be listed)."""
+    import site
+    from hashlib import blake2b
+
+    from ..policy.readfile import MAX_BYTES
+
+    here = os.path.dirname(sys.executable)
+    candidates = [os.path.join(here, "pyvenv.cfg"), os.path.join(os.path.dirname(here), "pyvenv.cfg")]
+    for name in ("sitecustomize", "usercustomize"):
+        where = getattr(sys.modules.get(name), "__file__", None)
+        if isinstance(where, str):
+            candidates.append(where)
+    sites: list[tuple[str, Optional[list[bytes]]]] = []
+    user = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    for directory in dict.fromkeys([*site.getsitepackages(), *user]):
+        try:
+            names = sorted(os.fsencode(n) for n in os.listdir(directory) if n.endswith(".pth"))
+        except OSError:
+            sites.append((directory, None))
+            continue
+        sites.append((directory, names))
+        candidates += [os.path.join(directory, os.fsdecode(name)) for name in names]
+    files: list[tuple[str, Optional[bytes]]] = []
+    for path in dict.fromkeys(candidates):
+        data = None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                data = read_bounded(fd, MAX_BYTES) if S_ISREG(os.fstat(fd).st_mode) else None
+            finally:
+                os.close(fd)
+        files.append((path, None if data is None else blake2b(data, digest_size=32).digest()))
+    return files, sites
 
 
 _witness: Optional[Witness] = None

@@ -42,6 +42,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <sys/prctl.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -52,6 +53,9 @@
 #endif
 #ifndef SANDLOCK_VERSION
 #error "define SANDLOCK_VERSION: sandlock.__version__"
+#endif
+#ifndef SANDLOCK_KEY_PYTHON /* the interpreter the key names: the one that stores the entries */
+#define SANDLOCK_KEY_PYTHON SANDLOCK_PYTHON
 #endif
 
 /* Same numbers on x86_64 and aarch64 (the kernel's unified syscall table). */
@@ -257,6 +261,7 @@ static void key_bytes(struct buf *b, const char *policy, const uint8_t *policy_t
     int len = snprintf(magic, sizeof magic, "sandlock-native-entry%c%d\n", 0, NATIVE_FORMAT);
     field(b, magic, (size_t)len);
     text(b, SANDLOCK_VERSION);
+    text(b, SANDLOCK_KEY_PYTHON);
     text(b, package_dir);
     code_fields(b);
     struct utsname u;
@@ -1010,9 +1015,13 @@ static int by_name(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The cache key file where Python would keep no grant from it (cachekey.exposed), or
- * NULL: none, or the key in the keyring and no file. */
-static char *exposed_key_file(const char *home) {
+/* cachekey.key_directory: ".cache/sandlock" in the password database's home, when that
+ * home is an existing directory; NULL otherwise. */
+static char *key_directory(const char *home) {
+#ifdef SANDLOCK_KEY_DIRECTORY /* tests/test_native_run.py: a scene's */
+    (void)home;
+    return copy_of(SANDLOCK_KEY_DIRECTORY, strlen(SANDLOCK_KEY_DIRECTORY));
+#else
     struct stat st;
     if (!home || home[0] != '/' || stat(home, &st) < 0 || !S_ISDIR(st.st_mode))
         return NULL;
@@ -1020,14 +1029,99 @@ static char *exposed_key_file(const char *home) {
         fall_back("a home directory Python would normalise");
     struct str t = {0};
     append(&t, home, strcmp(home, "/") ? strlen(home) : 0);
-    append(&t, "/.cache/sandlock/" KEY_FILE, strlen("/.cache/sandlock/" KEY_FILE));
+    append(&t, "/.cache/sandlock", strlen("/.cache/sandlock"));
+    return t.s;
+#endif
+}
+
+/* cachekey.exposed: the key file's path where no grant may reach it (it exists, or the
+ * keyring did not give the key), or NULL. */
+static char *exposed_key_file(const char *state) {
+    if (!state)
+        return NULL;
+    struct str t = {0};
+    append(&t, state, strlen(state));
+    append(&t, "/" KEY_FILE, strlen("/" KEY_FILE));
+    struct stat st;
     if (lstat(t.s, &st) == 0 || !keyring_held)
         return t.s;
     return NULL;
 }
 
+/* A file's BLAKE2b (32 bytes) compared with a recorded one: a count (0: the file was
+ * missing or unreadable, 1: its digest follows). */
+static int same_digest(struct reader *r, const char *path) {
+    int had = (int)number_field(r, 1);
+    size_t len = 0;
+    const uint8_t *want = had ? next(r, &len) : NULL;
+    if (had && (!want || len != 32))
+        fall_back("a malformed native entry");
+    uint8_t *data;
+    ssize_t got = read_file(AT_FDCWD, path, 0, &data, POLICY_MAX);
+    if ((got >= 0) != had)
+        return 0;
+    if (got < 0)
+        return 1;
+    uint8_t digest[32];
+    blake2b(digest, sizeof digest, NULL, 0, data, (size_t)got);
+    free(data);
+    return !memcmp(digest, want, sizeof digest);
+}
+
+/* A directory's names (those ending in `suffix`) compared with a recorded listing: a
+ * count (0: it could not be listed), then the sorted names. */
+static int same_listing(struct reader *r, const char *base, const char *suffix) {
+    int had = (int)number_field(r, 1);
+    unsigned long long count = had ? COUNT(r) : 0;
+    char **names = calloc(count + 1, sizeof *names);
+    if (!names)
+        fall_back("out of memory");
+    for (unsigned long long k = 0; k < count; k++)
+        names[k] = string_field(r);
+    DIR *dir = opendir(base);
+    if ((dir != NULL) != had)
+        return 0;
+    if (!dir)
+        return 1;
+    char **seen = NULL;
+    size_t m = 0, cap = 0, tail = strlen(suffix);
+    struct dirent *e;
+    while ((e = readdir(dir))) {
+        size_t len = strlen(e->d_name);
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || len < tail ||
+            strcmp(e->d_name + len - tail, suffix))
+            continue;
+        if (m == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **grown = realloc(seen, cap * sizeof *grown);
+            if (!grown)
+                fall_back("out of memory");
+            seen = grown;
+        }
+        seen[m++] = copy_of(e->d_name, len);
+    }
+    closedir(dir);
+    if (m)
+        qsort(seen, m, sizeof *seen, by_name);
+    if (m != count)
+        return 0;
+    for (size_t k = 0; k < m; k++)
+        if (strcmp(seen[k], names[k]))
+            return 0;
+    return 1;
+}
+
 /* The witness's fields (cache._witness_fields), each fact observed now and compared. */
 static void recheck_witness(struct reader *r) {
+    /* The import path the Python CLI protects (a directory of it may not be granted write)
+     * is in the witness for this interpreter as it starts with no PYTHON* variable. */
+    for (char **e = environ; *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (!strncmp(*e, "PYTHON", 6) && eq && eq[1])
+            fall_back("a PYTHON* variable is set (it changes the import path Python protects)");
+    }
+    if (prctl(PR_GET_SECCOMP, 0, 0, 0, 0) < 0) /* cache.seccomp_ok */
+        fall_back("stale: no seccomp here");
     if (number_field(r, 1)) { /* mountinfo's BLAKE2b */
         size_t len;
         const uint8_t *want = next(r, &len);
@@ -1041,10 +1135,21 @@ static void recheck_witness(struct reader *r) {
     }
     struct passwd *pw = getpwuid(geteuid());
     const char *home = pw && pw->pw_dir ? pw->pw_dir : NULL;
-    if (!same_optional(r, home))
+    char *state = key_directory(home);
+    if (!same_optional(r, home) || !same_optional(r, state))
         fall_back("stale: the home directory in the password database changed");
-    if (!same_optional(r, exposed_key_file(home)))
+    if (!same_optional(r, exposed_key_file(state)))
         fall_back("stale: the cache key file appeared or went");
+    for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* the interpreter's files */
+        char *path = string_field(r);
+        if (!same_digest(r, path))
+            fall_back("stale: a file that decides the Python import path changed");
+    }
+    for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* its site directories */
+        char *base = string_field(r);
+        if (!same_listing(r, base, ".pth"))
+            fall_back("stale: a site directory's .pth files changed");
+    }
     struct ids want = {0}, now = {0};
     struct str canon = {0};
     for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* grants */
@@ -1099,41 +1204,8 @@ static void recheck_witness(struct reader *r) {
     }
     for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* listings */
         char *base = string_field(r);
-        int had = (int)number_field(r, 1);
-        unsigned long long count = had ? COUNT(r) : 0;
-        char **names = calloc(count + 1, sizeof *names);
-        if (!names)
-            fall_back("out of memory");
-        for (unsigned long long k = 0; k < count; k++)
-            names[k] = string_field(r);
-        DIR *dir = opendir(base);
-        if ((dir != NULL) != had)
+        if (!same_listing(r, base, ""))
             fall_back("stale: the checkpoints or dry runs changed");
-        if (!dir)
-            continue;
-        char **seen = NULL;
-        size_t m = 0, cap = 0;
-        struct dirent *e;
-        while ((e = readdir(dir))) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-                continue;
-            if (m == cap) {
-                cap = cap ? cap * 2 : 16;
-                char **grown = realloc(seen, cap * sizeof *grown);
-                if (!grown)
-                    fall_back("out of memory");
-                seen = grown;
-            }
-            seen[m++] = copy_of(e->d_name, strlen(e->d_name));
-        }
-        closedir(dir);
-        if (m)
-            qsort(seen, m, sizeof *seen, by_name);
-        if (m != count)
-            fall_back("stale: the checkpoints or dry runs changed");
-        for (size_t k = 0; k < m; k++)
-            if (strcmp(seen[k], names[k]))
-                fall_back("stale: the checkpoints or dry runs changed");
     }
 }
 
