@@ -716,15 +716,21 @@ def test_a_pth_file_added_to_a_site_directory_makes_the_entry_stale(
     witness lists each site directory's .pth files, with their digests, and the front end
     finds the new one. (The file added names a directory that does not exist: the
     interpreter's other users see no change.) Control: unchanged, it goes on to the hit."""
-    import site
-
-    directory = Path(site.getsitepackages()[0])
-    if not os.access(directory, os.W_OK):
-        pytest.skip(f"{directory} is not writable by this user")
     policy = write_policy(tmp_path, POLICY)
     stored(policy, env, tmp_path)
     run = ["run", "--policy", str(policy), "--", "true"]
     _, control = front(run, env, tmp_path)
+    key = bytes.fromhex(control["key"])  # magic, version, then the interpreter it runs
+    fields: list[bytes] = []
+    while len(fields) < 3:
+        size = int.from_bytes(key[:4], "little")
+        fields.append(key[4:4 + size])
+        key = key[4 + size:]
+    python = os.fsdecode(fields[2])
+    directory = Path(subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                                    capture_output=True, text=True, check=True).stdout.strip())
+    if not os.access(directory, os.W_OK):
+        pytest.skip(f"{directory} is not writable by this user")
     planted = directory / f"zz-sandlock-test-{os.getpid()}.pth"
     planted.write_text(f"{tmp_path / 'nowhere'}\n")
     try:
