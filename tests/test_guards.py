@@ -57,6 +57,27 @@ def test_a_write_grant_on_the_password_database_home_is_refused(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.parametrize("prefix", [True, False], ids=["pycache-prefix", "control"])
+def test_a_write_grant_on_the_bytecode_prefix_is_refused(tmp_path: Path, prefix: bool) -> None:
+    """PYTHONPYCACHEPREFIX moves the bytecode of sandlock's own modules to that directory,
+    where the next launcher reads it (a .pyc whose header names its source's size and
+    mtime is loaded as that module): a tool that may write there could run code before
+    any sandbox. A write grant reaching it is refused, as the import path is. Control:
+    without the variable the same grant runs."""
+    require_abi(1, "write grants")
+    cache_dir = tmp_path / "bytecode"
+    cache_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPYCACHEPREFIX"}
+    if prefix:
+        env["PYTHONPYCACHEPREFIX"] = str(cache_dir)
+    policy = write_policy(tmp_path, HOME_WRITER.format(home=cache_dir))
+    done = run_confined(policy, ["/usr/bin/true"], env=env)
+    if prefix:
+        assert done.returncode == 125 and "PYTHONPYCACHEPREFIX" in done.stderr, done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+
+
 # ----------------------------------------------------------------------------
 # deny rules on the address a name resolves to, for public addresses too. The name is
 # resolved by a stand-in for getaddrinfo (a public answer); nothing is sent: the proxy is

@@ -49,9 +49,9 @@ def require_front() -> None:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    """The front end's environment: no PYTHON* variable (with one it falls back: the
+    """The front end's environment: none of cache.PYTHON_ENV (with one it falls back: the
     import path it protects would not be the witnessed one)."""
-    out = {name: value for name, value in os.environ.items() if not name.startswith("PYTHON")}
+    out = {name: value for name, value in os.environ.items() if name not in cache.PYTHON_ENV}
     out.pop(cache.ENV_NO_CACHE, None)
     out.update({"XDG_CACHE_HOME": str(tmp_path / "cache"), "SANDLOCK_NATIVE_RUN": "1",
                 "SANDLOCK_NATIVE_DEBUG": "1"})
@@ -161,6 +161,8 @@ def drift(text: str) -> list[str]:
         out.append("POLICY_MAX")
     if c_array(text, "native_env") != list(cache.NATIVE_ENV):
         out.append("native_env")
+    if c_array(text, "python_env") != list(cache.PYTHON_ENV):
+        out.append("python_env")
     if c_array(text, "code_dirs") != ["", *cache.PACKAGES]:
         out.append("code_dirs")
     handled = c_array(text, "options_valued") + c_array(text, "options_flag")
@@ -191,6 +193,7 @@ def test_the_front_ends_copies_are_the_python_tables() -> None:
     ('"sandlock:policy-cache:v1"', '"sandlock:policy-cache:v2"'),
     ('#define NATIVE_FORMAT 2', '#define NATIVE_FORMAT 3'),
     ('"XDG_CACHE_HOME",', ""),
+    ('"PYTHONPYCACHEPREFIX",', ""),
     ('#define ENV_LOG "SANDLOCK_LOG"', '#define ENV_LOG "SANDLOCK_LOGS"'),
     ('{"--policy", "--var", "--timeout"}', '{"--policy", "--var", "--timeout", "--tool"}'),
     ("__NR_landlock_create_ruleset 444", "__NR_landlock_create_ruleset 445"),
@@ -704,7 +707,9 @@ def test_a_python_variable_falls_back(tmp_path: Path, env: dict[str, str]) -> No
     run = ["run", "--policy", str(policy), "--", "true"]
     _, control = front(run, env, tmp_path)
     done, notes = front(run, {**env, "PYTHONPATH": str(ws)}, tmp_path)
+    _, unrelated = front(run, {**env, "PYTHONUNBUFFERED": "1"}, tmp_path)
     assert control["fallback"] == "a hit: running it natively is not written yet", control
+    assert unrelated == control, unrelated  # one that changes no path: no fallback
     assert notes["fallback"].startswith("a PYTHON* variable is set"), notes
     assert done.returncode == 125 and "import path" in done.stderr, done.stderr
 

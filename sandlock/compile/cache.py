@@ -534,6 +534,12 @@ def _prune(directory: int) -> None:
 NATIVE_FORMAT = 2
 #: Set by the front end when it hands a run over because its entry is stale.
 ENV_NATIVE_STALE = "SANDLOCK_NATIVE_STALE"
+#: The interpreter's variables that change what the grant checks protect (its import
+#: path, its site directories, where it reads bytecode): with any of them set the front
+#: end falls back (the witness holds the interpreter started without them).
+PYTHON_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE",
+              "PYTHONPLATLIBDIR", "PYTHONPYCACHEPREFIX", "PYTHONSAFEPATH", "PYTHONSTARTUP",
+              "PYTHONEXECUTABLE")
 NATIVE_MAGIC = b"sandlock-native-entry\x00%d\n" % NATIVE_FORMAT
 NATIVE_PREFIX = "n-"
 NATIVE_DIR = "native"  #: beside "policies", the marshal entries' directory

@@ -256,6 +256,10 @@ def protected(policy_files: Iterable[str],
         out.append((prefix, "the Python installation sandlock runs on"))
     if sys.executable:
         out.append((os.path.realpath(sys.executable), "the Python interpreter sandlock runs on"))
+    if sys.pycache_prefix:  # PYTHONPYCACHEPREFIX, -X pycache_prefix
+        out.append((os.path.abspath(sys.pycache_prefix), "where this interpreter keeps the "
+                    "bytecode of sandlock's modules (PYTHONPYCACHEPREFIX: a .pyc planted there "
+                    "would run in the next launcher)"))
     bundle = getattr(sys, "_MEIPASS", None)
     if bundle:
         out.append((bundle, "the single-file binary's unpacked program"))

@@ -81,6 +81,11 @@
 #define ENV_NO_CACHE "SANDLOCK_NO_CACHE"     /* cache.ENV_NO_CACHE */
 #define ENV_LOG "SANDLOCK_LOG"               /* sandlock/compile/logdir.py ENV */
 #define ENV_STALE "SANDLOCK_NATIVE_STALE"    /* cache.ENV_NATIVE_STALE */
+/* cache.PYTHON_ENV */
+static const char *const python_env[] = {"PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE",
+                                         "PYTHONNOUSERSITE", "PYTHONPLATLIBDIR",
+                                         "PYTHONPYCACHEPREFIX", "PYTHONSAFEPATH", "PYTHONSTARTUP",
+                                         "PYTHONEXECUTABLE"};
 /* cache.NATIVE_ENV, in order */
 static const char *const native_env[] = {"SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME",
                                          "SANDLOCK_STUB", "SANDLOCK_STATE_DIR"};
@@ -1114,10 +1119,10 @@ static int same_listing(struct reader *r, const char *base, const char *suffix) 
 /* The witness's fields (cache._witness_fields), each fact observed now and compared. */
 static void recheck_witness(struct reader *r) {
     /* The import path the Python CLI protects (a directory of it may not be granted write)
-     * is in the witness for this interpreter as it starts with no PYTHON* variable. */
-    for (char **e = environ; *e; e++) {
-        const char *eq = strchr(*e, '=');
-        if (!strncmp(*e, "PYTHON", 6) && eq && eq[1])
+     * is in the witness for this interpreter as it starts without these variables. */
+    for (size_t i = 0; i < sizeof python_env / sizeof *python_env; i++) {
+        const char *value = getenv(python_env[i]);
+        if (value && value[0])
             fall_back("a PYTHON* variable is set (it changes the import path Python protects)");
     }
     if (prctl(PR_GET_SECCOMP, 0, 0, 0, 0) < 0) /* cache.seccomp_ok */
