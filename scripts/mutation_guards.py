@@ -1027,4 +1027,10 @@ GUARDS: tuple[Guard, ...] = (
           "    if sys.pycache_prefix:  # PYTHONPYCACHEPREFIX, -X pycache_prefix",
           "    if False:",
           ("tests/test_guards.py::test_a_write_grant_on_the_bytecode_prefix_is_refused[pycache-prefix]",)),
+    Guard("cache: no native entry from an interpreter started otherwise", "sandlock/compile/cache.py",
+          "    if any(os.environ.get(name) for name in PYTHON_ENV) or flags.no_site or flags.isolated \\\n"
+          "            or flags.ignore_environment or flags.no_user_site:\n",
+          "    if False:\n",
+          ("tests/test_native_run.py::test_an_interpreter_started_otherwise_writes_no_native_entry[PYTHONNOUSERSITE]",
+           "tests/test_native_run.py::test_an_interpreter_started_otherwise_writes_no_native_entry[-I]")),
 )

@@ -224,7 +224,7 @@ def test_the_key_bytes_are_native_keys(case: str, tmp_path: Path, env: dict[str,
     write_policy(tmp_path, POLICY)
     done, notes = front(["run", "--policy", "policy.toml", *extra, "--", "true"], env, tmp_path)
     monkeypatch.chdir(tmp_path)
-    for name in cache.NATIVE_ENV:
+    for name in (*cache.NATIVE_ENV, *cache.PYTHON_ENV):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -400,6 +400,7 @@ os.execv(sys.argv[1], sys.argv[1:])
 #: `sandlock run` whose key file lives in TEST_KEY_DIR (the scene's, not the user's).
 STORE = """\
 import os, sys
+sys.path.insert(0, os.environ["TEST_TREE"])
 from sandlock.cli import launch
 from sandlock.compile import cachekey
 cachekey.key_directory = lambda: os.environ["TEST_KEY_DIR"]
@@ -418,7 +419,7 @@ class KeyScene:
         tree = str(Path(cache.__file__).resolve().parents[2])
         # the tree under test stores the entry (not an installed copy, whose code differs)
         self.env = {**env, "XDG_CACHE_HOME": str(tmp_path / "home" / ".cache"),
-                    "TEST_KEY_DIR": str(self.key_dir), "PYTHONPATH": tree}
+                    "TEST_KEY_DIR": str(self.key_dir), "TEST_TREE": tree}
         self.front = tmp_path / "sandlock-run"
         sys.path.insert(0, tree)
         try:
@@ -752,8 +753,32 @@ def test_the_native_key_names_the_interpreter(monkeypatch: pytest.MonkeyPatch) -
     (another venv over the same package) saw another import path and Python installation,
     so its key differs and the front end never finds it. Control: the same interpreter,
     the same key."""
+    for name in cache.PYTHON_ENV:
+        monkeypatch.delenv(name, raising=False)
     args: tuple[Any, ...] = ("/p.toml", b"", {}, None, False)
     mine = cache.native_key(*args)
     assert cache.native_key(*args) == mine
     monkeypatch.setattr(sys, "executable", "/another/venv/bin/python")
     assert cache.native_key(*args) != mine
+
+
+@pytest.mark.parametrize("how", ["PYTHONNOUSERSITE", "-S", "-I", None])
+def test_an_interpreter_started_otherwise_writes_no_native_entry(
+        how: Optional[str], tmp_path: Path, env: dict[str, str]) -> None:
+    """The front end starts its interpreter with no path variable and no flag; one started
+    otherwise (no site directories, no user site, isolated) has another import path, so
+    what its checks protected is not what the front end's would: it writes no native
+    entry. Control: started as the front end starts it, it writes one."""
+    policy = write_policy(tmp_path, POLICY)
+    start = ("import sys; sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p not in "
+             "('', '.')]; from sandlock.cli.run import main; main(sys.argv[2:])")
+    flags = [how] if how and how.startswith("-") else []
+    extra = {how: "1"} if how == "PYTHONNOUSERSITE" else {}
+    done = subprocess.run([sys.executable, *flags, "-c", start, str(HELPER_DIR.parents[2]),
+                           "run", "--policy", str(policy), "--", "true"],
+                          env={**env, **extra}, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    if how != "-S":  # (without its site directories a venv's interpreter lacks pyseccomp)
+        assert done.returncode == 0, done.stderr
+    entries = list(native_dir(env).iterdir()) if native_dir(env).exists() else []
+    assert len(entries) == (1 if how is None else 0), entries

@@ -641,6 +641,12 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
     when the front end could not build the same key (the entry is then not written)."""
     if getattr(sys, "frozen", False):
         return b""  # the binary's front end is not built yet (docs/design.md)
+    flags = sys.flags
+    if any(os.environ.get(name) for name in PYTHON_ENV) or flags.no_site or flags.isolated \
+            or flags.ignore_environment or flags.no_user_site:
+        # This interpreter's import path is not the one the front end's would have (it
+        # starts it with no such variable or flag): what is protected differs.
+        return b""
     env = os.environ
     fields = [_field(NATIVE_MAGIC), _field(__version__.encode()), _field(os.fsencode(sys.executable)),
               _field(os.fsencode(PACKAGE_DIR)),
@@ -702,7 +708,7 @@ def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Com
                  steps: Sequence[str], witness: Optional[Witness]) -> None:
     """Write the native entry of a plan just stored, in its own private directory
     (NATIVE_DIR); none for a plan the front end does not run (it then always falls back)."""
-    payload = native_payload(key, value, compiled, steps, witness)
+    payload = None if not key else native_payload(key, value, compiled, steps, witness)
     if payload is None:
         return
     directory = open_private_dir(_cache_path(NATIVE_DIR), create=True)
