@@ -1033,4 +1033,12 @@ GUARDS: tuple[Guard, ...] = (
           "    if False:\n",
           ("tests/test_native_run.py::test_an_interpreter_started_otherwise_writes_no_native_entry[PYTHONNOUSERSITE]",
            "tests/test_native_run.py::test_an_interpreter_started_otherwise_writes_no_native_entry[-I]")),
+    Guard("protected set: the directories .pth files name, existing or not", "sandlock/compile/grants.py",
+          "        entries += _pth_directories(site)\n",
+          "",
+          ("tests/test_guards.py::test_a_write_grant_on_a_directory_a_pth_file_names_is_refused",)),
+    Guard("protected set: a path through a link to nothing is unjudgeable", "sandlock/compile/grants.py",
+          "            if os.path.islink(probe):\n",
+          "            if False:\n",
+          ("tests/test_guards.py::test_a_protected_path_through_a_link_to_nothing_is_refused",)),
 )

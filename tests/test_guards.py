@@ -121,3 +121,53 @@ def test_a_deny_rule_on_a_public_address_refuses_a_name_resolving_to_it(
         stopped_proxy([f"{PUBLIC}:8443"]).connect("api.example.test", 443, "test")
     assert str(other.value) == "the run is over"
 
+
+
+def test_a_write_grant_on_a_directory_a_pth_file_names_is_refused(tmp_path: Path) -> None:
+    """A .pth file of a site directory names a directory that does not exist yet: the
+    interpreter skips it today and puts it on its import path once it exists. A write grant
+    from which a tool could make it (and plant a module the next launcher imports) is
+    refused. Control: without that .pth file the same grant runs."""
+    import site
+    import subprocess
+    import sys
+
+    require_abi(1, "write grants")
+    directory = Path(site.getsitepackages()[0])
+    if not os.access(directory, os.W_OK):
+        pytest.skip(f"{directory} is not writable by this user")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    policy = write_policy(tmp_path, HOME_WRITER.format(home=ws))
+    control = run_confined(policy, ["/usr/bin/true"])
+    planted = directory / f"zz-sandlock-test-{os.getpid()}.pth"
+    planted.write_text(f"# a comment\nimport os\n{ws / 'lib'}\n")
+    try:
+        named = subprocess.run([sys.executable, "-c", "import sys; print(sys.path)"],
+                               capture_output=True, text=True, check=True).stdout
+        done = run_confined(policy, ["/usr/bin/true"])
+    finally:
+        planted.unlink()
+    assert str(ws / "lib") not in named  # it does not exist: not on the path yet
+    assert control.returncode == 0, control.stderr
+    assert done.returncode == 125 and "import path" in done.stderr, done.stderr
+
+
+def test_a_protected_path_through_a_link_to_nothing_is_refused(tmp_path: Path) -> None:
+    """The state directory named through a link whose target does not exist yet, inside a
+    write grant: a tool could make the directory there, and a later run would trust what
+    it put in it. Such a grant is refused (sandlock cannot tell where the object would
+    be). Control: the same grant, the state directory named without a link, runs."""
+    require_abi(1, "write grants")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(ws / "target")
+    policy = write_policy(tmp_path, HOME_WRITER.format(home=ws))
+    env = {k: v for k, v in os.environ.items() if k != "SANDLOCK_STATE_DIR"}
+    done = run_confined(policy, ["/usr/bin/true"],
+                        env={**env, "SANDLOCK_STATE_DIR": str(link / "state")})
+    control = run_confined(policy, ["/usr/bin/true"],
+                           env={**env, "SANDLOCK_STATE_DIR": str(tmp_path / "state")})
+    assert done.returncode == 125 and "symbolic link to nothing" in done.stderr, done.stderr
+    assert control.returncode == 0, control.stderr

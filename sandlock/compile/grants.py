@@ -44,7 +44,7 @@ from . import reviewdirs
 
 TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
 if TYPE_CHECKING:
-    from typing import Iterable, Iterator, Optional, Sequence
+    from typing import Any, Iterable, Iterator, Optional, Sequence
 
 #: Directories whose symbolic links are followed (with "/" itself, not recursively):
 #: root-owned system locations no policy may grant write on a directory of.
@@ -276,6 +276,7 @@ def protected(policy_files: Iterable[str],
 
         if site.ENABLE_USER_SITE and site.USER_SITE:
             entries.append(site.USER_SITE)
+        entries += _pth_directories(site)
     except ImportError:  # pragma: no cover - a frozen build without site
         pass
     for entry in dict.fromkeys(entries):
@@ -289,6 +290,39 @@ def protected(policy_files: Iterable[str],
     for where, what in out:
         unique.setdefault(where, what)
     return list(unique.items())
+
+
+def _pth_directories(site: Any) -> list[str]:
+    """Every directory a .pth file of a site directory names, whether it exists or not:
+    the next interpreter puts it on its import path once it exists (``site`` skips it
+    until then), so a tool that may create it could plant a module there."""
+    if sys.flags.no_site:
+        return []
+    sites = [*site.getsitepackages(), *([site.USER_SITE] if site.ENABLE_USER_SITE else [])]
+    out = []
+    for directory in dict.fromkeys(d for d in sites if d):
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.endswith(".pth"))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(directory, name), encoding="utf-8",
+                          errors="surrogateescape") as handle:
+                    lines = handle.read(MAX_PTH).splitlines()
+            except OSError:
+                continue
+            for line in lines:  # as site.addpackage reads them
+                if line.startswith("#") or line.startswith(("import ", "import\t")):
+                    continue
+                line = line.rstrip()
+                if line:
+                    out.append(os.path.abspath(os.path.join(directory, line)))
+    return out
+
+
+#: The most of a .pth file read (site reads it whole; one larger is no path list).
+MAX_PTH = 1 << 20
 
 
 # ----------------------------------------------------------------------------
@@ -444,6 +478,11 @@ def _ancestry(path: str, mounts: dict[int, Mount]) -> tuple[
             fd = os.open(probe, os.O_PATH | os.O_CLOEXEC)
             break
         except OSError:
+            if os.path.islink(probe):
+                # A link to where nothing is yet: the object would be made at its target,
+                # which may lie in a granted tree (a tool could make it there).
+                raise Unjudgeable(f"{probe!r}, on the way to {path!r}, is a symbolic link "
+                                  "to nothing") from None
             parent = os.path.dirname(probe)
             if parent == probe:
                 return None, set(), None
