@@ -1041,4 +1041,8 @@ GUARDS: tuple[Guard, ...] = (
           "            if os.path.islink(probe):\n",
           "            if False:\n",
           ("tests/test_guards.py::test_a_protected_path_through_a_link_to_nothing_is_refused",)),
+    Guard("cache: the native key names the real ids", "sandlock/compile/cache.py",
+          " _number(os.getuid()),\n              _number(os.getgid()), _number(os.getegid()),",
+          "",
+          ("tests/test_native_run.py::test_the_native_key_names_the_real_ids[getgid]",)),
 )

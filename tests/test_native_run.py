@@ -760,6 +760,39 @@ def test_the_native_key_names_the_interpreter(monkeypatch: pytest.MonkeyPatch) -
     assert cache.native_key(*args) == mine
     monkeypatch.setattr(sys, "executable", "/another/venv/bin/python")
     assert cache.native_key(*args) != mine
+    monkeypatch.undo()
+
+
+@pytest.mark.any_user
+@pytest.mark.parametrize("id_", ["getuid", "getgid", "getegid"])
+def test_the_native_key_names_the_real_ids(id_: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter leaves its user site directory off its path when the real and
+    effective ids differ (site.ENABLE_USER_SITE), so what it protects differs: the key
+    holds the real uid, gid and effective gid as well as the euid. Control: unchanged."""
+    for name in cache.PYTHON_ENV:
+        monkeypatch.delenv(name, raising=False)
+    args: tuple[Any, ...] = ("/p.toml", b"", {}, None, False)
+    mine = cache.native_key(*args)
+    assert cache.native_key(*args) == mine
+    real = getattr(os, id_)()
+    monkeypatch.setattr(os, id_, lambda: real + 1)
+    assert cache.native_key(*args) != mine
+
+
+def test_another_locale_is_another_key(tmp_path: Path, env: dict[str, str]) -> None:
+    """The locale decides how the Python CLI decodes the policy's paths (its file system
+    encoding): a run in another locale is another key, so the front end does not find
+    the entry stored in the first. Control: the same locale goes on to the hit."""
+    policy = write_policy(tmp_path, POLICY)
+    env = {**env, "LANG": "C.UTF-8"}
+    env.pop("LC_ALL", None)
+    env.pop("LC_CTYPE", None)
+    stored(policy, env, tmp_path)
+    run = ["run", "--policy", str(policy), "--", "true"]
+    _, same = front(run, env, tmp_path)
+    _, other = front(run, {**env, "LANG": "C"}, tmp_path)
+    assert same["fallback"] == "a hit: running it natively is not written yet", same
+    assert other["fallback"] == "no entry", other
 
 
 @pytest.mark.parametrize("how", ["PYTHONNOUSERSITE", "-S", "-I", None])

@@ -539,20 +539,21 @@ ENV_NATIVE_STALE = "SANDLOCK_NATIVE_STALE"
 #: end falls back (the witness holds the interpreter started without them).
 PYTHON_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE",
               "PYTHONPLATLIBDIR", "PYTHONPYCACHEPREFIX", "PYTHONSAFEPATH", "PYTHONSTARTUP",
-              "PYTHONEXECUTABLE")
+              "PYTHONEXECUTABLE", "PYTHONUTF8", "PYTHONCOERCECLOCALE")
 NATIVE_MAGIC = b"sandlock-native-entry\x00%d\n" % NATIVE_FORMAT
 NATIVE_PREFIX = "n-"
 NATIVE_DIR = "native"  #: beside "policies", the marshal entries' directory
 NATIVE_NAME_BYTES = 20
 #: The environment variables the key holds, in order (each: present or not, and its value).
 NATIVE_ENV = ("SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME", "SANDLOCK_STUB",
-              "SANDLOCK_STATE_DIR")
+              "SANDLOCK_STATE_DIR", "LC_ALL", "LC_CTYPE", "LANG")
 #: The facts after the key, in order (read_native's names).
 NATIVE_FIELDS = ("source", "layers", "checks", "abi", "handled_fs", "handled_net", "scoped",
                  "paths", "ports", "file_only", "write_rights", "warnings", "bpf", "steps",
                  "env_passed", "env_set", "timeout",
                  # what the grant checks saw (compile.grants.Witness)
-                 "mountinfo", "home", "state_dir", "key_file", "python_files", "site_dirs",
+                 "mountinfo", "home", "state_dir", "key_file", "interpreter", "python_files",
+                 "site_dirs",
                  "grants", "protected", "exposures", "listings")
 
 
@@ -590,6 +591,7 @@ def _witness_fields(witness: Witness) -> bytes:
     out = [_some(None if witness.mountinfo is None else
                  _field(blake2b(witness.mountinfo, digest_size=32).digest())),
            _optional(witness.home), _optional(witness.state_dir), _optional(witness.key_file),
+           _optional(witness.interpreter),
            _number(len(witness.python_files))]
     out += [_field(os.fsencode(path)) + _some(None if digest is None else _field(digest))
             for path, digest in witness.python_files]
@@ -651,7 +653,8 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
     fields = [_field(NATIVE_MAGIC), _field(__version__.encode()), _field(os.fsencode(sys.executable)),
               _field(os.fsencode(PACKAGE_DIR)),
               _code_fields(_code_id() if code is None else code),
-              _field(os.uname().machine.encode()), _number(os.geteuid()),
+              _field(os.uname().machine.encode()), _number(os.geteuid()), _number(os.getuid()),
+              _number(os.getgid()), _number(os.getegid()),
               _number(kernel.landlock_abi())]
     fields += [_optional(env.get(name)) for name in NATIVE_ENV]
     fields += [_field(os.fsencode(os.getcwd())), _field(os.fsencode(policy_file)),
@@ -787,6 +790,7 @@ def read_native(data: bytes, secret: bytes) -> Optional[dict[str, Any]]:
         out["timeout"] = None if timeout is None else float(timeout)
         out["mountinfo"] = r.raw() if r.count(1) else None
         out["home"], out["state_dir"], out["key_file"] = r.optional(), r.optional(), r.optional()
+        out["interpreter"] = r.optional()
         out["python_files"] = [(r.text(), r.raw() if r.count(1) else None)
                                for _ in range(r.number())]
         out["site_dirs"] = [(r.text(), [r.raw() for _ in range(r.number())] if r.count(1) else None)

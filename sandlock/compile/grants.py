@@ -787,12 +787,15 @@ class Witness:
         self.home: Optional[str] = None
         self.state_dir: Optional[str] = None
         self.key_file: Optional[str] = None
+        #: The interpreter's real path (a link to it retargeted makes another one).
+        self.interpreter: Optional[str] = None
         self.python_files: list[tuple[str, Optional[bytes]]] = []
         self.site_dirs: list[tuple[str, Optional[list[bytes]]]] = []
         try:
             from .cachekey import exposed, key_directory
 
             self.home, self.state_dir, self.key_file = _password_home(), key_directory(), exposed()
+            self.interpreter = os.path.realpath(sys.executable) if sys.executable else None
             self.python_files, self.site_dirs = _python_world()
         except Exception:  # noqa: BLE001 - a witness not taken: no native entry, no error
             self.sound = False
@@ -832,12 +835,13 @@ class Witness:
 def _python_world() -> tuple[list[tuple[str, Optional[bytes]]],
                              list[tuple[str, Optional[list[bytes]]]]]:
     """(files, site directories) that decide this interpreter's import path, beside the
-    environment (the front end falls back on any PYTHON* variable) and the interpreter
-    (in the native key): its pyvenv.cfg (either place it is looked for), the
-    sitecustomize and usercustomize it ran, and each site directory's .pth files (a
-    line of one adds a directory, or runs code); each file with the BLAKE2b of its bytes
-    (None: missing, not a regular file, or above 1 MiB), each directory with its sorted
-    .pth names (None: it cannot be listed)."""
+    environment (the front end falls back on any of cache.PYTHON_ENV) and the interpreter
+    (in the native key, its real path in the witness): its pyvenv.cfg (either place it
+    is looked for), the ._pth and pybuilddir.txt files beside it (which replace or
+    extend its path), the sitecustomize and usercustomize it ran, and each site
+    directory's .pth files (a line of one adds a directory, or runs code); each file
+    with the BLAKE2b of its bytes (None: missing, not a regular file, or above 1 MiB),
+    each directory with its sorted .pth names (None: it cannot be listed)."""
     import site
     from hashlib import blake2b
 
@@ -845,6 +849,12 @@ def _python_world() -> tuple[list[tuple[str, Optional[bytes]]],
 
     here = os.path.dirname(sys.executable)
     candidates = [os.path.join(here, "pyvenv.cfg"), os.path.join(os.path.dirname(here), "pyvenv.cfg")]
+    version = f"python{sys.version_info[0]}{sys.version_info[1]}"
+    for executable in dict.fromkeys((sys.executable, os.path.realpath(sys.executable))):
+        folder, name = os.path.split(executable)
+        candidates += [os.path.join(folder, f"{stem}._pth")
+                       for stem in dict.fromkeys((os.path.splitext(name)[0], version))]
+        candidates.append(os.path.join(folder, "pybuilddir.txt"))
     for name in ("sitecustomize", "usercustomize"):
         where = getattr(sys.modules.get(name), "__file__", None)
         if isinstance(where, str):

@@ -85,10 +85,11 @@
 static const char *const python_env[] = {"PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE",
                                          "PYTHONNOUSERSITE", "PYTHONPLATLIBDIR",
                                          "PYTHONPYCACHEPREFIX", "PYTHONSAFEPATH", "PYTHONSTARTUP",
-                                         "PYTHONEXECUTABLE"};
+                                         "PYTHONEXECUTABLE", "PYTHONUTF8", "PYTHONCOERCECLOCALE"};
 /* cache.NATIVE_ENV, in order */
 static const char *const native_env[] = {"SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME",
-                                         "SANDLOCK_STUB", "SANDLOCK_STATE_DIR"};
+                                         "SANDLOCK_STUB", "SANDLOCK_STATE_DIR", "LC_ALL",
+                                         "LC_CTYPE", "LANG"};
 /* cache.PACKAGES, after the package itself ("") */
 static const char *const code_dirs[] = {"", "compile", "linux", "policy"};
 /* `run`'s options (sandlock/cli/launch.py OPTIONS): those this program handles, and
@@ -274,6 +275,9 @@ static void key_bytes(struct buf *b, const char *policy, const uint8_t *policy_t
         fall_back("uname failed");
     text(b, u.machine);
     number(b, geteuid());
+    number(b, getuid());
+    number(b, getgid());
+    number(b, getegid());
     long abi = syscall(__NR_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
     number(b, abi > 0 ? (unsigned long long)abi : 0);
     for (size_t i = 0; i < sizeof native_env / sizeof *native_env; i++)
@@ -1145,6 +1149,9 @@ static void recheck_witness(struct reader *r) {
         fall_back("stale: the home directory in the password database changed");
     if (!same_optional(r, exposed_key_file(state)))
         fall_back("stale: the cache key file appeared or went");
+    char real[PATH_MAX];
+    if (!same_optional(r, realpath(SANDLOCK_KEY_PYTHON, real)))
+        fall_back("stale: the interpreter is another file");
     for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* the interpreter's files */
         char *path = string_field(r);
         if (!same_digest(r, path))
