@@ -584,6 +584,12 @@ def _some(value: Optional[bytes]) -> bytes:
     return _number(0) if value is None else _number(1) + value
 
 
+def _listing(names: Optional[Sequence[bytes]]) -> bytes:
+    """A directory's listing: none (it could not be listed), or a count and the names."""
+    return _some(None if names is None else
+                 _number(len(names)) + b"".join(_field(name) for name in names))
+
+
 def _witness_fields(witness: Witness) -> bytes:
     """The witness's facts, in NATIVE_FIELDS' order (after "timeout")."""
     from hashlib import blake2b
@@ -596,9 +602,7 @@ def _witness_fields(witness: Witness) -> bytes:
     out += [_field(os.fsencode(path)) + _some(None if digest is None else _field(digest))
             for path, digest in witness.python_files]
     out.append(_number(len(witness.site_dirs)))
-    out += [_field(os.fsencode(base)) + _some(None if names is None else _number(len(names))
-                                             + b"".join(_field(name) for name in names))
-            for base, names in witness.site_dirs]
+    out += [_field(os.fsencode(base)) + _listing(names) for base, names in witness.site_dirs]
     out.append(_number(len(witness.grants)))
     out += [_field(os.fsencode(path)) + _number(int(is_dir)) + _field(os.fsencode(canonical))
             + _ids(chain) for path, chain, canonical, is_dir in witness.grants]
@@ -613,9 +617,7 @@ def _witness_fields(witness: Witness) -> bytes:
     out += [_number(key) + _field(os.fsencode(point)) + _some(None if above is None else _ids(above))
             for key, (point, above) in witness.exposures.items()]
     out.append(_number(len(witness.listings)))
-    out += [_field(os.fsencode(base)) + _some(None if names is None else _number(len(names))
-                                             + b"".join(_field(name) for name in names))
-            for base, names in witness.listings.items()]
+    out += [_field(os.fsencode(base)) + _listing(names) for base, names in witness.listings.items()]
     return b"".join(out)
 
 

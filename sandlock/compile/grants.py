@@ -298,14 +298,9 @@ def _pth_directories(site: Any) -> list[str]:
     until then), so a tool that may create it could plant a module there."""
     if sys.flags.no_site:
         return []
-    sites = [*site.getsitepackages(), *([site.USER_SITE] if site.ENABLE_USER_SITE else [])]
     out = []
-    for directory in dict.fromkeys(d for d in sites if d):
-        try:
-            names = sorted(n for n in os.listdir(directory) if n.endswith(".pth"))
-        except OSError:
-            continue
-        for name in names:
+    for directory, names in _pth_files(site):
+        for name in names or ():
             try:
                 with open(os.path.join(directory, name), encoding="utf-8",
                           errors="surrogateescape") as handle:
@@ -323,6 +318,19 @@ def _pth_directories(site: Any) -> list[str]:
 
 #: The most of a .pth file read (site reads it whole; one larger is no path list).
 MAX_PTH = 1 << 20
+
+
+def _pth_files(site: Any) -> list[tuple[str, Optional[list[str]]]]:
+    """Each site directory the interpreter reads .pth files from (its own, and the user's
+    while it uses that), with the sorted names of those files (None: it cannot be listed)."""
+    sites = [*site.getsitepackages(), *([site.USER_SITE] if site.ENABLE_USER_SITE else [])]
+    out: list[tuple[str, Optional[list[str]]]] = []
+    for directory in dict.fromkeys(d for d in sites if d):
+        try:
+            out.append((directory, sorted(n for n in os.listdir(directory) if n.endswith(".pth"))))
+        except OSError:
+            out.append((directory, None))
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -860,15 +868,9 @@ def _python_world() -> tuple[list[tuple[str, Optional[bytes]]],
         if isinstance(where, str):
             candidates.append(where)
     sites: list[tuple[str, Optional[list[bytes]]]] = []
-    user = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
-    for directory in dict.fromkeys([*site.getsitepackages(), *user]):
-        try:
-            names = sorted(os.fsencode(n) for n in os.listdir(directory) if n.endswith(".pth"))
-        except OSError:
-            sites.append((directory, None))
-            continue
-        sites.append((directory, names))
-        candidates += [os.path.join(directory, os.fsdecode(name)) for name in names]
+    for directory, names in _pth_files(site):
+        sites.append((directory, None if names is None else sorted(map(os.fsencode, names))))
+        candidates += [os.path.join(directory, name) for name in names or ()]
     files: list[tuple[str, Optional[bytes]]] = []
     for path in dict.fromkeys(candidates):
         data = None
