@@ -66,7 +66,7 @@ def mutate(tree: Path, guard: Guard) -> str:
     if text.count(guard.snippet) != 1:
         return "snippet missing"
     path.write_text(text.replace(guard.snippet, guard.replacement))
-    if guard.file.endswith(".c"):
+    if guard.file.endswith((".c", ".h")):
         built = subprocess.run([sys.executable, "setup.py", "-q", "build_helper"], cwd=tree,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if built.returncode != 0:

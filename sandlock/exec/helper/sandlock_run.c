@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 #include "blake2b.h"
+#include "confine.h"
 
 #ifndef SANDLOCK_PYTHON
 #error "define SANDLOCK_PYTHON: the interpreter that runs the Python CLI on a miss"
@@ -61,6 +62,9 @@
 /* Same numbers on x86_64 and aarch64 (the kernel's unified syscall table). */
 #ifndef __NR_landlock_create_ruleset
 #define __NR_landlock_create_ruleset 444
+#endif
+#ifndef __NR_landlock_add_rule
+#define __NR_landlock_add_rule 445
 #endif
 #define LANDLOCK_CREATE_RULESET_VERSION (1U << 0)
 #define KEYCTL_SEARCH 10 /* linux/keyctl.h, keyctl(2) */
@@ -514,6 +518,30 @@ static void skip(struct reader *r, unsigned long long count) {
 
 /* Every list's count is bounded by what is left (each item holds a field or more). */
 #define COUNT(r) number_field(r, (unsigned long long)((r)->end - (r)->at) / 4)
+
+/* A count, then that many strings: a NULL-terminated vector. */
+static char **strings(struct reader *r, size_t *n) {
+    *n = COUNT(r);
+    char **out = calloc(*n + 1, sizeof *out);
+    if (!out)
+        fall_back("out of memory");
+    for (size_t i = 0; i < *n; i++)
+        out[i] = string_field(r);
+    return out;
+}
+
+/* What the run of a hit needs from its entry (the facts cache.native_payload wrote). */
+static struct {
+    unsigned long long abi, handled_fs, handled_net, scoped, file_only;
+    size_t n_paths, n_ports, n_warnings, n_steps, n_passed, n_set, bpf_len;
+    char **paths;                /* each grant's path, in the plan's order */
+    unsigned long long *rights;  /* its rights, for a directory */
+    int *fds, *dirs;             /* the descriptor its check opened; whether a directory */
+    unsigned long long *ports, *port_rights;
+    char **warnings, **steps, **passed, **set; /* set: NAME=VALUE */
+    const uint8_t *bpf;
+    char *timeout;               /* repr(float), or NULL */
+} plan;
 
 /* The witness (compile/grants.py Witness): what the compile's grant checks saw, observed
  * again now exactly as they observe it; any difference falls back. Nothing here judges a
@@ -1164,13 +1192,19 @@ static void recheck_witness(struct reader *r) {
     }
     struct ids want = {0}, now = {0};
     struct str canon = {0};
-    for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* grants */
+    /* The plan's paths, in its order: each rule is made from the descriptor checked here. */
+    if (COUNT(r) != plan.n_paths)
+        fall_back("a malformed native entry");
+    for (size_t i = 0; i < plan.n_paths; i++) { /* grants */
         char *path = string_field(r);
         int was_dir = (int)number_field(r, 1), is_dir;
         char *canonical = string_field(r);
         read_ids(r, &want);
+        if (strcmp(path, plan.paths[i]))
+            fall_back("a malformed native entry");
         int fd = resolve(path, &canon, &now, &is_dir);
-        close(fd);
+        plan.fds[i] = fd;
+        plan.dirs[i] = is_dir;
         if (is_dir != was_dir || strcmp(canon.s, canonical) || !same_ids(&want, &now))
             fall_back("stale: a grant resolves to another object");
     }
@@ -1222,7 +1256,8 @@ static void recheck_witness(struct reader *r) {
 }
 
 /* The facts after the key (cache.NATIVE_FIELDS), checked now as Python's hit checks them;
- * any difference falls back (the Python CLI then compiles afresh and reports). */
+ * any difference falls back (the Python CLI then compiles afresh and reports). What the run
+ * needs is kept in `plan`, each grant with the descriptor its check opened. */
 static void recheck(const uint8_t *facts, size_t len) {
     struct reader r = {facts, facts + len};
     skip(&r, 1); /* source */
@@ -1260,31 +1295,500 @@ static void recheck(const uint8_t *facts, size_t len) {
         free(path);
     }
     long abi = syscall(__NR_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
-    if (number_field(&r, INT_MAX) > (unsigned long long)(abi > 0 ? abi : 0))
+    plan.abi = number_field(&r, INT_MAX);
+    if (plan.abi > (unsigned long long)(abi > 0 ? abi : 0))
         fall_back("stale: the entry needs a newer Landlock ABI");
-    for (int i = 0; i < 3; i++) /* handled_fs, handled_net, scoped */
-        number_field(&r, UINT64_MAX);
-    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* paths */
-        free(string_field(&r));
-        number_field(&r, UINT64_MAX);
+    plan.handled_fs = number_field(&r, UINT64_MAX);
+    plan.handled_net = number_field(&r, UINT64_MAX);
+    plan.scoped = number_field(&r, UINT64_MAX);
+    plan.n_paths = COUNT(&r);
+    plan.paths = calloc(plan.n_paths + 1, sizeof *plan.paths);
+    plan.rights = calloc(plan.n_paths + 1, sizeof *plan.rights);
+    plan.fds = calloc(plan.n_paths + 1, sizeof *plan.fds);
+    plan.dirs = calloc(plan.n_paths + 1, sizeof *plan.dirs);
+    if (!plan.paths || !plan.rights || !plan.fds || !plan.dirs)
+        fall_back("out of memory");
+    for (size_t i = 0; i < plan.n_paths; i++) {
+        plan.paths[i] = string_field(&r);
+        plan.rights[i] = number_field(&r, UINT64_MAX);
+        plan.fds[i] = -1;
     }
-    for (unsigned long long i = 0, n = COUNT(&r); i < n; i++) { /* ports */
-        number_field(&r, 65535);
-        number_field(&r, UINT64_MAX);
+    plan.n_ports = COUNT(&r);
+    plan.ports = calloc(plan.n_ports + 1, sizeof *plan.ports);
+    plan.port_rights = calloc(plan.n_ports + 1, sizeof *plan.port_rights);
+    if (!plan.ports || !plan.port_rights)
+        fall_back("out of memory");
+    for (size_t i = 0; i < plan.n_ports; i++) {
+        plan.ports[i] = number_field(&r, 65535);
+        plan.port_rights[i] = number_field(&r, UINT64_MAX);
     }
-    number_field(&r, UINT64_MAX); /* file_only */
-    number_field(&r, UINT64_MAX); /* write_rights */
-    skip(&r, COUNT(&r));          /* warnings */
-    size_t bpf_len;
-    if (!next(&r, &bpf_len) || !bpf_len || bpf_len % 8)
+    plan.file_only = number_field(&r, UINT64_MAX);
+    number_field(&r, UINT64_MAX); /* write_rights: the checks' business, witnessed */
+    plan.warnings = strings(&r, &plan.n_warnings);
+    plan.bpf = next(&r, &plan.bpf_len);
+    if (!plan.bpf || !plan.bpf_len || plan.bpf_len % sizeof(struct sock_filter) ||
+        plan.bpf_len / sizeof(struct sock_filter) > BPF_MAXINSNS)
         fall_back("a malformed native entry");
-    skip(&r, COUNT(&r)); /* steps */
-    skip(&r, COUNT(&r)); /* env_passed */
-    skip(&r, 2 * COUNT(&r)); /* env_set */
-    skip(&r, number_field(&r, 1)); /* timeout */
+    plan.steps = strings(&r, &plan.n_steps);
+    plan.passed = strings(&r, &plan.n_passed);
+    plan.n_set = COUNT(&r);
+    plan.set = calloc(plan.n_set + 1, sizeof *plan.set);
+    if (!plan.set)
+        fall_back("out of memory");
+    for (size_t i = 0; i < plan.n_set; i++) { /* NAME=VALUE, as execve takes them */
+        char *name = string_field(&r), *value = string_field(&r);
+        struct str pair = {0};
+        append(&pair, name, strlen(name));
+        append(&pair, "=", 1);
+        append(&pair, value, strlen(value));
+        plan.set[i] = pair.s;
+    }
+    plan.timeout = number_field(&r, 1) ? string_field(&r) : NULL;
     recheck_witness(&r);
     if (r.at != r.end)
         fall_back("a malformed native entry");
+}
+
+/* ------------------------------------------------------------------------- */
+/* The hit, run (sandlock/cli/launch.py execute, sandlock/exec/launcher.py run): the
+ * ruleset from the descriptors the checks opened (never a path opened again), the steps of
+ * confine.h, a watchdog between this process and the tool, and the lines the Python CLI
+ * writes. Anything before the tool's exec that does not go as planned falls back: the tool
+ * has not run, and the Python CLI runs it or reports why not, in its own words. */
+
+/* Copies of Python facts: tests/test_native_run.py compares each with what it copies. */
+#define PER_USER_LIMIT "per-sandbox process limit" /* sandlock/linux/process.py */
+#define WATCHDOG_GRACE_MS 2000                     /* launcher.WATCHDOG_GRACE */
+#define SIGNAL_BASE 128                            /* sandlock.errors.ExitCode.SIGNAL_BASE */
+#define DEFAULT_PATH "/bin:/usr/bin"               /* os.defpath */
+/* launch.QUIET_SIGNALS: died of without a word */
+static const int quiet_signals[] = {SIGINT, SIGPIPE};
+/* launch.CHROMIUM_NAMES: their hint is the Python CLI's to give */
+static const char *const chromium_names[] = {"chromium", "chromium-browser", "chrome",
+                                             "google-chrome", "google-chrome-stable",
+                                             "chrome-headless-shell", "headless_shell"};
+/* signal.Signals(N).name, N from 1 (launch.killed_by) */
+static const char *const signal_names[] = {
+    "SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE",
+    "SIGKILL", "SIGUSR1", "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM", "SIGSTKFLT",
+    "SIGCHLD", "SIGCONT", "SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGURG", "SIGXCPU",
+    "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGWINCH", "SIGIO", "SIGPWR", "SIGSYS"};
+#define LANDLOCK_RULE_PATH_BENEATH 1 /* linux/landlock.h */
+#define LANDLOCK_RULE_NET_PORT 2
+struct ruleset_attr { uint64_t fs, net, scoped; }; /* kernel.RulesetAttr: the whole struct */
+struct path_beneath_attr { uint64_t allowed; int32_t parent_fd; } __attribute__((packed));
+struct net_port_attr { uint64_t allowed, port; };
+
+/* One "sandlock: " line on stderr (launch.say), from parts. */
+static void say_line(const char *const *parts, size_t n) {
+    struct str line = {0};
+    append(&line, "sandlock: ", 10);
+    for (size_t i = 0; i < n; i++)
+        append(&line, parts[i], strlen(parts[i]));
+    append(&line, "\n", 1);
+    if (write_all(2, line.s, line.n) < 0) { /* stderr closed or full: as launch.say */
+    }
+    free(line.s);
+}
+#define SAY(...) say_line((const char *const[]){__VA_ARGS__}, \
+                          sizeof (const char *const[]){__VA_ARGS__} / sizeof(const char *))
+
+static const char *base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+/* Printable ASCII only: what the Python CLI would print unescaped (trace.emit.printable). */
+static int plain_text(const char *s) {
+    for (; *s; s++)
+        if (*s < 0x20 || *s > 0x7e)
+            return 0;
+    return 1;
+}
+
+/* launcher.resolve_command on the caller's PATH: the file to exec, or NULL where the
+ * Python CLI reports why (127 or 126). */
+static char *find_command(const char *name) {
+    struct stat st;
+    if (!name[0])
+        return NULL;
+    if (strchr(name, '/'))
+        return stat(name, &st) == 0 && S_ISREG(st.st_mode) && access(name, X_OK) == 0
+                   ? copy_of(name, strlen(name)) : NULL;
+    const char *path = getenv("PATH"); /* the first PATH=, as os.environ keeps */
+    char *dirs = copy_of(path ? path : DEFAULT_PATH, strlen(path ? path : DEFAULT_PATH));
+    for (char *dir = dirs, *end;; dir = end + 1) {
+        end = strchr(dir, ':');
+        if (end)
+            *end = 0;
+        struct str candidate = {0};
+        append(&candidate, dir[0] ? dir : ".", dir[0] ? strlen(dir) : 1);
+        if (candidate.s[candidate.n - 1] != '/')
+            append(&candidate, "/", 1);
+        append(&candidate, name, strlen(name));
+        if (stat(candidate.s, &st) == 0 && S_ISREG(st.st_mode)) /* the first file decides */
+            return access(candidate.s, X_OK) == 0 ? candidate.s : NULL;
+        free(candidate.s);
+        if (!end)
+            return NULL;
+    }
+}
+
+/* A `pass` pattern as the Python matcher takes it without fnmatch: a name, or a name and
+ * one final "*"; 1 if `name` (of `len` bytes) matches it. Any other glob falls back. */
+static int passes(const char *name, size_t len) {
+    for (size_t i = 0; i < plan.n_passed; i++) {
+        const char *pattern = plan.passed[i];
+        size_t n = strlen(pattern), stem = n && pattern[n - 1] == '*' ? n - 1 : n;
+        if (strcspn(pattern, "*?[") < stem)
+            fall_back("an [env] pattern the Python CLI matches");
+        if (stem == n ? len == n && !memcmp(name, pattern, n) : len >= stem && !memcmp(name, pattern, stem))
+            return 1;
+    }
+    return 0;
+}
+
+/* policy/environment.build: the caller's variables `pass` matches (the first of a name, in
+ * the caller's order, as os.environ), then `set`, each in place of the caller's value. */
+static char **tool_environment(void) {
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **out = calloc(n + plan.n_set + 1, sizeof *out);
+    size_t m = 0;
+    if (!out)
+        fall_back("out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const char *eq = strchr(environ[i], '=');
+        size_t len = eq ? (size_t)(eq - environ[i]) : 0;
+        int seen = 0;
+        for (size_t k = 0; eq && k < m && !seen; k++)
+            seen = !strncmp(out[k], environ[i], len + 1);
+        if (eq && !seen && passes(environ[i], len))
+            out[m++] = environ[i];
+    }
+    for (size_t i = 0; i < plan.n_set; i++) {
+        size_t len = (size_t)(strchr(plan.set[i], '=') - plan.set[i]) + 1, k = 0;
+        while (k < m && strncmp(out[k], plan.set[i], len))
+            k++;
+        out[k] = plan.set[i];
+        m += k == m;
+    }
+    return out;
+}
+
+/* grants.build_ruleset, from the descriptors the checks opened; -1 without Landlock. */
+static int make_ruleset(void) {
+    if (plan.abi < 1)
+        return -1;
+    struct ruleset_attr attr = {plan.handled_fs, plan.handled_net, plan.scoped};
+    int fd = (int)syscall(__NR_landlock_create_ruleset, &attr, sizeof attr, 0U);
+    if (fd < 0)
+        fall_back("cannot create the ruleset (the Python CLI reports why)");
+    for (size_t i = 0; i < plan.n_paths; i++) {
+        struct path_beneath_attr rule = {plan.dirs[i] ? plan.rights[i] : plan.rights[i] & plan.file_only,
+                                         plan.fds[i]};
+        if (syscall(__NR_landlock_add_rule, fd, LANDLOCK_RULE_PATH_BENEATH, &rule, 0U) < 0)
+            fall_back("cannot add a path rule (the Python CLI reports why)");
+    }
+    for (size_t i = 0; i < plan.n_ports; i++) {
+        struct net_port_attr rule = {plan.port_rights[i], plan.ports[i]};
+        if (syscall(__NR_landlock_add_rule, fd, LANDLOCK_RULE_NET_PORT, &rule, 0U) < 0)
+            fall_back("cannot add a port rule (the Python CLI reports why)");
+    }
+    for (size_t i = 0; i < plan.n_paths; i++)
+        close(plan.fds[i]);
+    return fd;
+}
+
+/* The value of the steps' rlimit for `resource`, or -1 (compiler.process_limit). */
+static long long step_limit(int resource) {
+    for (int i = 0; i < n_steps; i++)
+        if (steps[i].kind == S_RLIMIT && steps[i].resource == resource)
+            return (long long)steps[i].value;
+    return -1;
+}
+
+/* process.user_tasks: the tasks of this user's processes (RLIMIT_NPROC counts them). */
+static long long user_tasks(void) {
+    long long count = 0;
+    DIR *proc = opendir("/proc");
+    struct dirent *e;
+    while (proc && (e = readdir(proc))) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9')
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(proc), e->d_name, &st, 0) < 0 || st.st_uid != getuid())
+            continue;
+        int fd = openat(dirfd(proc), e->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC), at;
+        at = fd < 0 ? -1 : openat(fd, "task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd >= 0)
+            close(fd);
+        DIR *tasks = at < 0 ? NULL : fdopendir(at);
+        if (!tasks && at >= 0)
+            close(at);
+        struct dirent *task;
+        while (tasks && (task = readdir(tasks)))
+            count += strcmp(task->d_name, ".") && strcmp(task->d_name, "..");
+        if (tasks)
+            closedir(tasks);
+    }
+    if (proc)
+        closedir(proc);
+    return count;
+}
+
+/* launch.warn_gaps: the protections not enforced for this run. */
+static void warn_gaps(void) {
+    size_t per_user = 0;
+    char abi[32];
+    snprintf(abi, sizeof abi, "%llu", plan.abi);
+    for (size_t i = 0; i < plan.n_warnings; i++)
+        per_user += !strncmp(plan.warnings[i], PER_USER_LIMIT, strlen(PER_USER_LIMIT));
+    if (per_user < plan.n_warnings)
+        SAY("warning: NOT enforced for this caller on this kernel (Landlock ABI ", abi, "):");
+    for (size_t i = 0; i < plan.n_warnings; i++)
+        if (strncmp(plan.warnings[i], PER_USER_LIMIT, strlen(PER_USER_LIMIT)))
+            SAY("warning:   - ", plan.warnings[i]);
+    long long limit = step_limit(RLIMIT_NPROC), running;
+    if (!per_user || limit < 0 || (running = user_tasks()) * 2 < limit)
+        return;
+    char limit_text[32], running_text[32];
+    snprintf(limit_text, sizeof limit_text, "%lld", limit);
+    snprintf(running_text, sizeof running_text, "%lld", running);
+    SAY("warning: " PER_USER_LIMIT " (processes = ", limit_text, ") not enforced: RLIMIT_NPROC "
+        "instead, per user (no pids cgroup), and this user already runs ", running_text,
+        " tasks: the tool may be refused new processes (`sandlock check` says why)");
+}
+
+/* The watchdog (launcher._watchdog): between this process and the tool, in a process
+ * group of its own, the subreaper of the tool's tree. It forks the tool, reports its pid
+ * then its wait status on `report`, and once the tool has exited or the launcher has died
+ * (however: SIGKILL included) kills and reaps every process left. Never returns. */
+static void watchdog(pid_t launcher, int report, struct confined *spec) {
+    int status = -1;
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
+        const char text[] = "setup\0" "0\0" "watchdog: PR_SET_CHILD_SUBREAPER";
+        write_all(spec->errw, text, sizeof text - 1);
+        _exit(LAUNCHER_FAILED);
+    }
+    spec->parent = getpid();
+    pid_t tool = vfork();
+    if (tool == 0)
+        child(spec);
+    if (tool < 0) {
+        char text[160];
+        int err = errno;
+        size_t len = clamp(snprintf(text, sizeof text, "setup%c%d%ccannot fork: %s", 0, err, 0,
+                                    strerror(err)), sizeof text);
+        write_all(spec->errw, text, len);
+        _exit(LAUNCHER_FAILED);
+    }
+    close(spec->errw);
+    setpgid(0, 0);
+    int watched = (int)syscall(__NR_pidfd_open, launcher, 0U);
+    int tool_fd = (int)syscall(__NR_pidfd_open, tool, 0U);
+    if (watched >= 0 && tool_fd >= 0 && getppid() == launcher &&
+        write_all(report, (const char *)&tool, sizeof tool) == 0) {
+        for (;;) {
+            struct pollfd fds[2] = {{tool_fd, POLLIN, 0}, {watched, POLLIN, 0}};
+            if (poll(fds, 2, -1) < 0 && errno != EINTR)
+                break;
+            if (fds[0].revents) {
+                while (waitpid(tool, &status, 0) < 0 && errno == EINTR) {
+                }
+                write_all(report, (const char *)&status, sizeof status);
+                break;
+            }
+            if (fds[1].revents)
+                break; /* the launcher is gone: the run is over */
+        }
+    }
+    kill(-tool, SIGKILL);
+    kill_descendants();
+    _exit(status >= 0 ? 0 : LAUNCHER_FAILED);
+}
+
+/* Before anything is forked: back to how this process was (a fallback execs the Python CLI). */
+static sigset_t caller_mask;
+
+__attribute__((noreturn)) static void undo_and_fall_back(pid_t watchdog_pid, const char *why) {
+    if (watchdog_pid > 0)
+        while (waitpid(watchdog_pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+    kill_descendants();
+    prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
+    sigprocmask(SIG_SETMASK, &caller_mask, NULL);
+    fall_back(why);
+}
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Reads `len` bytes from `fd`, waiting at most `ms` (-1: for ever) for each part; the count read. */
+static size_t read_within(int fd, void *out, size_t len, int ms) {
+    size_t got = 0;
+    while (got < len) {
+        struct pollfd p = {fd, POLLIN, 0};
+        int ready = poll(&p, 1, ms);
+        if (ready < 0 && errno == EINTR)
+            continue;
+        if (ready <= 0)
+            break;
+        ssize_t n = read(fd, (char *)out + got, len - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    return got;
+}
+
+/* The run of a verified, re-checked hit; never returns. */
+__attribute__((noreturn)) static void run_hit(char **argv) {
+    const char *refused = parse_steps(plan.steps, (uint32_t)plan.n_steps);
+    if (refused || has_cgroup || has_notify || has_ruleset != (plan.abi >= 1))
+        fall_back("steps this program does not run (the Python CLI does)");
+    for (int i = 0; i < n_steps; i++)
+        if (steps[i].kind == S_CHDIR)
+            fall_back("steps this program does not run (the Python CLI does)");
+    if (!plain_text(argv[0]))
+        fall_back("a command name the Python CLI escapes");
+    for (size_t i = 0; i < sizeof chromium_names / sizeof *chromium_names; i++)
+        if (!strcmp(base_name(argv[0]), chromium_names[i]))
+            fall_back("Chromium (the Python CLI gives its hint)");
+    char *exe = find_command(argv[0]);
+    if (!exe)
+        fall_back("the command is not found or not executable (the Python CLI says which)");
+    double timeout = -1;
+    if (plan.timeout) {
+        char *end;
+        timeout = strtod(plan.timeout, &end);
+        if (*end || !(timeout >= 0))
+            fall_back("a malformed native entry");
+    }
+    char **env = tool_environment();
+    int ruleset = make_ruleset();
+    privileged = has_capabilities();
+    size_t argc = 0;
+    while (argv[argc])
+        argc++;
+    char **command = calloc(argc + 2, sizeof *command);
+    if (!command)
+        fall_back("out of memory");
+    command[0] = exe;
+    memcpy(command + 1, argv, argc * sizeof *argv);
+    struct sock_fprog prog = {(unsigned short)(plan.bpf_len / sizeof(struct sock_filter)),
+                              (struct sock_filter *)(uintptr_t)plan.bpf};
+    warn_gaps();
+    say_debug("hit", "running it");
+
+    /* launcher.run: the subreaper for the run (a watchdog's orphans come back here), the
+     * forwarded signals held until they can be forwarded. */
+    int errpipe[2], report[2];
+    sigset_t forwarded;
+    sigemptyset(&forwarded);
+    const int forward[] = {FORWARDED_SIGNALS};
+    for (size_t i = 0; i < sizeof forward / sizeof *forward; i++)
+        sigaddset(&forwarded, forward[i]);
+    sigprocmask(SIG_BLOCK, &forwarded, &caller_mask);
+    int sigfd = signalfd(-1, &forwarded, SFD_CLOEXEC);
+    if (sigfd < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 ||
+        pipe2(errpipe, O_CLOEXEC) < 0 || pipe2(report, O_CLOEXEC) < 0)
+        undo_and_fall_back(0, "cannot set up the run (the Python CLI reports why)");
+    struct confined spec = {0, errpipe[1], -1, ruleset, -1, &prog, NULL, command, env};
+    pid_t launcher = getpid(), pid = fork();
+    if (pid < 0)
+        undo_and_fall_back(0, "cannot fork (the Python CLI reports why)");
+    if (pid == 0) {
+        close(errpipe[0]);
+        close(report[0]);
+        watchdog(launcher, report[1], &spec);
+    }
+    close(errpipe[1]);
+    close(report[1]);
+    if (ruleset >= 0)
+        close(ruleset);
+    char failure[600];
+    size_t failed = read_within(errpipe[0], failure, sizeof failure, -1);
+    close(errpipe[0]);
+    pid_t tool = 0;
+    if (failed || read_within(report[0], &tool, sizeof tool, -1) != sizeof tool)
+        undo_and_fall_back(pid, "the tool did not start (the Python CLI reports why)");
+
+    /* Child.wait: the tool's status, forwarded signals, the timeout. */
+    int status = 0, timed_out = 0, have = 0;
+    double deadline = timeout >= 0 ? now_seconds() + timeout : 0;
+    while (!have) {
+        int wait_ms = -1;
+        if (timeout >= 0 && !timed_out) {
+            double left = deadline - now_seconds();
+            wait_ms = left <= 0 ? 0 : left > 86400 ? 86400000 : (int)(left * 1000) + 1;
+        } else if (timed_out) {
+            wait_ms = WATCHDOG_GRACE_MS;
+        }
+        struct pollfd fds[2] = {{report[0], POLLIN, 0}, {sigfd, POLLIN, 0}};
+        int ready = poll(fds, 2, wait_ms);
+        if (ready < 0 && errno == EINTR)
+            continue;
+        if (ready > 0 && fds[1].revents) {
+            struct signalfd_siginfo info;
+            if (read(sigfd, &info, sizeof info) == sizeof info)
+                kill(-tool, (int)info.ssi_signo); /* the tool leads its own group */
+            continue;
+        }
+        if (ready > 0) {
+            have = 1;
+            if (read_within(report[0], &status, sizeof status, WATCHDOG_GRACE_MS) != sizeof status)
+                status = SIGKILL; /* a watchdog killed: it took the tool with it */
+        } else if (ready == 0 && timed_out) {
+            kill(pid, SIGKILL); /* a watchdog that does not report in time (stopped) */
+        } else if (ready == 0 && timeout >= 0 && now_seconds() >= deadline) {
+            timed_out = 1;
+            kill(-tool, SIGKILL);
+        } else if (ready < 0) {
+            timed_out = 1; /* cannot supervise: end the run */
+            kill(-tool, SIGKILL);
+        }
+    }
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+    kill_descendants();
+
+    /* launch.execute's lines, then its exit code. */
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    int code = timed_out ? TIMED_OUT : sig ? SIGNAL_BASE + sig : WEXITSTATUS(status);
+    char number[64];
+    if (code && !sig && !timed_out) { /* launcher._hint */
+        snprintf(number, sizeof number, "%d", code);
+        SAY("hint: ", base_name(argv[0]), " exited with ", number,
+            "; `sandlock trace` with the same options lists what the policy refused it");
+    }
+    if (timed_out) {
+        snprintf(number, sizeof number, "%g", timeout);
+        SAY("timeout: ", argv[0], " ran longer than ", number, "s; killed its process tree");
+    } else if (sig && sig != quiet_signals[0] && sig != quiet_signals[1]) {
+        char name[32], exit_text[32];
+        if (sig >= 1 && sig <= (int)(sizeof signal_names / sizeof *signal_names))
+            snprintf(name, sizeof name, "%s", signal_names[sig - 1]);
+        else if (sig == SIGRTMIN || sig == SIGRTMAX)
+            snprintf(name, sizeof name, "%s", sig == SIGRTMIN ? "SIGRTMIN" : "SIGRTMAX");
+        else
+            snprintf(name, sizeof name, "signal %d", sig);
+        snprintf(exit_text, sizeof exit_text, "%d", SIGNAL_BASE + sig);
+        const char *cause = "";
+        if ((sig == SIGXCPU || sig == SIGKILL) && step_limit(RLIMIT_CPU) >= 0)
+            cause = sig == SIGXCPU ? "; [limits] cpu: it used all the CPU time the policy gives it"
+                                   : "; perhaps [limits] cpu: it used all the CPU time the policy gives it";
+        else if (sig == SIGXFSZ && step_limit(RLIMIT_FSIZE) >= 0)
+            cause = "; [limits] file_size: it wrote a file larger than the policy allows";
+        SAY(argv[0], " was killed by ", name, " (exit ", exit_text, ")", cause);
+    }
+    _exit(code);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -1299,6 +1803,16 @@ static int contains(const char *const *list, size_t n, const char *name, size_t 
 
 int main(int argc, char **argv) {
     given_argv = argv;
+    /* run.open_standard_streams: a descriptor 0-2 the caller left closed gets /dev/null,
+     * before anything is opened (it would take that number, and be the tool's stdio). */
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0) {
+            int null = open("/dev/null", O_RDWR);
+            if (null >= 0 && null != fd) {
+                dup2(null, fd);
+                close(null);
+            }
+        }
     debug = getenv("SANDLOCK_NATIVE_DEBUG") && !strcmp(getenv("SANDLOCK_NATIVE_DEBUG"), "1");
     char self[PATH_MAX];
 #ifdef SANDLOCK_PACKAGE_FILE /* benchmarks/native_front.py: a copy built elsewhere */
@@ -1438,5 +1952,5 @@ int main(int argc, char **argv) {
         fall_back("the entry's key differs");
     say_debug("entry", "verified");
     recheck(p + 4 + stored, (size_t)entry_len - head - 4 - stored);
-    fall_back("a hit: running it natively is not written yet");
+    run_hit(argv + i);
 }
