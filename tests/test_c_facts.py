@@ -33,19 +33,26 @@ from sandlock.exec import native as nativeexec
 from sandlock.linux import cgroups, kernel, process
 
 HELPER = Path(spec.__file__).resolve().parent / "helper" / "sandlock_exec.c"
+#: The part sandlock_exec.c shares with the front end (the steps, the tree's end).
+SHARED = HELPER.with_name("confine.h")
+
+
+def helper_text() -> str:
+    """The helper's source as one text: its file and the header it includes."""
+    return HELPER.read_text() + SHARED.read_text()
 
 
 def define(text: str, name: str) -> str:
     """The body of ``#define NAME body`` (up to a comment or the line's end)."""
     found = re.findall(rf"^#define\s+{name}\s+(.*?)\s*(?:/\*.*)?$", text, re.MULTILINE)
-    assert len(found) == 1, f"#define {name} found {len(found)} times in {HELPER}"
+    assert len(found) == 1, f"#define {name} found {len(found)} times in {HELPER} and {SHARED}"
     return str(found[0])
 
 
 def c_array(text: str, name: str) -> list[str]:
     """The items of ``static const ... name[...] = {a, b, ...};``, unquoted."""
     found = re.findall(rf"\b{name}\[[^\]]*\]\s*=\s*\{{(.*?)\}};", text, re.DOTALL)
-    assert len(found) == 1, f"the array {name} found {len(found)} times in {HELPER}"
+    assert len(found) == 1, f"the array {name} found {len(found)} times in {HELPER} and {SHARED}"
     return [item.strip().strip('"') for item in found[0].split(",") if item.strip()]
 
 
@@ -86,7 +93,7 @@ def drift(text: str) -> list[str]:
 
 
 def test_the_c_helpers_copies_are_the_python_tables() -> None:
-    assert drift(HELPER.read_text()) == []
+    assert drift(helper_text()) == []
 
 
 @pytest.mark.parametrize("old, new", [
@@ -102,7 +109,7 @@ def test_the_c_helpers_copies_are_the_python_tables() -> None:
 ])
 def test_the_comparison_is_not_vacuous(old: str, new: str) -> None:
     """One side changed: the drift is found (the positive control of the test above)."""
-    text = HELPER.read_text()
+    text = helper_text()
     assert text.count(old) == 1, f"{old!r} is no longer in {HELPER}: update this test"
     assert len(drift(text.replace(old, new))) == 1
 
@@ -110,7 +117,7 @@ def test_the_comparison_is_not_vacuous(old: str, new: str) -> None:
 def test_the_children_buffer_holds_its_pids() -> None:
     """The arithmetic the children reader relies on is a static assertion of the C
     source (a build fails if it stops holding), and holds for the kernel's pids."""
-    text = HELPER.read_text()
+    text = helper_text()
     assert "_Static_assert(CHILDREN_MAX * (PID_DIGITS + 1) <= CHILDREN_BUFFER," in text
     pid_max_limit = 4 * 1024 * 1024  # PID_MAX_LIMIT on 64-bit (include/linux/threads.h)
     assert int(define(text, "PID_DIGITS")) == len(str(pid_max_limit - 1))

@@ -39,6 +39,10 @@ exec = ["/usr/bin", "/usr/lib"]
 """
 
 
+#: The "fallback" note of a run the front end ran itself (it writes "hit: running it").
+RAN = "none: the hit ran natively"
+
+
 def require_front() -> None:
     if not FRONT.exists():
         message = f"{FRONT} is not built (python setup.py build_helper)"
@@ -65,6 +69,8 @@ def front(args: list[str], env: dict[str, str], cwd: Path
     done = subprocess.run([str(FRONT), *args], env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=60, check=False)
     notes = dict(re.findall(r"^sandlock-run: (\w+): (.*)$", done.stderr, re.MULTILINE))
+    if notes.get("hit") == "running it":  # every check passed: the front end ran the tool
+        notes.setdefault("fallback", RAN)
     done.stderr = re.sub(r"^sandlock-run: .*\n", "", done.stderr, flags=re.MULTILINE)
     return done, notes
 
@@ -521,7 +527,7 @@ def test_a_verified_entry_is_rechecked(change: str, tmp_path: Path, env: dict[st
     assert notes["fallback"] == {
         "extended-file": "stale: an extended policy file changed",
         "optional-path": "stale: a policy path appeared or vanished",
-        None: "a hit: running it natively is not written yet"}[change]
+        None: RAN}[change]
 
 
 @pytest.mark.parametrize("log", ["on", "0"])
@@ -545,7 +551,7 @@ def test_with_the_run_log_on_the_python_cli_runs(log: str, tmp_path: Path,
         if state is not None:  # the anchor this test's log left in the state directory
             Path(state, runlog.ANCHORS, runlog._anchor_name(str(log_dir))).unlink(missing_ok=True)
     else:
-        assert notes["fallback"] == "a hit: running it natively is not written yet", notes
+        assert notes["fallback"] == RAN, notes
 
 
 # ----------------------------------------------------------------------------
@@ -593,7 +599,7 @@ WITNESSED = {
     "policy-replaced": ("policy", _rewrite_policy, "stale: a protected object moved"),
     "checkpoint-made": ("runs", Path.mkdir, "stale: the checkpoints or dry runs changed"),
     "mount": ("mnt", _mount, "stale: the mount table changed"),
-    "unchanged": ("ws", lambda _: None, "a hit: running it natively is not written yet"),
+    "unchanged": ("ws", lambda _: None, RAN),
 }
 
 
@@ -674,7 +680,7 @@ def test_a_stale_entry_is_written_anew(refresh: bool, tmp_path: Path, env: dict[
                               check=False)
     assert done.returncode == 0, done.stderr
     _, notes = front(run, env, tmp_path)
-    assert notes["fallback"] == ("a hit: running it natively is not written yet" if refresh
+    assert notes["fallback"] == (RAN if refresh
                                  else "stale: a grant resolves to another object"), notes
 
 
@@ -700,7 +706,7 @@ def test_a_protected_tree_mounted_twice_still_reaches_the_hit(tmp_path: Path,
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
     assert first["fallback"] == "stale: the mount table changed", first
-    assert second["fallback"] == "a hit: running it natively is not written yet", second
+    assert second["fallback"] == RAN, second
 
 
 def test_a_python_variable_falls_back(tmp_path: Path, env: dict[str, str]) -> None:
@@ -717,7 +723,7 @@ def test_a_python_variable_falls_back(tmp_path: Path, env: dict[str, str]) -> No
     _, control = front(run, env, tmp_path)
     done, notes = front(run, {**env, "PYTHONPATH": str(ws)}, tmp_path)
     _, unrelated = front(run, {**env, "PYTHONUNBUFFERED": "1"}, tmp_path)
-    assert control["fallback"] == "a hit: running it natively is not written yet", control
+    assert control["fallback"] == RAN, control
     assert unrelated == control, unrelated  # one that changes no path: no fallback
     assert notes["fallback"].startswith("a PYTHON* variable is set"), notes
     assert done.returncode == 125 and "import path" in done.stderr, done.stderr
@@ -751,7 +757,7 @@ def test_a_pth_file_added_to_a_site_directory_makes_the_entry_stale(
         _, notes = front(run, env, tmp_path)
     finally:
         planted.unlink()
-    assert control["fallback"] == "a hit: running it natively is not written yet", control
+    assert control["fallback"] == RAN, control
     assert notes["fallback"] == "stale: a site directory's .pth files changed", notes
 
 
@@ -799,7 +805,7 @@ def test_another_locale_is_another_key(tmp_path: Path, env: dict[str, str]) -> N
     run = ["run", "--policy", str(policy), "--", "true"]
     _, same = front(run, env, tmp_path)
     _, other = front(run, {**env, "LANG": "C"}, tmp_path)
-    assert same["fallback"] == "a hit: running it natively is not written yet", same
+    assert same["fallback"] == RAN, same
     assert other["fallback"] == "no entry", other
 
 

@@ -44,6 +44,21 @@ def test_payload_is_standalone() -> None:
     assert len(source.encode()) < 100_000
 
 
+@pytest.mark.any_user
+@pytest.mark.parametrize(("value", "aimed"), [(0, True), (7, True), ("/x", True), (None, False),
+                                              (False, False), ("", False)])
+def test_an_id_0_is_a_target(value: object, aimed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first SysV object of a fresh machine has id 0: a probe aimed at it runs (it was
+    skipped, so one executor's rows differed from another's on a fresh machine). Control:
+    None, False and "" still mean nothing to aim at."""
+    source = P.PAYLOAD.read_text()
+    assert source.endswith("\nmain()\n")
+    space: dict[str, object] = {"__name__": "payload"}
+    monkeypatch.setattr(sys, "argv", ["payload", json.dumps({"shm_id": value})])
+    exec(compile(source[:-len("main()\n")], str(P.PAYLOAD), "exec"), space)  # noqa: S102
+    assert space["aimed"]("shm_id") is aimed  # type: ignore[operator]
+
+
 def rule(path: str, access: Access) -> PathRule:
     return PathRule(path, access, origin="t.toml:1")
 

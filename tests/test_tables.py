@@ -38,7 +38,7 @@ def payload_table() -> dict[str, dict[str, int]]:
 
 def helper_fallbacks() -> dict[str, int]:
     """The C helper's ``#ifndef __NR_x / #define __NR_x N`` fallbacks."""
-    text = HELPER.read_text()
+    text = "".join(path.read_text() for path in (HELPER, HELPER.with_name("confine.h")))
     found = re.findall(r"#ifndef\s+__NR_(\w+)\s*\n\s*#define\s+__NR_(\w+)\s+(\d+)", text)
     assert all(a == b for a, b, _ in found), found
     return {name: int(number) for name, _, number in found}

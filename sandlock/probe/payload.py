@@ -1620,9 +1620,17 @@ def _() -> Outcome:
     return child_outcome(in_child(attempt), "an i386 int 0x80 system call returned")
 
 
+def aimed(needs: str) -> bool:
+    """Whether the config names a target for ``needs``: an id 0 is one (the first SysV
+    object of a fresh machine has it); None, False and "" are none."""
+    value = CFG.get(needs)
+    return (value is not None and value is not False and value != "") or bool(
+        CFG.get("present", {}).get(needs))
+
+
 def main() -> None:
     for probe_id, needs, fn in PROBES:
-        if needs and not (CFG.get(needs) or CFG.get("present", {}).get(needs)):
+        if needs and not aimed(needs):
             emit(probe_id, "skipped", f"nothing to aim at ({needs})")
             continue
         try:
