@@ -829,3 +829,256 @@ def test_an_interpreter_started_otherwise_writes_no_native_entry(
         assert done.returncode == 0, done.stderr
     entries = list(native_dir(env).iterdir()) if native_dir(env).exists() else []
     assert len(entries) == (1 if how is None else 0), entries
+
+
+# ----------------------------------------------------------------------------
+# The hit, run natively: what the Python CLI would run and print, confined as it would be
+
+RUN_POLICY = """\
+extends = ["base"]
+[filesystem]
+read = ["/usr", "/lib", "/etc", "{ws}"]
+write = ["{ws}/out"]
+exec = ["/usr/bin", "/usr/lib", "/bin", "{ws}/tool.sh"]
+[env]
+pass = ["PATH", "LANG", "LC_*", "KEEP"]
+set = {{ SET = "by-the-policy", KEEP = "replaced" }}
+[limits]
+file_size = 4096
+cpu = 30
+"""
+
+#: name: (command, options, extra environment, stdin); each runs natively then through the
+#: Python CLI, whose exit code, output and lines must be the same.
+PARITY: dict[str, tuple[list[str], list[str], dict[str, str], str]] = {
+    "output": (["sh", "-c", "echo out; echo err >&2"], [], {}, ""),
+    "exit code and hint": (["sh", "-c", "exit 3"], [], {}, ""),
+    "stdin": (["cat"], [], {}, "from the caller\n"),
+    "signal": (["sh", "-c", "kill -SEGV $$"], [], {}, ""),
+    "sigpipe, quiet": (["sh", "-c", "kill -PIPE $$"], [], {}, ""),
+    "sigint, quiet": (["sh", "-c", "kill -INT $$"], [], {}, ""),
+    "file size limit": (["sh", "-c", "head -c 10000 /dev/zero > out/big"], [], {}, ""),
+    "cpu limit's cause": (["sh", "-c", "kill -KILL $$"], [], {}, ""),
+    "timeout": (["sh", "-c", "sleep 3; echo not killed"], ["--timeout", "0.3"], {}, ""),
+    "environment": (["env"], [], {"KEEP": "caller", "LC_X": "1", "DROP": "x",
+                                  "LC_ALL": "C"}, ""),
+    "relative command": (["./tool.sh"], [], {}, ""),
+    "empty PATH entry": (["tool.sh"], [], {"PATH": ":/usr/bin:/bin"}, ""),
+    "not found": (["no-such-command-here"], [], {}, ""),
+    "not executable": (["./data.txt"], [], {}, ""),
+}
+
+
+def run_scene(tmp_path: Path, env: dict[str, str]) -> Path:
+    """A workspace with an output directory, a script and a file; the policy over it."""
+    ws = tmp_path / "ws"
+    (ws / "out").mkdir(parents=True)
+    (ws / "tool.sh").write_text("#!/bin/sh\necho tool ran\n")
+    (ws / "tool.sh").chmod(0o755)
+    (ws / "data.txt").write_text("data\n")
+    return write_policy(tmp_path, RUN_POLICY.format(ws=ws))
+
+
+def both_ways(args: list[str], env: dict[str, str], cwd: Path, stdin: str = ""
+              ) -> tuple[subprocess.CompletedProcess[str], dict[str, str],
+                         subprocess.CompletedProcess[str]]:
+    """The front end's run, then the Python CLI's (the front end told to fall back)."""
+    require_front()
+    native = subprocess.run([str(FRONT), *args], env=env, cwd=cwd, input=stdin,
+                            capture_output=True, text=True, timeout=60, check=False)
+    notes = dict(re.findall(r"^sandlock-run: (\w+): (.*)$", native.stderr, re.MULTILINE))
+    native.stderr = re.sub(r"^sandlock-run: .*\n", "", native.stderr, flags=re.MULTILINE)
+    python = subprocess.run([str(FRONT), *args], env={**env, "SANDLOCK_NATIVE_RUN": "0"},
+                            cwd=cwd, input=stdin, capture_output=True, text=True, timeout=60,
+                            check=False)
+    python.stderr = re.sub(r"^sandlock-run: .*\n", "", python.stderr, flags=re.MULTILINE)
+    return native, notes, python
+
+
+@pytest.mark.parametrize("case", PARITY)
+def test_the_hit_runs_what_the_python_cli_runs(case: str, tmp_path: Path,
+                                               env: dict[str, str]) -> None:
+    """Exit code, output, warning, hint, timeout and signal lines, the tool's environment and
+    its command lookup: the same from the native run as from the Python CLI. A command that
+    is not found or not executable falls back (the Python CLI says which), as does one it
+    would escape."""
+    command, options, extra, stdin = PARITY[case]
+    policy = run_scene(tmp_path, env)
+    ws = tmp_path / "ws"
+    env.update(extra)
+    store, _ = front(["run", "--policy", str(policy), *options, "--", "true"], env, ws)  # a miss
+    assert store.returncode == 0, store.stderr
+    native, notes, python = both_ways(["run", "--policy", str(policy), *options, "--", *command],
+                                      env, ws, stdin)
+    assert notes["entry"] == "verified"
+    if case in ("not found", "not executable"):
+        assert notes.get("fallback", "").startswith("the command is not found"), notes
+    else:
+        assert notes.get("hit") == "running it" and "fallback" not in notes, notes
+    assert (native.returncode, native.stdout, native.stderr) == (
+        python.returncode, python.stdout, python.stderr)
+    expected = {"exit code and hint": 3, "signal": 139, "timeout": 124, "file size limit": 153,
+                "not found": 127, "not executable": 126}.get(case)
+    if expected is not None:
+        assert native.returncode == expected, native.stderr
+    if case == "environment":  # the filter held: not merely the same in both
+        assert "DROP=" not in native.stdout and "KEEP=replaced" in native.stdout
+        assert "SET=by-the-policy" in native.stdout and "LC_X=1" in native.stdout
+
+
+def test_a_gap_is_warned_of_by_the_hit(tmp_path: Path, env: dict[str, str]) -> None:
+    """A protection the run does not have (best effort) is named by the native run exactly
+    as by the Python CLI, on every run (the warning is not only the miss's)."""
+    policy = write_policy(tmp_path, f'extends = ["base"]\n{POLICY}[scope]\nsignals = false\n')
+    args = ["run", "--policy", str(policy), "--best-effort", "--", "true"]
+    first, _ = front(args, env, tmp_path)
+    native, notes, python = both_ways(args, env, tmp_path)
+    assert notes.get("hit") == "running it", notes
+    assert "warning: NOT enforced" in native.stderr and "signal scope" in native.stderr
+    assert native.stderr == python.stderr == first.stderr
+    assert native.returncode == python.returncode == 0
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["confined", "control-unconfined"])
+def test_the_hit_is_confined(guard: bool, tmp_path: Path, env: dict[str, str]) -> None:
+    """Run natively, the tool can neither write nor read outside its grants, nor connect to
+    a loopback port the policy does not name; inside its grants it can. Control: the same
+    script without sandlock does all three (the attacks are real)."""
+    import socket
+
+    policy = run_scene(tmp_path, env)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("secret\n")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        port = server.getsockname()[1]
+        script = (f"echo planted > {outside}/planted; echo write=$?; "
+                  f"cat {outside}/secret; echo read=$?; "
+                  f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}'; echo connect=$?; "
+                  "echo ok > out/inside; echo inside=$?")
+        if guard:
+            stored(policy, env, tmp_path / "ws")
+            done, notes = front(["run", "--policy", str(policy), "--", "sh", "-c", script], env,
+                                tmp_path / "ws")
+            assert notes["fallback"] == RAN, notes
+        else:
+            done = subprocess.run(["sh", "-c", script], cwd=tmp_path / "ws", capture_output=True,
+                                  text=True, timeout=60, check=False)
+    results = dict(re.findall(r"^(\w+)=(\d+)$", done.stdout, re.MULTILINE))
+    assert results["inside"] == "0"
+    escaped = {name: results[name] == "0" for name in ("write", "read", "connect")}
+    assert escaped == {"write": not guard, "read": not guard, "connect": not guard}, done.stdout
+    assert (outside / "planted").exists() is not guard
+
+
+@pytest.mark.parametrize("name", ["read_file", "runs"])
+def test_the_probe_gives_the_same_rows_natively(name: str, tmp_path: Path,
+                                                env: dict[str, str]) -> None:
+    """The probe's escape attempts, run through the front end's native hit and through the
+    Python CLI, on the same policy file: the same outcome for every one (a step, a rule or
+    a limit the native run left out shows up as a different row)."""
+    import json
+
+    from sandlock.policy.model import load_policy
+    from sandlock.probe import harness
+
+    ws = tmp_path / "ws"
+    run_scene(tmp_path, env)
+    (ws / "notes.md").write_text("notes\n")
+    parent = (Path(__file__).resolve().parent.parent / "policies" / "read_file.toml"
+              if name == "read_file" else write_policy(tmp_path, RUN_POLICY.format(ws=ws),
+                                                       "runs.toml"))
+    # The probe's interpreter: what `sandlock probe` adds to the policy (runtime_rules).
+    policy = write_policy(tmp_path, f'extends = ["{parent}", "python"]\n')
+    variables = ["--var", f"workspace={ws}"]
+    front(["run", "--policy", str(policy), *variables, "--", "true"], env, ws)  # stores
+    loaded = load_policy(str(policy), variables={"workspace": str(ws)})
+    source = harness.PAYLOAD.read_text()
+    through: dict[str, dict[str, str]] = {}
+    for way in ("1", "0"):
+        with harness.Harness(loaded) as target:
+            master, slave = os.openpty()
+            try:
+                done = subprocess.run(
+                    [str(FRONT), "run", "--policy", str(policy), *variables, "--",
+                     harness.INTERPRETER, "-I", "-S", "-B", "-c", source, json.dumps(target.cfg)],
+                    env={**env, harness.ENV_CANARY: target.canary, "SANDLOCK_NATIVE_RUN": way},
+                    cwd=ws, stdin=slave, capture_output=True, text=True, timeout=300,
+                    check=False)
+            finally:
+                os.close(master)
+                os.close(slave)
+        if way == "1":
+            assert "sandlock-run: hit: running it" in done.stderr, done.stderr[-2000:]
+        rows = {}
+        for line in done.stdout.splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            rows[str(row["id"])] = str(row["outcome"])
+        through[way] = rows
+    assert len(through["1"]) > 100 and sum(o == "blocked" for o in through["1"].values()) > 60
+    differ = {k: (v, through["0"].get(k)) for k, v in through["1"].items() if through["0"].get(k) != v}
+    assert not differ and through["1"].keys() == through["0"].keys(), differ
+
+
+def start_native(policy: Path, command: list[str], env: dict[str, str], cwd: Path
+                 ) -> subprocess.Popen[str]:
+    """The front end's run in the background, its first line of output read."""
+    process = subprocess.Popen([str(FRONT), "run", "--policy", str(policy), "--", *command],
+                               env=env, cwd=cwd, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "control-python"])
+def test_a_signal_to_the_front_end_reaches_the_tool(native: str, tmp_path: Path,
+                                                     env: dict[str, str]) -> None:
+    """SIGTERM sent to the front end is the tool's to handle (forwarded to its process
+    group), natively as through the Python CLI."""
+    import signal
+
+    policy = run_scene(tmp_path, env)
+    ws = tmp_path / "ws"
+    stored(policy, env, ws)
+    script = 'trap "echo got TERM; exit 7" TERM; echo ready; while :; do sleep 0.05; done'
+    process = start_native(policy, ["sh", "-c", script], {**env, "SANDLOCK_NATIVE_RUN": native},
+                           ws)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=30)
+    assert (process.returncode, out) == (7, "got TERM\n"), err
+    assert ("sandlock-run: hit: running it" in err) is (native == "1")
+
+
+def test_the_tools_tree_dies_with_the_front_end(tmp_path: Path, env: dict[str, str]) -> None:
+    """The front end killed (SIGKILL: no chance to clean up): its watchdog, the tool's
+    parent and subreaper, kills the tool's whole tree, a process that left the tool's
+    session included."""
+    import signal
+    import time
+
+    policy = run_scene(tmp_path, env)
+    ws = tmp_path / "ws"
+    stored(policy, env, ws)
+    script = "setsid sleep 300 & echo $! > out/escapee; sleep 300 & echo ready; wait"
+    process = start_native(policy, ["sh", "-c", script], env, ws)
+    escapee = int((ws / "out" / "escapee").read_text())
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{escapee}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(escapee, signal.SIGKILL)
+        pytest.fail("the tool's process outlived the front end")
