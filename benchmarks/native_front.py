@@ -6,14 +6,14 @@ Rows (each skipped with a printed reason when unavailable), every one a whole pr
 from spawn to reaped exit, 50 in a row, the rows interleaved round by round:
 
 - ``native CLI``: the front end ``sandlock/exec/helper/sandlock-run`` with
-  ``SANDLOCK_NATIVE_RUN=1`` on a cached policy (today it verifies the entry, then execs
-  the Python CLI: docs/design.md "Native front end");
-- ``native checks``: a copy of the front end whose "Python" is ``/bin/true``: what the
-  native path costs up to and including the verified entry and every re-check (the
-  grant checks' witness included), then one exec; the row is measured only once its
-  debug line shows it went through all of them;
+  ``SANDLOCK_NATIVE_RUN=1`` on a cached policy: it verifies the entry, re-checks it,
+  builds the ruleset and runs the tool itself (docs/design.md "Native front end"); the row
+  is measured only once its debug line shows that it ran the hit itself;
 - ``Python CLI``: ``python -m sandlock run`` on the same cached policy;
 - ``bwrap``: ``bwrap --ro-bind / / --dev /dev --unshare-net /bin/true`` (bubblewrap);
+- ``C floor``: a small C program compiled here, the least any such tool does: fork, a
+  Landlock ruleset with one rule, no_new_privs, a one-instruction seccomp filter, exec,
+  wait;
 - ``unconfined``: ``/bin/true``.
 
 Each row's median time per call is printed with its ratio to ``unconfined`` and to
@@ -61,28 +61,66 @@ def series(argv: list[str], env: dict[str, str], calls: int) -> float:
         os.close(devnull)
 
 
-def build_checks_copy(out: Path) -> Optional[str]:
-    """The front end with /bin/true as its Python, for the package here; the reason when
-    it cannot be built."""
-    sys.path.insert(0, str(REPO))
-    import setup  # noqa: PLC0415 - the one build recipe (warnings, defines)
+FLOOR = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdint.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv);
+int main(int argc, char **argv) {
+    if (argc < 2)
+        return 2;
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct { uint64_t fs, net, scoped; } attr = {0x1fff, 0, 0}; /* ABI 1's rights */
+        int ruleset = (int)syscall(444, &attr, sizeof attr, 0U);
+        struct { uint64_t allowed; int32_t fd; } __attribute__((packed)) rule = {
+            1 | 4 | 8, open("/", O_PATH | O_CLOEXEC)}; /* execute, read file, read dir */
+        struct { uint16_t code; uint8_t jt, jf; uint32_t k; } allow = {0x06, 0, 0, 0x7fff0000U};
+        struct { unsigned short len; void *filter; } prog = {1, &allow};
+        if (ruleset < 0 || syscall(445, ruleset, 1, &rule, 0U) < 0 ||
+            prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 || syscall(446, ruleset, 0U) < 0 ||
+            syscall(SYS_seccomp, 1, 0U, &prog) < 0)
+            _exit(125);
+        execv(argv[1], argv + 1);
+        _exit(127);
+    }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0)
+        return 125;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+"""
 
-    return setup.front_end_variant(str(out), "/bin/true", str(FRONT))
+
+def build_floor(out: Path) -> Optional[str]:
+    """The C floor's program; the reason when it cannot be built."""
+    import subprocess
+
+    source = out.with_suffix(".c")
+    source.write_text(FLOOR)
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return "no C compiler"
+    built = subprocess.run([cc, "-O2", "-o", str(out), str(source)], capture_output=True,
+                           text=True, check=False)
+    return None if built.returncode == 0 else built.stderr.strip()[-300:] or "cc failed"
 
 
-HIT = "a hit: running it natively is not written yet"
-
-
-def reached_the_hit(argv: list[str], env: dict[str, str]) -> Optional[str]:
-    """None when the front end went through every check to the hit (its debug line says
-    so); else why the row would not measure the checks."""
+def ran_the_hit(argv: list[str], env: dict[str, str]) -> Optional[str]:
+    """None when the front end ran the hit itself (its debug line says so); else why the
+    row would not measure the native run."""
     import subprocess
 
     done = subprocess.run(argv, env={**env, "SANDLOCK_NATIVE_DEBUG": "1"}, capture_output=True,
                           text=True, timeout=60, check=False)
-    found = [line.split(": ", 2)[2] for line in done.stderr.splitlines()
-             if line.startswith("sandlock-run: fallback: ")]
-    return None if found == [HIT] else f"the front end stopped early: {found}"
+    notes = [line for line in done.stderr.splitlines() if line.startswith("sandlock-run: ")]
+    ran = "sandlock-run: hit: running it" in notes and not any(
+        line.startswith("sandlock-run: fallback: ") for line in notes)
+    return None if ran else f"the front end did not run the hit itself: {notes[-1:]}"
 
 
 def main() -> int:
@@ -96,39 +134,44 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sandlock-native-bench-") as tmp:
         policy = Path(tmp) / "policy.toml"
         policy.write_text(POLICY.format(true=true))
-        env = {k: v for k, v in os.environ.items() if k != "SANDLOCK_NO_CACHE"}
-        env.update({"XDG_CACHE_HOME": str(Path(tmp) / "cache"), "SANDLOCK_NATIVE_RUN": "1",
-                    "PYTHONPATH": str(REPO)})
+        # No interpreter variable (PYTHONPATH...): with one the front end hands every run
+        # to Python (the import path it protects would not be the one its entry saw).
+        env = {k: v for k, v in os.environ.items()
+               if k != "SANDLOCK_NO_CACHE" and not k.startswith("PYTHON")}
+        env.update({"XDG_CACHE_HOME": str(Path(tmp) / "cache"), "SANDLOCK_NATIVE_RUN": "1"})
+        python_env = {**env, "PYTHONPATH": str(REPO)}  # the package here, for `python -m`
         run_args = ["run", "--policy", str(policy), "--", true]
         rows: dict[str, list[str]] = {}
         if FRONT.exists():
             rows["native CLI"] = [str(FRONT), *run_args]
-            why = build_checks_copy(Path(tmp) / "sandlock-run-checks")
-            if why is None:
-                rows["native checks"] = [str(Path(tmp) / "sandlock-run-checks"), *run_args]
-            else:
-                skipped["native checks"] = why
         else:
-            skipped["native CLI"] = skipped["native checks"] = f"{FRONT} is not built"
+            skipped["native CLI"] = f"{FRONT} is not built"
         rows["Python CLI"] = [sys.executable, "-m", "sandlock", *run_args]
         bwrap = shutil.which("bwrap")
         if bwrap:
             rows["bwrap"] = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-net", true]
         else:
             skipped["bwrap"] = "not installed (apt-get install bubblewrap)"
+        floor = Path(tmp) / "floor"
+        why = build_floor(floor)
+        if why is None:
+            rows["C floor"] = [str(floor), true]
+        else:
+            skipped["C floor"] = why
         rows["unconfined"] = [true]
-        for argv in rows.values():  # warm: the cache entry, the page cache
-            series(argv, env, 2)
-        if "native checks" in rows:  # a row that fell back early measures nothing it names
-            why = reached_the_hit(rows["native checks"], env)
+        envs = {name: python_env if name == "Python CLI" else env for name in rows}
+        for name, argv in rows.items():  # warm: the cache entry, the page cache
+            series(argv, envs[name], 2)
+        if "native CLI" in rows:  # a row that fell back measures the Python CLI instead
+            why = ran_the_hit(rows["native CLI"], env)
             if why is not None:
-                skipped["native checks"] = why
-                del rows["native checks"]
+                skipped["native CLI"] = why
+                del rows["native CLI"]
         times: dict[str, list[float]] = {name: [] for name in rows}
         names = list(rows)
         for round_ in range(args.rounds):
             for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-                times[name].append(series(rows[name], env, args.calls))
+                times[name].append(series(rows[name], envs[name], args.calls))
     median = {name: statistics.median(t) for name, t in times.items()}
     result = {"calls": args.calls, "rounds": args.rounds, "seconds": median, "skipped": skipped}
     if args.json:

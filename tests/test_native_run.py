@@ -859,7 +859,7 @@ PARITY: dict[str, tuple[list[str], list[str], dict[str, str], str]] = {
     "sigint, quiet": (["sh", "-c", "kill -INT $$"], [], {}, ""),
     "file size limit": (["sh", "-c", "head -c 10000 /dev/zero > out/big"], [], {}, ""),
     "cpu limit's cause": (["sh", "-c", "kill -KILL $$"], [], {}, ""),
-    "timeout": (["sh", "-c", "sleep 3; echo not killed"], ["--timeout", "0.3"], {}, ""),
+    "timeout": (["sh", "-c", "sleep 1; echo not killed"], ["--timeout", "0.3"], {}, ""),
     "environment": (["env"], [], {"KEEP": "caller", "LC_X": "1", "DROP": "x",
                                   "LC_ALL": "C"}, ""),
     "relative command": (["./tool.sh"], [], {}, ""),
@@ -869,14 +869,15 @@ PARITY: dict[str, tuple[list[str], list[str], dict[str, str], str]] = {
 }
 
 
-def run_scene(tmp_path: Path, env: dict[str, str]) -> Path:
-    """A workspace with an output directory, a script and a file; the policy over it."""
+def run_scene(tmp_path: Path, env: dict[str, str], extra: str = "") -> Path:
+    """A workspace with an output directory, a script and a file; the policy over it
+    (and ``extra``, more of it)."""
     ws = tmp_path / "ws"
     (ws / "out").mkdir(parents=True)
     (ws / "tool.sh").write_text("#!/bin/sh\necho tool ran\n")
     (ws / "tool.sh").chmod(0o755)
     (ws / "data.txt").write_text("data\n")
-    return write_policy(tmp_path, RUN_POLICY.format(ws=ws))
+    return write_policy(tmp_path, RUN_POLICY.format(ws=ws) + extra)
 
 
 def both_ways(args: list[str], env: dict[str, str], cwd: Path, stdin: str = ""
@@ -942,21 +943,25 @@ def test_a_gap_is_warned_of_by_the_hit(tmp_path: Path, env: dict[str, str]) -> N
 @pytest.mark.parametrize("guard", [True, False], ids=["confined", "control-unconfined"])
 def test_the_hit_is_confined(guard: bool, tmp_path: Path, env: dict[str, str]) -> None:
     """Run natively, the tool can neither write nor read outside its grants, nor connect to
-    a loopback port the policy does not name; inside its grants it can. Control: the same
-    script without sandlock does all three (the attacks are real)."""
+    a loopback port the policy does not name; inside its grants it can (its file, its
+    port). Control: the same script without sandlock does all three (the attacks are
+    real)."""
     import socket
 
-    policy = run_scene(tmp_path, env)
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret").write_text("secret\n")
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        port = server.getsockname()[1]
+    with socket.socket() as server, socket.socket() as granted:
+        for each in (server, granted):
+            each.bind(("127.0.0.1", 0))
+            each.listen(8)
+        port, ok_port = server.getsockname()[1], granted.getsockname()[1]
+        # TCP granted on one port: seccomp lets TCP sockets through, Landlock picks the port
+        policy = run_scene(tmp_path, env, f"[network]\nconnect = [{ok_port}]\n")
         script = (f"echo planted > {outside}/planted; echo write=$?; "
                   f"cat {outside}/secret; echo read=$?; "
                   f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{port}'; echo connect=$?; "
+                  f"bash -c 'exec 3<>/dev/tcp/127.0.0.1/{ok_port}'; echo granted=$?; "
                   "echo ok > out/inside; echo inside=$?")
         if guard:
             stored(policy, env, tmp_path / "ws")
@@ -967,7 +972,7 @@ def test_the_hit_is_confined(guard: bool, tmp_path: Path, env: dict[str, str]) -
             done = subprocess.run(["sh", "-c", script], cwd=tmp_path / "ws", capture_output=True,
                                   text=True, timeout=60, check=False)
     results = dict(re.findall(r"^(\w+)=(\d+)$", done.stdout, re.MULTILINE))
-    assert results["inside"] == "0"
+    assert results["inside"] == results["granted"] == "0", done.stdout
     escaped = {name: results[name] == "0" for name in ("write", "read", "connect")}
     assert escaped == {"write": not guard, "read": not guard, "connect": not guard}, done.stdout
     assert (outside / "planted").exists() is not guard
