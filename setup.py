@@ -40,6 +40,9 @@ TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-exec")
 #: the Python CLI with the interpreter that ran this build on anything it does not run.
 RUN_SOURCE = os.path.join("sandlock", "exec", "helper", "sandlock_run.c")
 RUN_TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-run")
+#: The `sandlock` command the install puts on PATH (setup(scripts=)): the front end, built
+#: to find the package from its own directory; a Python script without the native parts.
+COMMAND = os.path.join("build", "sandlock-command", "sandlock")
 #: The system packages (scripts/install.sh installs them); COMPILERS: what the build runs.
 PACKAGES = os.path.join("scripts", "system-packages.txt")
 COMPILERS = ("cc", "musl-gcc")
@@ -71,12 +74,17 @@ def compile_helper(out_dir: str) -> None:
         print(f"sandlock: {ENV_NO_NATIVE}=1: no native helper; the Python API will start "
               "commands through its fork server", file=sys.stderr)
         return
+    _compile(attempts(), os.path.join(out_dir, TARGET), [os.path.join(HERE, SOURCE)])
+    _compile(attempts(), os.path.join(out_dir, RUN_TARGET), [*run_defines(),
+                                                             os.path.join(HERE, RUN_SOURCE)])
+
+
+def attempts() -> list[list[str]]:
+    """The ways to compile, best first: static with musl if it is installed (CC= wins),
+    then static, then dynamic with the C compiler."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    musl = None if os.environ.get("CC") else shutil.which("musl-gcc")  # CC= wins
-    attempts = ([[musl, "-static"]] if musl else []) + ([[cc, "-static"], [cc]] if cc else [])
-    _compile(attempts, os.path.join(out_dir, TARGET), [os.path.join(HERE, SOURCE)])
-    _compile(attempts, os.path.join(out_dir, RUN_TARGET), [*run_defines(),
-                                                           os.path.join(HERE, RUN_SOURCE)])
+    musl = None if os.environ.get("CC") else shutil.which("musl-gcc")
+    return ([[musl, "-static"]] if musl else []) + ([[cc, "-static"], [cc]] if cc else [])
 
 
 def c_string(text: str) -> str:
@@ -149,7 +157,8 @@ def compiler_install_command() -> str:
 
 
 class BuildPy(build_py):
-    """build_py, plus the helper (into the source tree for an editable install)."""
+    """build_py, plus the helper (into the source tree for an editable install) and the
+    `sandlock` command."""
 
     def run(self) -> None:
         super().run()
@@ -162,6 +171,39 @@ class BuildPy(build_py):
                 except FileNotFoundError:
                     pass
         compile_helper(out)
+        build_command(editable)
+
+
+#: The `sandlock` command of an install without the native parts: the Python CLI.
+PYTHON_COMMAND = "#!python\nfrom sandlock.__main__ import main\n\nmain()\n"
+
+
+def package_at(editable: bool) -> str:
+    """Where the installed command finds the package: relative to its own directory (the
+    scheme's scripts directory) in the scheme's platlib, where pip puts a wheel that is not
+    pure; the source tree's, for an editable install."""
+    import sysconfig
+
+    if editable:
+        return os.path.join(HERE, "sandlock")
+    return os.path.join(os.path.relpath(sysconfig.get_path("platlib"),
+                                        sysconfig.get_path("scripts")), "sandlock")
+
+
+def build_command(editable: bool) -> None:
+    """COMMAND: the front end (SANDLOCK_PACKAGE_AT: the package from its own place), or
+    PYTHON_COMMAND without the native parts."""
+    target = os.path.join(HERE, COMMAND)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.exists(target):
+        os.remove(target)
+    if without_native():
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(PYTHON_COMMAND)
+        return
+    _compile(attempts(), target, [*run_defines(),
+                                f"-DSANDLOCK_PACKAGE_AT={c_string(package_at(editable))}",
+                                os.path.join(HERE, RUN_SOURCE)])
 
 
 class BuildHelper(Command):
@@ -178,6 +220,37 @@ class BuildHelper(Command):
 
     def run(self) -> None:
         compile_helper(HERE)
+
+
+def scripts_command() -> type:
+    """build_scripts, copying the compiled `sandlock` command as it is (distutils reads
+    every script as text, for a shebang to adjust)."""
+    base: type = importlib.import_module("distutils.command.build_scripts").build_scripts
+
+    class BuildScripts(base):  # type: ignore[misc]  # a base found at build time
+        scripts: list[str]
+        build_dir: str
+
+        def copy_scripts(self) -> tuple[list[str], list[str]]:
+            compiled = []
+            for script in self.scripts:
+                with open(script, "rb") as handle:
+                    if not handle.read(2) == b"#!":
+                        compiled.append(script)
+            self.scripts = [s for s in self.scripts if s not in compiled]
+            outfiles: list[str]
+            updated: list[str]
+            outfiles, updated = super().copy_scripts() if self.scripts else ([], [])
+            self.mkpath(self.build_dir)
+            for script in compiled:
+                target = os.path.join(self.build_dir, os.path.basename(script))
+                self.copy_file(script, target)
+                os.chmod(target, 0o755)
+                outfiles.append(target)
+                updated.append(target)
+            return outfiles, updated
+
+    return BuildScripts
 
 
 def wheel_command(base: type) -> type:
@@ -202,7 +275,12 @@ def wheel_command(base: type) -> type:
 
 if __name__ == "__main__":  # setuptools runs it so; benchmarks/ imports the recipe above
     BDIST_WHEEL = _bdist_wheel()
-    commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper}
+    commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper,
+                                "build_scripts": scripts_command()}
     if BDIST_WHEEL is not None:
         commands["bdist_wheel"] = wheel_command(BDIST_WHEEL)
-    setup(cmdclass=commands)
+    if not os.path.exists(os.path.join(HERE, COMMAND)):  # build_py makes it before it is copied
+        os.makedirs(os.path.dirname(os.path.join(HERE, COMMAND)), exist_ok=True)
+        with open(os.path.join(HERE, COMMAND), "w", encoding="utf-8") as handle:
+            handle.write(PYTHON_COMMAND)
+    setup(cmdclass=commands, scripts=[COMMAND])

@@ -843,7 +843,7 @@ GUARDS: tuple[Guard, ...] = (
           ('tests/test_native_run.py::test_the_key_file_is_checked_as_python_checks_it[symlink]',)),
     Guard('front end: fallback imports its own package', 'sandlock/exec/helper/sandlock_run.c',
           'sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p "\n'
-          '                          "not in (\'\', \'.\')]',
+          '                                "not in (\'\', \'.\')]',
           'sys.path[:] = sys.path + [sys.argv[1]]',
           ('tests/test_native_run.py::'
            'test_the_fallback_runs_the_package_beside_it_not_the_working_directorys[front-end]',)),
@@ -1073,7 +1073,7 @@ GUARDS: tuple[Guard, ...] = (
     Guard("sandlock-run: signals are forwarded to the tool", "sandlock/exec/helper/sandlock_run.c",
           "                kill(-tool, (int)info.ssi_signo); /* the tool leads its own group */",
           "                (void)info;",
-          ("tests/test_native_run.py::test_a_signal_to_the_front_end_reaches_the_tool[native]",)),
+          ("tests/test_native_run.py::test_a_signal_to_the_front_end_reaches_the_tool",)),
     Guard("sandlock-run: the watchdog ends the tree when the front end dies",
           "sandlock/exec/helper/sandlock_run.c",
           "struct pollfd fds[2] = {{tool_fd, POLLIN, 0}, {watched, POLLIN, 0}};",

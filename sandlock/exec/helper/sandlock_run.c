@@ -1,33 +1,35 @@
 /*
  * sandlock-run: the native front end of `sandlock run` (docs/design.md "Native front end").
+ * Installed as the `sandlock` command (setup.py), and beside the package as
+ * sandlock/exec/helper/sandlock-run.
  *
  * `sandlock run --policy FILE [--var K=V]... [--timeout D] [--best-effort] -- CMD...` on a
- * policy whose compiled plan is in the cache should cost no Python. This program builds
- * the native entry's key bytes from what it sees (sandlock/compile/cache.py native_key:
- * the one definition; tests/test_native_run.py compares the two), fetches the cache key
- * exactly where Python would (the user keyring, else the key file, with the same checks on
+ * policy whose compiled plan is in the cache costs no Python. This program builds the
+ * native entry's key bytes from what it sees (sandlock/compile/cache.py native_key: the one
+ * definition; tests/test_native_run.py compares the two), fetches the cache key exactly
+ * where Python would (the user keyring, else the key file, with the same checks on
  * descriptors; it never makes one), reads the entry through a private directory opened
  * without following a link, and trusts nothing in it before its keyed BLAKE2b tag
- * verifies and its key equals the one built here, in full.
- *
- * On anything else (another command or option, a bare profile name, --tool, --accept, the
- * run log on, no entry, a check that fails, any doubt) it execs the Python CLI with the same
- * arguments, which compiles, stores, runs and reports exactly as without this program. Running a hit
- * itself is not written yet: after the entry verified it reads its facts and re-checks
- * what cache._fresh re-checks (extended files re-read and compared, each policy path's
+ * verifies and its key equals the one built here, in full. It then re-checks what
+ * cache._fresh re-checks (extended files re-read and compared, each policy path's
  * existence, the Landlock ABI) and what the grant checks saw (the witness: each grant
  * resolved again, each protected object placed again, the mount table, the checkpoint and
- * dry-run listings, the home and the key file: all must be equal), then still falls back;
- * the ruleset, the steps and the supervision of sandlock-exec remain. It is off unless
- * SANDLOCK_NATIVE_RUN=1.
+ * dry-run listings, the home and the key file: all must be equal), and runs the tool: the
+ * ruleset made from the descriptors those checks opened, the child's steps (confine.h),
+ * a watchdog, the lines and exit code of the Python CLI (run_hit).
  *
- * SANDLOCK_NATIVE_DEBUG=1 writes to stderr the key bytes (hex) and why it falls back
+ * On anything else (another command or option, a bare profile name, --tool, --accept, the
+ * run log on, no entry, a check that fails, a tool that did not start, any doubt) it execs
+ * the Python CLI with the same arguments, which compiles, stores, runs and reports exactly
+ * as without this program. SANDLOCK_NATIVE_RUN=0 makes it always do so.
+ *
+ * SANDLOCK_NATIVE_DEBUG=1 writes to stderr the key bytes (hex) and which way it went
  * (fixed texts only: nothing a tool controls is printed).
  *
- * Build: setup.py build_helper, with SANDLOCK_PYTHON (the interpreter of the install)
- * defined. The package is the directory two levels above this program
- * (sandlock/exec/helper/sandlock-run), or above SANDLOCK_PACKAGE_FILE when that is defined
- * (the benchmark's copy, whose "Python" is /bin/true: it measures what precedes the exec).
+ * Build: setup.py, with SANDLOCK_PYTHON (the interpreter of the install) defined. The
+ * package is the directory two levels above this program (sandlock/exec/helper/sandlock-run),
+ * or SANDLOCK_PACKAGE_AT (the installed command: relative to its directory, or absolute),
+ * or above SANDLOCK_PACKAGE_FILE (a copy the tests build elsewhere).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -134,9 +136,13 @@ __attribute__((noreturn)) static void fall_back(const char *why) {
     if (args) {
         args[0] = (char *)SANDLOCK_PYTHON;
         args[1] = (char *)"-c";
-        args[2] = (char *)"import sys; sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p "
-                          "not in ('', '.')]; from sandlock.cli.run import main; main(sys.argv[2:])";
-        args[3] = package_parent[0] ? package_parent : (char *)"";
+        /* No package found: sandlock as the interpreter finds it, "" still off the path. */
+        args[2] = package_parent[0]
+                      ? (char *)"import sys; sys.path[:] = [sys.argv[1]] + [p for p in sys.path if p "
+                                "not in ('', '.')]; from sandlock.cli.run import main; main(sys.argv[2:])"
+                      : (char *)"import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+                                "from sandlock.cli.run import main; main(sys.argv[2:])";
+        args[3] = package_parent[0] ? package_parent : (char *)"-";
         for (int i = 1; i < argc; i++)
             args[3 + i] = given_argv[i];
         execv(SANDLOCK_PYTHON, args);
@@ -1793,6 +1799,51 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
 
 /* ------------------------------------------------------------------------- */
 
+/* The package this program belongs to (package_dir) and the directory above it; both empty
+ * when it is not found (then the fallback imports sandlock as the interpreter finds it). */
+static void find_package(void) {
+    char self[PATH_MAX];
+#ifdef SANDLOCK_PACKAGE_FILE /* benchmarks/, tests/: a copy built elsewhere */
+    ssize_t n = (ssize_t)strlen(SANDLOCK_PACKAGE_FILE);
+    memcpy(self, SANDLOCK_PACKAGE_FILE, (size_t)n + 1);
+#else
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+#endif
+    if (n <= 0)
+        return;
+    self[n] = 0;
+#ifdef SANDLOCK_PACKAGE_AT /* installed as the `sandlock` command (setup.py) */
+    /* The package, relative to this program's directory (pip's scripts directory and its
+     * platlib, as the install's scheme places them) or absolute (an editable install). */
+    char where[2 * PATH_MAX], real[PATH_MAX];
+    struct stat st;
+    *strrchr(self, '/') = 0;
+    if (snprintf(where, sizeof where, "%s%s%s", SANDLOCK_PACKAGE_AT[0] == '/' ? "" : self,
+                 SANDLOCK_PACKAGE_AT[0] == '/' ? "" : "/", SANDLOCK_PACKAGE_AT) >= (int)sizeof where ||
+        !realpath(where, real) || strlen(real) + sizeof "/exec/helper/sandlock-run" > sizeof where)
+        return;
+    snprintf(where, sizeof where, "%s/exec/helper/sandlock-run", real);
+    if (stat(where, &st) < 0 || !S_ISREG(st.st_mode))
+        return; /* not the package this program was built with */
+    snprintf(package_dir, sizeof package_dir, "%s", real);
+    *strrchr(real, '/') = 0;
+    snprintf(package_parent, sizeof package_parent, "%s", real[0] ? real : "/");
+#else
+    for (int up = 0; up < 3; up++) { /* sandlock/exec/helper/sandlock-run -> sandlock */
+        char *slash = strrchr(self, '/');
+        if (!slash || slash == self)
+            return;
+        *slash = 0;
+    }
+    char *slash = strrchr(self, '/');
+    if (!slash || slash == self)
+        return;
+    snprintf(package_dir, sizeof package_dir, "%s", self);
+    *slash = 0;
+    snprintf(package_parent, sizeof package_parent, "%s", self);
+#endif
+}
+
 static int contains(const char *const *list, size_t n, const char *name, size_t len) {
     for (size_t i = 0; i < n; i++)
         if (strlen(list[i]) == len && !strncmp(list[i], name, len))
@@ -1814,34 +1865,12 @@ int main(int argc, char **argv) {
             }
         }
     debug = getenv("SANDLOCK_NATIVE_DEBUG") && !strcmp(getenv("SANDLOCK_NATIVE_DEBUG"), "1");
-    char self[PATH_MAX];
-#ifdef SANDLOCK_PACKAGE_FILE /* benchmarks/native_front.py: a copy built elsewhere */
-    ssize_t n = (ssize_t)strlen(SANDLOCK_PACKAGE_FILE);
-    memcpy(self, SANDLOCK_PACKAGE_FILE, (size_t)n + 1);
-#else
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-#endif
-    if (n > 0) {
-        self[n] = 0;
-        for (int up = 0; up < 3; up++) { /* sandlock/exec/helper/sandlock-run -> sandlock */
-            char *slash = strrchr(self, '/');
-            if (!slash || slash == self)
-                break;
-            *slash = 0;
-            if (up == 2)
-                snprintf(package_dir, sizeof package_dir, "%s", self);
-        }
-        char *slash = strrchr(self, '/');
-        if (package_dir[0] && slash && slash != self) {
-            *slash = 0;
-            snprintf(package_parent, sizeof package_parent, "%s", self);
-        }
-    }
+    find_package();
     if (!package_parent[0])
         fall_back("cannot find the package");
     const char *on = getenv("SANDLOCK_NATIVE_RUN");
-    if (!on || strcmp(on, "1"))
-        fall_back("off (SANDLOCK_NATIVE_RUN is not 1)");
+    if (on && !strcmp(on, "0"))
+        fall_back("off (SANDLOCK_NATIVE_RUN=0)");
     if (argc < 2 || strcmp(argv[1], "run"))
         fall_back("not a run");
     if (getenv(ENV_NO_CACHE) && getenv(ENV_NO_CACHE)[0])
