@@ -853,29 +853,104 @@ static void position(int fd, char **device, char **inner) {
     *inner = join(m->root, here + strlen(m->point));
 }
 
-/* grants._up: ids of directory `fd` and of every directory above it; closes `fd` */
+/* A directory's identity for the walks' memo: the mount it was reached through and its
+ * (dev, ino), from one statx; -1 where the kernel does not say the mount (no memo then). */
+#define STATX_INO_BIT 0x100U /* linux/stat.h STATX_INO */
+static int identity(int fd, unsigned long long *mnt, unsigned long long *dev,
+                    unsigned long long *ino) {
+    uint8_t buf[256]; /* struct statx: stx_ino at 32, stx_dev_major/minor at 136/140 */
+    uint32_t mask, major, minor;
+    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_INO_BIT | STATX_MNT_ID_BIT, buf) < 0)
+        return -1;
+    memcpy(&mask, buf, sizeof mask);
+    if ((mask & (STATX_INO_BIT | STATX_MNT_ID_BIT)) != (STATX_INO_BIT | STATX_MNT_ID_BIT))
+        return -1;
+    memcpy(ino, buf + 32, sizeof *ino);
+    memcpy(&major, buf + 136, sizeof major);
+    memcpy(&minor, buf + 140, sizeof minor);
+    memcpy(mnt, buf + STATX_MNT_ID_AT, sizeof *mnt);
+    *dev = makedev(major, minor);
+    return 0;
+}
+
+/* The walks' memo: a directory reached through a mount, and grants._up's answer for it (the
+ * ids of it and of every directory above). Keyed by the mount too: ".." of a mount's root is
+ * its mount point's parent, so a directory's parents depend on the mount it was reached
+ * through (a tree mounted twice). */
+struct walked { unsigned long long mnt, dev, ino; struct ids above; };
+static struct walked *walked;
+static size_t n_walked, max_walked;
+
+static const struct walked *walked_at(unsigned long long mnt, unsigned long long dev,
+                                      unsigned long long ino) {
+    for (size_t i = 0; i < n_walked; i++)
+        if (walked[i].mnt == mnt && walked[i].dev == dev && walked[i].ino == ino)
+            return &walked[i];
+    return NULL;
+}
+
+/* grants._up: ids of directory `fd` and of every directory above it; closes `fd`. Each
+ * directory on the way is remembered with the ids from it upward, so that the next walk
+ * through it stops there. */
 static void up(int fd, struct ids *out) {
-    /* No memo by (dev, ino) across walks: ".." of a mount's root is the mount point's
-     * parent, so a directory's parent depends on the mount it was reached through. */
-    struct stat st;
-    if (fstat(fd, &st) < 0)
-        fall_back("cannot walk up from a directory");
+    struct visit { unsigned long long mnt, dev, ino; size_t at; } *visits = NULL;
+    size_t n_visits = 0;
+    int ended = 0; /* at "/" (its ".." is itself), a directory it may not search, or a memo */
     for (;;) {
-        add_id(out, st.st_dev, st.st_ino);
+        unsigned long long mnt = 0, dev, ino;
+        int keyed = identity(fd, &mnt, &dev, &ino) == 0;
+        if (!keyed) {
+            struct stat st;
+            if (fstat(fd, &st) < 0)
+                fall_back("cannot walk up from a directory");
+            dev = st.st_dev, ino = st.st_ino;
+        }
+        if (has_id(out, dev, ino)) { /* the walk came back: "/" or a namespace's root */
+            ended = out->n && out->at[out->n - 1].dev == dev && out->at[out->n - 1].ino == ino;
+            break;
+        }
+        const struct walked *known = keyed ? walked_at(mnt, dev, ino) : NULL;
+        if (known) {
+            for (size_t i = 0; i < known->above.n; i++)
+                if (!has_id(out, known->above.at[i].dev, known->above.at[i].ino))
+                    add_id(out, known->above.at[i].dev, known->above.at[i].ino);
+            ended = 1;
+            break;
+        }
+        add_id(out, dev, ino);
+        if (keyed) {
+            struct visit *grown = realloc(visits, (n_visits + 1) * sizeof *grown);
+            if (!grown)
+                fall_back("out of memory");
+            visits = grown;
+            visits[n_visits++] = (struct visit){mnt, dev, ino, out->n - 1};
+        }
         int parent = openat(fd, "..", DIR_PATH);
         if (parent < 0) {
-            if (errno == EACCES || errno == EPERM) /* PermissionError */
+            if (errno == EACCES || errno == EPERM) { /* PermissionError */
+                ended = 1;
                 break;
+            }
             fall_back("cannot walk up from a directory");
         }
         close(fd);
         fd = parent;
-        if (fstat(fd, &st) < 0)
-            fall_back("cannot walk up from a directory");
-        if (has_id(out, st.st_dev, st.st_ino))
-            break;
     }
     close(fd);
+    for (size_t i = 0; ended && i < n_visits; i++) {
+        if (n_walked == max_walked) {
+            max_walked = max_walked ? 2 * max_walked : 64;
+            struct walked *grown = realloc(walked, max_walked * sizeof *grown);
+            if (!grown)
+                fall_back("out of memory");
+            walked = grown;
+        }
+        struct walked *w = &walked[n_walked++];
+        *w = (struct walked){visits[i].mnt, visits[i].dev, visits[i].ino, {NULL, 0, 0}};
+        for (size_t k = visits[i].at; k < out->n; k++)
+            add_id(&w->above, out->at[k].dev, out->at[k].ino);
+    }
+    free(visits);
     qsort(out->at, out->n, sizeof *out->at, by_id);
 }
 
@@ -889,15 +964,23 @@ static int in_system_dir(const char *canonical) {
 /* grants._resolve: `path` walked from "/" one component at a time without following a
  * link, but a trusted one (grants._trusted_link); its descriptor, canonical path, the ids
  * of "/" and of each component, and whether it is a directory. */
+static int root_fd = -1; /* "/", opened once for every walk (never closed) */
+static struct stat root_st;
+
+static void release(int fd) {
+    if (fd != root_fd)
+        close(fd);
+}
+
 static int resolve(const char *path, struct str *canon, struct ids *chain, int *is_dir) {
     char **stack = NULL;
     size_t n = 0, cap = 0;
     const char *pending = path; /* components still to push, first the path's */
     int links = 0;
-    int fd = open("/", DIR_PATH);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0)
+    if (root_fd < 0 && ((root_fd = open("/", DIR_PATH)) < 0 || fstat(root_fd, &root_st) < 0))
         fall_back("cannot open /");
+    int fd = root_fd;
+    struct stat st = root_st;
     chain->n = 0;
     add_id(chain, st.st_dev, st.st_ino);
     size_t *ends = NULL, depth = 0; /* canon's length before each component */
@@ -934,7 +1017,7 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
                 int parent = openat(fd, "..", DIR_PATH);
                 if (parent < 0)
                     fall_back("a grant that no longer resolves");
-                close(fd);
+                release(fd);
                 fd = parent;
                 canon->n = ends[--depth];
                 canon->s[canon->n] = 0;
@@ -962,21 +1045,21 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
             target[len] = 0;
             pending = copy_of(target, (size_t)len);
             if (target[0] == '/') {
-                close(fd);
-                fd = open("/", DIR_PATH);
-                if (fd < 0)
-                    fall_back("cannot open /");
+                release(fd);
+                fd = root_fd;
                 canon->n = 0;
                 canon->s[0] = 0;
                 depth = 0;
                 chain->n = 1;
             }
-            if (fstat(fd, &st) < 0)
+            if (fd == root_fd)
+                st = root_st;
+            else if (fstat(fd, &st) < 0)
                 fall_back("a grant that no longer resolves");
             close(step);
             continue;
         }
-        close(fd);
+        release(fd);
         fd = step;
         size_t *grown = realloc(ends, (depth + 1) * sizeof *grown);
         if (!grown)
@@ -992,6 +1075,8 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
     if (!depth)
         append(canon, "/", 1);
     *is_dir = S_ISDIR(st.st_mode);
+    if (fd == root_fd && (fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 3)) < 0) /* the caller's to close */
+        fall_back("cannot open /");
     return fd;
 }
 
