@@ -76,6 +76,13 @@ def drift(text: str) -> list[str]:
     for name, code in (("LAUNCHER_FAILED", ExitCode.LAUNCHER), ("TIMED_OUT", ExitCode.TIMEOUT)):
         if int(define(text, name)) != code:
             out.append(f"{name} != {code!r}")
+    defaulted: list[int] = []  # FORWARDED_SIGNALS in it: compared above, on its own
+    for name in define(text, "DEFAULTED_SIGNALS").split(","):
+        name = name.strip()
+        defaulted += (list(process.FORWARDED_SIGNALS) if name == "FORWARDED_SIGNALS"
+                      else [int(signal.Signals[name])])
+    if tuple(defaulted) != process.DEFAULTED_SIGNALS:
+        out.append(f"DEFAULTED_SIGNALS {defaulted} != {process.DEFAULTED_SIGNALS}")
     if int(define(text, "WIRE_VERSION")) != spec.VERSION:
         out.append("WIRE_VERSION != spec.VERSION")
     request_max = define(text, "REQUEST_MAX")
@@ -101,6 +108,8 @@ def test_the_c_helpers_copies_are_the_python_tables() -> None:
      "#define FORWARDED_SIGNALS SIGINT, SIGTERM, SIGHUP, SIGUSR1"),
     ('"cgroup", "session",', '"session", "cgroup",'),
     ("S_NNP, S_SECCOMP}", "S_NNP}"),
+    ("#define DEFAULTED_SIGNALS SIGPIPE, SIGXFSZ, FORWARDED_SIGNALS",
+     "#define DEFAULTED_SIGNALS SIGPIPE, FORWARDED_SIGNALS"),
     ("#define LAUNCHER_FAILED 125", "#define LAUNCHER_FAILED 1"),
     ("#define TIMED_OUT 124", "#define TIMED_OUT 142"),
     ("#define REQUEST_MAX (64 * 1024)", "#define REQUEST_MAX (32 * 1024)"),

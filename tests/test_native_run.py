@@ -180,6 +180,38 @@ def drift(text: str) -> list[str]:
     if not set(c_array(text, "options_flag")) <= set(flags) or not set(flags) <= set(
             c_array(text, "options_flag") + python):
         out.append("options_flag")
+    import resource
+    import signal
+
+    from sandlock.compile import compiler
+    from sandlock.exec import launcher
+    from sandlock.linux import process
+    from sandlock.policy.model import Limits
+
+    if [int(n) for n in c_array(text, "limited")] != list(cache.LIMITED):
+        out.append("limited (cache.LIMITED)")
+    every = Limits(timeout=1, cpu=1, memory=1, processes=1, open_files=1, file_size=1)
+    if sorted(res for res, _ in compiler.rlimits_for(every)) != sorted(cache.LIMITED):
+        out.append("cache.LIMITED is not what rlimits_for limits")
+    if define(text, "PER_USER_LIMIT") != f'"{process.PER_USER_LIMIT}"':
+        out.append("PER_USER_LIMIT")
+    if define(text, "DEFAULT_PATH") != f'"{os.defpath}"':
+        out.append("DEFAULT_PATH")
+    if (int(define(text, "PY_SIGRTMIN")), int(define(text, "PY_SIGRTMAX"))) != (
+            signal.SIGRTMIN, signal.SIGRTMAX):
+        out.append("PY_SIGRTMIN, PY_SIGRTMAX")
+    names = c_array(text, "signal_names")
+    if names != [signal.Signals(n).name for n in range(1, len(names) + 1)] or len(names) != 31:
+        out.append("signal_names")
+    if c_array(text, "chromium_names") != list(launch.CHROMIUM_NAMES):
+        out.append("chromium_names")
+    if [int(getattr(signal, n)) for n in c_array(text, "quiet_signals")] != list(launch.QUIET_SIGNALS):
+        out.append("quiet_signals")
+    if int(define(text, "WATCHDOG_GRACE_MS")) != launcher.WATCHDOG_GRACE * 1000:
+        out.append("WATCHDOG_GRACE_MS")
+    if int(define(text, "SIGNAL_BASE")) != 128:
+        out.append("SIGNAL_BASE")
+    del resource
     fallbacks = re.findall(r"#ifndef\s+__NR_(\w+)\s*\n\s*#define\s+__NR_\1\s+(\d+)", text)
     if not fallbacks:
         out.append("no __NR_ fallback found: has the pattern changed?")
@@ -203,6 +235,10 @@ def test_the_front_ends_copies_are_the_python_tables() -> None:
     ('#define ENV_LOG "SANDLOCK_LOG"', '#define ENV_LOG "SANDLOCK_LOGS"'),
     ('{"--policy", "--var", "--timeout"}', '{"--policy", "--var", "--timeout", "--tool"}'),
     ("__NR_landlock_create_ruleset 444", "__NR_landlock_create_ruleset 445"),
+    ("static const int limited[] = {4, 0, 9, 6, 7, 1};", "static const int limited[] = {4, 0, 9, 6, 7};"),
+    ('"SIGWINCH", "SIGIO",', '"SIGWINCH", "SIGPOLL",'),
+    ("#define PY_SIGRTMIN 34", "#define PY_SIGRTMIN 35"),
+    ('"chrome-headless-shell", "headless_shell"}', '"chrome-headless-shell"}'),
 ])
 def test_the_comparison_is_not_vacuous(old: str, new: str) -> None:
     assert old in c_text()
@@ -843,7 +879,7 @@ read = ["/usr", "/lib", "/etc", "{ws}"]
 write = ["{ws}/out"]
 exec = ["/usr/bin", "/usr/lib", "/bin", "{ws}/tool.sh"]
 [env]
-pass = ["PATH", "LANG", "LC_*", "KEEP"]
+pass = ["PATH", "LANG", "LC_*", "KEEP", "SANDLOCK_NATIVE_STALE"]
 set = {{ SET = "by-the-policy", KEEP = "replaced" }}
 [limits]
 file_size = 4096
@@ -862,8 +898,11 @@ PARITY: dict[str, tuple[list[str], list[str], dict[str, str], str]] = {
     "file size limit": (["sh", "-c", "head -c 10000 /dev/zero > out/big"], [], {}, ""),
     "cpu limit's cause": (["sh", "-c", "kill -KILL $$"], [], {}, ""),
     "timeout": (["sh", "-c", "sleep 1; echo not killed"], ["--timeout", "0.3"], {}, ""),
-    "environment": (["env"], [], {"KEEP": "caller", "LC_X": "1", "DROP": "x",
-                                  "LC_ALL": "C"}, ""),
+    "environment": (["env"], [], {"KEEP": "caller", "LC_X": "1", "DROP": "x", "LC_ALL": "C",
+                                  "SANDLOCK_NATIVE_STALE": "1"}, ""),
+    "realtime signal": (["sh", "-c", "kill -34 $$"], [], {}, ""),
+    "a timeout of 1000 hours": (["sh", "-c", "exit 4"], ["--timeout", "1000h"], {}, ""),
+    "PATH empty": (["tool.sh"], [], {"PATH": ""}, ""),
     "relative command": (["./tool.sh"], [], {}, ""),
     "empty PATH entry": (["tool.sh"], [], {"PATH": ":/usr/bin:/bin"}, ""),
     "not found": (["no-such-command-here"], [], {}, ""),
@@ -914,19 +953,21 @@ def test_the_hit_runs_what_the_python_cli_runs(case: str, tmp_path: Path,
     native, notes, python = both_ways(["run", "--policy", str(policy), *options, "--", *command],
                                       env, ws, stdin)
     assert notes["entry"] == "verified"
-    if case in ("not found", "not executable"):
+    if case in ("not found", "not executable", "PATH empty"):
         assert notes.get("fallback", "").startswith("the command is not found"), notes
     else:
         assert notes.get("hit") == "running it" and "fallback" not in notes, notes
     assert (native.returncode, native.stdout, native.stderr) == (
         python.returncode, python.stdout, python.stderr)
     expected = {"exit code and hint": 3, "signal": 139, "timeout": 124, "file size limit": 153,
-                "not found": 127, "not executable": 126}.get(case)
+                "not found": 127, "not executable": 126, "PATH empty": 127, "realtime signal": 162,
+                "a timeout of 1000 hours": 4}.get(case)
     if expected is not None:
         assert native.returncode == expected, native.stderr
     if case == "environment":  # the filter held: not merely the same in both
         assert "DROP=" not in native.stdout and "KEEP=replaced" in native.stdout
         assert "SET=by-the-policy" in native.stdout and "LC_X=1" in native.stdout
+        assert "SANDLOCK_NATIVE_STALE" not in native.stdout  # the Python CLI's mark only
 
 
 def test_a_gap_is_warned_of_by_the_hit(tmp_path: Path, env: dict[str, str]) -> None:
@@ -1100,3 +1141,93 @@ def test_the_tools_tree_dies_with_the_front_end(tmp_path: Path, env: dict[str, s
     else:
         os.kill(escapee, signal.SIGKILL)
         pytest.fail("the tool's process outlived the front end")
+
+
+WRAP = "import os, resource, signal, sys; {}; os.execv(sys.argv[1], sys.argv[1:])"
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "python"])
+def test_the_callers_own_children_are_left_alone(native: str, tmp_path: Path,
+                                                 env: dict[str, str]) -> None:
+    """A caller that started a process and then exec'd sandlock: that process is not the
+    run's, and is neither killed nor reaped when the run ends."""
+    import signal
+
+    policy = run_scene(tmp_path, env)
+    ws = tmp_path / "ws"
+    stored(policy, env, ws)
+    pidfile = tmp_path / "bystander"
+    done = subprocess.run(["sh", "-c", f'sleep 30 <&- >&- 2>&- & echo $! > {pidfile}; exec "$@"',
+                           "sh", str(FRONT),
+                           "run", "--policy", str(policy), "--", "true"],
+                          env={**env, "SANDLOCK_NATIVE_RUN": native}, cwd=ws, capture_output=True,
+                          text=True, timeout=60, check=False)
+    bystander = int(pidfile.read_text())
+    try:
+        state = Path(f"/proc/{bystander}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    finally:
+        try:
+            os.kill(bystander, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert done.returncode == 0, done.stderr
+    assert ("sandlock-run: hit: running it" in done.stderr) is (native == "1")
+    assert state in ("S", "R"), state
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "python"])
+def test_a_caller_that_ignores_sigchld_gets_the_tools_exit_code(native: str, tmp_path: Path,
+                                                                 env: dict[str, str]) -> None:
+    """SIGCHLD ignored by the caller (inherited across exec): the run still waits for its
+    tool and exits with its code."""
+    policy = run_scene(tmp_path, env)
+    ws = tmp_path / "ws"
+    stored(policy, env, ws)
+    done = subprocess.run([sys.executable, "-c", WRAP.format(
+        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)"), str(FRONT), "run", "--policy",
+        str(policy), "--", "sh", "-c", "exit 3"], env={**env, "SANDLOCK_NATIVE_RUN": native},
+        cwd=ws, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3, done.stderr
+
+
+@pytest.mark.parametrize("case", ["warning", "hint"])
+def test_a_stderr_nobody_reads_does_not_stop_the_run(case: str, tmp_path: Path,
+                                                     env: dict[str, str]) -> None:
+    """stderr a pipe whose reader is gone: sandlock's own lines are lost, never the run
+    (a warning written before the tool starts must not keep it from running; the hint
+    written after must not turn its exit code into a death by SIGPIPE)."""
+    policy = run_scene(tmp_path, env, "[scope]\nsignals = false\n" if case == "warning" else "")
+    ws = tmp_path / "ws"
+    options = ["--best-effort"] if case == "warning" else []
+    stored_run, _ = front(["run", "--policy", str(policy), *options, "--", "true"], env, ws)
+    assert stored_run.returncode == 0, stored_run.stderr
+    read, write = os.pipe()
+    os.close(read)
+    del env["SANDLOCK_NATIVE_DEBUG"]  # its lines would be the first to meet the closed pipe
+    try:
+        done = subprocess.run([str(FRONT), "run", "--policy", str(policy), *options, "--", "sh",
+                               "-c", "echo ran > out/marker; exit 3"], env=env, cwd=ws,
+                              stdout=subprocess.DEVNULL, stderr=write, timeout=60, check=False)
+    finally:
+        os.close(write)
+    assert done.returncode == 3
+    assert (ws / "out" / "marker").read_text() == "ran\n"
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "python"])
+def test_a_lower_hard_limit_is_another_plan(native: str, tmp_path: Path,
+                                            env: dict[str, str]) -> None:
+    """A plan caps each limit at the caller's hard limit when it is compiled; a caller with
+    a lower hard limit than the one that stored it gets a plan of its own (not the stored
+    one, which would fail to set, or with CAP_SYS_RESOURCE raise the caller's limit)."""
+    policy = run_scene(tmp_path, env, "")
+    policy.write_text(policy.read_text().replace("cpu = 30", "cpu = 30\nopen_files = 100"))
+    ws = tmp_path / "ws"
+    stored(policy, env, ws)
+    done = subprocess.run([sys.executable, "-c", WRAP.format(
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (50, 50))"), str(FRONT), "run", "--policy",
+        str(policy), "--", "sh", "-c", "ulimit -n"], env={**env, "SANDLOCK_NATIVE_RUN": native},
+        cwd=ws, capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (0, "50\n"), done.stderr

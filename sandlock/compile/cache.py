@@ -237,10 +237,22 @@ def _code_id() -> tuple[Any, ...]:
     return tuple(out)
 
 
+#: The resources a policy may limit (compiler.rlimits_for): a compiled plan caps each at
+#: the caller's hard limit (compiler.clamp_to_hard_limits), so the keys hold those.
+LIMITED = (4, 0, 9, 6, 7, 1)  # RLIMIT_CORE, _CPU, _AS, _NPROC, _NOFILE, _FSIZE (Linux)
+
+
+def hard_limits() -> tuple[int, ...]:
+    """The caller's hard limits of LIMITED, RLIM_INFINITY as 2**64 - 1 (its rlim_t)."""
+    import resource
+
+    return tuple(resource.getrlimit(res)[1] & (2**64 - 1) for res in LIMITED)
+
+
 def _key(policy_file: str, text: bytes, variables: Mapping[str, str], timeout: Optional[str],
          best_effort: bool) -> tuple[Any, ...]:
     env = os.environ
-    return (FORMAT, __version__, _code_id(), os.uname().machine, os.geteuid(),
+    return (FORMAT, __version__, _code_id(), os.uname().machine, os.geteuid(), hard_limits(),
             kernel.landlock_abi(), env.get("SANDLOCK_ABI"), os.getcwd(), env.get("HOME"),
             env.get("TMPDIR"), env.get("XDG_CACHE_HOME"), env.get("SANDLOCK_STUB"),
             env.get("SANDLOCK_STATE_DIR"), tuple(sys.path), policy_file,
@@ -657,6 +669,7 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
               _code_fields(_code_id() if code is None else code),
               _field(os.uname().machine.encode()), _number(os.geteuid()), _number(os.getuid()),
               _number(os.getgid()), _number(os.getegid()),
+              *(_number(hard) for hard in hard_limits()),
               _number(kernel.landlock_abi())]
     fields += [_optional(env.get(name)) for name in NATIVE_ENV]
     fields += [_field(os.fsencode(os.getcwd())), _field(os.fsencode(policy_file)),

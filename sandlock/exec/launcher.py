@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from ..trace.record import Recorder
 
 
+#: The longest single wait for the tool, in milliseconds (a longer timeout waits again).
+POLL_MAX_MS = 86_400_000
 #: Seconds a launcher waits for its watchdog's report once the tool was killed, before
 #: it kills the watchdog too (one the tool stopped, below Landlock ABI 6).
 WATCHDOG_GRACE = 2.0
@@ -241,7 +243,10 @@ class Child:
             # pidfd above FD_SETSIZE (1024), which select cannot watch.
             poller = select.poll()
             poller.register(self.pidfd, select.POLLIN)
-            ready = poller.poll(None if remaining is None else int(remaining * 1000) + 1)
+            # At most a day per wait (poll takes an int of milliseconds): a longer limit is
+            # waited for in several.
+            ready = poller.poll(None if remaining is None else min(int(remaining * 1000) + 1,
+                                                                    POLL_MAX_MS))
             if ready:
                 self._reap()
             elif deadline is not None and time.monotonic() >= deadline:
@@ -460,6 +465,11 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
     before the child's execve, which it is notified of; the caller stops it.
     """
     was_subreaper = kernel.set_child_subreaper()
+    # A caller that ignores SIGCHLD would have its children reaped by the kernel, and the
+    # run's waits fail: the default for the run (the tool starts with it too).
+    ignored = signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         if compiled.routes is not None:  # credential routes (issue 16), granted by compile_policy
             from ..net.routes import Routes, serving
@@ -474,6 +484,8 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
         # every orphan of its other children for good, as zombies it never waits for.
         if not was_subreaper:
             kernel.set_child_subreaper(False)
+        if ignored:
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 
 
 def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,

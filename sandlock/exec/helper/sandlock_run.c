@@ -96,6 +96,8 @@ static const char *const python_env[] = {"PYTHONPATH", "PYTHONHOME", "PYTHONUSER
 static const char *const native_env[] = {"SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME",
                                          "SANDLOCK_STUB", "SANDLOCK_STATE_DIR", "LC_ALL",
                                          "LC_CTYPE", "LANG"};
+/* cache.LIMITED: the resources whose hard limits the key holds */
+static const int limited[] = {4, 0, 9, 6, 7, 1};
 /* cache.PACKAGES, after the package itself ("") */
 static const char *const code_dirs[] = {"", "compile", "linux", "policy"};
 /* `run`'s options (sandlock/cli/launch.py OPTIONS): those this program handles, and
@@ -288,6 +290,12 @@ static void key_bytes(struct buf *b, const char *policy, const uint8_t *policy_t
     number(b, getuid());
     number(b, getgid());
     number(b, getegid());
+    for (size_t i = 0; i < sizeof limited / sizeof *limited; i++) { /* cache.hard_limits */
+        struct rlimit limit;
+        if (getrlimit(limited[i], &limit) < 0)
+            fall_back("getrlimit failed");
+        number(b, (unsigned long long)limit.rlim_max);
+    }
     long abi = syscall(__NR_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
     number(b, abi > 0 ? (unsigned long long)abi : 0);
     for (size_t i = 0; i < sizeof native_env / sizeof *native_env; i++)
@@ -1452,6 +1460,8 @@ static void recheck(const uint8_t *facts, size_t len) {
 #define WATCHDOG_GRACE_MS 2000                     /* launcher.WATCHDOG_GRACE */
 #define SIGNAL_BASE 128                            /* sandlock.errors.ExitCode.SIGNAL_BASE */
 #define DEFAULT_PATH "/bin:/usr/bin"               /* os.defpath */
+#define PY_SIGRTMIN 34 /* signal.SIGRTMIN: glibc's (musl's SIGRTMIN, 35, is not the name's) */
+#define PY_SIGRTMAX 64 /* signal.SIGRTMAX */
 /* launch.QUIET_SIGNALS: died of without a word */
 static const int quiet_signals[] = {SIGINT, SIGPIPE};
 /* launch.CHROMIUM_NAMES: their hint is the Python CLI's to give */
@@ -1506,8 +1516,10 @@ static char *find_command(const char *name) {
     if (strchr(name, '/'))
         return stat(name, &st) == 0 && S_ISREG(st.st_mode) && access(name, X_OK) == 0
                    ? copy_of(name, strlen(name)) : NULL;
-    const char *path = getenv("PATH"); /* the first PATH=, as os.environ keeps */
-    char *dirs = copy_of(path ? path : DEFAULT_PATH, strlen(path ? path : DEFAULT_PATH));
+    const char *path = getenv("PATH"); /* the first PATH=, as os.environ keeps; "" is none */
+    if (!path || !path[0])
+        path = DEFAULT_PATH;
+    char *dirs = copy_of(path, strlen(path));
     for (char *dir = dirs, *end;; dir = end + 1) {
         end = strchr(dir, ':');
         if (end)
@@ -1555,7 +1567,9 @@ static char **tool_environment(void) {
         int seen = 0;
         for (size_t k = 0; eq && k < m && !seen; k++)
             seen = !strncmp(out[k], environ[i], len + 1);
-        if (eq && !seen && passes(environ[i], len))
+        /* The stale mark is for the Python CLI only (cache.lookup takes it out). */
+        int stale = len == strlen(ENV_STALE) && !strncmp(environ[i], ENV_STALE, len);
+        if (eq && !seen && !stale && passes(environ[i], len))
             out[m++] = environ[i];
     }
     for (size_t i = 0; i < plan.n_set; i++) {
@@ -1700,6 +1714,34 @@ static void watchdog(pid_t launcher, int report, struct confined *spec) {
     _exit(status >= 0 ? 0 : LAUNCHER_FAILED);
 }
 
+/* This process's children from before the run (a caller's that exec'd it): never killed
+ * nor reaped here (launcher.Starting.spared). */
+static pid_t spared[CHILDREN_MAX];
+static int n_spared;
+
+/* The run's strays, reparented to this process (the subreaper for the run) when the watchdog
+ * died: killed and reaped (process.reap_descendants, sparing `spared`). */
+static void reap_strays(void) {
+    for (int round = 0; round < 10000; round++) {
+        pid_t pids[CHILDREN_MAX];
+        int n = children(pids), k = 0;
+        for (int i = 0; i < n; i++) {
+            int mine = 1;
+            for (int s = 0; s < n_spared && mine; s++)
+                mine = pids[i] != spared[s];
+            if (mine)
+                pids[k++] = pids[i];
+        }
+        if (!k)
+            return;
+        for (int i = 0; i < k; i++)
+            kill(pids[i], SIGKILL);
+        for (int i = 0; i < k; i++)
+            while (waitpid(pids[i], NULL, 0) < 0 && errno == EINTR) {
+            }
+    }
+}
+
 /* Before anything is forked: back to how this process was (a fallback execs the Python CLI). */
 static sigset_t caller_mask;
 
@@ -1707,7 +1749,7 @@ __attribute__((noreturn)) static void undo_and_fall_back(pid_t watchdog_pid, con
     if (watchdog_pid > 0)
         while (waitpid(watchdog_pid, NULL, 0) < 0 && errno == EINTR) {
         }
-    kill_descendants();
+    reap_strays();
     prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
     sigprocmask(SIG_SETMASK, &caller_mask, NULL);
     fall_back(why);
@@ -1775,6 +1817,9 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
     memcpy(command + 1, argv, argc * sizeof *argv);
     struct sock_fprog prog = {(unsigned short)(plan.bpf_len / sizeof(struct sock_filter)),
                               (struct sock_filter *)(uintptr_t)plan.bpf};
+    /* The run's children are waited for, whatever the caller did with SIGCHLD. */
+    signal(SIGCHLD, SIG_DFL);
+    n_spared = children(spared);
     warn_gaps();
     say_debug("hit", "running it");
 
@@ -1848,7 +1893,7 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
     }
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
     }
-    kill_descendants();
+    reap_strays();
 
     /* launch.execute's lines, then its exit code. */
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
@@ -1866,8 +1911,8 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
         char name[32], exit_text[32];
         if (sig >= 1 && sig <= (int)(sizeof signal_names / sizeof *signal_names))
             snprintf(name, sizeof name, "%s", signal_names[sig - 1]);
-        else if (sig == SIGRTMIN || sig == SIGRTMAX)
-            snprintf(name, sizeof name, "%s", sig == SIGRTMIN ? "SIGRTMIN" : "SIGRTMAX");
+        else if (sig == PY_SIGRTMIN || sig == PY_SIGRTMAX)
+            snprintf(name, sizeof name, "%s", sig == PY_SIGRTMIN ? "SIGRTMIN" : "SIGRTMAX");
         else
             snprintf(name, sizeof name, "signal %d", sig);
         snprintf(exit_text, sizeof exit_text, "%d", SIGNAL_BASE + sig);
@@ -1939,6 +1984,9 @@ static int contains(const char *const *list, size_t n, const char *name, size_t 
 
 int main(int argc, char **argv) {
     given_argv = argv;
+    /* As the Python CLI (which ignores it too): a line to a stderr whose reader is gone is
+     * lost, not fatal. The tool's SIGPIPE is its default again (the signals step). */
+    signal(SIGPIPE, SIG_IGN);
     /* run.open_standard_streams: a descriptor 0-2 the caller left closed gets /dev/null,
      * before anything is opened (it would take that number, and be the tool's stdio). */
     for (int fd = 0; fd < 3; fd++)
