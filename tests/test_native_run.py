@@ -1146,6 +1146,15 @@ def test_the_tools_tree_dies_with_the_front_end(tmp_path: Path, env: dict[str, s
 WRAP = "import os, resource, signal, sys; {}; os.execv(sys.argv[1], sys.argv[1:])"
 
 
+def wrapped(first: str, policy: Path, command: list[str], env: dict[str, str], native: str,
+            cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The front end's run of ``command``, exec'd by a caller that did ``first``."""
+    return subprocess.run([sys.executable, "-c", WRAP.format(first), str(FRONT), "run",
+                           "--policy", str(policy), "--", *command],
+                          env={**env, "SANDLOCK_NATIVE_RUN": native}, cwd=cwd,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
 @pytest.mark.parametrize("native", ["1", "0"], ids=["native", "python"])
 def test_the_callers_own_children_are_left_alone(native: str, tmp_path: Path,
                                                  env: dict[str, str]) -> None:
@@ -1185,10 +1194,8 @@ def test_a_caller_that_ignores_sigchld_gets_the_tools_exit_code(native: str, tmp
     policy = run_scene(tmp_path, env)
     ws = tmp_path / "ws"
     stored(policy, env, ws)
-    done = subprocess.run([sys.executable, "-c", WRAP.format(
-        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)"), str(FRONT), "run", "--policy",
-        str(policy), "--", "sh", "-c", "exit 3"], env={**env, "SANDLOCK_NATIVE_RUN": native},
-        cwd=ws, capture_output=True, text=True, timeout=60, check=False)
+    done = wrapped("signal.signal(signal.SIGCHLD, signal.SIG_IGN)", policy,
+                   ["sh", "-c", "exit 3"], env, native, ws)
     assert done.returncode == 3, done.stderr
 
 
@@ -1226,8 +1233,6 @@ def test_a_lower_hard_limit_is_another_plan(native: str, tmp_path: Path,
     policy.write_text(policy.read_text().replace("cpu = 30", "cpu = 30\nopen_files = 100"))
     ws = tmp_path / "ws"
     stored(policy, env, ws)
-    done = subprocess.run([sys.executable, "-c", WRAP.format(
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (50, 50))"), str(FRONT), "run", "--policy",
-        str(policy), "--", "sh", "-c", "ulimit -n"], env={**env, "SANDLOCK_NATIVE_RUN": native},
-        cwd=ws, capture_output=True, text=True, timeout=60, check=False)
+    done = wrapped("resource.setrlimit(resource.RLIMIT_NOFILE, (50, 50))", policy,
+                   ["sh", "-c", "ulimit -n"], env, native, ws)
     assert (done.returncode, done.stdout) == (0, "50\n"), done.stderr
