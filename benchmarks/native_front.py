@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 HELPER = REPO / "sandlock" / "exec" / "helper"
@@ -121,6 +121,49 @@ def ran_the_hit(argv: list[str], env: dict[str, str]) -> Optional[str]:
     ran = "sandlock-run: hit: running it" in notes and not any(
         line.startswith("sandlock-run: fallback: ") for line in notes)
     return None if ran else f"the front end did not run the hit itself: {notes[-1:]}"
+
+
+#: The target of issue 25 for the command line: the series at most this many times the
+#: unconfined one.
+SERIES_LIMIT = 3.0
+
+
+def step(rounds: int, calls: int) -> dict[str, Any]:
+    """The ``cli`` step of ``python -m benchmarks``: this module in a fresh process."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(Path(__file__)), "--json", "--rounds",
+                           str(rounds), "--calls", str(calls)], cwd=REPO, capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        from benchmarks.measure import BenchmarkError
+
+        raise BenchmarkError(f"benchmarks/native_front.py exited {done.returncode}: "
+                             f"{done.stderr.strip()[-400:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def table(data: dict[str, Any]) -> list[str]:
+    """The report's lines for this step's results (empty when it did not run)."""
+    seconds, calls = data.get("seconds"), data.get("calls", 50)
+    if not seconds or "unconfined" not in seconds:
+        return []
+    base, bw = seconds["unconfined"], seconds.get("bwrap")
+    out = [f"**Command line: {calls} calls of `/bin/true` in series** (whole processes, "
+           "rows interleaved; `benchmarks/native_front.py`)", "",
+           "| row | per call | x unconfined | x bwrap |", "|---|---|---|---|"]
+    for name, value in seconds.items():
+        out.append(f"| {name} | {value / calls * 1e3:.2f} ms | {value / base:.2f}x | "
+                   f"{f'{value / bw:.2f}x' if bw else '-'} |")
+    out += [f"| {name} | skipped: {why} | | |" for name, why in data.get("skipped", {}).items()]
+    native = seconds.get("native CLI")
+    if native is not None:
+        ratio = native / base
+        out += ["", f"Target (issue 25): the native CLI's series ≤ {SERIES_LIMIT:g}x the unconfined "
+                f"one: {ratio:.2f}x, {'met' if ratio <= SERIES_LIMIT else 'missed'}; ≤ bwrap: "
+                f"{'met' if bw and native <= bw else 'missed' if bw else 'not measured'}."]
+    return out + [""]
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from . import api_series
+from . import api_series, native_front
 
 Stats = dict[str, dict[str, float]]
 
@@ -184,6 +184,7 @@ def markdown(results: dict[str, Any], plots: list[str]) -> str:
         out += table(["mode", "ratio", "session", "per call", "spread"], rows)
 
     out += api_series.table(results.get("api", {}))
+    out += native_front.table(results.get("cli", {}))
     work = results.get("workloads", {})
     if work:
         bpf = results["machine"].get("seccomp_instructions", "?")

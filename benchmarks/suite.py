@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import api_series
+from . import api_series, native_front
 from .contenders import MULTIKERNEL_VERSION, Setup, version_of
 from .measure import (
     Batch,
@@ -474,6 +474,7 @@ def run_all(ctx: Context, only: Optional[set[str]] = None) -> dict[str, Any]:
         ("session", lambda: session(ctx)),
         ("workloads", lambda: workloads(ctx)),
         ("api", lambda: api_series.step(*((2, 20, 3) if ctx.plan.quick else (15, 50, 15)))),
+        ("cli", lambda: native_front.step(*((2, 10) if ctx.plan.quick else (7, 50)))),
     ]
     for name, step in steps:
         if only and name not in only:

@@ -117,6 +117,19 @@ def test_quick_harness_end_to_end(tmp_path: Path) -> None:
     assert (out / "results.json").exists()
 
 
+def test_the_cli_series_reports_each_row_and_its_target() -> None:
+    """``benchmarks/native_front.py`` (the ``cli`` step): one round of two calls per row;
+    its table names each row measured or skipped, and the target of issue 25."""
+    from benchmarks import native_front
+
+    data = native_front.step(rounds=1, calls=2)
+    assert {"Python CLI", "unconfined"} <= set(data["seconds"])
+    assert {"native CLI", "bwrap", "C floor"} <= set(data["seconds"]) | set(data["skipped"])
+    text = "\n".join(native_front.table(data))
+    assert "| Python CLI |" in text and "| unconfined |" in text
+    assert ("Target (issue 25)" in text) is ("native CLI" in data["seconds"])
+
+
 def test_api_series_reports_every_series_and_its_targets() -> None:
     """``benchmarks.api_series`` (the ``api`` step): one round of two calls per series,
     one fresh start; its table names each series and each target of issue 25."""
