@@ -195,6 +195,15 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
             os._exit(0 if status >= 0 else ExitCode.LAUNCHER)
 
 
+def _drain(fd: int) -> None:
+    """Read a non-blocking pipe empty."""
+    try:
+        while os.read(fd, 64):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def _fork_failure(exc: OSError) -> str:
     """What a failed fork means for the user: EAGAIN is their RLIMIT_NPROC."""
     import errno
@@ -233,6 +242,9 @@ class Child:
         self.signal: Optional[int] = None
         #: The signal gate's own listener (Landlock ABI < 6): stopped once the tree is gone.
         self.gate: Optional[SignalGate] = None
+        #: Where a forwarded signal's arrival is written (signal.set_wakeup_fd), watched with
+        #: the tool: a signal caught just before the wait began would otherwise wait with it.
+        self.wakeup = -1
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Wait for the command, kill its whole tree on timeout, return the exit code."""
@@ -243,10 +255,15 @@ class Child:
             # pidfd above FD_SETSIZE (1024), which select cannot watch.
             poller = select.poll()
             poller.register(self.pidfd, select.POLLIN)
+            if self.wakeup >= 0:
+                poller.register(self.wakeup, select.POLLIN)
             # At most a day per wait (poll takes an int of milliseconds): a longer limit is
             # waited for in several.
             ready = poller.poll(None if remaining is None else min(int(remaining * 1000) + 1,
                                                                     POLL_MAX_MS))
+            if any(fd == self.wakeup for fd, _ in ready):
+                _drain(self.wakeup)  # its handler ran (or runs at the next line): wait on
+                continue
             if ready:
                 self._reap()
             elif deadline is not None and time.monotonic() >= deadline:
@@ -552,6 +569,8 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
     # leave the tool running. The child unblocks them before exec.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS) if forward_signals else None
     previous = {}
+    wakeup: Optional[tuple[int, int]] = None
+    old_wakeup = -1
     try:
         starting = Starting(compiled, cmd, stdio=(-1, -1, -1), hook=hook if hooks else None,
                             signals=signals, watchdog=True)
@@ -564,6 +583,14 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
             try:
                 for signum in FORWARDED_SIGNALS:
                     previous[signum] = signal.signal(signum, lambda n, _f: child.send_signal(n))
+                wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+                try:
+                    old_wakeup = signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)
+                except BaseException:
+                    for fd in wakeup:
+                        os.close(fd)
+                    raise
+                child.wakeup = wakeup[0]
             except ValueError:  # not the main thread: only it may handle signals
                 pass
     finally:
@@ -573,6 +600,11 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
         limit = timeout if timeout is not None else compiled.timeout
         child.wait(limit)
     finally:
+        if wakeup is not None:
+            signal.set_wakeup_fd(old_wakeup)
+            for fd in wakeup:
+                os.close(fd)
+            child.wakeup = -1
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if child.returncode is None:
