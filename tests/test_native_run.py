@@ -1256,3 +1256,23 @@ def test_the_python_cli_forwards_a_signal_that_comes_as_its_wait_begins(
         process.send_signal(signal.SIGTERM)
         _, err = ended(process)
         assert process.returncode == 7, err
+
+
+@pytest.mark.parametrize("abi", [1, 3, 5])
+def test_the_hit_at_an_older_abi(abi: int, tmp_path: Path, env: dict[str, str]) -> None:
+    """SANDLOCK_ABI=N (an older kernel's rulesets; in the key): a policy that needs no
+    supervisor there (no signal scope to stand in for) runs natively, with the same lines
+    as the Python CLI (its warnings), and a write outside its grants is still refused."""
+    policy = run_scene(tmp_path, env, "[scope]\nsignals = false\n")
+    ws = tmp_path / "ws"
+    env["SANDLOCK_ABI"] = str(abi)
+    args = ["run", "--policy", str(policy), "--best-effort", "--", "sh", "-c",
+            f"echo x > {tmp_path}/planted; echo write=$?; echo ok > out/inside; echo inside=$?"]
+    first, _ = front(args, env, ws)
+    native, notes, python = both_ways(args, env, ws)
+    assert notes.get("hit") == "running it" and "fallback" not in notes, notes
+    assert (native.returncode, native.stdout, native.stderr) == (
+        python.returncode, python.stdout, python.stderr) == (
+        first.returncode, first.stdout, first.stderr)
+    assert "inside=0" in native.stdout and "write=0" not in native.stdout, native.stdout
+    assert f"Landlock ABI {abi}" in native.stderr
