@@ -111,6 +111,28 @@ def test_host_allowlist_trace_and_learn_under_the_profile(profile: str) -> None:
     assert re.fullmatch(r"\d+ passed in .*", tail), tail  # nothing skipped, nothing failed
 
 
+#: The native command's run (the installed `sandlock`), under each profile: its parity with
+#: the Python CLI, its confinement and the probe's rows, its signals and its tree.
+NATIVE_TESTS = [
+    "tests/test_native_run.py::test_the_hit_runs_what_the_python_cli_runs",
+    "tests/test_native_run.py::test_the_hit_is_confined",
+    "tests/test_native_run.py::test_the_probe_gives_the_same_rows_natively",
+    "tests/test_native_run.py::test_a_signal_to_the_front_end_reaches_the_tool",
+    "tests/test_native_run.py::test_the_tools_tree_dies_with_the_front_end",
+    "tests/test_native_run.py::test_the_callers_own_children_are_left_alone",
+]
+
+
+def test_the_native_run_under_the_profile(profile: str) -> None:
+    require_abi(4, "TCP rules in the confinement test")
+    done = under(profile, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *NATIVE_TESTS], cwd=REPO, timeout=600,
+                 env={**os.environ, "PYTHONPATH": str(REPO)})
+    tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert re.fullmatch(r"\d+ passed in .*", tail), tail  # nothing skipped, nothing failed
+
+
 @pytest.fixture
 def servers() -> Iterator[tuple[int, int]]:
     """A loopback TCP listener and a UDP socket: (tcp port, udp port)."""
