@@ -179,15 +179,16 @@ PYTHON_COMMAND = "#!python\nfrom sandlock.__main__ import main\n\nmain()\n"
 
 
 def package_at(editable: bool) -> str:
-    """Where the installed command finds the package: relative to its own directory (the
-    scheme's scripts directory) in the scheme's platlib, where pip puts a wheel that is not
-    pure; the source tree's, for an editable install."""
+    """Where the installed command finds the package, as an absolute path: the platlib of
+    the interpreter that builds it (pip builds with the target's interpreter; a wheel that
+    is not pure goes to platlib), or the source tree for an editable install. Never
+    relative to the command's own place: a copy of the command elsewhere would run
+    whatever package lies at the same relative place (a user site a tool may write)."""
     import sysconfig
 
     if editable:
         return os.path.join(HERE, "sandlock")
-    return os.path.join(os.path.relpath(sysconfig.get_path("platlib"),
-                                        sysconfig.get_path("scripts")), "sandlock")
+    return os.path.join(os.path.realpath(sysconfig.get_path("platlib")), "sandlock")
 
 
 def build_command(editable: bool) -> None:

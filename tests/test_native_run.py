@@ -1276,3 +1276,88 @@ def test_the_hit_at_an_older_abi(abi: int, tmp_path: Path, env: dict[str, str]) 
         first.returncode, first.stdout, first.stderr)
     assert "inside=0" in native.stdout and "write=0" not in native.stdout, native.stdout
     assert f"Landlock ABI {abi}" in native.stderr
+
+
+def test_an_environment_entry_with_no_name_is_the_python_clis_to_refuse(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """An entry "=x=1" (execve allows it): the Python CLI refuses to pass it (exit 125);
+    the native run hands it over rather than pass it on."""
+    if shutil.which("perl") is None:
+        pytest.skip("perl makes the entry (Python cannot)")
+    policy = run_scene(tmp_path, env)
+    policy.write_text(policy.read_text().replace('pass = ["PATH"', 'pass = ["*", "PATH"'))
+    ws = tmp_path / "ws"
+    stored(policy, env, ws)
+    done = subprocess.run(["perl", "-e", '$ENV{""} = "x=1"; exec @ARGV', str(FRONT), "run",
+                           "--policy", str(policy), "--", "env"], env=env, cwd=ws,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert "sandlock-run: fallback: an environment entry with no name" in done.stderr
+    assert done.returncode == 125 and "=x=1" not in done.stdout
+
+
+def test_a_c_locale_reaches_the_hit(tmp_path: Path, env: dict[str, str]) -> None:
+    """No locale variable at all (cron, systemd units, containers): the interpreter that
+    stores the entry sets LC_CTYPE itself (PEP 538), which the front end never sees; the
+    key takes the locale as the caller gave it, so the next run is native."""
+    for name in ("LANG", "LC_ALL", "LC_CTYPE", "LANGUAGE"):
+        env.pop(name, None)
+    policy = write_policy(tmp_path, POLICY)
+    run = ["run", "--policy", str(policy), "--", "true"]
+    first, _ = front(run, env, tmp_path)
+    assert first.returncode == 0, first.stderr
+    _, notes = front(run, env, tmp_path)
+    assert notes["fallback"] == RAN, notes
+
+
+def test_a_missing_entry_is_written_by_the_python_cli(tmp_path: Path,
+                                                       env: dict[str, str]) -> None:
+    """A run in another locale (in the native key, not in the Python CLI's) after the first:
+    the front end finds no entry and says so; the Python CLI, which has a hit of its own,
+    compiles afresh for it, so the next run in that locale is native. Control: told
+    nothing, it keeps its hit and writes no native entry."""
+    policy = write_policy(tmp_path, POLICY)
+    run = ["run", "--policy", str(policy), "--", "true"]
+    stored(policy, {**env, "LANG": "C.UTF-8"}, tmp_path)
+    other = {**env, "LANG": "C"}
+    env_without_mark = {**other, "SANDLOCK_NATIVE_RUN": "0"}  # the control: no mark given
+    done = subprocess.run([str(FRONT), *run], env=env_without_mark, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    _, control = front(run, other, tmp_path)
+    assert control["fallback"] == "no entry", control
+    _, notes = front(run, other, tmp_path)
+    assert notes["fallback"] == RAN, notes
+
+
+def test_a_copy_of_the_command_runs_the_installed_package(tmp_path: Path) -> None:
+    """The installed command finds its package by the absolute path of the install
+    (setup.package_at), never relative to its own place: a copy in ~/.local/bin must not run
+    a package a tool planted in ~/.local/lib/python3.X/site-packages (a user site a write
+    grant may reach). Control: a command built to look where the plant is runs it (what
+    lies there is what runs)."""
+    sys.path.insert(0, str(HELPER_DIR.parents[2]))
+    import setup  # noqa: PLC0415 - the one build recipe
+
+    require_front()
+    home = tmp_path / "home"
+    plant = home / ".local" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
+        "site-packages" / "sandlock"
+    (plant / "exec" / "helper").mkdir(parents=True)
+    (plant / "cli").mkdir()
+    (plant / "exec" / "helper" / "sandlock-run").write_bytes(b"")
+    (plant / "__init__.py").write_text("")
+    (plant / "cli" / "__init__.py").write_text("")
+    marker = tmp_path / "PLANTED"
+    (plant / "cli" / "run.py").write_text(
+        f"def main(args):\n    open({str(marker)!r}, 'w').close()\n")
+    where = {"installed": setup.package_at(False), "control-plant": str(plant)}
+    for name, at in where.items():
+        command = home / ".local" / "bin" / name / "sandlock"
+        command.parent.mkdir(parents=True, exist_ok=True)
+        cc = shutil.which("cc") or shutil.which("gcc") or "cc"
+        subprocess.run([cc, "-O2", "-o", str(command), *setup.run_defines(),
+                        f"-DSANDLOCK_PACKAGE_AT={setup.c_string(at)}", str(SOURCE)], check=True)
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "c")}
+        subprocess.run([str(command), "--version"], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60, check=False)
+        assert marker.exists() is (name == "control-plant"), name

@@ -162,6 +162,8 @@ class Entry:
             self.cgroup = found
         if not isinstance(self.bpf, bytes) or not self.bpf or len(self.bpf) % 8:
             raise ValueError("bad BPF program")
+        #: Whether its compile could have written a native entry (native_payload's test).
+        self.native_possible = not self.signal_gate and value["cgroup"] is None
 
     def compile(self) -> Compiled:
         """Resolve and open the paths and build the ruleset fd now, as the full path does
@@ -338,9 +340,11 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
            best_effort: bool) -> Optional[Lookup]:
     """The cache slot for the policy file whose bytes are ``text``; None when the cache
     is off or unusable (no keyring, no private directory)."""
-    # Set by sandlock-run for the run it hands over when its native entry is stale:
-    # compile afresh, and store both entries anew (taken out: never the tool's).
-    stale = os.environ.pop(ENV_NATIVE_STALE, "") == "1"
+    # Set by sandlock-run for the run it hands over when its native entry is stale ("1"):
+    # compile afresh, and store both entries anew; or missing ("missing": written once
+    # the plan is compiled here, if it can have one). Taken out: never the tool's.
+    mark = os.environ.pop(ENV_NATIVE_STALE, "")
+    stale = mark == "1"
     if os.environ.get(ENV_NO_CACHE):
         return None
     try:
@@ -355,6 +359,8 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
         return None
     name = _digest(key)
     entry = None if stale else _read(directory, name, secret, key, policy_file)
+    if entry is not None and mark == "missing" and entry.native_possible:
+        entry = None  # a miss: its compile writes the native entry too
     return Lookup(key, directory, name, secret, entry, policy_file,
                   (policy_file, text, variables, timeout, best_effort, key[2]))
 
@@ -663,7 +669,7 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
         # This interpreter's import path is not the one the front end's would have (it
         # starts it with no such variable or flag): what is protected differs.
         return b""
-    env = os.environ
+    env: dict[str, Optional[str]] = {**os.environ, **_initial_locale()}
     fields = [_field(NATIVE_MAGIC), _field(__version__.encode()), _field(os.fsencode(sys.executable)),
               _field(os.fsencode(PACKAGE_DIR)),
               _code_fields(_code_id() if code is None else code),
@@ -679,6 +685,30 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
     fields += [_field(name) + _field(value) for name, value in pairs]
     fields += [_optional(timeout), _number(int(best_effort))]
     return b"".join(fields)
+
+
+#: The locale variables of the key, as the caller gave them: the interpreter's start-up may
+#: set LC_CTYPE (PEP 538 coerces a C locale), which the front end never sees.
+LOCALE_ENV = ("LC_ALL", "LC_CTYPE", "LANG")
+
+
+def _initial_locale() -> dict[str, Optional[str]]:
+    """LOCALE_ENV from this process's environment as exec gave it (/proc/self/environ,
+    the first of a name, as getenv); os.environ's values where it cannot be read."""
+    try:
+        with open("/proc/self/environ", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return {}
+    out: dict[str, Optional[str]] = {name: None for name in LOCALE_ENV}
+    seen = set()
+    for item in data.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        text = os.fsdecode(name)
+        if sep and text in out and text not in seen:
+            seen.add(text)
+            out[text] = os.fsdecode(value)
+    return out
 
 
 def native_name(key: bytes) -> str:

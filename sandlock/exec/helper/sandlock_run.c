@@ -126,8 +126,10 @@ static void say_debug(const char *what, const char *text) {
 
 __attribute__((noreturn)) static void fall_back(const char *why) {
     say_debug("fallback", why);
-    /* A stale entry: the Python CLI compiles afresh and writes both entries anew. */
-    if (!strncmp(why, "stale:", 6) && setenv(ENV_STALE, "1", 1) < 0)
+    /* A stale entry: the Python CLI compiles afresh and writes both entries anew; a missing
+     * one: it does so if its own entry could have had a native one (cache.lookup). */
+    if ((!strncmp(why, "stale:", 6) && setenv(ENV_STALE, "1", 1) < 0) ||
+        (!strcmp(why, "no entry") && setenv(ENV_STALE, "missing", 1) < 0))
         _exit(125);
     int argc = 0;
     while (given_argv[argc])
@@ -1569,8 +1571,11 @@ static char **tool_environment(void) {
             seen = !strncmp(out[k], environ[i], len + 1);
         /* The stale mark is for the Python CLI only (cache.lookup takes it out). */
         int stale = len == strlen(ENV_STALE) && !strncmp(environ[i], ENV_STALE, len);
-        if (eq && !seen && !stale && passes(environ[i], len))
+        if (eq && !seen && !stale && passes(environ[i], len)) {
+            if (!len) /* os.execve refuses it */
+                fall_back("an environment entry with no name (the Python CLI refuses it)");
             out[m++] = environ[i];
+        }
     }
     for (size_t i = 0; i < plan.n_set; i++) {
         size_t len = (size_t)(strchr(plan.set[i], '=') - plan.set[i]) + 1, k = 0;
@@ -1943,14 +1948,12 @@ static void find_package(void) {
         return;
     self[n] = 0;
 #ifdef SANDLOCK_PACKAGE_AT /* installed as the `sandlock` command (setup.py) */
-    /* The package, relative to this program's directory (pip's scripts directory and its
-     * platlib, as the install's scheme places them) or absolute (an editable install). */
+    /* The package where the install put it, an absolute path (never relative to this
+     * program: a copy of it elsewhere would run what lies at the same relative place). */
     char where[2 * PATH_MAX], real[PATH_MAX];
     struct stat st;
-    *strrchr(self, '/') = 0;
-    if (snprintf(where, sizeof where, "%s%s%s", SANDLOCK_PACKAGE_AT[0] == '/' ? "" : self,
-                 SANDLOCK_PACKAGE_AT[0] == '/' ? "" : "/", SANDLOCK_PACKAGE_AT) >= (int)sizeof where ||
-        !realpath(where, real) || strlen(real) + sizeof "/exec/helper/sandlock-run" > sizeof where)
+    if (SANDLOCK_PACKAGE_AT[0] != '/' || !realpath(SANDLOCK_PACKAGE_AT, real) ||
+        strlen(real) + sizeof "/exec/helper/sandlock-run" > sizeof where)
         return;
     snprintf(where, sizeof where, "%s/exec/helper/sandlock-run", real);
     if (stat(where, &st) < 0 || !S_ISREG(st.st_mode))
