@@ -1080,7 +1080,8 @@ GUARDS: tuple[Guard, ...] = (
           "struct pollfd fds[2] = {{tool_fd, POLLIN, 0}, {-1, POLLIN, 0}};",
           ("tests/test_native_run.py::test_the_tools_tree_dies_with_the_front_end",)),
     Guard("sandlock-run: the caller's own children are spared", "sandlock/exec/helper/sandlock_run.c",
-          "            for (int s = 0; s < n_spared && mine; s++)\n                mine = pids[i] != spared[s];\n",
+          "            for (int s = 0; s < n_spared && mine; s++)\n"
+          "                mine = pids[i] != spared[s];\n",
           "",
           ("tests/test_native_run.py::test_the_callers_own_children_are_left_alone[native]",)),
     Guard("sandlock-run: a stderr nobody reads does not stop the run", "sandlock/exec/helper/sandlock_run.c",
@@ -1105,7 +1106,8 @@ GUARDS: tuple[Guard, ...] = (
           "os.uname().machine, os.geteuid(),",
           ("tests/test_native_run.py::test_a_lower_hard_limit_is_another_plan[python]",)),
     Guard("launcher: a timeout longer than poll can wait", "sandlock/exec/launcher.py",
-          "min(int(remaining * 1000) + 1,\n                                                                    POLL_MAX_MS)",
+          "min(int(remaining * 1000) + 1,\n"
+          "                                                                    POLL_MAX_MS)",
           "int(remaining * 1000) + 1",
           ("tests/test_native_run.py::test_the_hit_runs_what_the_python_cli_runs[a timeout of 1000 hours]",)),
     Guard("launcher: the run waits for its children whatever the caller did with SIGCHLD",
