@@ -40,9 +40,6 @@ TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-exec")
 #: the Python CLI with the interpreter that ran this build on anything it does not run.
 RUN_SOURCE = os.path.join("sandlock", "exec", "helper", "sandlock_run.c")
 RUN_TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-run")
-#: The `sandlock` command the install puts on PATH (setup(scripts=)): the front end, built
-#: to find the package from its own directory; a Python script without the native parts.
-COMMAND = os.path.join("build", "sandlock-command", "sandlock")
 #: The system packages (scripts/install.sh installs them); COMPILERS: what the build runs.
 PACKAGES = os.path.join("scripts", "system-packages.txt")
 COMPILERS = ("cc", "musl-gcc")
@@ -157,8 +154,7 @@ def compiler_install_command() -> str:
 
 
 class BuildPy(build_py):
-    """build_py, plus the helper (into the source tree for an editable install) and the
-    `sandlock` command."""
+    """build_py, plus the helper (into the source tree for an editable install)."""
 
     def run(self) -> None:
         super().run()
@@ -171,40 +167,6 @@ class BuildPy(build_py):
                 except FileNotFoundError:
                     pass
         compile_helper(out)
-        build_command(editable)
-
-
-#: The `sandlock` command of an install without the native parts: the Python CLI.
-PYTHON_COMMAND = "#!python\nfrom sandlock.__main__ import main\n\nmain()\n"
-
-
-def package_at(editable: bool) -> str:
-    """Where the installed command finds the package, as an absolute path: the platlib of
-    the interpreter that builds it (pip builds with the target's interpreter; a wheel that
-    is not pure goes to platlib), or the source tree for an editable install. Never
-    relative to the command's own place: a copy of the command elsewhere would run
-    whatever package lies at the same relative place (a user site a tool may write)."""
-    import sysconfig
-
-    if editable:
-        return os.path.join(HERE, "sandlock")
-    return os.path.join(os.path.realpath(sysconfig.get_path("platlib")), "sandlock")
-
-
-def build_command(editable: bool) -> None:
-    """COMMAND: the front end (SANDLOCK_PACKAGE_AT: the package from its own place), or
-    PYTHON_COMMAND without the native parts."""
-    target = os.path.join(HERE, COMMAND)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    if os.path.exists(target):
-        os.remove(target)
-    if without_native():
-        with open(target, "w", encoding="utf-8") as handle:
-            handle.write(PYTHON_COMMAND)
-        return
-    _compile(attempts(), target, [*run_defines(),
-                                f"-DSANDLOCK_PACKAGE_AT={c_string(package_at(editable))}",
-                                os.path.join(HERE, RUN_SOURCE)])
 
 
 class BuildHelper(Command):
@@ -221,37 +183,6 @@ class BuildHelper(Command):
 
     def run(self) -> None:
         compile_helper(HERE)
-
-
-def scripts_command() -> type:
-    """build_scripts, copying the compiled `sandlock` command as it is (distutils reads
-    every script as text, for a shebang to adjust)."""
-    base: type = importlib.import_module("distutils.command.build_scripts").build_scripts
-
-    class BuildScripts(base):  # type: ignore[misc]  # a base found at build time
-        scripts: list[str]
-        build_dir: str
-
-        def copy_scripts(self) -> tuple[list[str], list[str]]:
-            compiled = []
-            for script in self.scripts:
-                with open(script, "rb") as handle:
-                    if not handle.read(2) == b"#!":
-                        compiled.append(script)
-            self.scripts = [s for s in self.scripts if s not in compiled]
-            outfiles: list[str]
-            updated: list[str]
-            outfiles, updated = super().copy_scripts() if self.scripts else ([], [])
-            self.mkpath(self.build_dir)
-            for script in compiled:
-                target = os.path.join(self.build_dir, os.path.basename(script))
-                self.copy_file(script, target)
-                os.chmod(target, 0o755)
-                outfiles.append(target)
-                updated.append(target)
-            return outfiles, updated
-
-    return BuildScripts
 
 
 def wheel_command(base: type) -> type:
@@ -276,12 +207,7 @@ def wheel_command(base: type) -> type:
 
 if __name__ == "__main__":  # setuptools runs it so; benchmarks/ imports the recipe above
     BDIST_WHEEL = _bdist_wheel()
-    commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper,
-                                "build_scripts": scripts_command()}
+    commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper}
     if BDIST_WHEEL is not None:
         commands["bdist_wheel"] = wheel_command(BDIST_WHEEL)
-    if not os.path.exists(os.path.join(HERE, COMMAND)):  # build_py makes it before it is copied
-        os.makedirs(os.path.dirname(os.path.join(HERE, COMMAND)), exist_ok=True)
-        with open(os.path.join(HERE, COMMAND), "w", encoding="utf-8") as handle:
-            handle.write(PYTHON_COMMAND)
-    setup(cmdclass=commands, scripts=[COMMAND])
+    setup(cmdclass=commands)

@@ -1327,37 +1327,3 @@ def test_a_missing_entry_is_written_by_the_python_cli(tmp_path: Path,
     assert control["fallback"] == "no entry", control
     _, notes = front(run, other, tmp_path)
     assert notes["fallback"] == RAN, notes
-
-
-def test_a_copy_of_the_command_runs_the_installed_package(tmp_path: Path) -> None:
-    """The installed command finds its package by the absolute path of the install
-    (setup.package_at), never relative to its own place: a copy in ~/.local/bin must not run
-    a package a tool planted in ~/.local/lib/python3.X/site-packages (a user site a write
-    grant may reach). Control: a command built to look where the plant is runs it (what
-    lies there is what runs)."""
-    sys.path.insert(0, str(HELPER_DIR.parents[2]))
-    import setup  # noqa: PLC0415 - the one build recipe
-
-    require_front()
-    home = tmp_path / "home"
-    plant = home / ".local" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
-        "site-packages" / "sandlock"
-    (plant / "exec" / "helper").mkdir(parents=True)
-    (plant / "cli").mkdir()
-    (plant / "exec" / "helper" / "sandlock-run").write_bytes(b"")
-    (plant / "__init__.py").write_text("")
-    (plant / "cli" / "__init__.py").write_text("")
-    marker = tmp_path / "PLANTED"
-    (plant / "cli" / "run.py").write_text(
-        f"def main(args):\n    open({str(marker)!r}, 'w').close()\n")
-    where = {"installed": setup.package_at(False), "control-plant": str(plant)}
-    for name, at in where.items():
-        command = home / ".local" / "bin" / name / "sandlock"
-        command.parent.mkdir(parents=True, exist_ok=True)
-        cc = shutil.which("cc") or shutil.which("gcc") or "cc"
-        subprocess.run([cc, "-O2", "-o", str(command), *setup.run_defines(),
-                        f"-DSANDLOCK_PACKAGE_AT={setup.c_string(at)}", str(SOURCE)], check=True)
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "c")}
-        subprocess.run([str(command), "--version"], env=env, cwd=tmp_path, capture_output=True,
-                       text=True, timeout=60, check=False)
-        assert marker.exists() is (name == "control-plant"), name

@@ -1,7 +1,6 @@
 /*
- * sandlock-run: the native front end of `sandlock run` (docs/design.md "Native front end").
- * Installed as the `sandlock` command (setup.py), and beside the package as
- * sandlock/exec/helper/sandlock-run.
+ * sandlock-run: the native front end of `sandlock run` (docs/design.md "Native front end"),
+ * beside the package as sandlock/exec/helper/sandlock-run (not yet the installed `sandlock`).
  *
  * `sandlock run --policy FILE [--var K=V]... [--timeout D] [--best-effort] -- CMD...` on a
  * policy whose compiled plan is in the cache costs no Python. This program builds the
@@ -28,7 +27,6 @@
  *
  * Build: setup.py, with SANDLOCK_PYTHON (the interpreter of the install) defined. The
  * package is the directory two levels above this program (sandlock/exec/helper/sandlock-run),
- * or SANDLOCK_PACKAGE_AT (the installed command: relative to its directory, or absolute),
  * or above SANDLOCK_PACKAGE_FILE (a copy the tests build elsewhere).
  */
 #define _GNU_SOURCE
@@ -1947,21 +1945,6 @@ static void find_package(void) {
     if (n <= 0)
         return;
     self[n] = 0;
-#ifdef SANDLOCK_PACKAGE_AT /* installed as the `sandlock` command (setup.py) */
-    /* The package where the install put it, an absolute path (never relative to this
-     * program: a copy of it elsewhere would run what lies at the same relative place). */
-    char where[2 * PATH_MAX], real[PATH_MAX];
-    struct stat st;
-    if (SANDLOCK_PACKAGE_AT[0] != '/' || !realpath(SANDLOCK_PACKAGE_AT, real) ||
-        strlen(real) + sizeof "/exec/helper/sandlock-run" > sizeof where)
-        return;
-    snprintf(where, sizeof where, "%s/exec/helper/sandlock-run", real);
-    if (stat(where, &st) < 0 || !S_ISREG(st.st_mode))
-        return; /* not the package this program was built with */
-    snprintf(package_dir, sizeof package_dir, "%s", real);
-    *strrchr(real, '/') = 0;
-    snprintf(package_parent, sizeof package_parent, "%s", real[0] ? real : "/");
-#else
     for (int up = 0; up < 3; up++) { /* sandlock/exec/helper/sandlock-run -> sandlock */
         char *slash = strrchr(self, '/');
         if (!slash || slash == self)
@@ -1974,7 +1957,6 @@ static void find_package(void) {
     snprintf(package_dir, sizeof package_dir, "%s", self);
     *slash = 0;
     snprintf(package_parent, sizeof package_parent, "%s", self);
-#endif
 }
 
 static int contains(const char *const *list, size_t n, const char *name, size_t len) {
