@@ -101,17 +101,22 @@ NETWORK_TESTS = [
 ]
 
 
-def test_host_allowlist_trace_and_learn_under_the_profile(profile: str) -> None:
-    require_abi(4, "TCP rules under the connect gate")
+def all_pass_under(profile: str, tests: list[str]) -> None:
+    """``tests`` run under ``profile``: every one passes, none is skipped."""
     done = under(profile, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           *NETWORK_TESTS], cwd=REPO, timeout=600,
+                           *tests], cwd=REPO, timeout=600,
                  env={**os.environ, "PYTHONPATH": str(REPO)})
     tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert re.fullmatch(r"\d+ passed in .*", tail), tail  # nothing skipped, nothing failed
 
 
-#: The native command's run (the installed `sandlock`), under each profile: its parity with
+def test_host_allowlist_trace_and_learn_under_the_profile(profile: str) -> None:
+    require_abi(4, "TCP rules under the connect gate")
+    all_pass_under(profile, NETWORK_TESTS)
+
+
+#: The native front end's run (exec/helper/sandlock-run), under each profile: its parity with
 #: the Python CLI, its confinement and the probe's rows, its signals and its tree.
 NATIVE_TESTS = [
     "tests/test_native_run.py::test_the_hit_runs_what_the_python_cli_runs",
@@ -125,12 +130,7 @@ NATIVE_TESTS = [
 
 def test_the_native_run_under_the_profile(profile: str) -> None:
     require_abi(4, "TCP rules in the confinement test")
-    done = under(profile, [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           *NATIVE_TESTS], cwd=REPO, timeout=600,
-                 env={**os.environ, "PYTHONPATH": str(REPO)})
-    tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert re.fullmatch(r"\d+ passed in .*", tail), tail  # nothing skipped, nothing failed
+    all_pass_under(profile, NATIVE_TESTS)
 
 
 @pytest.fixture
