@@ -71,17 +71,12 @@ def compile_helper(out_dir: str) -> None:
         print(f"sandlock: {ENV_NO_NATIVE}=1: no native helper; the Python API will start "
               "commands through its fork server", file=sys.stderr)
         return
-    _compile(attempts(), os.path.join(out_dir, TARGET), [os.path.join(HERE, SOURCE)])
-    _compile(attempts(), os.path.join(out_dir, RUN_TARGET), [*run_defines(),
-                                                             os.path.join(HERE, RUN_SOURCE)])
-
-
-def attempts() -> list[list[str]]:
-    """The ways to compile, best first: static with musl if it is installed (CC= wins),
-    then static, then dynamic with the C compiler."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    musl = None if os.environ.get("CC") else shutil.which("musl-gcc")
-    return ([[musl, "-static"]] if musl else []) + ([[cc, "-static"], [cc]] if cc else [])
+    musl = None if os.environ.get("CC") else shutil.which("musl-gcc")  # CC= wins
+    attempts = ([[musl, "-static"]] if musl else []) + ([[cc, "-static"], [cc]] if cc else [])
+    _compile(attempts, os.path.join(out_dir, TARGET), [os.path.join(HERE, SOURCE)])
+    _compile(attempts, os.path.join(out_dir, RUN_TARGET), [*run_defines(),
+                                                           os.path.join(HERE, RUN_SOURCE)])
 
 
 def c_string(text: str) -> str:

@@ -856,8 +856,7 @@ GUARDS: tuple[Guard, ...] = (
           'if (((void)stat(path, &st), (void)number_field(&r, 1), 0))',
           ('tests/test_native_run.py::test_a_verified_entry_is_rechecked[optional-path]',)),
     Guard('native entries only for plans without a supervisor', 'sandlock/compile/cache.py',
-          '    if value["signal_gate"] or value["cgroup"] is not None or compiled.routes is not None:'
-          '\n        return None',
+          '    if not native_possible(value) or compiled.routes is not None:\n        return None',
           '    if False:\n        return None',
           ('tests/test_native_run.py::test_plans_that_need_more_get_no_native_entry',)),
     Guard("run log: call() records", "sandlock/api/sandbox.py",
@@ -1079,10 +1078,9 @@ GUARDS: tuple[Guard, ...] = (
           "struct pollfd fds[2] = {{tool_fd, POLLIN, 0}, {watched, POLLIN, 0}};",
           "struct pollfd fds[2] = {{tool_fd, POLLIN, 0}, {-1, POLLIN, 0}};",
           ("tests/test_native_run.py::test_the_tools_tree_dies_with_the_front_end",)),
-    Guard("sandlock-run: the caller's own children are spared", "sandlock/exec/helper/sandlock_run.c",
-          "            for (int s = 0; s < n_spared && mine; s++)\n"
-          "                mine = pids[i] != spared[s];\n",
-          "",
+    Guard("sandlock-run: the caller's own children are spared", "sandlock/exec/helper/confine.h",
+          "            for (int s = 0; s < n_spared && mine; s++) mine = pids[i] != spared[s];\n",
+          "            (void)spared, (void)n_spared;\n",
           ("tests/test_native_run.py::test_the_callers_own_children_are_left_alone[native]",)),
     Guard("sandlock-run: a stderr nobody reads does not stop the run", "sandlock/exec/helper/sandlock_run.c",
           "    signal(SIGPIPE, SIG_IGN);\n",

@@ -162,8 +162,8 @@ class Entry:
             self.cgroup = found
         if not isinstance(self.bpf, bytes) or not self.bpf or len(self.bpf) % 8:
             raise ValueError("bad BPF program")
-        #: Whether its compile could have written a native entry (native_payload's test).
-        self.native_possible = not self.signal_gate and value["cgroup"] is None
+        #: Whether its compile could have written a native entry.
+        self.native_possible = native_possible(value)
 
     def compile(self) -> Compiled:
         """Resolve and open the paths and build the ruleset fd now, as the full path does
@@ -652,6 +652,13 @@ def _code_fields(code: tuple[Any, ...]) -> bytes:
     return b"".join(out)
 
 
+def native_possible(value: dict[str, Any]) -> bool:
+    """Whether the front end can run the plan of ``value`` (an entry's, see _value): one
+    that needs no supervisor or check it does not make (the signal gate, a pids cgroup).
+    A plan with credential routes is never stored."""
+    return not value["signal_gate"] and value["cgroup"] is None
+
+
 def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
                timeout: Optional[str], best_effort: bool,
                code: Optional[tuple[Any, ...]] = None) -> bytes:
@@ -722,7 +729,7 @@ def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled,
     """The native entry after its tag, or None for a plan the front end does not run: one
     that needs a supervisor or a check it does not make (the signal gate, a pids cgroup),
     or whose checks' witness is missing or saw a fact change while they ran."""
-    if value["signal_gate"] or value["cgroup"] is not None or compiled.routes is not None:
+    if not native_possible(value) or compiled.routes is not None:
         return None
     if witness is None or not witness.sound or len(witness.grants) != len(value["plan"][4]):
         return None

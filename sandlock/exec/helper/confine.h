@@ -384,17 +384,33 @@ static int children(pid_t pids[CHILDREN_MAX]) {
 }
 
 /* This process is the child subreaper (PR_SET_CHILD_SUBREAPER): daemons and setsid
- * escapees of the command are re-parented here. Kill and reap until none is left. */
-static void kill_descendants(void) {
+ * escapees of the command are re-parented here. Kill and reap until none is left but the
+ * `n_spared` children in `spared` (a caller's own, from before the run:
+ * process.reap_descendants). */
+static void kill_descendants(const pid_t *spared, int n_spared) {
     pid_t pids[CHILDREN_MAX];
     siginfo_t info;
     int n;
     /* The common case, no child left at all, costs one waitid (ECHILD), not a /proc read. */
     while (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
            (n = children(pids)) > 0) {
-        for (int i = 0; i < n; i++) kill(pids[i], SIGKILL);
-        for (int i = 0; i < n; i++) waitpid(pids[i], NULL, 0);
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            int mine = 1;
+            for (int s = 0; s < n_spared && mine; s++) mine = pids[i] != spared[s];
+            if (mine) pids[k++] = pids[i];
+        }
+        if (!k) return;
+        for (int i = 0; i < k; i++) kill(pids[i], SIGKILL);
+        for (int i = 0; i < k; i++)
+            while (waitpid(pids[i], NULL, 0) < 0 && errno == EINTR) {}
     }
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
 #endif

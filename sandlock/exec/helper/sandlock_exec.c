@@ -225,12 +225,6 @@ static void group_make(void) {
     }
 }
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 /* ----------------------------------------------------------------------------
  * The supervisor of one call */
 
@@ -340,7 +334,7 @@ static void supervise(char **command) {
     if (got) { /* the child's pre-exec failure, verbatim */
         waitpid(pid, &status, 0);
         group_kill();
-        kill_descendants();
+        kill_descendants(NULL, 0);
         group_remove();
         report[0] = 'X', report[1] = ' ';
         say(report, got + 2);
@@ -389,7 +383,7 @@ static void supervise(char **command) {
         }
     }
     group_kill();
-    kill_descendants();
+    kill_descendants(NULL, 0);
     group_remove();
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     int code = timed_out ? TIMED_OUT : sig ? 128 + sig : WEXITSTATUS(status);

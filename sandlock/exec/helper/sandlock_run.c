@@ -1713,7 +1713,7 @@ static void watchdog(pid_t launcher, int report, struct confined *spec) {
         }
     }
     kill(-tool, SIGKILL);
-    kill_descendants();
+    kill_descendants(NULL, 0);
     _exit(status >= 0 ? 0 : LAUNCHER_FAILED);
 }
 
@@ -1722,29 +1722,6 @@ static void watchdog(pid_t launcher, int report, struct confined *spec) {
 static pid_t spared[CHILDREN_MAX];
 static int n_spared;
 
-/* The run's strays, reparented to this process (the subreaper for the run) when the watchdog
- * died: killed and reaped (process.reap_descendants, sparing `spared`). */
-static void reap_strays(void) {
-    for (int round = 0; round < 10000; round++) {
-        pid_t pids[CHILDREN_MAX];
-        int n = children(pids), k = 0;
-        for (int i = 0; i < n; i++) {
-            int mine = 1;
-            for (int s = 0; s < n_spared && mine; s++)
-                mine = pids[i] != spared[s];
-            if (mine)
-                pids[k++] = pids[i];
-        }
-        if (!k)
-            return;
-        for (int i = 0; i < k; i++)
-            kill(pids[i], SIGKILL);
-        for (int i = 0; i < k; i++)
-            while (waitpid(pids[i], NULL, 0) < 0 && errno == EINTR) {
-            }
-    }
-}
-
 /* Before anything is forked: back to how this process was (a fallback execs the Python CLI). */
 static sigset_t caller_mask;
 
@@ -1752,16 +1729,10 @@ __attribute__((noreturn)) static void undo_and_fall_back(pid_t watchdog_pid, con
     if (watchdog_pid > 0)
         while (waitpid(watchdog_pid, NULL, 0) < 0 && errno == EINTR) {
         }
-    reap_strays();
+    kill_descendants(spared, n_spared); /* the run's strays */
     prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0);
     sigprocmask(SIG_SETMASK, &caller_mask, NULL);
     fall_back(why);
-}
-
-static double now_seconds(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
 /* Reads `len` bytes from `fd`, waiting at most `ms` (-1: for ever) for each part; the count read. */
@@ -1861,11 +1832,11 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
 
     /* Child.wait: the tool's status, forwarded signals, the timeout. */
     int status = 0, timed_out = 0, have = 0;
-    double deadline = timeout >= 0 ? now_seconds() + timeout : 0;
+    double deadline = timeout >= 0 ? now() + timeout : 0;
     while (!have) {
         int wait_ms = -1;
         if (timeout >= 0 && !timed_out) {
-            double left = deadline - now_seconds();
+            double left = deadline - now();
             wait_ms = left <= 0 ? 0 : left > 86400 ? 86400000 : (int)(left * 1000) + 1;
         } else if (timed_out) {
             wait_ms = WATCHDOG_GRACE_MS;
@@ -1886,7 +1857,7 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
                 status = SIGKILL; /* a watchdog killed: it took the tool with it */
         } else if (ready == 0 && timed_out) {
             kill(pid, SIGKILL); /* a watchdog that does not report in time (stopped) */
-        } else if (ready == 0 && timeout >= 0 && now_seconds() >= deadline) {
+        } else if (ready == 0 && timeout >= 0 && now() >= deadline) {
             timed_out = 1;
             kill(-tool, SIGKILL);
         } else if (ready < 0) {
@@ -1896,7 +1867,7 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
     }
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
     }
-    reap_strays();
+    kill_descendants(spared, n_spared); /* the run's strays */
 
     /* launch.execute's lines, then its exit code. */
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
