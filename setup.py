@@ -40,6 +40,11 @@ TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-exec")
 #: the Python CLI with the interpreter that ran this build on anything it does not run.
 RUN_SOURCE = os.path.join("sandlock", "exec", "helper", "sandlock_run.c")
 RUN_TARGET = os.path.join("sandlock", "exec", "helper", "sandlock-run")
+#: The `sandlock` command the install puts on PATH (setup(scripts=)): the same front end,
+#: built to find the interpreter and the package at run time (from the record the Python
+#: CLI beside it writes, docs/design.md "Native front end"); a Python script without the
+#: native parts. The Python CLI itself is pip's console script `sandlock-python`.
+COMMAND = os.path.join("build", "sandlock-command", "sandlock")
 #: The system packages (scripts/install.sh installs them); COMPILERS: what the build runs.
 PACKAGES = os.path.join("scripts", "system-packages.txt")
 COMPILERS = ("cc", "musl-gcc")
@@ -71,12 +76,24 @@ def compile_helper(out_dir: str) -> None:
         print(f"sandlock: {ENV_NO_NATIVE}=1: no native helper; the Python API will start "
               "commands through its fork server", file=sys.stderr)
         return
+    _compile(attempts(), os.path.join(out_dir, TARGET), [os.path.join(HERE, SOURCE)])
+
+
+def compile_front_end(out_dir: str) -> None:
+    """The front end with this interpreter's paths built in, into ``out_dir``'s package: a
+    tool of the source tree (tests, benchmarks) and of an editable install, never of a
+    wheel (installed elsewhere, those paths may not exist)."""
+    if not without_native():
+        _compile(attempts(), os.path.join(out_dir, RUN_TARGET), [*run_defines(),
+                                                                 os.path.join(HERE, RUN_SOURCE)])
+
+
+def attempts() -> list[list[str]]:
+    """The ways to compile, best first: static with musl if it is installed (CC= wins),
+    then static, then dynamic with the C compiler."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    musl = None if os.environ.get("CC") else shutil.which("musl-gcc")  # CC= wins
-    attempts = ([[musl, "-static"]] if musl else []) + ([[cc, "-static"], [cc]] if cc else [])
-    _compile(attempts, os.path.join(out_dir, TARGET), [os.path.join(HERE, SOURCE)])
-    _compile(attempts, os.path.join(out_dir, RUN_TARGET), [*run_defines(),
-                                                           os.path.join(HERE, RUN_SOURCE)])
+    musl = None if os.environ.get("CC") else shutil.which("musl-gcc")
+    return ([[musl, "-static"]] if musl else []) + ([[cc, "-static"], [cc]] if cc else [])
 
 
 def c_string(text: str) -> str:
@@ -87,24 +104,29 @@ def c_string(text: str) -> str:
     return f'"{text}"'
 
 
-def run_defines() -> list[str]:
-    """The front end's build facts: the interpreter of the Python CLI, the version."""
+def version_define() -> str:
     with open(os.path.join(HERE, "sandlock", "__init__.py"), encoding="utf-8") as handle:
         version = next(line.split('"')[1] for line in handle if line.startswith("__version__ = "))
-    return [f"-DSANDLOCK_PYTHON={c_string(sys.executable)}",
-            f"-DSANDLOCK_VERSION={c_string(version)}"]
+    return f"-DSANDLOCK_VERSION={c_string(version)}"
 
 
-def front_end_variant(target: str, python: str, package_file: str,
+def run_defines() -> list[str]:
+    """The in-tree front end's build facts: the interpreter of the Python CLI, the version."""
+    return [f"-DSANDLOCK_PYTHON={c_string(sys.executable)}", version_define()]
+
+
+def front_end_variant(target: str, python: Optional[str], package_file: Optional[str],
                       key_directory: Optional[str] = None) -> Optional[str]:
     """Build a copy of the front end elsewhere (benchmarks/, tests/): ``python`` run on a
     fallback (its key still names this interpreter, which stores the entries), the
-    package above ``package_file``, the key file's directory ``key_directory``; the
+    package above ``package_file``, the key file's directory ``key_directory``; with no
+    ``python``, the installed command (COMMAND), which finds both at run time. The
     compiler's complaint, or None once built."""
-    defines = [f"-DSANDLOCK_PYTHON={c_string(python)}",
-               f"-DSANDLOCK_KEY_PYTHON={c_string(sys.executable)}",
-               f"-DSANDLOCK_PACKAGE_FILE={c_string(package_file)}",
-               *(d for d in run_defines() if not d.startswith("-DSANDLOCK_PYTHON="))]
+    defines = [version_define()]
+    if python is not None:
+        defines += [f"-DSANDLOCK_PYTHON={c_string(python)}",
+                    f"-DSANDLOCK_KEY_PYTHON={c_string(sys.executable)}",
+                    f"-DSANDLOCK_PACKAGE_FILE={c_string(package_file or '')}"]
     if key_directory is not None:
         defines.append(f"-DSANDLOCK_KEY_DIRECTORY={c_string(key_directory)}")
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
@@ -149,19 +171,40 @@ def compiler_install_command() -> str:
 
 
 class BuildPy(build_py):
-    """build_py, plus the helper (into the source tree for an editable install)."""
+    """build_py, plus the helper (into the source tree for an editable install) and the
+    `sandlock` command."""
 
     def run(self) -> None:
         super().run()
         editable = getattr(self, "editable_mode", False)
         out = HERE if editable else self.build_lib
-        if without_native() and not editable:  # a helper built earlier in the tree stays out
-            for target in (TARGET, RUN_TARGET):
-                try:
-                    os.remove(os.path.join(out, target))
-                except FileNotFoundError:
-                    pass
+        # Programs built earlier in the tree stay out of a wheel: the helper without the
+        # native parts; the in-tree front end always (its paths are this machine's).
+        for target in ((TARGET, RUN_TARGET) if without_native() else (RUN_TARGET,)):
+            if not editable and os.path.exists(os.path.join(out, target)):
+                os.remove(os.path.join(out, target))
         compile_helper(out)
+        if editable:
+            compile_front_end(out)
+        build_command()
+
+
+#: The `sandlock` command of an install without the native parts: the Python CLI.
+PYTHON_COMMAND = "#!python\nfrom sandlock.__main__ import main\n\nmain()\n"
+
+
+def build_command() -> None:
+    """COMMAND: the front end with no path built in, or PYTHON_COMMAND without the native
+    parts."""
+    target = os.path.join(HERE, COMMAND)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.exists(target):
+        os.remove(target)
+    if without_native():
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(PYTHON_COMMAND)
+        return
+    _compile(attempts(), target, [version_define(), os.path.join(HERE, RUN_SOURCE)])
 
 
 class BuildHelper(Command):
@@ -178,6 +221,38 @@ class BuildHelper(Command):
 
     def run(self) -> None:
         compile_helper(HERE)
+        compile_front_end(HERE)
+
+
+def scripts_command() -> type:
+    """build_scripts, copying the compiled `sandlock` command as it is (distutils reads
+    every script as text, for a shebang to adjust)."""
+    base: type = importlib.import_module("distutils.command.build_scripts").build_scripts
+
+    class BuildScripts(base):  # type: ignore[misc]  # a base found at build time
+        scripts: list[str]
+        build_dir: str
+
+        def copy_scripts(self) -> tuple[list[str], list[str]]:
+            compiled = []
+            for script in self.scripts:
+                with open(script, "rb") as handle:
+                    if not handle.read(2) == b"#!":
+                        compiled.append(script)
+            self.scripts = [s for s in self.scripts if s not in compiled]
+            outfiles: list[str]
+            updated: list[str]
+            outfiles, updated = super().copy_scripts() if self.scripts else ([], [])
+            self.mkpath(self.build_dir)
+            for script in compiled:
+                target = os.path.join(self.build_dir, os.path.basename(script))
+                self.copy_file(script, target)
+                os.chmod(target, 0o755)
+                outfiles.append(target)
+                updated.append(target)
+            return outfiles, updated
+
+    return BuildScripts
 
 
 def wheel_command(base: type) -> type:
@@ -202,7 +277,12 @@ def wheel_command(base: type) -> type:
 
 if __name__ == "__main__":  # setuptools runs it so; benchmarks/ imports the recipe above
     BDIST_WHEEL = _bdist_wheel()
-    commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper}
+    commands: dict[str, Any] = {"build_py": BuildPy, "build_helper": BuildHelper,
+                                "build_scripts": scripts_command()}
     if BDIST_WHEEL is not None:
         commands["bdist_wheel"] = wheel_command(BDIST_WHEEL)
-    setup(cmdclass=commands)
+    if not os.path.exists(os.path.join(HERE, COMMAND)):  # build_py makes it before it is copied
+        os.makedirs(os.path.dirname(os.path.join(HERE, COMMAND)), exist_ok=True)
+        with open(os.path.join(HERE, COMMAND), "w", encoding="utf-8") as handle:
+            handle.write(PYTHON_COMMAND)
+    setup(cmdclass=commands, scripts=[COMMAND])

@@ -1327,3 +1327,153 @@ def test_a_missing_entry_is_written_by_the_python_cli(tmp_path: Path,
     assert control["fallback"] == "no entry", control
     _, notes = front(run, other, tmp_path)
     assert notes["fallback"] == RAN, notes
+
+
+# ----------------------------------------------------------------------------
+# The installed command (setup.py COMMAND): no path built in. It runs the Python CLI
+# beside it, and learns that CLI's interpreter and package from the record it writes.
+
+#: What pip writes as the console script `sandlock-python` (the tree under test's package).
+PYTHON_CLI = "#!{python}\nimport sys\nsys.path[:0] = [{tree!r}]\nfrom sandlock.__main__ import main\nmain()\n"
+
+
+def installed(where: Path) -> Path:
+    """A bin directory as an install leaves it: the command built as setup.py builds it,
+    with the Python CLI beside it; the command."""
+    require_front()
+    tree = str(HELPER_DIR.parents[2])
+    sys.path.insert(0, tree)
+    try:
+        import setup
+    finally:
+        sys.path.pop(0)
+    where.mkdir(parents=True, exist_ok=True)
+    why = setup.front_end_variant(str(where / "sandlock"), None, None)
+    assert why is None, why
+    (where / "sandlock-python").write_text(PYTHON_CLI.format(python=sys.executable, tree=tree))
+    (where / "sandlock-python").chmod(0o755)
+    return where / "sandlock"
+
+
+def run_installed(command: Path, args: list[str], env: dict[str, str], cwd: Path
+                  ) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    done = subprocess.run([str(command), *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=60, check=False)
+    notes = dict(re.findall(r"^sandlock-run: (\w+): (.*)$", done.stderr, re.MULTILINE))
+    done.stderr = re.sub(r"^sandlock-run: .*\n", "", done.stderr, flags=re.MULTILINE)
+    return done, notes
+
+
+def records(env: dict[str, str]) -> list[Path]:
+    return sorted(native_dir(env).glob(cache.FRONT_PREFIX + "*"))
+
+
+ENV_POLICY = POLICY + '[env]\npass = ["PATH", "SANDLOCK_*"]\n'
+
+
+def test_the_installed_command_runs_cached_policies_natively(tmp_path: Path,
+                                                              env: dict[str, str]) -> None:
+    """The first run falls back to the Python CLI beside the command, which stores the plan
+    and the record of what it runs with; the next runs natively. Neither hands the
+    record's name to the tool, though the policy passes SANDLOCK_*, even one the caller
+    set (control: the caller's own SANDLOCK_MARK reaches it both ways)."""
+    command = installed(tmp_path / "bin")
+    policy = write_policy(tmp_path, ENV_POLICY)
+    env.update({"SANDLOCK_MARK": "caller", cache.ENV_FRONT_END: "from-the-caller"})
+    args = ["run", "--policy", str(policy), "--", "env"]
+    first, notes = run_installed(command, args, env, tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert notes["fallback"] in ("no private cache directory", "no entry"), notes
+    assert len(records(env)) == 1
+    second, notes = run_installed(command, args, env, tmp_path)
+    assert notes.get("hit") == "running it", notes
+    assert second.returncode == 0, second.stderr
+    for done in (first, second):
+        assert "SANDLOCK_MARK=caller" in done.stdout
+        assert cache.ENV_FRONT_END not in done.stdout
+
+
+def test_an_entry_without_its_record_is_written_again(tmp_path: Path,
+                                                      env: dict[str, str]) -> None:
+    """A record lost (pruned, or the cache copied) while the entries stay: the command says
+    the entry is missing, so the Python CLI, which has a hit of its own, compiles afresh
+    and writes the record; the next run is native."""
+    command = installed(tmp_path / "bin")
+    policy = write_policy(tmp_path, POLICY)
+    args = ["run", "--policy", str(policy), "--", "true"]
+    run_installed(command, args, env, tmp_path)
+    (record,) = records(env)
+    record.unlink()
+    done, notes = run_installed(command, args, env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert notes["fallback"] == "no entry: no record of the Python CLI beside this command"
+    _, notes = run_installed(command, args, env, tmp_path)
+    assert notes.get("hit") == "running it", notes
+
+
+def _forge(record: Path, other: Path) -> None:
+    """A record naming a package of the attacker's, with a tag made without the key."""
+    fields = b"".join(len(part).to_bytes(4, "little") + part for part in (
+        bytes.fromhex(record.name[len(cache.FRONT_PREFIX):]), b"/usr/bin/python3",
+        str(other).encode()))
+    record.write_bytes(cache.FRONT_MAGIC + hashlib.blake2b(fields, digest_size=32).digest()
+                       + fields)
+
+
+RECORD_ATTACKS = {"forged": "the entry's tag does not verify",
+                  "another command's": "the record's name differs",
+                  "control": None}
+
+
+@pytest.mark.parametrize("attack", RECORD_ATTACKS)
+def test_a_record_is_used_only_as_its_python_cli_wrote_it(attack: str, tmp_path: Path,
+                                                          env: dict[str, str]) -> None:
+    """The record says which interpreter and package the key names: one forged without the
+    cache key, or another command's under this one's name, is not used (the Python CLI
+    runs the tool, correctly). Control: the record as written gives a native run."""
+    one = installed(tmp_path / "one")
+    two = installed(tmp_path / "two")
+    policy = write_policy(tmp_path, POLICY)
+    args = ["run", "--policy", str(policy), "--", "sh", "-c", "echo ran"]
+    run_installed(one, args, env, tmp_path)
+    (first,) = records(env)
+    run_installed(two, args, env, tmp_path)
+    (record,) = [path for path in records(env) if path != first]
+    if attack == "forged":
+        _forge(record, tmp_path / "planted")
+    elif attack == "another command's":
+        record.write_bytes(first.read_bytes())
+    done, notes = run_installed(two, args, env, tmp_path)
+    assert done.returncode == 0 and done.stdout == "ran\n", done.stderr
+    if RECORD_ATTACKS[attack] is None:
+        assert notes.get("hit") == "running it", notes
+    else:
+        assert notes.get("fallback") == RECORD_ATTACKS[attack], notes
+
+
+@pytest.mark.parametrize("attack", [True, False], ids=["copy", "control-user-site"])
+def test_a_copy_of_the_command_runs_no_package_near_it(attack: bool, tmp_path: Path) -> None:
+    """A copy of the command in ~/.local/bin, with a package a tool planted in the user site
+    beside it (~/.local/lib/python3.X/site-packages, which a write grant may reach): the
+    copy runs only a Python CLI beside itself, finds none and says so (exit 125); nothing
+    planted runs. Control: the interpreter with that user site does import the plant."""
+    home = tmp_path / "home"
+    site = home / ".local" / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
+        "site-packages"
+    (site / "sandlock").mkdir(parents=True)
+    marker = tmp_path / "PLANTED"
+    (site / "sandlock" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (site / "sandlock" / "__main__.py").write_text("")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "c")}
+    if attack:
+        copy = home / ".local" / "bin" / "sandlock"
+        copy.parent.mkdir(parents=True)
+        shutil.copy(installed(tmp_path / "bin"), copy)
+        done = subprocess.run([str(copy), "--version"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 125, done.stderr
+        assert f"cannot start the Python CLI ({copy.parent}/sandlock-python)" in done.stderr
+    else:
+        subprocess.run(["/usr/bin/python3", "-c", "import sandlock"], env=env, cwd=tmp_path,
+                       capture_output=True, timeout=60, check=False)
+    assert marker.exists() is not attack

@@ -124,6 +124,13 @@ def _click_main(args: list[str]) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Console entry point: the fast `run` path, else the click CLI."""
     open_standard_streams()
+    # The installed command's record name (exec/helper/sandlock_run.c): for the cache to
+    # write, never for a tool's environment.
+    import os
+
+    from ..compile import cache
+
+    cache.front_end = os.environ.pop(cache.ENV_FRONT_END, None)
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "run":
         try:

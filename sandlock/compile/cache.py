@@ -559,6 +559,15 @@ PYTHON_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE",
               "PYTHONPLATLIBDIR", "PYTHONPYCACHEPREFIX", "PYTHONSAFEPATH", "PYTHONSTARTUP",
               "PYTHONEXECUTABLE", "PYTHONUTF8", "PYTHONCOERCECLOCALE")
 NATIVE_MAGIC = b"sandlock-native-entry\x00%d\n" % NATIVE_FORMAT
+#: Set by the installed `sandlock` command (the front end) for the run it hands over: the
+#: name of its record, which says what interpreter and package its Python CLI (this
+#: process) runs with; write_native writes it beside the native entry (write_front).
+ENV_FRONT_END = "SANDLOCK_FRONT_END"
+FRONT_MAGIC = b"sandlock-front-record\x00%d\n" % NATIVE_FORMAT
+FRONT_PREFIX = "f-"
+FRONT_BYTES = 32
+#: ENV_FRONT_END's value, taken out of the environment by the CLI (cli/run.py main).
+front_end: Optional[str] = None
 NATIVE_PREFIX = "n-"
 NATIVE_DIR = "native"  #: beside "policies", the marshal entries' directory
 NATIVE_NAME_BYTES = 20
@@ -771,9 +780,23 @@ def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Com
         return
     try:
         _put(directory, native_name(key), NATIVE_MAGIC + _tag(secret, payload) + payload)
+        write_front(secret, directory)
         _prune(directory)
     finally:
         os.close(directory)
+
+
+def write_front(secret: bytes, directory: int) -> None:
+    """The record of the front end that handed this run over (front_end, the hex hash of
+    its identity), if one did: this interpreter and this package, what native_key holds,
+    which the front end cannot learn without starting Python. Tagged as the entries are:
+    a record a tool forged would not verify."""
+    name = front_end or ""
+    if len(name) != 2 * FRONT_BYTES or name.strip("0123456789abcdef"):
+        return
+    payload = (_field(bytes.fromhex(name)) + _field(os.fsencode(sys.executable))
+               + _field(os.fsencode(PACKAGE_DIR)))
+    _put(directory, FRONT_PREFIX + name, FRONT_MAGIC + _tag(secret, payload) + payload)
 
 
 class _Fields:

@@ -25,9 +25,15 @@
  * SANDLOCK_NATIVE_DEBUG=1 writes to stderr the key bytes (hex) and which way it went
  * (fixed texts only: nothing a tool controls is printed).
  *
- * Build: setup.py, with SANDLOCK_PYTHON (the interpreter of the install) defined. The
- * package is the directory two levels above this program (sandlock/exec/helper/sandlock-run),
- * or above SANDLOCK_PACKAGE_FILE (a copy the tests build elsewhere).
+ * Built two ways by setup.py:
+ * - the installed `sandlock` command (no SANDLOCK_PYTHON): no path is built in. Its Python
+ *   CLI is pip's console script `sandlock-python` beside it, whose own first line names the
+ *   interpreter of this install; the interpreter and the package for the key come from
+ *   the record that Python CLI writes when it stores a native entry for this command
+ *   (read_record): pip may install a wheel built elsewhere, where no build path exists.
+ * - the source tree's sandlock/exec/helper/sandlock-run (SANDLOCK_PYTHON, the interpreter
+ *   that built it): the package is the directory two levels above it, or above
+ *   SANDLOCK_PACKAGE_FILE (a copy the tests build elsewhere).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -49,14 +55,11 @@
 #include "blake2b.h"
 #include "confine.h"
 
-#ifndef SANDLOCK_PYTHON
-#error "define SANDLOCK_PYTHON: the interpreter that runs the Python CLI on a miss"
-#endif
 #ifndef SANDLOCK_VERSION
 #error "define SANDLOCK_VERSION: sandlock.__version__"
 #endif
-#ifndef SANDLOCK_KEY_PYTHON /* the interpreter the key names: the one that stores the entries */
-#define SANDLOCK_KEY_PYTHON SANDLOCK_PYTHON
+#if defined SANDLOCK_PYTHON && !defined SANDLOCK_KEY_PYTHON
+#define SANDLOCK_KEY_PYTHON SANDLOCK_PYTHON /* the interpreter the key names: the one that stores */
 #endif
 
 /* Same numbers on x86_64 and aarch64 (the kernel's unified syscall table). */
@@ -85,6 +88,10 @@
 #define ENV_NO_CACHE "SANDLOCK_NO_CACHE"     /* cache.ENV_NO_CACHE */
 #define ENV_LOG "SANDLOCK_LOG"               /* sandlock/compile/logdir.py ENV */
 #define ENV_STALE "SANDLOCK_NATIVE_STALE"    /* cache.ENV_NATIVE_STALE */
+#define ENV_FRONT "SANDLOCK_FRONT_END"       /* cache.ENV_FRONT_END */
+#define FRONT_PREFIX "f-"                    /* cache.FRONT_PREFIX */
+#define FRONT_BYTES 32                       /* cache.FRONT_BYTES */
+#define PYTHON_CLI "sandlock-python"         /* pyproject.toml [project.scripts] */
 /* cache.PYTHON_ENV */
 static const char *const python_env[] = {"PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE",
                                          "PYTHONNOUSERSITE", "PYTHONPLATLIBDIR",
@@ -108,7 +115,15 @@ static const char *const options_python[] = {"--tool", "--policies", "--accept",
 static int debug;
 static int keyring_held; /* fetch_secret found the key in the keyring */
 static char **given_argv;
-static char package_parent[PATH_MAX], package_dir[PATH_MAX];
+static char package_dir[PATH_MAX];
+#ifdef SANDLOCK_PYTHON
+static char package_parent[PATH_MAX];
+static const char key_python[] = SANDLOCK_KEY_PYTHON;
+#else
+static char key_python[PATH_MAX];          /* from the record */
+static char python_cli[PATH_MAX];          /* PYTHON_CLI beside this program */
+static char front[2 * FRONT_BYTES + 1];    /* the record's name, in hex, after FRONT_PREFIX */
+#endif
 
 /* ------------------------------------------------------------------------- */
 /* Falling back: the Python CLI, same arguments */
@@ -127,11 +142,28 @@ __attribute__((noreturn)) static void fall_back(const char *why) {
     /* A stale entry: the Python CLI compiles afresh and writes both entries anew; a missing
      * one: it does so if its own entry could have had a native one (cache.lookup). */
     if ((!strncmp(why, "stale:", 6) && setenv(ENV_STALE, "1", 1) < 0) ||
-        (!strcmp(why, "no entry") && setenv(ENV_STALE, "missing", 1) < 0))
+        (!strncmp(why, "no entry", 8) && setenv(ENV_STALE, "missing", 1) < 0))
         _exit(125);
     int argc = 0;
     while (given_argv[argc])
         argc++;
+#ifndef SANDLOCK_PYTHON
+    /* The installed command: the Python CLI beside it, told which record to write. */
+    if (front[0] && setenv(ENV_FRONT, front, 1) < 0)
+        _exit(125);
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    if (args && python_cli[0]) {
+        args[0] = python_cli;
+        for (int i = 1; i < argc; i++)
+            args[i] = given_argv[i];
+        execv(python_cli, args);
+    }
+    const char *parts[] = {"sandlock: cannot start the Python CLI (",
+                           python_cli[0] ? python_cli : PYTHON_CLI " beside this command", ")\n"};
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        if (write(2, parts[i], strlen(parts[i])) < 0)
+            break;
+#else
     /* No working directory (a tool's, perhaps) on sys.path ("" for -c: -P needs 3.11); the
      * package beside this program first. */
     char **args = calloc((size_t)argc + 4, sizeof *args);
@@ -152,6 +184,7 @@ __attribute__((noreturn)) static void fall_back(const char *why) {
     static const char msg[] = "sandlock: cannot start the Python CLI (" SANDLOCK_PYTHON ")\n";
     if (write(2, msg, sizeof msg - 1) < 0) {
     }
+#endif
     _exit(125); /* sandlock.errors.ExitCode.LAUNCHER */
 }
 
@@ -279,7 +312,7 @@ static void key_bytes(struct buf *b, const char *policy, const uint8_t *policy_t
     int len = snprintf(magic, sizeof magic, "sandlock-native-entry%c%d\n", 0, NATIVE_FORMAT);
     field(b, magic, (size_t)len);
     text(b, SANDLOCK_VERSION);
-    text(b, SANDLOCK_KEY_PYTHON);
+    text(b, key_python);
     text(b, package_dir);
     code_fields(b);
     struct utsname u;
@@ -490,6 +523,28 @@ static const uint8_t *next(struct reader *r, size_t *len) {
     r->at += 4 + size;
     *len = size;
     return out;
+}
+
+/* A file the Python CLI wrote in the cache (a native entry, a record): `what`, NUL, the
+ * format and a newline, the keyed BLAKE2b tag of the rest, the rest. Why it is not one of
+ * this format whose tag verifies, or NULL and `r` over the rest. */
+static const char *verify(const uint8_t *data, size_t len, const char *what,
+                          const uint8_t secret[KEY_BYTES], struct reader *r) {
+    char magic[64];
+    size_t magic_len = (size_t)snprintf(magic, sizeof magic, "%s%c%d\n", what, 0, NATIVE_FORMAT);
+    size_t head = magic_len + TAG_BYTES;
+    if (len < head || memcmp(data, magic, magic_len))
+        return "not a native entry of this format";
+    uint8_t tag[TAG_BYTES];
+    blake2b(tag, sizeof tag, secret, KEY_BYTES, data + head, len - head);
+    uint8_t diff = 0;
+    for (size_t k = 0; k < TAG_BYTES; k++)
+        diff |= (uint8_t)(tag[k] ^ data[magic_len + k]);
+    if (diff)
+        return "the entry's tag does not verify";
+    r->at = data + head;
+    r->end = data + len;
+    return NULL;
 }
 
 /* A number field: ASCII decimal digits only, at most `max`; else fall back. */
@@ -1277,7 +1332,7 @@ static void recheck_witness(struct reader *r) {
     if (!same_optional(r, exposed_key_file(state)))
         fall_back("stale: the cache key file appeared or went");
     char real[PATH_MAX];
-    if (!same_optional(r, realpath(SANDLOCK_KEY_PYTHON, real)))
+    if (!same_optional(r, realpath(key_python, real)))
         fall_back("stale: the interpreter is another file");
     for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* the interpreter's files */
         char *path = string_field(r);
@@ -1567,8 +1622,10 @@ static char **tool_environment(void) {
         int seen = 0;
         for (size_t k = 0; eq && k < m && !seen; k++)
             seen = !strncmp(out[k], environ[i], len + 1);
-        /* The stale mark is for the Python CLI only (cache.lookup takes it out). */
-        int stale = len == strlen(ENV_STALE) && !strncmp(environ[i], ENV_STALE, len);
+        /* The stale mark and the record's name are for the Python CLI only (it takes
+         * them out). */
+        int stale = (len == strlen(ENV_STALE) && !strncmp(environ[i], ENV_STALE, len)) ||
+                    (len == strlen(ENV_FRONT) && !strncmp(environ[i], ENV_FRONT, len));
         if (eq && !seen && !stale && passes(environ[i], len)) {
             if (!len) /* os.execve refuses it */
                 fall_back("an environment entry with no name (the Python CLI refuses it)");
@@ -1903,6 +1960,79 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
 
 /* ------------------------------------------------------------------------- */
 
+#ifndef SANDLOCK_PYTHON
+static void file_identity(struct buf *b, const char *path, const struct stat *st) {
+    text(b, path);
+    number(b, st->st_dev);
+    number(b, st->st_ino);
+    number(b, (unsigned long long)st->st_size);
+    number(b, (unsigned long long)st->st_mtim.tv_sec * 1000000000ULL +
+                  (unsigned long long)st->st_mtim.tv_nsec);
+}
+
+/* The installed command: PYTHON_CLI beside it (python_cli), and the name of the record
+ * that says which interpreter and package that Python CLI runs: a hash of this program's
+ * and of PYTHON_CLI's paths and identities (another install, an upgrade or a copy elsewhere
+ * is another record). Both stay empty when this program cannot tell where it is. */
+static void find_package(void) {
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return;
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (self[0] != '/' || !slash ||
+        snprintf(python_cli, sizeof python_cli, "%.*s/" PYTHON_CLI, (int)(slash - self), self) >=
+            (int)sizeof python_cli) {
+        python_cli[0] = 0;
+        return;
+    }
+    struct stat me, cli;
+    if (stat("/proc/self/exe", &me) < 0 || stat(python_cli, &cli) < 0)
+        return;
+    struct buf b = {0};
+    text(&b, "sandlock-front-record");
+    file_identity(&b, self, &me);
+    file_identity(&b, python_cli, &cli);
+    uint8_t digest[FRONT_BYTES];
+    blake2b(digest, sizeof digest, NULL, 0, b.data, b.len);
+    free(b.data);
+    for (size_t k = 0; k < sizeof digest; k++)
+        snprintf(front + 2 * k, 3, "%02x", digest[k]);
+}
+
+/* The record (cache.write_front): FRONT_MAGIC, the tag, then the name's digest, the
+ * interpreter and the package directory the Python CLI beside this program ran with. */
+static void read_record(int dir, const uint8_t secret[KEY_BYTES]) {
+    if (!front[0])
+        fall_back("cannot tell which command this is (its path or the Python CLI beside it)");
+    char name[sizeof FRONT_PREFIX + sizeof front];
+    snprintf(name, sizeof name, FRONT_PREFIX "%s", front);
+    uint8_t *data;
+    ssize_t len = read_file(dir, name, O_NOFOLLOW, &data, 4 * PATH_MAX);
+    if (len < 0)
+        fall_back("no entry: no record of the Python CLI beside this command");
+    struct reader r;
+    const char *wrong = verify(data, (size_t)len, "sandlock-front-record", secret, &r);
+    if (wrong)
+        fall_back(wrong);
+    size_t n;
+    const uint8_t *digest = next(&r, &n);
+    uint8_t want[FRONT_BYTES];
+    for (size_t k = 0; k < sizeof want; k++)
+        want[k] = (uint8_t)strtoul((char[]){front[2 * k], front[2 * k + 1], 0}, NULL, 16);
+    if (!digest || n != FRONT_BYTES || memcmp(digest, want, n))
+        fall_back("the record's name differs");
+    char *python = string_field(&r), *package = string_field(&r);
+    if (r.at != r.end || python[0] != '/' || package[0] != '/' ||
+        snprintf(key_python, sizeof key_python, "%s", python) >= (int)sizeof key_python ||
+        snprintf(package_dir, sizeof package_dir, "%s", package) >= (int)sizeof package_dir)
+        fall_back("a malformed record");
+    free(python);
+    free(package);
+    free(data);
+}
+#else
 /* The package this program belongs to (package_dir) and the directory above it; both empty
  * when it is not found (then the fallback imports sandlock as the interpreter finds it). */
 static void find_package(void) {
@@ -1929,6 +2059,7 @@ static void find_package(void) {
     *slash = 0;
     snprintf(package_parent, sizeof package_parent, "%s", self);
 }
+#endif
 
 static int contains(const char *const *list, size_t n, const char *name, size_t len) {
     for (size_t i = 0; i < n; i++)
@@ -1955,8 +2086,10 @@ int main(int argc, char **argv) {
         }
     debug = getenv("SANDLOCK_NATIVE_DEBUG") && !strcmp(getenv("SANDLOCK_NATIVE_DEBUG"), "1");
     find_package();
+#ifdef SANDLOCK_PYTHON
     if (!package_parent[0])
         fall_back("cannot find the package");
+#endif
     const char *on = getenv("SANDLOCK_NATIVE_RUN");
     if (on && !strcmp(on, "0"))
         fall_back("off (SANDLOCK_NATIVE_RUN=0)");
@@ -2023,6 +2156,15 @@ int main(int argc, char **argv) {
     ssize_t policy_len = read_file(AT_FDCWD, policy, 0, &policy_text, POLICY_MAX);
     if (policy_len < 0)
         fall_back("cannot read the policy");
+    uint8_t secret[KEY_BYTES];
+    if (!fetch_secret(secret))
+        fall_back("no trusted cache key");
+    int dir = cache_directory();
+    if (dir < 0)
+        fall_back("no private cache directory");
+#ifndef SANDLOCK_PYTHON
+    read_record(dir, secret);
+#endif
     struct buf key = {0};
     key_bytes(&key, policy, policy_text, (size_t)policy_len, vars, nvars, timeout, best_effort);
     if (debug) {
@@ -2034,12 +2176,6 @@ int main(int argc, char **argv) {
             free(hex);
         }
     }
-    uint8_t secret[KEY_BYTES];
-    if (!fetch_secret(secret))
-        fall_back("no trusted cache key");
-    int dir = cache_directory();
-    if (dir < 0)
-        fall_back("no private cache directory");
     uint8_t digest[NATIVE_NAME_BYTES];
     char name[sizeof NATIVE_PREFIX + 2 * NATIVE_NAME_BYTES];
     blake2b(digest, sizeof digest, NULL, 0, key.data, key.len);
@@ -2051,24 +2187,15 @@ int main(int argc, char **argv) {
     close(dir);
     if (entry_len < 0)
         fall_back("no entry");
-    char magic[64];
-    size_t magic_len = (size_t)snprintf(magic, sizeof magic, "sandlock-native-entry%c%d\n", 0,
-                                        NATIVE_FORMAT);
-    size_t head = magic_len + TAG_BYTES;
-    if ((size_t)entry_len < head + 4 || memcmp(entry, magic, magic_len))
-        fall_back("not a native entry of this format");
-    uint8_t tag[TAG_BYTES];
-    blake2b(tag, sizeof tag, secret, sizeof secret, entry + head, (size_t)entry_len - head);
-    uint8_t diff = 0;
-    for (size_t k = 0; k < TAG_BYTES; k++)
-        diff |= (uint8_t)(tag[k] ^ entry[magic_len + k]);
-    if (diff)
-        fall_back("the entry's tag does not verify");
-    const uint8_t *p = entry + head;
-    size_t stored = (size_t)p[0] | (size_t)p[1] << 8 | (size_t)p[2] << 16 | (size_t)p[3] << 24;
-    if (stored != key.len || (size_t)entry_len - head - 4 < stored || memcmp(p + 4, key.data, key.len))
+    struct reader r;
+    const char *wrong = verify(entry, (size_t)entry_len, "sandlock-native-entry", secret, &r);
+    if (wrong)
+        fall_back(wrong);
+    size_t stored;
+    const uint8_t *p = next(&r, &stored);
+    if (!p || stored != key.len || memcmp(p, key.data, key.len))
         fall_back("the entry's key differs");
     say_debug("entry", "verified");
-    recheck(p + 4 + stored, (size_t)entry_len - head - 4 - stored);
+    recheck(r.at, (size_t)(r.end - r.at));
     run_hit(argv + i);
 }
