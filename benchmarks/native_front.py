@@ -9,6 +9,9 @@ from spawn to reaped exit, 50 in a row, the rows interleaved round by round:
   ``SANDLOCK_NATIVE_RUN=1`` on a cached policy: it verifies the entry, re-checks it,
   builds the ruleset and runs the tool itself (docs/design.md "Native front end"); the row
   is measured only once its debug line shows that it ran the hit itself;
+- ``sandlock command``: the installed ``sandlock`` beside this interpreter (the same front
+  end, built with no path in it: it learns its Python CLI's from a record), measured only
+  once it runs the hit itself;
 - ``Python CLI``: ``python -m sandlock run`` on the same cached policy;
 - ``bwrap``: ``bwrap --ro-bind / / --dev /dev --unshare-net /bin/true`` (bubblewrap);
 - ``C floor``: a small C program compiled here, the least any such tool does: fork, a
@@ -189,6 +192,11 @@ def main() -> int:
             rows["native CLI"] = [str(FRONT), *run_args]
         else:
             skipped["native CLI"] = f"{FRONT} is not built"
+        command = Path(sys.executable).parent / "sandlock"
+        if command.exists() and command.read_bytes()[:4] == b"\x7fELF":
+            rows["sandlock command"] = [str(command), *run_args]
+        else:
+            skipped["sandlock command"] = f"{command} is not the native command"
         rows["Python CLI"] = [sys.executable, "-m", "sandlock", *run_args]
         bwrap = shutil.which("bwrap")
         if bwrap:
@@ -205,11 +213,11 @@ def main() -> int:
         envs = {name: python_env if name == "Python CLI" else env for name in rows}
         for name, argv in rows.items():  # warm: the cache entry, the page cache
             series(argv, envs[name], 2)
-        if "native CLI" in rows:  # a row that fell back measures the Python CLI instead
-            why = ran_the_hit(rows["native CLI"], env)
+        for name in ("native CLI", "sandlock command"):  # one that fell back measures Python
+            why = ran_the_hit(rows[name], env) if name in rows else None
             if why is not None:
-                skipped["native CLI"] = why
-                del rows["native CLI"]
+                skipped[name] = why
+                del rows[name]
         times: dict[str, list[float]] = {name: [] for name in rows}
         names = list(rows)
         for round_ in range(args.rounds):

@@ -1477,3 +1477,39 @@ def test_a_copy_of_the_command_runs_no_package_near_it(attack: bool, tmp_path: P
         subprocess.run(["/usr/bin/python3", "-c", "import sandlock"], env=env, cwd=tmp_path,
                        capture_output=True, timeout=60, check=False)
     assert marker.exists() is not attack
+
+
+def test_a_wheel_installed_elsewhere_runs_cached_policies_natively(tmp_path: Path) -> None:
+    """A wheel built in one environment and installed in another (a container, a wheel
+    cache shared by venvs): the build's interpreter and source are gone, yet the command
+    starts its Python CLI, and the second run of a policy is native."""
+    from test_packaging import build
+
+    built = build(tmp_path)
+    assert built.returncode == 0, built.stderr
+    shutil.rmtree(tmp_path / "venv")
+    shutil.rmtree(tmp_path / "src")
+    venv = tmp_path / "elsewhere"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True)
+    (wheel,) = (tmp_path / "wheels").glob("*.whl")
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+                    "--no-index", str(wheel)], check=True, capture_output=True, timeout=300,
+                   env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_FIND_LINKS": "",
+                        "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    import click
+    import h11
+    import pyseccomp
+
+    (site,) = venv.glob("lib/python3*/site-packages")
+    (site / "dependencies.pth").write_text("".join(  # after the install's own site-packages
+        f"{Path(module.__file__ or '').parent.parent}\n" for module in (click, h11, pyseccomp)))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "SANDLOCK_NATIVE_DEBUG": "1"}
+    policy = write_policy(tmp_path, POLICY)
+    args = ["run", "--policy", str(policy), "--", "sh", "-c", "echo ran"]
+    first, notes = run_installed(venv / "bin" / "sandlock", args, env, tmp_path)
+    assert (first.returncode, first.stdout) == (0, "ran\n"), first.stderr
+    assert "fallback" in notes
+    second, notes = run_installed(venv / "bin" / "sandlock", args, env, tmp_path)
+    assert (second.returncode, second.stdout) == (0, "ran\n"), second.stderr
+    assert notes.get("hit") == "running it", notes

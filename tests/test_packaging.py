@@ -14,6 +14,7 @@ from conftest import REPO, package_of, require_tool
 
 ELF = b"\x7fELF"
 HELPER = "sandlock/exec/helper/sandlock-exec"
+RUN = "sandlock/exec/helper/sandlock-run"
 
 pytestmark = pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system python3")
 
@@ -47,12 +48,25 @@ def the_wheel(tmp_path: Path) -> tuple[str, dict[str, bytes]]:
     return wheel.name, contents
 
 
+def the_command(contents: dict[str, bytes]) -> bytes:
+    """The wheel's `sandlock` command (setup.py COMMAND: a script of the wheel)."""
+    (command,) = [data for name, data in contents.items() if name.endswith(".data/scripts/sandlock")]
+    return command
+
+
 def test_a_wheel_with_the_helper_is_platform_tagged(tmp_path: Path) -> None:
     built = build(tmp_path)
     assert built.returncode == 0, built.stderr
     name, contents = the_wheel(tmp_path)
     assert name.endswith(f"-py3-none-linux_{os.uname().machine}.whl"), name
     assert contents[HELPER].startswith(ELF)
+    # The `sandlock` command is the front end, with no path of this build in it (pip may
+    # install the wheel anywhere); the source tree's front end, whose paths are built in,
+    # stays out.
+    command = the_command(contents)
+    assert command.startswith(ELF)
+    assert str(tmp_path).encode() not in command
+    assert RUN not in contents
 
 
 def test_without_the_helper_on_request_the_wheel_is_pure(tmp_path: Path) -> None:
@@ -62,6 +76,7 @@ def test_without_the_helper_on_request_the_wheel_is_pure(tmp_path: Path) -> None
     assert name.endswith("-py3-none-any.whl"), name
     assert not any(data.startswith(ELF) for data in contents.values())
     assert HELPER not in contents
+    assert the_command(contents).startswith(b"#!python\n")  # pip names the interpreter
 
 
 def test_a_helper_that_cannot_be_compiled_fails_the_build(tmp_path: Path) -> None:

@@ -58,8 +58,10 @@
 #ifndef SANDLOCK_VERSION
 #error "define SANDLOCK_VERSION: sandlock.__version__"
 #endif
-#if defined SANDLOCK_PYTHON && !defined SANDLOCK_KEY_PYTHON
-#define SANDLOCK_KEY_PYTHON SANDLOCK_PYTHON /* the interpreter the key names: the one that stores */
+#ifdef SANDLOCK_PYTHON
+#ifndef SANDLOCK_KEY_PYTHON /* the interpreter the key names: the one that stores the entries */
+#define SANDLOCK_KEY_PYTHON SANDLOCK_PYTHON
+#endif
 #endif
 
 /* Same numbers on x86_64 and aarch64 (the kernel's unified syscall table). */
@@ -352,6 +354,15 @@ static void key_bytes(struct buf *b, const char *policy, const uint8_t *policy_t
     }
     optional(b, timeout);
     number(b, (unsigned long long)(best_effort != 0));
+    if (debug) {
+        char *hex = malloc(b->len * 2 + 1);
+        if (hex) {
+            for (size_t k = 0; k < b->len; k++)
+                snprintf(hex + 2 * k, 3, "%02x", b->data[k]);
+            say_debug("key", hex);
+            free(hex);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------- */
@@ -2156,26 +2167,20 @@ int main(int argc, char **argv) {
     ssize_t policy_len = read_file(AT_FDCWD, policy, 0, &policy_text, POLICY_MAX);
     if (policy_len < 0)
         fall_back("cannot read the policy");
+    struct buf key = {0};
     uint8_t secret[KEY_BYTES];
+#ifdef SANDLOCK_PYTHON /* the key first: its debug line even where the cache is not there */
+    key_bytes(&key, policy, policy_text, (size_t)policy_len, vars, nvars, timeout, best_effort);
+#endif
     if (!fetch_secret(secret))
         fall_back("no trusted cache key");
     int dir = cache_directory();
     if (dir < 0)
         fall_back("no private cache directory");
-#ifndef SANDLOCK_PYTHON
+#ifndef SANDLOCK_PYTHON /* the key names what the record says */
     read_record(dir, secret);
-#endif
-    struct buf key = {0};
     key_bytes(&key, policy, policy_text, (size_t)policy_len, vars, nvars, timeout, best_effort);
-    if (debug) {
-        char *hex = malloc(key.len * 2 + 1);
-        if (hex) {
-            for (size_t k = 0; k < key.len; k++)
-                snprintf(hex + 2 * k, 3, "%02x", key.data[k]);
-            say_debug("key", hex);
-            free(hex);
-        }
-    }
+#endif
     uint8_t digest[NATIVE_NAME_BYTES];
     char name[sizeof NATIVE_PREFIX + 2 * NATIVE_NAME_BYTES];
     blake2b(digest, sizeof digest, NULL, 0, key.data, key.len);
