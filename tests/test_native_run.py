@@ -270,6 +270,8 @@ def test_the_key_bytes_are_native_keys(case: str, tmp_path: Path, env: dict[str,
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    # The front end's Python CLI has the directory above the package first on its path.
+    monkeypatch.setattr(sys, "path", [str(HELPER_DIR.parents[2]), *sys.path[1:]])
     expected = cache.native_key("policy.toml", POLICY.encode(), variables, timeout, best_effort)
     assert notes["key"] == expected.hex()
     assert done.returncode == 0, done.stderr
@@ -1309,6 +1311,29 @@ def test_a_c_locale_reaches_the_hit(tmp_path: Path, env: dict[str, str]) -> None
     assert notes["fallback"] == RAN, notes
 
 
+@pytest.mark.parametrize("way", ["front end", "control-interpreter"])
+def test_the_tool_gets_the_callers_locale_not_the_interpreters(way: str, tmp_path: Path,
+                                                               env: dict[str, str]) -> None:
+    """Started in the C locale, Python sets LC_CTYPE for its children (PEP 538): the tool's
+    environment is still the caller's, from the Python CLI (the first run) as from the
+    native run. Control: the interpreter does set it for a child of its own."""
+    for name in ("LC_ALL", "LC_CTYPE", "LANGUAGE"):
+        env.pop(name, None)
+    env["LANG"] = "C"
+    if way == "control-interpreter":
+        done = subprocess.run([sys.executable, "-c", "import os; os.execvp('env', ['env'])"],
+                              env=env, capture_output=True, text=True, timeout=60, check=True)
+        assert "LC_CTYPE=" in done.stdout
+        return
+    policy = write_policy(tmp_path, POLICY + '[env]\npass = ["PATH", "LANG", "LC_*"]\n')
+    args = ["run", "--policy", str(policy), "--", "env"]
+    first, _ = front(args, env, tmp_path)
+    second, notes = front(args, env, tmp_path)
+    assert notes["fallback"] == RAN, notes
+    assert "LANG=C\n" in first.stdout and "LC_CTYPE" not in first.stdout, first.stdout
+    assert first.stdout == second.stdout
+
+
 def test_a_missing_entry_is_written_by_the_python_cli(tmp_path: Path,
                                                        env: dict[str, str]) -> None:
     """A run in another locale (in the native key, not in the Python CLI's) after the first:
@@ -1334,7 +1359,9 @@ def test_a_missing_entry_is_written_by_the_python_cli(tmp_path: Path,
 # beside it, and learns that CLI's interpreter and package from the record it writes.
 
 #: What pip writes as the console script `sandlock-python` (the tree under test's package).
-PYTHON_CLI = "#!{python}\nimport sys\nsys.path[:0] = [{tree!r}]\nfrom sandlock.__main__ import main\nmain()\n"
+#: Its own directory stays first on the import path, as in pip's.
+PYTHON_CLI = ("#!{python}\nimport sys\nsys.path[1:1] = [{tree!r}]\n"
+              "from sandlock.__main__ import main\nmain()\n")
 
 
 def installed(where: Path) -> Path:
@@ -1449,6 +1476,29 @@ def test_a_record_is_used_only_as_its_python_cli_wrote_it(attack: str, tmp_path:
         assert notes.get("hit") == "running it", notes
     else:
         assert notes.get("fallback") == RECORD_ATTACKS[attack], notes
+
+
+def test_a_plan_another_command_stored_is_not_a_hit(tmp_path: Path, env: dict[str, str]) -> None:
+    """Each command's Python CLI protects its own directory (the first on its import path):
+    a plan that grants writing where a second install of the command lives, stored through
+    the first, is no hit for the second, whose Python CLI refuses it; the tool cannot
+    replace the second's Python CLI. Control: through the first it runs and writes there."""
+    one = installed(tmp_path / "one")
+    two = installed(tmp_path / "two")
+    cli = tmp_path / "two" / "sandlock-python"
+    genuine = cli.read_bytes()
+    plain = write_policy(tmp_path, POLICY, "plain.toml")
+    run_installed(two, ["run", "--policy", str(plain), "--", "true"], env, tmp_path)  # its record
+    assert len(records(env)) == 1
+    policy = write_policy(tmp_path, POLICY + f'write = ["{tmp_path / "two"}"]\n')
+    args = ["run", "--policy", str(policy), "--", "sh", "-c", f"echo planted > {tmp_path / 'two' / 'x'}"]
+    done, _ = run_installed(one, args, env, tmp_path)
+    assert done.returncode == 0 and (tmp_path / "two" / "x").exists(), done.stderr  # the control
+    attack = ["run", "--policy", str(policy), "--", "sh", "-c", f"echo planted > {cli}"]
+    done, notes = run_installed(two, attack, env, tmp_path)
+    assert notes.get("hit") != "running it", notes
+    assert done.returncode == 125 and "sandlock's own modules" in done.stderr, done.stderr
+    assert cli.read_bytes() == genuine
 
 
 @pytest.mark.parametrize("attack", [True, False], ids=["copy", "control-user-site"])

@@ -42,6 +42,17 @@ def exit_now(code: int) -> None:
     sys.exit(code)
 
 
+def _given(name: str) -> bool:
+    """Whether exec gave this process the variable ``name`` (/proc/self/environ); True when
+    that cannot be read."""
+    try:
+        with open("/proc/self/environ", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return True
+    return any(item.startswith(name.encode() + b"=") for item in data.split(b"\0"))
+
+
 def open_standard_streams() -> None:
     """Open /dev/null on each of descriptors 0-2 the caller left closed (``>&-``).
 
@@ -131,6 +142,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from ..compile import cache
 
     cache.front_end = os.environ.pop(cache.ENV_FRONT_END, None)
+    # PEP 538: an interpreter started in the C locale sets LC_CTYPE for its children. The
+    # tool's environment is the caller's, as the native front end gives it.
+    # (The native entry's key, which holds the locale, is then the front end's too.)
+    if "LC_CTYPE" in os.environ and not os.environ.get("LC_ALL") and not _given("LC_CTYPE"):
+        del os.environ["LC_CTYPE"]
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "run":
         try:

@@ -673,9 +673,11 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
                code: Optional[tuple[Any, ...]] = None) -> bytes:
     """The native entry's key: every fact _key holds that the C front end can see without
     Python, as bytes it builds the same way (tests/test_native_run.py compares them).
-    ``sys.path`` is replaced by the interpreter and the package directory: the front end
-    runs this package (the one beside it) with the interpreter it was built for on a
-    miss; what else decides the import path is in the witness (grants.Witness). Empty
+    ``sys.path`` is replaced by the interpreter, the package directory and the first entry
+    of the path (the directory of the console script the installed command runs, which
+    the checks protect: each install's plans are its own): the front end runs that with
+    this package on a miss; what else decides the import path is in the witness
+    (grants.Witness). Empty
     when the front end could not build the same key (the entry is then not written)."""
     if getattr(sys, "frozen", False):
         return b""  # the binary's front end is not built yet (docs/design.md)
@@ -685,9 +687,9 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
         # This interpreter's import path is not the one the front end's would have (it
         # starts it with no such variable or flag): what is protected differs.
         return b""
-    env: dict[str, Optional[str]] = {**os.environ, **_initial_locale()}
+    env = os.environ  # as the caller gave it: cli/run.py main undoes the locale coercion
     fields = [_field(NATIVE_MAGIC), _field(__version__.encode()), _field(os.fsencode(sys.executable)),
-              _field(os.fsencode(PACKAGE_DIR)),
+              _field(os.fsencode(PACKAGE_DIR)), _field(os.fsencode(sys.path[0] if sys.path else "")),
               _code_fields(_code_id() if code is None else code),
               _field(os.uname().machine.encode()), _number(os.geteuid()), _number(os.getuid()),
               _number(os.getgid()), _number(os.getegid()),
@@ -701,30 +703,6 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
     fields += [_field(name) + _field(value) for name, value in pairs]
     fields += [_optional(timeout), _number(int(best_effort))]
     return b"".join(fields)
-
-
-#: The locale variables of the key, as the caller gave them: the interpreter's start-up may
-#: set LC_CTYPE (PEP 538 coerces a C locale), which the front end never sees.
-LOCALE_ENV = ("LC_ALL", "LC_CTYPE", "LANG")
-
-
-def _initial_locale() -> dict[str, Optional[str]]:
-    """LOCALE_ENV from this process's environment as exec gave it (/proc/self/environ,
-    the first of a name, as getenv); os.environ's values where it cannot be read."""
-    try:
-        with open("/proc/self/environ", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return {}
-    out: dict[str, Optional[str]] = {name: None for name in LOCALE_ENV}
-    seen = set()
-    for item in data.split(b"\0"):
-        name, sep, value = item.partition(b"=")
-        text = os.fsdecode(name)
-        if sep and text in out and text not in seen:
-            seen.add(text)
-            out[text] = os.fsdecode(value)
-    return out
 
 
 def native_name(key: bytes) -> str:

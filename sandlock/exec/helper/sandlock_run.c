@@ -118,6 +118,10 @@ static int debug;
 static int keyring_held; /* fetch_secret found the key in the keyring */
 static char **given_argv;
 static char package_dir[PATH_MAX];
+/* The first entry of the Python CLI's import path (cache.native_key): the directory above
+ * the package, where the fallback puts it first; the real directory of the installed
+ * command's Python CLI (the script's, as Python puts it first). */
+static char import_first[PATH_MAX];
 #ifdef SANDLOCK_PYTHON
 static char package_parent[PATH_MAX];
 static const char key_python[] = SANDLOCK_KEY_PYTHON;
@@ -161,7 +165,9 @@ __attribute__((noreturn)) static void fall_back(const char *why) {
         execv(python_cli, args);
     }
     const char *parts[] = {"sandlock: cannot start the Python CLI (",
-                           python_cli[0] ? python_cli : PYTHON_CLI " beside this command", ")\n"};
+                           python_cli[0] ? python_cli : PYTHON_CLI " beside this command",
+                           "): this command runs the " PYTHON_CLI " installed beside it; to call "
+                           "it from elsewhere, link it (ln -s) rather than copy it\n"};
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
         if (write(2, parts[i], strlen(parts[i])) < 0)
             break;
@@ -316,6 +322,7 @@ static void key_bytes(struct buf *b, const char *policy, const uint8_t *policy_t
     text(b, SANDLOCK_VERSION);
     text(b, key_python);
     text(b, package_dir);
+    text(b, import_first);
     code_fields(b);
     struct utsname u;
     if (uname(&u) < 0)
@@ -536,26 +543,29 @@ static const uint8_t *next(struct reader *r, size_t *len) {
     return out;
 }
 
-/* A file the Python CLI wrote in the cache (a native entry, a record): `what`, NUL, the
- * format and a newline, the keyed BLAKE2b tag of the rest, the rest. Why it is not one of
- * this format whose tag verifies, or NULL and `r` over the rest. */
-static const char *verify(const uint8_t *data, size_t len, const char *what,
-                          const uint8_t secret[KEY_BYTES], struct reader *r) {
+/* A file the Python CLI wrote in the cache directory `dir` (a native entry, a record),
+ * read whole: `what`, NUL, the format and a newline, the keyed BLAKE2b tag of the rest, the
+ * rest. A reader over the rest once the tag verifies; else fall back (`missing`: none). */
+static struct reader read_verified(int dir, const char *name, size_t max, const char *what,
+                                   const uint8_t secret[KEY_BYTES], const char *missing) {
+    uint8_t *data;
+    ssize_t got = read_file(dir, name, O_NOFOLLOW, &data, max);
+    if (got < 0)
+        fall_back(missing);
+    size_t len = (size_t)got;
     char magic[64];
     size_t magic_len = (size_t)snprintf(magic, sizeof magic, "%s%c%d\n", what, 0, NATIVE_FORMAT);
     size_t head = magic_len + TAG_BYTES;
     if (len < head || memcmp(data, magic, magic_len))
-        return "not a native entry of this format";
+        fall_back("not a native entry of this format");
     uint8_t tag[TAG_BYTES];
     blake2b(tag, sizeof tag, secret, KEY_BYTES, data + head, len - head);
     uint8_t diff = 0;
     for (size_t k = 0; k < TAG_BYTES; k++)
         diff |= (uint8_t)(tag[k] ^ data[magic_len + k]);
     if (diff)
-        return "the entry's tag does not verify";
-    r->at = data + head;
-    r->end = data + len;
-    return NULL;
+        fall_back("the entry's tag does not verify");
+    return (struct reader){data + head, data + len};
 }
 
 /* A number field: ASCII decimal digits only, at most `max`; else fall back. */
@@ -1999,8 +2009,12 @@ static void find_package(void) {
         return;
     }
     struct stat me, cli;
-    if (stat("/proc/self/exe", &me) < 0 || stat(python_cli, &cli) < 0)
+    if (stat("/proc/self/exe", &me) < 0 || stat(python_cli, &cli) < 0 ||
+        !realpath(python_cli, import_first))
         return;
+    *strrchr(import_first, '/') = 0; /* a real path: absolute, so a '/' there is */
+    if (!import_first[0])
+        snprintf(import_first, sizeof import_first, "/");
     struct buf b = {0};
     text(&b, "sandlock-front-record");
     file_identity(&b, self, &me);
@@ -2019,14 +2033,8 @@ static void read_record(int dir, const uint8_t secret[KEY_BYTES]) {
         fall_back("cannot tell which command this is (its path or the Python CLI beside it)");
     char name[sizeof FRONT_PREFIX + sizeof front];
     snprintf(name, sizeof name, FRONT_PREFIX "%s", front);
-    uint8_t *data;
-    ssize_t len = read_file(dir, name, O_NOFOLLOW, &data, 4 * PATH_MAX);
-    if (len < 0)
-        fall_back("no entry: no record of the Python CLI beside this command");
-    struct reader r;
-    const char *wrong = verify(data, (size_t)len, "sandlock-front-record", secret, &r);
-    if (wrong)
-        fall_back(wrong);
+    struct reader r = read_verified(dir, name, 4 * PATH_MAX, "sandlock-front-record", secret,
+                                    "no entry: no record of the Python CLI beside this command");
     size_t n;
     const uint8_t *digest = next(&r, &n);
     uint8_t want[FRONT_BYTES];
@@ -2041,7 +2049,6 @@ static void read_record(int dir, const uint8_t secret[KEY_BYTES]) {
         fall_back("a malformed record");
     free(python);
     free(package);
-    free(data);
 }
 #else
 /* The package this program belongs to (package_dir) and the directory above it; both empty
@@ -2069,6 +2076,7 @@ static void find_package(void) {
     snprintf(package_dir, sizeof package_dir, "%s", self);
     *slash = 0;
     snprintf(package_parent, sizeof package_parent, "%s", self);
+    snprintf(import_first, sizeof import_first, "%s", self);
 }
 #endif
 
@@ -2187,15 +2195,9 @@ int main(int argc, char **argv) {
     memcpy(name, NATIVE_PREFIX, sizeof NATIVE_PREFIX - 1);
     for (size_t k = 0; k < sizeof digest; k++)
         snprintf(name + sizeof NATIVE_PREFIX - 1 + 2 * k, 3, "%02x", digest[k]);
-    uint8_t *entry;
-    ssize_t entry_len = read_file(dir, name, O_NOFOLLOW, &entry, ENTRY_MAX);
+    struct reader r = read_verified(dir, name, ENTRY_MAX, "sandlock-native-entry", secret,
+                                    "no entry");
     close(dir);
-    if (entry_len < 0)
-        fall_back("no entry");
-    struct reader r;
-    const char *wrong = verify(entry, (size_t)entry_len, "sandlock-native-entry", secret, &r);
-    if (wrong)
-        fall_back(wrong);
     size_t stored;
     const uint8_t *p = next(&r, &stored);
     if (!p || stored != key.len || memcmp(p, key.data, key.len))
