@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -270,8 +271,10 @@ def test_the_key_bytes_are_native_keys(case: str, tmp_path: Path, env: dict[str,
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    # The front end's Python CLI has the directory above the package first on its path.
+    # The front end's Python CLI has the directory above the package first on its path,
+    # and runs no script (-c).
     monkeypatch.setattr(sys, "path", [str(HELPER_DIR.parents[2]), *sys.path[1:]])
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
     expected = cache.native_key("policy.toml", POLICY.encode(), variables, timeout, best_effort)
     assert notes["key"] == expected.hex()
     assert done.returncode == 0, done.stderr
@@ -1478,15 +1481,24 @@ def test_a_record_is_used_only_as_its_python_cli_wrote_it(attack: str, tmp_path:
         assert notes.get("fallback") == RECORD_ATTACKS[attack], notes
 
 
-def test_a_plan_another_command_stored_is_not_a_hit(tmp_path: Path, env: dict[str, str]) -> None:
-    """Each command's Python CLI protects its own directory (the first on its import path):
-    a plan that grants writing where a second install of the command lives, stored through
-    the first, is no hit for the second, whose Python CLI refuses it; the tool cannot
-    replace the second's Python CLI. Control: through the first it runs and writes there."""
+@pytest.mark.parametrize("second", ["installed apart", "a copy, its Python CLI linked"])
+def test_a_plan_another_command_stored_is_not_a_hit(second: str, tmp_path: Path,
+                                                    env: dict[str, str]) -> None:
+    """Each command's Python CLI protects its own directory (the first on its import path,
+    and the one its script was run from, through a link too): a plan that grants writing
+    where a second command lives, stored through the first, is no hit for the second,
+    whose Python CLI refuses it; the tool cannot replace the second's Python CLI. The
+    second: installed apart, or a copy of the first with the first's Python CLI linked
+    beside it (ln -s). Control: through the first it runs and writes there."""
     one = installed(tmp_path / "one")
-    two = installed(tmp_path / "two")
     cli = tmp_path / "two" / "sandlock-python"
-    genuine = cli.read_bytes()
+    if second == "installed apart":
+        two = installed(tmp_path / "two")
+    else:
+        cli.parent.mkdir()
+        two = Path(shutil.copy(one, cli.parent / "sandlock"))
+        cli.symlink_to(tmp_path / "one" / "sandlock-python")
+    genuine = os.readlink(cli) if cli.is_symlink() else cli.read_bytes()
     plain = write_policy(tmp_path, POLICY, "plain.toml")
     run_installed(two, ["run", "--policy", str(plain), "--", "true"], env, tmp_path)  # its record
     assert len(records(env)) == 1
@@ -1494,11 +1506,11 @@ def test_a_plan_another_command_stored_is_not_a_hit(tmp_path: Path, env: dict[st
     args = ["run", "--policy", str(policy), "--", "sh", "-c", f"echo planted > {tmp_path / 'two' / 'x'}"]
     done, _ = run_installed(one, args, env, tmp_path)
     assert done.returncode == 0 and (tmp_path / "two" / "x").exists(), done.stderr  # the control
-    attack = ["run", "--policy", str(policy), "--", "sh", "-c", f"echo planted > {cli}"]
+    attack = ["run", "--policy", str(policy), "--", "sh", "-c", f"rm -f {cli}; echo planted > {cli}"]
     done, notes = run_installed(two, attack, env, tmp_path)
     assert notes.get("hit") != "running it", notes
     assert done.returncode == 125 and "sandlock's own modules" in done.stderr, done.stderr
-    assert cli.read_bytes() == genuine
+    assert (os.readlink(cli) if cli.is_symlink() else cli.read_bytes()) == genuine
 
 
 @pytest.mark.parametrize("attack", [True, False], ids=["copy", "control-user-site"])

@@ -673,11 +673,11 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
                code: Optional[tuple[Any, ...]] = None) -> bytes:
     """The native entry's key: every fact _key holds that the C front end can see without
     Python, as bytes it builds the same way (tests/test_native_run.py compares them).
-    ``sys.path`` is replaced by the interpreter, the package directory and the first entry
-    of the path (the directory of the console script the installed command runs, which
-    the checks protect: each install's plans are its own): the front end runs that with
-    this package on a miss; what else decides the import path is in the witness
-    (grants.Witness). Empty
+    ``sys.path`` is replaced by the interpreter, the package directory, the first entry of
+    the path and the directory of the script (both the console script's the installed
+    command runs, resolved and as run: the checks protect both, so each install's plans
+    are its own): the front end runs that with this package on a miss; what else decides
+    the import path is in the witness (grants.Witness). Empty
     when the front end could not build the same key (the entry is then not written)."""
     if getattr(sys, "frozen", False):
         return b""  # the binary's front end is not built yet (docs/design.md)
@@ -690,6 +690,7 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
     env = os.environ  # as the caller gave it: cli/run.py main undoes the locale coercion
     fields = [_field(NATIVE_MAGIC), _field(__version__.encode()), _field(os.fsencode(sys.executable)),
               _field(os.fsencode(PACKAGE_DIR)), _field(os.fsencode(sys.path[0] if sys.path else "")),
+              _field(os.fsencode(_main_directory())),
               _code_fields(_code_id() if code is None else code),
               _field(os.uname().machine.encode()), _number(os.geteuid()), _number(os.getuid()),
               _number(os.getgid()), _number(os.getegid()),
@@ -703,6 +704,14 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
     fields += [_field(name) + _field(value) for name, value in pairs]
     fields += [_optional(timeout), _number(int(best_effort))]
     return b"".join(fields)
+
+
+def _main_directory() -> str:
+    """The directory of the script this interpreter runs (``__main__``'s file, as given: a
+    link is not resolved), whose modules' directories the checks protect; empty for
+    ``-c``."""
+    name = getattr(sys.modules.get("__main__"), "__file__", None)
+    return os.path.dirname(os.path.abspath(name)) if isinstance(name, str) else ""
 
 
 def native_name(key: bytes) -> str:

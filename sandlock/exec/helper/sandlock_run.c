@@ -23,7 +23,7 @@
  * as without this program. SANDLOCK_NATIVE_RUN=0 makes it always do so.
  *
  * SANDLOCK_NATIVE_DEBUG=1 writes to stderr the key bytes (hex) and which way it went
- * (fixed texts only: nothing a tool controls is printed).
+ * (fixed texts, and the key bytes in hex: nothing a tool controls is printed raw).
  *
  * Built two ways by setup.py:
  * - the installed `sandlock` command (no SANDLOCK_PYTHON): no path is built in. Its Python
@@ -118,10 +118,11 @@ static int debug;
 static int keyring_held; /* fetch_secret found the key in the keyring */
 static char **given_argv;
 static char package_dir[PATH_MAX];
-/* The first entry of the Python CLI's import path (cache.native_key): the directory above
- * the package, where the fallback puts it first; the real directory of the installed
- * command's Python CLI (the script's, as Python puts it first). */
-static char import_first[PATH_MAX];
+/* The first entry of the Python CLI's import path and the directory of its script, as run
+ * (cache.native_key): the directory above the package, where the fallback puts it first,
+ * and none (-c); for the installed command, the real directory of its Python CLI (Python
+ * puts it first) and this program's directory, from where that script is run. */
+static char import_first[PATH_MAX], main_dir[PATH_MAX];
 #ifdef SANDLOCK_PYTHON
 static char package_parent[PATH_MAX];
 static const char key_python[] = SANDLOCK_KEY_PYTHON;
@@ -323,6 +324,7 @@ static void key_bytes(struct buf *b, const char *policy, const uint8_t *policy_t
     text(b, key_python);
     text(b, package_dir);
     text(b, import_first);
+    text(b, main_dir);
     code_fields(b);
     struct utsname u;
     if (uname(&u) < 0)
@@ -2015,6 +2017,7 @@ static void find_package(void) {
     *strrchr(import_first, '/') = 0; /* a real path: absolute, so a '/' there is */
     if (!import_first[0])
         snprintf(import_first, sizeof import_first, "/");
+    snprintf(main_dir, sizeof main_dir, "%.*s", slash == self ? 1 : (int)(slash - self), self);
     struct buf b = {0};
     text(&b, "sandlock-front-record");
     file_identity(&b, self, &me);
