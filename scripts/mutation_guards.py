@@ -1164,7 +1164,7 @@ GUARDS: tuple[Guard, ...] = (
     Guard("sandlock: each install's plans are its own (the directory its Python CLI is run from)",
           "sandlock/exec/helper/sandlock_run.c",
           "    text(b, main_dir);\n",
-          '    text(b, "");\n',
+          "    text(b, main_dir + strlen(main_dir));\n",
           (NATIVE_RUN + "test_the_installed_command_runs_cached_policies_natively",)),
     Guard("cache: each install's plans are its own (the directory its Python CLI is run from)",
           "sandlock/compile/cache.py",
