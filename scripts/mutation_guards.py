@@ -1171,4 +1171,11 @@ GUARDS: tuple[Guard, ...] = (
           "              _field(os.fsencode(_main_directory())),\n",
           "",
           (NATIVE_RUN + "test_the_installed_command_runs_cached_policies_natively",)),
+    Guard("cache: the code id covers the code of the child's steps and of the CLI",
+          "sandlock/compile/cache.py",
+          'PACKAGES = ("api", "cli", "compile", "exec", "integrations", "linux", "net", "policy", "probe",\n'
+          '            "trace", "undo")',
+          'PACKAGES = ("compile", "linux", "policy")',
+          (NATIVE_RUN + "test_a_change_to_the_code_makes_the_plan_stale[exec/spec.py]",
+           "tests/test_fastpath.py::test_a_change_to_the_code_that_shapes_an_entry_makes_every_entry_stale")),
 )

@@ -277,8 +277,10 @@ def test_a_process_limit_is_cached_and_still_applied(workspace: Path, cache_env:
 
 def test_a_change_to_the_code_that_shapes_an_entry_makes_every_entry_stale(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The key holds the size and mtime of every module of the package root, policy/,
-    compile/ and linux/; exec/, cli/ and the API only read a compiled policy."""
+    """The key holds the size and mtime of every module of the package root and of each
+    subpackage (cache.PACKAGES): exec/ builds the child's steps a native entry holds, cli/
+    decides what is refused. A file that is no module (a profile is read as a layer and
+    compared on its own) is not in it."""
     import shutil
 
     import sandlock
@@ -287,12 +289,13 @@ def test_a_change_to_the_code_that_shapes_an_entry_makes_every_entry_stale(
     shutil.copytree(sandlock.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(fastpath, "PACKAGE_DIR", str(copy))
     before = fastpath._code_id()
-    for shaping in ("errors.py", "policy/model.py", "compile/seccomp.py", "linux/kernel.py"):
+    for shaping in ("errors.py", "policy/model.py", "compile/seccomp.py", "linux/kernel.py",
+                    "exec/spec.py", "cli/launch.py"):
         os.utime(copy / shaping, ns=(1, 1))
         after = fastpath._code_id()
         assert after != before, shaping
         before = after
-    os.utime(copy / "exec" / "launcher.py", ns=(1, 1))
+    os.utime(copy / "policy" / "profiles" / "base.toml", ns=(1, 1))
     assert fastpath._code_id() == before
 
 

@@ -1367,9 +1367,10 @@ PYTHON_CLI = ("#!{python}\nimport sys\nsys.path[1:1] = [{tree!r}]\n"
               "from sandlock.__main__ import main\nmain()\n")
 
 
-def installed(where: Path) -> Path:
+def installed(where: Path, package_parent: Optional[Path] = None) -> Path:
     """A bin directory as an install leaves it: the command built as setup.py builds it,
-    with the Python CLI beside it; the command."""
+    with the Python CLI beside it (running the package in ``package_parent``, else the tree
+    under test's); the command."""
     require_front()
     tree = str(HELPER_DIR.parents[2])
     sys.path.insert(0, tree)
@@ -1380,7 +1381,8 @@ def installed(where: Path) -> Path:
     where.mkdir(parents=True, exist_ok=True)
     why = setup.front_end_variant(str(where / "sandlock"), None, None)
     assert why is None, why
-    (where / "sandlock-python").write_text(PYTHON_CLI.format(python=sys.executable, tree=tree))
+    (where / "sandlock-python").write_text(PYTHON_CLI.format(python=sys.executable,
+                                                             tree=str(package_parent or tree)))
     (where / "sandlock-python").chmod(0o755)
     return where / "sandlock"
 
@@ -1439,6 +1441,37 @@ def test_an_entry_without_its_record_is_written_again(tmp_path: Path,
     assert notes["fallback"] == "no entry: no record of the Python CLI beside this command"
     _, notes = run_installed(command, args, env, tmp_path)
     assert notes.get("hit") == "running it", notes
+
+
+@pytest.mark.parametrize("changed", ["exec/spec.py", "cli/launch.py", "control-none"])
+def test_a_change_to_the_code_makes_the_plan_stale(changed: str, tmp_path: Path,
+                                                   env: dict[str, str]) -> None:
+    """The code that builds what a native entry holds (the child's steps: exec/spec.py) or
+    decides what the CLI refuses (cli/launch.py) changed in place (an editable install
+    after a pull, a file patched): the next run is no hit, so the Python CLI of the new
+    code runs it. Control: nothing changed, the run is native."""
+    package = tmp_path / "pkg"
+    shutil.copytree(HELPER_DIR.parents[1], package / "sandlock",
+                    ignore=shutil.ignore_patterns("__pycache__", "sandlock-run", "sandlock-exec"))
+    command = installed(tmp_path / "bin", package)
+    policy = write_policy(tmp_path, POLICY)
+    args = ["run", "--policy", str(policy), "--", "true"]
+    run_installed(command, args, env, tmp_path)
+    _, notes = run_installed(command, args, env, tmp_path)
+    assert notes.get("hit") == "running it", notes
+    if changed != "control-none":
+        source = package / "sandlock" / changed
+        source.write_text(source.read_text() + "\n# changed\n")
+    done, notes = run_installed(command, args, env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (notes.get("hit") == "running it") is (changed == "control-none"), notes
+
+
+def test_every_subpackage_is_in_the_code_id() -> None:
+    """The code id covers every subpackage (a new one must be added to cache.PACKAGES)."""
+    root = HELPER_DIR.parents[1]
+    found = sorted(d.name for d in root.iterdir() if (d / "__init__.py").exists())
+    assert list(cache.PACKAGES) == found
 
 
 def _forge(record: Path, other: Path) -> None:

@@ -66,11 +66,12 @@ TAG_BYTES = 32
 ENV_NO_CACHE = "SANDLOCK_NO_CACHE"
 BUILD_ID_FILE = "sandlock-build-id"  #: bundled by scripts/build_binary.sh
 MAX_ENTRIES = 256
-#: The subpackages whose code decides what an entry holds (the policy model and its
-#: loading, the compiler, the kernel interfaces it builds with): a change to any of their
-#: files makes every entry stale (_code_id). Code that only reads a Compiled (exec/, the
-#: CLI, the API) does not change an entry.
-PACKAGES = ("compile", "linux", "policy")
+#: The subpackages whose files the code id covers (_code_id): every one, in sorted order.
+#: Not only the code that builds a plan: a native entry also holds the child's steps
+#: (exec/spec.py), and the CLI decides what it refuses (cli/launch.py); a file of any
+#: changed makes every entry stale (an attack round: a patched exec/spec.py was not seen).
+PACKAGES = ("api", "cli", "compile", "exec", "integrations", "linux", "net", "policy", "probe",
+            "trace", "undo")
 PROFILE_DIR = os.path.join(PACKAGE_DIR, "policy", "profiles")
 
 #: Fields of the policy model this cache knows how to reproduce. A field added

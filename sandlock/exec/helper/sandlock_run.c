@@ -106,7 +106,8 @@ static const char *const native_env[] = {"SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_
 /* cache.LIMITED: the resources whose hard limits the key holds */
 static const int limited[] = {4, 0, 9, 6, 7, 1};
 /* cache.PACKAGES, after the package itself ("") */
-static const char *const code_dirs[] = {"", "compile", "linux", "policy"};
+static const char *const code_dirs[] = {"", "api", "cli", "compile", "exec", "integrations",
+                                        "linux", "net", "policy", "probe", "trace", "undo"};
 /* `run`'s options (sandlock/cli/launch.py OPTIONS): those this program handles, and
  * those that always fall back (any option not listed falls back too). */
 static const char *const options_valued[] = {"--policy", "--var", "--timeout"};
