@@ -1178,4 +1178,9 @@ GUARDS: tuple[Guard, ...] = (
           'PACKAGES = ("compile", "linux", "policy")',
           (NATIVE_RUN + "test_a_change_to_the_code_makes_the_plan_stale[exec/spec.py]",
            "tests/test_fastpath.py::test_a_change_to_the_code_that_shapes_an_entry_makes_every_entry_stale")),
+    Guard("cache: a plan with a text whose bytes depend on the locale gets no native entry",
+          "sandlock/compile/cache.py",
+          "    if not all(_portable(text) for text in texts):\n        return None\n",
+          "",
+          (NATIVE_RUN + "test_a_plan_depends_on_no_filesystem_encoding",)),
 )

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-from conftest import write_policy
+from conftest import require_tool, write_policy
 
 from sandlock.cli import launch
 from sandlock.compile import cache, cachekey
@@ -1472,6 +1472,41 @@ def test_every_subpackage_is_in_the_code_id() -> None:
     root = HELPER_DIR.parents[1]
     found = sorted(d.name for d in root.iterdir() if (d / "__init__.py").exists())
     assert list(cache.PACKAGES) == found
+
+
+def test_a_plan_depends_on_no_filesystem_encoding(tmp_path: Path, env: dict[str, str]) -> None:
+    """The filesystem encoding follows the locale's data (LOCPATH names where glibc reads
+    it), which no key holds: a policy path with a non-ASCII character names other bytes
+    under ISO-8859-1 than under UTF-8. A plan stored under the one must not run natively
+    under the other: a plan with such a text gets no native entry, and the Python CLI
+    refuses it here. Controls: under UTF-8 the Python CLI refuses the path (a link in a
+    directory a tool could write), under ISO-8859-1 it grants it."""
+    require_tool("/usr/share/i18n/charmaps/ISO-8859-1.gz")
+    locales = tmp_path / "locales"
+    locales.mkdir()
+    subprocess.run(["localedef", "-i", "en_US", "-f", "ISO-8859-1", str(locales / "xx_XX")],
+                   capture_output=True, timeout=120, check=False)
+    for name in ("LC_ALL", "LC_CTYPE", "LANGUAGE"):
+        env.pop(name, None)
+    env["LANG"] = "xx_XX"
+    latin = {**env, "LOCPATH": str(locales)}
+    ask = [sys.executable, "-c", "import sys; print(sys.getfilesystemencoding())"]
+    assert subprocess.run(ask, env=latin, capture_output=True, text=True,
+                          check=True).stdout.strip() == "iso8859-1"
+    work = tmp_path / "w"
+    work.mkdir()
+    os.mkdir(bytes(work) + b"/\xe9")  # "\u00e9" in ISO-8859-1: a directory
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(str(tmp_path / "elsewhere"), bytes(work) + b"/\xc3\xa9")  # in UTF-8: a link
+    policy = write_policy(tmp_path, POLICY + f'write = ["{work}/\u00e9"]\n')
+    args = ["run", "--policy", str(policy), "--", "true"]
+    python, _ = front(args, {**env, "SANDLOCK_NATIVE_RUN": "0"}, tmp_path)
+    assert python.returncode == 125 and "symbolic link" in python.stderr, python.stderr
+    stored_, _ = front(args, latin, tmp_path)
+    assert stored_.returncode == 0, stored_.stderr
+    done, notes = front(args, env, tmp_path)
+    assert notes.get("hit") != "running it", notes
+    assert done.returncode == 125 and "symbolic link" in done.stderr, done.stderr
 
 
 def _forge(record: Path, other: Path) -> None:

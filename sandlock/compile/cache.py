@@ -732,6 +732,12 @@ def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled,
         return None
     abi, handled_fs, handled_net, scoped, paths, ports, file_only, write_rights = value["plan"]
     timeout = value["timeout"]
+    passed, set_ = value["env"]
+    texts = [value["source"], *(where for _, where, _ in value["layers"]),
+             *(path for path, _ in value["checks"]), *(path for path, _ in paths), *passed,
+             *(part for pair in set_ for part in pair), *value["warnings"]]
+    if not all(_portable(text) for text in texts):
+        return None
     out = [_field(key), _field(os.fsencode(value["source"])), _number(len(value["layers"]))]
     out += [_field(kind.encode()) + _field(os.fsencode(where)) + _field(content)
             for kind, where, content in value["layers"]]
@@ -746,7 +752,6 @@ def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled,
     out += [_field(line.encode("utf-8", "surrogateescape")) for line in value["warnings"]]
     out += [_field(value["bpf"]), _number(len(steps))]
     out += [_field(os.fsencode(step)) for step in steps]
-    passed, set_ = value["env"]
     out.append(_number(len(passed)))
     out += [_field(os.fsencode(name)) for name in passed]
     out.append(_number(len(set_)))
@@ -754,6 +759,14 @@ def native_payload(key: bytes, value: dict[str, Any], compiled: Compiled,
     out.append(_optional(None if timeout is None else repr(float(timeout))))
     out.append(_witness_fields(witness))
     return b"".join(out)
+
+
+def _portable(text: str) -> bool:
+    """Whether ``text`` is the same bytes in every filesystem encoding: ASCII, and bytes
+    that did not decode (surrogate escapes). Another character depends on the locale's
+    data, which no key holds (LOCPATH, the locales installed): its plan gets no native
+    entry, as a tool's path written \u00e9 names other bytes under ISO-8859-1."""
+    return all(c < "\x80" or "\udc80" <= c <= "\udcff" for c in text)
 
 
 def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Compiled,
