@@ -410,23 +410,28 @@ def test_stub_exports_its_real_path_and_state_directory(stage: Stage) -> None:
             *stage.argv()[1:-3], "/usr/bin/cat"]
     child = subprocess.Popen(argv, cwd=stage.root, stdin=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    seen: list[bytes] = []
     try:
         def started() -> bool:
             # The kernel switches /proc/PID/exe before it lays out the new environment
             # (until then environ is the stub's, which has other SANDLOCK_ names): wait
-            # until both are there.
+            # until both are there, and keep that environment (read again, it could be an
+            # exited program's: empty).
             try:
-                return (os.readlink(f"/proc/{child.pid}/exe").startswith(str(stage.bins))
-                        and b"\0SANDLOCK_STUB=" in b"\0" + Path(f"/proc/{child.pid}/environ")
-                        .read_bytes())
+                exe = os.readlink(f"/proc/{child.pid}/exe")
+                data = Path(f"/proc/{child.pid}/environ").read_bytes()
             except OSError:
                 return False
-        assert eventually(started, 60), "the unpacked program did not start"
-        environ = Path(f"/proc/{child.pid}/environ").read_bytes().split(b"\0")
+            if exe.startswith(str(stage.bins)) and b"\0SANDLOCK_STUB=" in b"\0" + data:
+                seen.append(data)
+            return bool(seen)
+        ok = eventually(started, 60)
     finally:
         assert child.stdin is not None
         child.stdin.close()
         child.wait(60)
-    values = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+    assert child.stderr is not None
+    assert ok, f"the unpacked program did not start: {child.stderr.read()!r}"
+    values = dict(item.decode().split("=", 1) for item in seen[0].split(b"\0") if b"=" in item)
     assert values["SANDLOCK_STUB"] == os.path.realpath(BINARY)
     assert values["SANDLOCK_STATE_DIR"] == str(stage.cache / "sandlock")
