@@ -1124,7 +1124,7 @@ GUARDS: tuple[Guard, ...] = (
           "            if (0)\n",
           ("tests/test_native_run.py::test_an_environment_entry_with_no_name_is_the_python_clis_to_refuse",)),
     Guard("sandlock: a record is used only under its own name", "sandlock/exec/helper/sandlock_run.c",
-          "if (!digest || n != FRONT_BYTES || memcmp(digest, want, n))",
+          "if (!digest || n != FRONT_BYTES || memcmp(digest, front_digest, n))",
           "if (!digest || n != FRONT_BYTES)",
           (NATIVE_RUN + "test_a_record_is_used_only_as_its_python_cli_wrote_it[another command's]",)),
     Guard("sandlock: the record's name is never the tool's (native)", "sandlock/exec/helper/sandlock_run.c",

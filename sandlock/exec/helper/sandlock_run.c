@@ -130,7 +130,8 @@ static const char key_python[] = SANDLOCK_KEY_PYTHON;
 #else
 static char key_python[PATH_MAX];          /* from the record */
 static char python_cli[PATH_MAX];          /* PYTHON_CLI beside this program */
-static char front[2 * FRONT_BYTES + 1];    /* the record's name, in hex, after FRONT_PREFIX */
+static uint8_t front_digest[FRONT_BYTES];   /* the record's name */
+static char front[2 * FRONT_BYTES + 1];    /* the same in hex, after FRONT_PREFIX */
 #endif
 
 /* ------------------------------------------------------------------------- */
@@ -2023,11 +2024,10 @@ static void find_package(void) {
     text(&b, "sandlock-front-record");
     file_identity(&b, self, &me);
     file_identity(&b, python_cli, &cli);
-    uint8_t digest[FRONT_BYTES];
-    blake2b(digest, sizeof digest, NULL, 0, b.data, b.len);
+    blake2b(front_digest, sizeof front_digest, NULL, 0, b.data, b.len);
     free(b.data);
-    for (size_t k = 0; k < sizeof digest; k++)
-        snprintf(front + 2 * k, 3, "%02x", digest[k]);
+    for (size_t k = 0; k < sizeof front_digest; k++)
+        snprintf(front + 2 * k, 3, "%02x", front_digest[k]);
 }
 
 /* The record (cache.write_front): FRONT_MAGIC, the tag, then the name's digest, the
@@ -2041,10 +2041,7 @@ static void read_record(int dir, const uint8_t secret[KEY_BYTES]) {
                                     "no entry: no record of the Python CLI beside this command");
     size_t n;
     const uint8_t *digest = next(&r, &n);
-    uint8_t want[FRONT_BYTES];
-    for (size_t k = 0; k < sizeof want; k++)
-        want[k] = (uint8_t)strtoul((char[]){front[2 * k], front[2 * k + 1], 0}, NULL, 16);
-    if (!digest || n != FRONT_BYTES || memcmp(digest, want, n))
+    if (!digest || n != FRONT_BYTES || memcmp(digest, front_digest, n))
         fall_back("the record's name differs");
     char *python = string_field(&r), *package = string_field(&r);
     if (r.at != r.end || python[0] != '/' || package[0] != '/' ||
