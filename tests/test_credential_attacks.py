@@ -710,3 +710,108 @@ def test_the_route_target_check_refuses_unprintable_targets_itself(target: str) 
         R._checked_target(target)
     # positive control: a printable origin-form target passes
     assert R._checked_target("/svc/a%20b")[0] == "svc"
+
+
+# ----------------------------------------------------------------------------
+# 8. A run that ends cuts every upstream connection, wherever it stands
+
+
+class HeldUpstream:
+    """A TLS upstream on loopback that accepts one connection, says ``accepted`` once the
+    route's first handshake message is there (the route is in its handshake), waits for
+    ``go`` before its own side of the handshake, keeps what the route then sends in ``got`` and holds the
+    connection open, never answering, until ``end``."""
+
+    def __init__(self, certificate: tuple[Path, Path]) -> None:
+        import threading
+
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(*certificate)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted, self.go, self.end = (threading.Event() for _ in range(3))
+        self.got: list[bytes] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import select
+
+        conn, _ = self.listener.accept()
+        select.select([conn], [], [], 30)
+        self.accepted.set()
+        self.go.wait(60)
+        try:
+            with self.context.wrap_socket(conn, server_side=True) as tls:
+                tls.settimeout(60)
+                self.got.append(tls.recv(65536))
+                self.end.wait(60)
+        except OSError:  # ssl.SSLError too: the route cut the handshake
+            conn.close()
+
+    def close(self) -> None:
+        self.go.set()
+        self.end.set()
+        self.thread.join(30)
+        self.listener.close()
+
+
+def stop_during_handshake(certificate: tuple[Path, Path], go_first: bool) -> tuple[bool, list[bytes]]:
+    """A request through a route server whose upstream is :class:`HeldUpstream`; the
+    server stopped while the route waits for the upstream's side of the handshake (or,
+    with ``go_first``, once the upstream has the request): (whether ``stop`` returned
+    within 10 s, what the upstream received, the handshake let go on after that)."""
+    import threading
+    import time
+
+    held = HeldUpstream(certificate)
+    credential = C.parse_one("api", {"upstream": f"https://{HOST}:{held.port}/v1",
+                                     "ca_file": str(certificate[0])})
+    server = R.RouteServer([credential], [(HOST, "127.0.0.1")], lambda _message: None)
+    placeholder = server.session({"api": SECRET}).placeholders["api"]
+    server.start()
+    stopper = threading.Thread(target=server.stop, daemon=True)
+    client = socket.create_connection(server.address, timeout=60)
+    try:
+        client.sendall((ALLOWED.format(placeholder=placeholder)
+                        + "Content-Length: 0\r\n\r\n").encode())
+        assert held.accepted.wait(40), "the route never connected"
+        if go_first:
+            held.go.set()
+            deadline = time.monotonic() + 30
+            while not held.got and time.monotonic() < deadline:
+                time.sleep(0.02)
+        stopper.start()
+        stopper.join(10)  # less than the handshake's own time limit (CONNECT_TIMEOUT)
+        stopped = not stopper.is_alive()
+        held.go.set()  # too late: nothing may leave now
+        time.sleep(0.3)
+        return stopped, list(held.got)
+    finally:
+        held.close()  # lets a route thread stop() could not reach go (the test ends)
+        client.close()
+        if stopper.is_alive():
+            stopper.join(30)
+
+
+@pytest.mark.any_user
+def test_a_run_ending_during_the_upstream_handshake_cuts_it(
+        certificate: tuple[Path, Path]) -> None:
+    """The route's upstream socket is cut by ``stop`` even while its TLS handshake is
+    under way: the request (with the secret) never leaves after the run ended, and the
+    teardown does not wait on an upstream that never answers. (The TLS socket takes the
+    descriptor of the TCP one it wraps: a stop that cut only the TCP socket cut nothing,
+    and waited for ever; a CI run hung so.)"""
+    stopped, got = stop_during_handshake(certificate, go_first=False)
+    assert stopped, "stop() waited on a route thread it could not cut"
+    assert got == [], "the upstream got the request after the run ended"
+
+
+@pytest.mark.any_user
+def test_positive_control_a_route_waiting_for_its_answer_is_cut(
+        certificate: tuple[Path, Path]) -> None:
+    """The same upstream let through the handshake before the stop: it gets the request
+    with the secret (the test's route reaches it), and the stop still returns."""
+    stopped, got = stop_during_handshake(certificate, go_first=True)
+    assert stopped
+    assert len(got) == 1 and f"Bearer {SECRET}".encode() in got[0], got

@@ -135,6 +135,21 @@ class LoopbackServer:
             self._open.add(sock)
             return True
 
+    def _swap(self, old: socket.socket, new: socket.socket) -> bool:
+        """Count ``new`` in place of ``old`` (a socket that wraps it and took its
+        descriptor, which leaves ``old`` unable to cut anything); False when stopping."""
+        with self._lock:
+            self._open.discard(old)
+            if self._closing:
+                return False
+            self._open.add(new)
+            return True
+
+    def _untrack(self, sock: socket.socket) -> None:
+        """No longer count ``sock`` (an upstream about to be closed)."""
+        with self._lock:
+            self._open.discard(sock)
+
     def _done(self, *socks: Optional[socket.socket]) -> None:
         """The end of one connection's thread: close its sockets, forget the thread."""
         with self._lock:

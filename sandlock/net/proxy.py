@@ -125,8 +125,7 @@ class Proxy(LoopbackServer):
                 return sock
             except OSError as exc:
                 failure = f"{address}: {exc.strerror or exc}"
-                with self._lock:
-                    self._open.discard(sock)
+                self._untrack(sock)
                 sock.close()
         if refusal is not None and failure == "no address":
             self._deny(host, port, refusal.reason, via)

@@ -222,19 +222,31 @@ class RouteServer(LoopbackServer):
         if not self._track(raw):
             raw.close()
             raise BadRequest(502, "the run is over")
-        try:
-            tls = self._tls[item.name].wrap_socket(raw, server_hostname=item.host)
+        try:  # no I/O yet
+            tls = self._tls[item.name].wrap_socket(raw, server_hostname=item.host,
+                                                   do_handshake_on_connect=False)
         except (ssl.SSLError, ssl.CertificateError, OSError) as exc:
-            with self._lock:
-                self._open.discard(raw)
+            self._untrack(raw)
             raw.close()
-            raise BadRequest(502, f"{where}: TLS with {item.host} failed: "
-                             f"{getattr(exc, 'verify_message', None) or exc}") from None
-        with self._lock:
-            self._open.discard(raw)
-            self._open.add(tls)
+            raise _tls_failed(item, where, exc) from None
+        # tls took raw's descriptor: stop() must find tls, or it cuts nothing and the
+        # handshake, then the request with the secret, goes on after the run ended
+        if not self._swap(raw, tls):
+            tls.close()
+            raise BadRequest(502, "the run is over")
+        try:
+            tls.do_handshake()
+        except (ssl.SSLError, ssl.CertificateError, OSError) as exc:
+            self._untrack(tls)
+            tls.close()
+            raise _tls_failed(item, where, exc) from None
         tls.settimeout(None)
         return tls
+
+
+def _tls_failed(item: Credential, where: str, exc: BaseException) -> BadRequest:
+    return BadRequest(502, f"{where}: TLS with {item.host} failed: "
+                      f"{getattr(exc, 'verify_message', None) or exc}")
 
 
 def _tls_context(item: Credential) -> ssl.SSLContext:
