@@ -135,6 +135,18 @@ def front_end_variant(target: str, python: Optional[str], package_file: Optional
     return None if built.returncode == 0 else built.stderr.strip()[-2000:] or "cc failed"
 
 
+def bundled_front_end(target: str) -> None:
+    """The front end as an object for the single-file binary's stub to link
+    (scripts/build_binary.sh): SANDLOCK_BUNDLED, no main, nothing built in but the version."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
+    built = subprocess.run([cc, "-O2", *WARNINGS, "-fPIE", "-c", "-DSANDLOCK_BUNDLED",
+                            version_define(), "-o", target, os.path.join(HERE, RUN_SOURCE)],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        raise SystemExit(f"sandlock: cannot compile {RUN_SOURCE} for the binary:\n"
+                         f"{built.stderr.strip()}")
+
+
 def _compile(attempts: list[list[str]], target: str, sources: list[str]) -> None:
     """Compile ``sources`` into ``target`` with the first of ``attempts`` that works."""
     os.makedirs(os.path.dirname(target), exist_ok=True)

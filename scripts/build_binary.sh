@@ -145,13 +145,17 @@ mkdir -p "$(dirname "$OUT")"
 rm -rf "$OUT"
 if [ "$PERSISTENT" = 1 ]; then
     # Warnings are errors (bubblewrap's set and a few more): the stub decides what root runs.
+    # The native front end of `sandlock run` (sandlock/exec/helper/sandlock_run.c), linked
+    # into the stub: a cached plan runs without starting the frozen program.
+    "$PYTHON" -c 'import sys; sys.path.insert(0, "."); import setup; setup.bundled_front_end(sys.argv[1])' \
+        "$WORK/front.o"
     gcc -O2 -s -std=gnu11 -Werror -Wall -Wextra -Wformat=2 -Wformat-security -Wshadow \
         -Wconversion -Wsign-conversion -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes \
         -Wmissing-declarations -Wold-style-definition -Wundef -Wcast-align -Wcast-qual \
         -Wwrite-strings -Wnull-dereference -Wimplicit-fallthrough -Wvla -Wredundant-decls \
         -Wswitch-enum -Wlogical-op -Wduplicated-cond -Wduplicated-branches -Wjump-misses-init \
         -D_FORTIFY_SOURCE=2 -fstack-protector-strong -fPIE -pie -Wl,-z,relro,-z,now \
-        -o "$WORK/stub" "$ROOT/scripts/persistent_stub.c"
+        -DSANDLOCK_FRONT_END -o "$WORK/stub" "$ROOT/scripts/persistent_stub.c" "$WORK/front.o"
     "$PYTHON" - "$WORK/dist/sandlock-dir" "$WORK/stub" "$OUT" <<'EOF'
 # Append the onedir tree to the stub as a payload (format: scripts/persistent_stub.c).
 import hashlib, os, stat, struct, sys

@@ -755,6 +755,10 @@ static void load_payload(struct payload *p) {
     p->len = len;
 }
 
+#ifdef SANDLOCK_FRONT_END
+int sandlock_front_end(int argc, char **argv, int program, int unpack);
+#endif
+
 int main(int argc, char **argv) {
     (void)argc;
     struct payload p;
@@ -774,14 +778,14 @@ int main(int argc, char **argv) {
     int bins = open_bins(state);
     if (bins < 0) fail("cannot keep the unpacked program in %s: %s; " ADVICE, state, why);
 
-    int program = -1;
+    int program = -1, dir = -1;
     for (int attempt = 0; program < 0; attempt++) {
-        int dir = openat(bins, p.id, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        dir = openat(bins, p.id, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         struct stat seen;
         int have = dir >= 0 && fstat(dir, &seen) == 0;
         if (have) program = verified_program(dir, p.id);
-        if (dir >= 0) close(dir);
         if (program >= 0) break;
+        if (dir >= 0) close(dir);
         if (attempt == 3)
             fail("the unpacked program in %s/bin/%s does not match what was written (%s); "
                  "delete that directory and retry", state, p.id, why);
@@ -793,6 +797,12 @@ int main(int argc, char **argv) {
     umask(caller_umask);
     if (setenv("SANDLOCK_STUB", self_path, 1) != 0 || setenv("SANDLOCK_STATE_DIR", state, 1) != 0)
         fail("cannot set the environment: %s", strerror(errno));
+#ifdef SANDLOCK_FRONT_END
+    /* `sandlock run` of a cached plan runs here, natively; anything else executes the
+     * program just checked, through its descriptor (sandlock/exec/helper/sandlock_run.c). */
+    sandlock_front_end(argc, argv, program, dir);
+#endif
+    close(dir);
     syscall(SYS_execveat, program, "", argv, environ, AT_EMPTY_PATH);
     fail("cannot execute the unpacked program in %s/bin/%s: %s", state, p.id, strerror(errno));
 }

@@ -435,3 +435,113 @@ def test_stub_exports_its_real_path_and_state_directory(stage: Stage) -> None:
     values = dict(item.decode().split("=", 1) for item in seen[0].split(b"\0") if b"=" in item)
     assert values["SANDLOCK_STUB"] == os.path.realpath(BINARY)
     assert values["SANDLOCK_STATE_DIR"] == str(stage.cache / "sandlock")
+
+
+# ---------------------------------------------------------------------------
+# The native front end linked into the stub (exec/helper/sandlock_run.c, SANDLOCK_BUNDLED):
+# a cached plan runs without the frozen program; anything else executes the program the
+# stub checked. Its entries are keyed by the binary's real path and state directory.
+
+
+def traced(stage: Stage, argv: list[str], **extra: str) -> subprocess.CompletedProcess[str]:
+    """``argv`` (the binary first) with the front end's debug lines, from the stage."""
+    pairs = [f"{k}={v}" for k, v in stage.env(SANDLOCK_NATIVE_DEBUG="1", **extra).items()]
+    return subprocess.run(["/usr/bin/env", "-i", *pairs, *argv], cwd=stage.root,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def way(done: subprocess.CompletedProcess[str]) -> str:
+    """"hit", or the front end's reason to fall back."""
+    lines = [line for line in done.stderr.splitlines() if line.startswith("sandlock-run: ")
+             and not line.startswith("sandlock-run: key: ")]
+    for line in lines:
+        if line.startswith("sandlock-run: fallback: "):
+            return line.removeprefix("sandlock-run: fallback: ")
+        if line == "sandlock-run: hit: running it":
+            return "hit"
+    raise AssertionError(f"no line of the front end: {done.stderr!r}")
+
+
+def reading(stage: Stage, path: Path, binary: Path = BINARY, **var: str) -> list[str]:
+    argv = [str(binary), "run", "--policy", str(stage.policy), "--var", f"ws={stage.workspace}"]
+    for name, value in var.items():
+        argv += ["--var", f"{name}={value}"]
+    return [*argv, "--", "/usr/bin/cat", str(path)]
+
+
+def test_a_cached_plan_runs_natively_and_confined_in_the_binary(stage: Stage) -> None:
+    secret = stage.root / "secret.txt"
+    secret.write_text("top secret\n")
+    first = traced(stage, reading(stage, stage.workspace / "notes.md"))
+    assert first.returncode == 0 and way(first) != "hit", first.stderr  # no cache yet
+    second = traced(stage, reading(stage, stage.workspace / "notes.md"))
+    assert (second.returncode, way(second), second.stdout) == (
+        0, "hit", "hello from the workspace\n"), second.stderr
+    denied = traced(stage, reading(stage, secret))
+    assert way(denied) == "hit" and denied.returncode == 1, denied.stderr
+    assert "Permission denied" in denied.stderr and "top secret" not in denied.stdout
+    # control: switched off, the same run goes through the frozen CLI, with the same answer
+    off = traced(stage, reading(stage, secret), SANDLOCK_NATIVE_RUN="0")
+    assert way(off) == "off (SANDLOCK_NATIVE_RUN=0)" and off.returncode == 1, off.stderr
+    assert "Permission denied" in off.stderr
+
+
+def test_a_copy_of_the_binary_in_a_directory_the_tool_may_write_runs_no_stored_plan(
+        stage: Stage) -> None:
+    """A plan stored through the binary at one path is not run by the same build at
+    another: the copy's run protects the copy (its path is in the key, as SANDLOCK_STUB),
+    so a policy letting the tool write beside the copy is refused there, not run."""
+    tools = stage.root / "tools"
+    tools.mkdir()
+    policy = write_policy(stage.root, POLICY + 'write = ["${tools}"]\n', "writes.toml")
+    here = stage.root / "bin" / "sandlock"
+    here.parent.mkdir()
+    shutil.copy2(BINARY, here)
+
+    def run(binary: Path) -> subprocess.CompletedProcess[str]:
+        return traced(stage, [str(binary), "run", "--policy", str(policy), "--var",
+                              f"ws={stage.workspace}", "--var", f"tools={tools}", "--",
+                              "/usr/bin/true"])
+
+    assert run(here).returncode == 0
+    stored = run(here)
+    assert (stored.returncode, way(stored)) == (0, "hit"), stored.stderr  # control
+    shutil.copy2(BINARY, tools / "sandlock")
+    copy = run(tools / "sandlock")
+    assert copy.returncode == 125 and way(copy) == "no entry", copy.stderr
+    assert "filesystem.write" in copy.stderr, copy.stderr
+
+
+def test_a_fallback_after_a_hit_executes_the_repaired_program(stage: Stage) -> None:
+    """Entries exist and the tool replaces the unpacked program: the next run that is no
+    hit (another --var) executes the program the stub checked, unpacked again."""
+    assert traced(stage, reading(stage, stage.workspace / "notes.md")).returncode == 0
+    assert way(traced(stage, reading(stage, stage.workspace / "notes.md"))) == "hit"
+    program = stage.unpacked / "sandlock"
+    size = program.stat().st_size
+    program.unlink()
+    stage.plant(program, size)
+    again = traced(stage, reading(stage, stage.workspace / "notes.md", other="1"))
+    assert (again.returncode, way(again), again.stdout) == (
+        0, "no entry", "hello from the workspace\n"), again.stderr
+    stage.assert_not_planted()
+
+
+def test_the_binary_ignores_python_variables_natively_and_in_its_fallback(stage: Stage) -> None:
+    """The frozen interpreter ignores PYTHONPATH (isolated), so the front end need not fall
+    back on it: a sitecustomize planted there runs neither way."""
+    planted = stage.root / "planted"
+    planted.mkdir()
+    (planted / "sitecustomize.py").write_text(f"open({str(stage.marker)!r}, 'w').close()\n")
+    # control: an interpreter that reads its environment runs it
+    subprocess.run(["/usr/bin/python3", "-c", "pass"], env={"PYTHONPATH": str(planted)},
+                   check=True)
+    assert stage.marker.exists()
+    stage.marker.unlink()
+    assert traced(stage, reading(stage, stage.workspace / "notes.md")).returncode == 0
+    hit = traced(stage, reading(stage, stage.workspace / "notes.md"), PYTHONPATH=str(planted))
+    assert (hit.returncode, way(hit)) == (0, "hit"), hit.stderr
+    off = traced(stage, reading(stage, stage.workspace / "notes.md"), PYTHONPATH=str(planted),
+                 SANDLOCK_NATIVE_RUN="0")
+    assert off.returncode == 0, off.stderr
+    stage.assert_not_planted()

@@ -678,13 +678,19 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
     the path and the directory of the script (both the console script's the installed
     command runs, resolved and as run: the checks protect both, so each install's plans
     are its own): the front end runs that with this package on a miss; what else decides
-    the import path is in the witness (grants.Witness). Empty
+    the import path is in the witness (grants.Witness). In the single-file binary the
+    same fields name the unpacked program and its bundle, and the code is the build id:
+    the front end linked into its stub reads them there. Empty
     when the front end could not build the same key (the entry is then not written)."""
-    if getattr(sys, "frozen", False):
-        return b""  # the binary's front end is not built yet (docs/design.md)
+    frozen = getattr(sys, "frozen", False)
+    if frozen:  # the binary: its interpreter ignores the environment and has no site
+        from .grants import ENV_STATE, ENV_STUB
+
+        if not (os.environ.get(ENV_STUB) and os.environ.get(ENV_STATE)):
+            return b""  # not started by the binary's stub, whose front end reads entries
     flags = sys.flags
-    if any(os.environ.get(name) for name in PYTHON_ENV) or flags.no_site or flags.isolated \
-            or flags.ignore_environment or flags.no_user_site:
+    if not frozen and (any(os.environ.get(name) for name in PYTHON_ENV) or flags.no_site
+                       or flags.isolated or flags.ignore_environment or flags.no_user_site):
         # This interpreter's import path is not the one the front end's would have (it
         # starts it with no such variable or flag): what is protected differs.
         return b""

@@ -34,6 +34,12 @@
  * - the source tree's sandlock/exec/helper/sandlock-run (SANDLOCK_PYTHON, the interpreter
  *   that built it): the package is the directory two levels above it, or above
  *   SANDLOCK_PACKAGE_FILE (a copy the tests build elsewhere).
+ * - linked into the single-file binary's stub (SANDLOCK_BUNDLED, scripts/persistent_stub.c):
+ *   no main; the stub calls sandlock_front_end once it has checked its unpacked program
+ *   against the manifest, with that program's descriptor (the fallback executes it, so the
+ *   stub's guarantee holds) and the unpack directory's. The key names the frozen program
+ *   and its bundle, as the frozen CLI's sys.executable, package, import path and main
+ *   script name them, and the code is the bundle's build id (cache._code_id).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -57,6 +63,9 @@
 
 #ifndef SANDLOCK_VERSION
 #error "define SANDLOCK_VERSION: sandlock.__version__"
+#endif
+#if defined(SANDLOCK_BUNDLED) && defined(SANDLOCK_PYTHON)
+#error "SANDLOCK_BUNDLED and SANDLOCK_PYTHON are two different builds"
 #endif
 #ifdef SANDLOCK_PYTHON
 #ifndef SANDLOCK_KEY_PYTHON /* the interpreter the key names: the one that stores the entries */
@@ -94,20 +103,27 @@
 #define FRONT_PREFIX "f-"                    /* cache.FRONT_PREFIX */
 #define FRONT_BYTES 32                       /* cache.FRONT_BYTES */
 #define PYTHON_CLI "sandlock-python"         /* pyproject.toml [project.scripts] */
+#define BUILD_ID_FILE "sandlock-build-id"    /* cache.BUILD_ID_FILE */
+#define BUNDLE_DIR "_internal"               /* PyInstaller's onedir contents (sys._MEIPASS) */
+#define BUNDLE_IMPORT_FIRST "base_library.zip" /* the frozen interpreter's sys.path[0] there */
+#ifndef SANDLOCK_BUNDLED /* the binary's: none (below) */
 /* cache.PYTHON_ENV */
 static const char *const python_env[] = {"PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE",
                                          "PYTHONNOUSERSITE", "PYTHONPLATLIBDIR",
                                          "PYTHONPYCACHEPREFIX", "PYTHONSAFEPATH", "PYTHONSTARTUP",
                                          "PYTHONEXECUTABLE", "PYTHONUTF8", "PYTHONCOERCECLOCALE"};
+#endif
 /* cache.NATIVE_ENV, in order */
 static const char *const native_env[] = {"SANDLOCK_ABI", "HOME", "TMPDIR", "XDG_CACHE_HOME",
                                          "SANDLOCK_STUB", "SANDLOCK_STATE_DIR", "LC_ALL",
                                          "LC_CTYPE", "LANG"};
 /* cache.LIMITED: the resources whose hard limits the key holds */
 static const int limited[] = {4, 0, 9, 6, 7, 1};
+#ifndef SANDLOCK_BUNDLED /* the binary's code is its build id */
 /* cache.PACKAGES, after the package itself ("") */
 static const char *const code_dirs[] = {"", "api", "cli", "compile", "exec", "integrations",
                                         "linux", "net", "policy", "probe", "trace", "undo"};
+#endif
 /* `run`'s options (sandlock/cli/launch.py OPTIONS): those this program handles, and
  * those that always fall back (any option not listed falls back too). */
 static const char *const options_valued[] = {"--policy", "--var", "--timeout"};
@@ -127,6 +143,11 @@ static char import_first[PATH_MAX], main_dir[PATH_MAX];
 #ifdef SANDLOCK_PYTHON
 static char package_parent[PATH_MAX];
 static const char key_python[] = SANDLOCK_KEY_PYTHON;
+#elif defined(SANDLOCK_BUNDLED)
+static char key_python[PATH_MAX];          /* the frozen program (its sys.executable) */
+static int frozen_cli = -1;                /* its descriptor, checked by the stub */
+static uint8_t build_id[64];               /* BUILD_ID_FILE's bytes */
+static size_t build_id_len;
 #else
 static char key_python[PATH_MAX];          /* from the record */
 static char python_cli[PATH_MAX];          /* PYTHON_CLI beside this program */
@@ -156,7 +177,14 @@ __attribute__((noreturn)) static void fall_back(const char *why) {
     int argc = 0;
     while (given_argv[argc])
         argc++;
-#ifndef SANDLOCK_PYTHON
+#ifdef SANDLOCK_BUNDLED
+    /* The frozen CLI the stub checked, through that descriptor (never its path again). */
+    if (frozen_cli >= 0)
+        syscall(SYS_execveat, frozen_cli, "", given_argv, environ, AT_EMPTY_PATH);
+    static const char msg[] = "sandlock: cannot execute the unpacked program\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+#elif !defined(SANDLOCK_PYTHON)
     /* The installed command: the Python CLI beside it, told which record to write. */
     if (front[0] && setenv(ENV_FRONT, front, 1) < 0)
         _exit(125);
@@ -247,6 +275,7 @@ static void optional(struct buf *b, const char *value) {
 /* ------------------------------------------------------------------------- */
 /* The key bytes (cache.native_key) */
 
+#ifndef SANDLOCK_BUNDLED
 struct row { char sub[16]; char *name; unsigned long long size, mtime; };
 
 static int by_row(const void *a, const void *b) {
@@ -254,10 +283,15 @@ static int by_row(const void *a, const void *b) {
     int c = strcmp(x->sub, y->sub);
     return c ? c : strcmp(x->name, y->name);
 }
+#endif
 
 /* cache._code_id: every .py file of the package and of cache.PACKAGES, sorted by
  * (subpackage, name) as Python sorts those tuples, with its size and mtime in ns. */
 static void code_fields(struct buf *b) {
+#ifdef SANDLOCK_BUNDLED /* ("build", id): no row, then the id */
+    number(b, 0);
+    field(b, build_id, build_id_len);
+#else
     struct row *rows = NULL;
     size_t n = 0, cap = 0;
     for (size_t d = 0; d < sizeof code_dirs / sizeof *code_dirs; d++) {
@@ -303,6 +337,7 @@ static void code_fields(struct buf *b) {
         number(b, rows[i].size);
         number(b, rows[i].mtime);
     }
+#endif
 }
 
 struct var { const char *name; size_t name_len; const char *value; };
@@ -1329,6 +1364,7 @@ static int same_listing(struct reader *r, const char *base, const char *suffix) 
 
 /* The witness's fields (cache._witness_fields), each fact observed now and compared. */
 static void recheck_witness(struct reader *r) {
+#ifndef SANDLOCK_BUNDLED /* the frozen interpreter ignores the environment (isolated) */
     /* The import path the Python CLI protects (a directory of it may not be granted write)
      * is in the witness for this interpreter as it starts without these variables. */
     for (size_t i = 0; i < sizeof python_env / sizeof *python_env; i++) {
@@ -1336,6 +1372,7 @@ static void recheck_witness(struct reader *r) {
         if (value && value[0])
             fall_back("a PYTHON* variable is set (it changes the import path Python protects)");
     }
+#endif
     if (prctl(PR_GET_SECCOMP, 0, 0, 0, 0) < 0) /* cache.seccomp_ok */
         fall_back("stale: no seccomp here");
     if (number_field(r, 1)) { /* mountinfo's BLAKE2b */
@@ -1985,7 +2022,32 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
 
 /* ------------------------------------------------------------------------- */
 
-#ifndef SANDLOCK_PYTHON
+#ifdef SANDLOCK_BUNDLED
+/* The names the frozen CLI has for itself (cache.native_key): its sys.executable is the
+ * program in the unpack directory (as the kernel names it: the path of the descriptor the
+ * stub checked), its package, import path and main script are in the bundle there; the
+ * build id is read through that descriptor. */
+static void find_bundle(int program, int unpack) {
+    frozen_cli = program;
+    char *unpack_path = fd_path(unpack);
+    if (!unpack_path)
+        fall_back("cannot tell where the program is unpacked");
+    if (snprintf(key_python, sizeof key_python, "%s/sandlock", unpack_path) >= (int)sizeof key_python ||
+        snprintf(main_dir, sizeof main_dir, "%s/" BUNDLE_DIR, unpack_path) >= (int)sizeof main_dir ||
+        snprintf(package_dir, sizeof package_dir, "%s/sandlock", main_dir) >= (int)sizeof package_dir ||
+        snprintf(import_first, sizeof import_first, "%s/" BUNDLE_IMPORT_FIRST, main_dir) >=
+            (int)sizeof import_first)
+        fall_back("the unpack directory's path is too long");
+    uint8_t *id;
+    ssize_t n = read_file(unpack, BUNDLE_DIR "/" BUILD_ID_FILE, O_NOFOLLOW, &id, sizeof build_id);
+    if (n <= 0 || (size_t)n > sizeof build_id)
+        fall_back("no build id in the bundle");
+    memcpy(build_id, id, (size_t)n);
+    build_id_len = (size_t)n;
+    free(id);
+    free(unpack_path);
+}
+#elif !defined(SANDLOCK_PYTHON)
 static void file_identity(struct buf *b, const char *path, const struct stat *st) {
     text(b, path);
     number(b, st->st_dev);
@@ -2089,8 +2151,18 @@ static int contains(const char *const *list, size_t n, const char *name, size_t 
 }
 #define IN(list, name, len) contains(list, sizeof list / sizeof *list, name, len)
 
+#ifdef SANDLOCK_BUNDLED
+int sandlock_front_end(int argc, char **argv, int program, int unpack);
+
+/* Called by the stub (scripts/persistent_stub.c) with the program it checked and the
+ * directory it is unpacked in; never returns. */
+int sandlock_front_end(int argc, char **argv, int program, int unpack) {
+    given_argv = argv;
+    find_bundle(program, unpack);
+#else
 int main(int argc, char **argv) {
     given_argv = argv;
+#endif
     /* As the Python CLI (which ignores it too): a line to a stderr whose reader is gone is
      * lost, not fatal. The tool's SIGPIPE is its default again (the signals step). */
     signal(SIGPIPE, SIG_IGN);
@@ -2105,7 +2177,9 @@ int main(int argc, char **argv) {
             }
         }
     debug = getenv("SANDLOCK_NATIVE_DEBUG") && !strcmp(getenv("SANDLOCK_NATIVE_DEBUG"), "1");
+#ifndef SANDLOCK_BUNDLED
     find_package();
+#endif
 #ifdef SANDLOCK_PYTHON
     if (!package_parent[0])
         fall_back("cannot find the package");
@@ -2178,7 +2252,7 @@ int main(int argc, char **argv) {
         fall_back("cannot read the policy");
     struct buf key = {0};
     uint8_t secret[KEY_BYTES];
-#ifdef SANDLOCK_PYTHON /* the key first: its debug line even where the cache is not there */
+#if defined(SANDLOCK_PYTHON) || defined(SANDLOCK_BUNDLED) /* the key first: its debug line even where the cache is not there */
     key_bytes(&key, policy, policy_text, (size_t)policy_len, vars, nvars, timeout, best_effort);
 #endif
     if (!fetch_secret(secret))
@@ -2186,7 +2260,7 @@ int main(int argc, char **argv) {
     int dir = cache_directory();
     if (dir < 0)
         fall_back("no private cache directory");
-#ifndef SANDLOCK_PYTHON /* the key names what the record says */
+#if !defined(SANDLOCK_PYTHON) && !defined(SANDLOCK_BUNDLED) /* the key names what the record says */
     read_record(dir, secret);
     key_bytes(&key, policy, policy_text, (size_t)policy_len, vars, nvars, timeout, best_effort);
 #endif
