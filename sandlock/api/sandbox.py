@@ -963,6 +963,8 @@ class Sandbox:
 
 @dataclass
 class _RunJob:
+    """A command under way: its call, its pump, and how to build its Result."""
+
     call: _Call
     pump: _Pump
     args: tuple[str, ...]
@@ -993,6 +995,8 @@ def _log(sandbox: Optional[Sandbox], result: Result) -> None:
 
 @dataclass
 class _CallJob:
+    """A ``call()`` under way: its call, its pump, and the pipe of its pickled result."""
+
     call: _Call
     pump: _Pump
     result_fd: int

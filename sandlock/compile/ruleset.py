@@ -118,6 +118,8 @@ def substituted(policy: Policy, abi: int, protection: str) -> bool:
 
 @dataclass(frozen=True)
 class Plan:
+    """The Landlock ruleset of a policy for one ABI, and what it cannot enforce."""
+
     abi: int
     handled_fs: int
     handled_net: int

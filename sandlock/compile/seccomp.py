@@ -36,6 +36,8 @@ LOW32 = 0xFFFFFFFF
 
 @dataclass(frozen=True)
 class Cmp:
+    """A comparison of one syscall argument (libseccomp's ``scmp_arg_cmp``)."""
+
     arg: int
     op: int
     value: int
@@ -44,6 +46,8 @@ class Cmp:
 
 @dataclass(frozen=True)
 class Rule:
+    """A syscall refused with ``errno``, when every comparison of ``args`` holds."""
+
     syscall: str
     errno: int = errno.EPERM
     args: tuple[Cmp, ...] = ()

@@ -92,6 +92,8 @@ def accept_names(value: object) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class PathRule:
+    """One path the policy grants, with the access it grants there."""
+
     path: str
     access: Access
     optional: bool = False
@@ -100,6 +102,8 @@ class PathRule:
 
 @dataclass(frozen=True)
 class PortRange:
+    """TCP ports ``low`` to ``high``, both included."""
+
     low: int
     high: int
 
@@ -109,6 +113,8 @@ class PortRange:
 
 @dataclass(frozen=True)
 class Network:
+    """``[network]``: the ports, socket kinds and hosts a tool may use."""
+
     connect: tuple[PortRange, ...] = ()
     bind: tuple[PortRange, ...] = ()
     udp: bool = False
@@ -125,18 +131,24 @@ class Network:
 
 @dataclass(frozen=True)
 class Scopes:
+    """``[scope]``: whether signals and abstract unix sockets stay inside the sandbox."""
+
     signals: bool = True
     abstract_unix: bool = True
 
 
 @dataclass(frozen=True)
 class EnvSpec:
+    """``[env]``: the variables passed from the caller, and those set."""
+
     passed: tuple[str, ...] = DEFAULT_ENV_PASS
     set: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
 class Limits:
+    """``[limits]``: the wall-clock timeout and the rlimits of a run."""
+
     timeout: float | None = None  #: seconds of wall clock
     cpu: int | None = None  #: seconds of CPU (RLIMIT_CPU)
     memory: int | None = None  #: bytes of address space (RLIMIT_AS)
@@ -154,6 +166,8 @@ NAMESPACE_SYSCALLS = ("unshare", "clone", "clone3", "setns")
 
 @dataclass(frozen=True)
 class Syscalls:
+    """``[syscalls]``: names denied beyond the default list, and defaults allowed."""
+
     deny: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
 
@@ -605,6 +619,8 @@ def check_limits(policy: Policy) -> None:
 
 @dataclass
 class _Layer:
+    """One file, profile or dict of a policy, validated, before the merge."""
+
     source: str
     text: str | None
     base_dir: Path | None
