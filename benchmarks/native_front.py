@@ -12,6 +12,8 @@ from spawn to reaped exit, 50 in a row, the rows interleaved round by round:
 - ``sandlock command``: the installed ``sandlock`` beside this interpreter (the same front
   end, built with no path in it: it learns its Python CLI's from a record), measured only
   once it runs the hit itself;
+- ``single-file binary``: ``dist/sandlock`` (or ``SANDLOCK_BINARY``), whose stub runs the
+  same front end once it has checked its unpack, measured only once it runs the hit itself;
 - ``Python CLI``: ``python -m sandlock run`` on the same cached policy;
 - ``bwrap``: ``bwrap --ro-bind / / --dev /dev --unshare-net /bin/true`` (bubblewrap);
 - ``C floor``: a small C program compiled here, the least any such tool does: fork, a
@@ -197,6 +199,11 @@ def main() -> int:
             rows["sandlock command"] = [str(command), *run_args]
         else:
             skipped["sandlock command"] = f"{command} is not the native command"
+        binary = Path(os.environ.get("SANDLOCK_BINARY") or REPO / "dist" / "sandlock")
+        if binary.is_file():
+            rows["single-file binary"] = [str(binary), *run_args]
+        else:
+            skipped["single-file binary"] = f"{binary} is not built (scripts/build_binary.sh)"
         rows["Python CLI"] = [sys.executable, "-m", "sandlock", *run_args]
         bwrap = shutil.which("bwrap")
         if bwrap:
@@ -213,7 +220,8 @@ def main() -> int:
         envs = {name: python_env if name == "Python CLI" else env for name in rows}
         for name, argv in rows.items():  # warm: the cache entry, the page cache
             series(argv, envs[name], 2)
-        for name in ("native CLI", "sandlock command"):  # one that fell back measures Python
+        for name in ("native CLI", "sandlock command", "single-file binary"):  # one that fell
+            # back would measure Python
             why = ran_the_hit(rows[name], env) if name in rows else None
             if why is not None:
                 skipped[name] = why
@@ -232,10 +240,10 @@ def main() -> int:
     base, bw = median["unconfined"], median.get("bwrap")
     for name, seconds in median.items():
         vs_bwrap = f"{seconds / bw:6.2f}x bwrap" if bw else ""
-        print(f"  {name:<14} {seconds:7.3f} s  {seconds / args.calls * 1000:7.2f} ms/call  "
+        print(f"  {name:<18} {seconds:7.3f} s  {seconds / args.calls * 1000:7.2f} ms/call  "
               f"{seconds / base:7.1f}x unconfined  {vs_bwrap}")
     for name, why in skipped.items():
-        print(f"  {name:<14} skipped: {why}")
+        print(f"  {name:<18} skipped: {why}")
     return 0
 
 
