@@ -147,7 +147,7 @@ if [ "$PERSISTENT" = 1 ]; then
     # Warnings are errors (bubblewrap's set and a few more): the stub decides what root runs.
     # The native front end of `sandlock run` (sandlock/exec/helper/sandlock_run.c), linked
     # into the stub: a cached plan runs without starting the frozen program.
-    "$PYTHON" -c 'import sys; sys.path.insert(0, "."); import setup; setup.bundled_front_end(sys.argv[1])' \
+    "$VENV/bin/python" -c 'import sys; sys.path.insert(0, "."); import setup; setup.bundled_front_end(sys.argv[1])' \
         "$WORK/front.o"
     gcc -O2 -s -std=gnu11 -Werror -Wall -Wextra -Wformat=2 -Wformat-security -Wshadow \
         -Wconversion -Wsign-conversion -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes \
