@@ -808,3 +808,39 @@ def test_policy_that_changes_between_two_reads(scene: Scene) -> None:
     for _ in range(2):
         assert_strict_enforced(scene, policy, scene.env)
 
+
+
+# ----------------------------------------------------------------------------
+# A policy named through a link the tool may replace
+
+
+def test_a_policy_named_through_a_link_in_a_write_grant_is_refused(scene: Scene) -> None:
+    """The caller names the policy through a symbolic link in the directory the policy
+    lets the tool write (or through a linked directory there). The real file lies
+    elsewhere, so no grant covers it; but the tool can replace the link with a policy of
+    its own, which the next run, named the same way, would load. Refused like a grant
+    through such a link."""
+    drop = scene.root / "drop"
+    drop.mkdir()
+    kept = scene.root / "policies"
+    kept.mkdir()
+    real = kept / "tool.toml"
+    real.write_text('version = 1\nextends = ["base"]\n[filesystem]\nwrite = ["${drop}"]\n'
+                    'exec = ["/usr/bin/sh", "/usr/bin/dash", "/usr/bin/rm", "/usr/bin/cat"]\n')
+    (drop / "tool.toml").symlink_to(real)
+    (drop / "linked").symlink_to(kept)
+    wider = ('version = 1\nextends = ["base"]\n[filesystem]\n'
+             f'read = ["{scene.home}"]\nexec = ["/usr/bin"]\n')
+    swap = ["/usr/bin/sh", "-c", f"rm {drop}/tool.toml && cat > {drop}/tool.toml <<'EOF'\n"
+            f"{wider}EOF\n"]
+    for named in (drop / "tool.toml", drop / "linked" / "tool.toml"):
+        done = cli(scene, named, swap, drop=str(drop))
+        assert refused(done) and "symbolic link" in done.stderr, done.stderr
+        assert (drop / "tool.toml").is_symlink(), "the tool ran and swapped the policy"
+    # positive control: named by its real path, the same policy runs, and the tool swaps
+    # the link (what it could have done above, had the run started)
+    done = cli(scene, real, swap, drop=str(drop))
+    assert done.returncode == 0, done.stderr
+    assert not (drop / "tool.toml").is_symlink()
+    later = cli(scene, drop / "tool.toml", ["/usr/bin/cat", str(scene.secret)], drop=str(drop))
+    assert later.returncode == 0 and later.stdout == SECRET  # the swapped policy widened it

@@ -151,7 +151,9 @@ def resolve(path: str) -> Resolved:
         raise type(exc)(exc.errno, exc.strerror, path) from None
 
 
-def _resolve(path: str) -> Resolved:
+def _resolve(path: str, untrusted: Optional[list[tuple[str, int]]] = None) -> Resolved:
+    """:func:`resolve`; with ``untrusted``, a link it would refuse is followed instead,
+    and its location and a descriptor of its directory appended there."""
     parts = [p for p in path.split("/") if p]
     parts.reverse()  # a stack: the next component is last
     fd = os.open("/", _DIR)
@@ -181,7 +183,9 @@ def _resolve(path: str) -> Resolved:
                     here = "/" + "/".join(canon)
                     target = os.readlink("", dir_fd=step)
                     links += 1
-                    if not _trusted_link(here, fd, info):
+                    if untrusted is not None and not _trusted_link(here, fd, info):
+                        untrusted.append((os.path.join(here, name), os.dup(fd)))
+                    elif not _trusted_link(here, fd, info):
                         shown = os.path.join(here, name)
                         what = "it" if shown == path else repr(shown)
                         raise GrantError(path, _untrusted(what, target, here, fd, info))
@@ -642,13 +646,16 @@ class WriteCheck:
         try:
             if self._protected is None:
                 self._mounts = read_mounts()
-                self._protected = [(where, what, *_ancestry(where, self._mounts))
-                                   for where, what in self._trusted()]
+                objects = [(where, what, *_ancestry(where, self._mounts))
+                           for where, what in self._trusted()]
+                self._protected = objects + _policy_links(self._policy_files, self._mounts)
                 self._exposures = _exposures(self._mounts, [(where, what, position) for
                                                             where, what, _, _, position
                                                             in self._protected])
                 if _witness is not None:
-                    _witness.saw_protected(self._protected, self._exposures)
+                    # The links are not in it: where they are, no tool can change (a grant
+                    # that could is refused now), and the mount table is in it.
+                    _witness.saw_protected(objects, self._exposures)
         except Unjudgeable as exc:
             raise GrantError(path, f"{exc}: sandlock refuses a write grant whose mounts it "
                                    "cannot check") from None
@@ -701,6 +708,33 @@ class WriteCheck:
                     f"the mount at {mount.point!r} below this {self.GRANT} (of {mount.root!r} "
                     f"on device {mount.device}) {how}: a tool could {self.HARM} through the "
                     "mount. Unmount it, or grant a directory without such a mount"))
+
+
+def _policy_links(policy_files: Iterable[str], mounts: dict[int, Mount]) -> list[tuple[
+        str, str, None, set[tuple[int, int]], Optional[tuple[str, str]]]]:
+    """Each symbolic link a policy file is named through, outside the places where
+    :func:`resolve` follows links, as a protected object (see WriteCheck.check_reach): the
+    link itself (no own id: nothing lies inside a link), the ids of its directory and of
+    every one above, its position. A tool that may write where such a link lies replaces
+    it with a policy of its own, which the next run named the same way would load: the
+    checks of the file it leads to do not see the link."""
+    out: list[tuple[str, str, None, set[tuple[int, int]], Optional[tuple[str, str]]]] = []
+    for name in policy_files:
+        found: list[tuple[str, int]] = []
+        try:
+            _resolve(os.path.abspath(name), found).close()
+        except (OSError, GrantError):
+            pass  # gone or looping since it was read (the links met so far still count)
+        for where, fd in found:
+            what = f"a symbolic link the policy file {name!r} is named through"
+            try:
+                device, inner = _position(fd, mounts)
+            except BaseException:
+                os.close(fd)
+                raise
+            out.append((where, what, None, _up(fd),
+                        (device, _join(inner, "/" + os.path.basename(where)))))
+    return out
 
 
 class SecretCheck(WriteCheck):
