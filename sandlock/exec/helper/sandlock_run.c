@@ -740,7 +740,7 @@ static char *copy_of(const char *data, size_t len) {
 /* A /proc file's bytes (its size is not known ahead); NULL when larger than `max` or
  * unreadable (policy/readfile.py read_bounded). */
 static uint8_t *read_proc(const char *path, size_t max, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC); /* open(3) adds an fcntl in musl */
     if (fd < 0)
         return NULL;
     size_t cap = 1 << 16, got = 0;
@@ -878,7 +878,7 @@ static int mount_id(int fd, unsigned long long *id) {
     }
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
-    int info = open(path, O_RDONLY | O_CLOEXEC);
+    int info = openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
     if (info < 0)
         return -1;
     char data[4097];
@@ -944,14 +944,14 @@ static char *dirname_of(const char *p) {
     return copy_of(p, len);
 }
 
-/* grants._position: (device, path in its filesystem) of the object open as `fd` */
-static void position(int fd, char **device, char **inner) {
+/* grants._position: (device, path in its filesystem) of the object open as `fd`, whose
+ * path /proc/self/fd shows is `here` */
+static void position(int fd, const char *here, char **device, char **inner) {
     unsigned long long id;
     if (mount_id(fd, &id) < 0)
         fall_back("cannot tell which mount a descriptor is on");
     load_mounts();
     struct mount *m = mount_by_id(id);
-    char *here = fd_path(fd);
     if (!m && here[0] == '/') {
         struct stat st;
         if (fstat(fd, &st) < 0)
@@ -1085,8 +1085,45 @@ static int in_system_dir(const char *canonical) {
 static int root_fd = -1; /* "/", opened once for every walk (never closed) */
 static struct stat root_st;
 
-static void release(int fd) {
-    if (fd != root_fd)
+/* The directories the grants' walks opened, each kept open with its fstat until
+ * forget_steps: a walk that takes the same step (the same name from the same kept
+ * directory) goes on from there instead of opening it again, as if it had been walked at
+ * that moment. Only steps from "/" or from a kept directory are kept: a ".." leaves them. */
+#define ROOT_STEP (-1)  /* the walk is at root_fd */
+#define OWN_STEP (-2)   /* the walk is at a descriptor of its own (to close) */
+struct kept_step { int from; char *name; int fd; struct stat st; };
+static struct kept_step *steps_taken;
+static size_t n_taken, max_taken;
+
+static int step_taken(int from, const char *name) {
+    for (size_t k = 0; from != OWN_STEP && k < n_taken; k++)
+        if (steps_taken[k].from == from && !strcmp(steps_taken[k].name, name))
+            return (int)k;
+    return OWN_STEP;
+}
+
+static int keep_step(int from, const char *name, int fd, const struct stat *st) {
+    if (n_taken == max_taken) {
+        max_taken = max_taken ? 2 * max_taken : 32;
+        struct kept_step *grown = realloc(steps_taken, max_taken * sizeof *grown);
+        if (!grown)
+            fall_back("out of memory");
+        steps_taken = grown;
+    }
+    steps_taken[n_taken] = (struct kept_step){from, copy_of(name, strlen(name)), fd, *st};
+    return (int)n_taken++;
+}
+
+static void forget_steps(void) {
+    for (size_t k = 0; k < n_taken; k++) {
+        close(steps_taken[k].fd);
+        free(steps_taken[k].name);
+    }
+    n_taken = 0;
+}
+
+static void release(int fd, int at) {
+    if (at == OWN_STEP)
         close(fd);
 }
 
@@ -1095,9 +1132,9 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
     size_t n = 0, cap = 0;
     const char *pending = path; /* components still to push, first the path's */
     int links = 0;
-    if (root_fd < 0 && ((root_fd = open("/", DIR_PATH)) < 0 || fstat(root_fd, &root_st) < 0))
+    if (root_fd < 0 && ((root_fd = openat(AT_FDCWD, "/", DIR_PATH)) < 0 || fstat(root_fd, &root_st) < 0))
         fall_back("cannot open /");
-    int fd = root_fd;
+    int fd = root_fd, at = ROOT_STEP; /* at: the kept step fd is, or OWN_STEP */
     struct stat st = root_st;
     chain->n = 0;
     add_id(chain, st.st_dev, st.st_ino);
@@ -1135,8 +1172,9 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
                 int parent = openat(fd, "..", DIR_PATH);
                 if (parent < 0)
                     fall_back("a grant that no longer resolves");
-                release(fd);
+                release(fd, at);
                 fd = parent;
+                at = OWN_STEP;
                 canon->n = ends[--depth];
                 canon->s[canon->n] = 0;
                 chain->n--;
@@ -1145,10 +1183,16 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
             }
             continue;
         }
-        int step = openat(fd, name, WALK);
-        if (step < 0 || fstat(step, &st) < 0)
+        int kept = step_taken(at, name), step;
+        if (kept != OWN_STEP) {
+            step = steps_taken[kept].fd;
+            st = steps_taken[kept].st;
+        } else if ((step = openat(fd, name, WALK)) < 0 || fstat(step, &st) < 0) {
             fall_back("a grant that no longer resolves");
-        if (S_ISLNK(st.st_mode)) {
+        } else if (S_ISDIR(st.st_mode) && at != OWN_STEP) {
+            kept = keep_step(at, name, step, &st);
+        }
+        if (S_ISLNK(st.st_mode)) { /* never a kept step: only directories are kept */
             const char *here = depth ? canon->s : "/";
             struct stat dir;
             if (!((!strcmp(here, "/") || in_system_dir(here)) && fstat(fd, &dir) == 0 &&
@@ -1163,8 +1207,9 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
             target[len] = 0;
             pending = copy_of(target, (size_t)len);
             if (target[0] == '/') {
-                release(fd);
+                release(fd, at);
                 fd = root_fd;
+                at = ROOT_STEP;
                 canon->n = 0;
                 canon->s[0] = 0;
                 depth = 0;
@@ -1177,8 +1222,9 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
             close(step);
             continue;
         }
-        release(fd);
+        release(fd, at);
         fd = step;
+        at = kept;
         size_t *grown = realloc(ends, (depth + 1) * sizeof *grown);
         if (!grown)
             fall_back("out of memory");
@@ -1193,8 +1239,8 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
     if (!depth)
         append(canon, "/", 1);
     *is_dir = S_ISDIR(st.st_mode);
-    if (fd == root_fd && (fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 3)) < 0) /* the caller's to close */
-        fall_back("cannot open /");
+    if (at != OWN_STEP && (fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) /* the caller's to close */
+        fall_back("cannot open a grant");
     return fd;
 }
 
@@ -1207,7 +1253,7 @@ static void ancestry(const char *path, int *has_own, struct id *own, struct ids 
     *has_own = 0;
     *device = *inner = NULL;
     above->n = 0;
-    while ((fd = open(probe, O_PATH | O_CLOEXEC)) < 0) {
+    while ((fd = openat(AT_FDCWD, probe, O_PATH | O_CLOEXEC)) < 0) {
         char *parent = dirname_of(probe);
         if (!strcmp(parent, probe))
             return;
@@ -1221,14 +1267,15 @@ static void ancestry(const char *path, int *has_own, struct id *own, struct ids 
         own->dev = st.st_dev;
         own->ino = st.st_ino;
     }
-    char *where;
-    position(fd, device, &where);
+    /* Read once for both uses (Python reads it twice: a rename in between is a race it
+     * may lose or win, and one reading is one of its outcomes). */
+    char *where, *real = fd_path(fd);
+    position(fd, real, device, &where);
     *inner = join(where, path + strlen(probe));
     if (!S_ISDIR(st.st_mode)) {
-        char *real = fd_path(fd);
         close(fd);
         char *holder = dirname_of(real);
-        fd = open(holder[0] ? holder : "/", DIR_PATH);
+        fd = openat(AT_FDCWD, holder[0] ? holder : "/", DIR_PATH);
         if (fd < 0)
             fall_back("cannot open a protected object's directory");
     }
@@ -1419,6 +1466,7 @@ static void recheck_witness(struct reader *r) {
         if (is_dir != was_dir || strcmp(canon.s, canonical) || !same_ids(&want, &now))
             fall_back("stale: a grant resolves to another object");
     }
+    forget_steps();
     for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* protected */
         char *where = string_field(r);
         int had_own = (int)number_field(r, 1);
@@ -1445,7 +1493,7 @@ static void recheck_witness(struct reader *r) {
         int had = (int)number_field(r, 1);
         if (had)
             read_ids(r, &want);
-        int fd = open(point, O_PATH | O_CLOEXEC), here = 0;
+        int fd = openat(AT_FDCWD, point, O_PATH | O_CLOEXEC), here = 0;
         if (fd >= 0) {
             unsigned long long at;
             struct stat st;
