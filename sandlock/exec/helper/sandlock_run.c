@@ -948,10 +948,13 @@ static char *dirname_of(const char *p) {
 }
 
 /* grants._position: (device, path in its filesystem) of the object open as `fd`, whose
- * path /proc/self/fd shows is `here` */
-static void position(int fd, const char *here, char **device, char **inner) {
+ * path /proc/self/fd shows is `here` and whose mount's id is `*known` (NULL: asked here) */
+static void position(int fd, const char *here, const unsigned long long *known, char **device,
+                     char **inner) {
     unsigned long long id;
-    if (mount_id(fd, &id) < 0)
+    if (known)
+        id = *known;
+    else if (mount_id(fd, &id) < 0)
         fall_back("cannot tell which mount a descriptor is on");
     load_mounts();
     struct mount *m = mount_by_id(id);
@@ -974,18 +977,24 @@ static void position(int fd, const char *here, char **device, char **inner) {
     *inner = join(m->root, here + strlen(m->point));
 }
 
-/* A directory's identity for the walks' memo: the mount it was reached through and its
- * (dev, ino), from one statx; -1 where the kernel does not say the mount (no memo then). */
+/* An object's identity: the mount it was reached through, its (dev, ino) and, where `type`
+ * is not NULL, its st_mode's type bits, from one statx (the walks' memo; a protected
+ * object's fstat and mount id); -1 where the kernel does not say them all. */
+#define STATX_TYPE_BIT 0x1U  /* linux/stat.h STATX_TYPE */
 #define STATX_INO_BIT 0x100U /* linux/stat.h STATX_INO */
 static int identity(int fd, unsigned long long *mnt, unsigned long long *dev,
-                    unsigned long long *ino) {
-    uint8_t buf[256]; /* struct statx: stx_ino at 32, stx_dev_major/minor at 136/140 */
-    uint32_t mask, major, minor;
-    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_INO_BIT | STATX_MNT_ID_BIT, buf) < 0)
+                    unsigned long long *ino, mode_t *type) {
+    uint8_t buf[256]; /* struct statx: stx_mode at 28, stx_ino at 32, stx_dev_major/minor at 136/140 */
+    uint32_t mask, major, minor, want = STATX_INO_BIT | STATX_MNT_ID_BIT | (type ? STATX_TYPE_BIT : 0);
+    uint16_t mode;
+    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH, want, buf) < 0)
         return -1;
     memcpy(&mask, buf, sizeof mask);
-    if ((mask & (STATX_INO_BIT | STATX_MNT_ID_BIT)) != (STATX_INO_BIT | STATX_MNT_ID_BIT))
+    if ((mask & want) != want)
         return -1;
+    memcpy(&mode, buf + 28, sizeof mode);
+    if (type)
+        *type = mode & S_IFMT;
     memcpy(ino, buf + 32, sizeof *ino);
     memcpy(&major, buf + 136, sizeof major);
     memcpy(&minor, buf + 140, sizeof minor);
@@ -1019,7 +1028,7 @@ static void up(int fd, struct ids *out) {
     int ended = 0; /* at "/" (its ".." is itself), a directory it may not search, or a memo */
     for (;;) {
         unsigned long long mnt = 0, dev, ino;
-        int keyed = identity(fd, &mnt, &dev, &ino) == 0;
+        int keyed = identity(fd, &mnt, &dev, &ino, NULL) == 0;
         if (!keyed) {
             struct stat st;
             if (fstat(fd, &st) < 0)
@@ -1262,20 +1271,26 @@ static void ancestry(const char *path, int *has_own, struct id *own, struct ids 
             return;
         probe = parent;
     }
-    struct stat st;
-    if (fstat(fd, &st) < 0)
-        fall_back("cannot stat a protected object");
+    unsigned long long mnt, dev, ino; /* fstat's and the mount's id in one statx, where it says */
+    mode_t type;
+    int placed = identity(fd, &mnt, &dev, &ino, &type) == 0;
+    if (!placed) {
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+            fall_back("cannot stat a protected object");
+        dev = st.st_dev, ino = st.st_ino, type = st.st_mode & S_IFMT;
+    }
     if (!strcmp(probe, path)) {
         *has_own = 1;
-        own->dev = st.st_dev;
-        own->ino = st.st_ino;
+        own->dev = dev;
+        own->ino = ino;
     }
     /* Read once for both uses (Python reads it twice: a rename in between is a race it
      * may lose or win, and one reading is one of its outcomes). */
     char *where, *real = fd_path(fd);
-    position(fd, real, device, &where);
+    position(fd, real, placed ? &mnt : NULL, device, &where);
     *inner = join(where, path + strlen(probe));
-    if (!S_ISDIR(st.st_mode)) {
+    if (!S_ISDIR(type)) {
         close(fd);
         char *holder = dirname_of(real);
         fd = openat(AT_FDCWD, holder[0] ? holder : "/", DIR_PATH);
