@@ -616,6 +616,12 @@ def _plant_link(path: Path) -> None:
     path.symlink_to(elsewhere)
 
 
+def _dangling_link(path: Path) -> None:
+    """A link to nothing where a protected directory is missing (a state directory not
+    made yet): Python refuses to place it, the front end must not place its parent."""
+    path.symlink_to(path.with_name("nowhere"))
+
+
 def _rewrite_policy(policy: Path) -> None:
     """The policy file replaced by a copy, same bytes: the key is the same, the file
     (protected: a write grant may not reach it) is another."""
@@ -642,6 +648,8 @@ WITNESSED = {
     "policy-replaced": ("policy", _rewrite_policy, "stale: a protected object moved"),
     "checkpoint-made": ("runs", Path.mkdir, "stale: the checkpoints or dry runs changed"),
     "mount": ("mnt", _mount, "stale: the mount table changed"),
+    "link-to-nothing": ("home-state", _dangling_link,
+                        "stale: a protected path is a symbolic link to nothing"),
     "unchanged": ("ws", lambda _: None, RAN),
 }
 
@@ -657,12 +665,14 @@ def test_what_the_grant_checks_saw_is_seen_again(change: str, tmp_path: Path,
     where, act, why = WITNESSED[change]
     if change == "mount" and os.geteuid() != 0:
         pytest.skip("mounting needs root")
-    ws, mnt = tmp_path / "ws", tmp_path / "mnt"
+    ws, mnt, home = tmp_path / "ws", tmp_path / "mnt", tmp_path / "home"
     ws.mkdir()
     mnt.mkdir()
+    (home / ".cache").mkdir(parents=True)
+    env = {**env, "HOME": str(home)}  # its state directory is missing: XDG_CACHE_HOME's is used
     policy = write_policy(tmp_path, f'extends = ["base"]\n{POLICY}write = ["{ws}"]\n')
     stored(policy, env, tmp_path)
-    target = {"ws": ws, "policy": policy, "mnt": mnt,
+    target = {"ws": ws, "policy": policy, "mnt": mnt, "home-state": home / ".cache" / "sandlock",
               "runs": Path(env["XDG_CACHE_HOME"]) / "sandlock" / "runs"}[where]
     act(target)
     try:
@@ -672,7 +682,7 @@ def test_what_the_grant_checks_saw_is_seen_again(change: str, tmp_path: Path,
             subprocess.run(["umount", str(mnt)], check=True)
     assert notes["entry"] == "verified"
     assert notes["fallback"] == why, notes
-    if change == "grant-link":  # the Python CLI's own check refuses it, as it must
+    if change in ("grant-link", "link-to-nothing"):  # the Python CLI refuses it, as it must
         assert done.returncode == 125 and "symbolic link" in done.stderr, done.stderr
     else:
         assert done.returncode == 0, done.stderr

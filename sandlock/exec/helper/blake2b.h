@@ -87,7 +87,7 @@ static void blake2b_compress(struct blake2b *s, int last) {
 
 static void blake2b_update(struct blake2b *s, const void *data, size_t len) {
     const uint8_t *in = data;
-    for (size_t i = 0; i < len; i++) {
+    while (len) {
         if (s->used == sizeof s->block) { /* compress a full block only once more follows */
             s->t[0] += s->used;
             if (s->t[0] < s->used)
@@ -95,7 +95,11 @@ static void blake2b_update(struct blake2b *s, const void *data, size_t len) {
             blake2b_compress(s, 0);
             s->used = 0;
         }
-        s->block[s->used++] = in[i];
+        size_t take = sizeof s->block - s->used < len ? sizeof s->block - s->used : len;
+        memcpy(s->block + s->used, in, take);
+        s->used += take;
+        in += take;
+        len -= take;
     }
 }
 

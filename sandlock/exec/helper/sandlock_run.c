@@ -260,10 +260,13 @@ static void field(struct buf *b, const void *data, size_t len) {
 
 static void text(struct buf *b, const char *s) { field(b, s, strlen(s)); }
 
+/* str(n): its decimal digits (a few hundred a run: snprintf's cost shows) */
 static void number(struct buf *b, unsigned long long n) {
-    char digits[24];
-    int len = snprintf(digits, sizeof digits, "%llu", n);
-    field(b, digits, (size_t)len);
+    char digits[24], *at = digits + sizeof digits;
+    do
+        *--at = (char)('0' + n % 10);
+    while (n /= 10);
+    field(b, at, (size_t)(digits + sizeof digits - at));
 }
 
 static void optional(struct buf *b, const char *value) {
@@ -273,10 +276,42 @@ static void optional(struct buf *b, const char *value) {
 }
 
 /* ------------------------------------------------------------------------- */
+/* Directory listings: getdents64(2) into one buffer. readdir(3) would allocate a DIR (a
+ * fresh mapping in musl) per directory and read 2 KB at a time: a few hundred microseconds
+ * a run for the package's directories and a site directory. One listing at a time. */
+
+struct kernel_dirent { uint64_t ino; int64_t off; unsigned short reclen; unsigned char type;
+                       char name[]; }; /* linux_dirent64, getdents64(2) */
+static struct listing { int fd; long len, at; uint64_t buf[4096]; } listing;
+
+/* Starts listing directory `path`; -1 (no listing) when it cannot be opened as one. */
+static int open_listing(const char *path) {
+    listing.len = listing.at = 0;
+    listing.fd = openat(AT_FDCWD, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    return listing.fd;
+}
+
+/* The next name ("." and ".." too, as readdir gives them), NULL at the end; a directory
+ * that cannot be read to its end falls back (a listing cut short is no listing). */
+static const char *next_name(void) {
+    if (listing.at == listing.len) {
+        listing.len = syscall(SYS_getdents64, listing.fd, listing.buf, sizeof listing.buf);
+        listing.at = 0;
+        if (listing.len < 0)
+            fall_back("cannot list a directory");
+        if (listing.len == 0)
+            return NULL;
+    }
+    const struct kernel_dirent *e = (const void *)((const char *)listing.buf + listing.at);
+    listing.at += e->reclen;
+    return e->name;
+}
+
+/* ------------------------------------------------------------------------- */
 /* The key bytes (cache.native_key) */
 
 #ifndef SANDLOCK_BUNDLED
-struct row { char sub[16]; char *name; unsigned long long size, mtime; };
+struct row { const char *sub; char *name; unsigned long long size, mtime; };
 
 static int by_row(const void *a, const void *b) {
     const struct row *x = a, *y = b;
@@ -298,16 +333,14 @@ static void code_fields(struct buf *b) {
         char path[PATH_MAX];
         if (snprintf(path, sizeof path, "%s/%s", package_dir, code_dirs[d]) >= (int)sizeof path)
             fall_back("package path too long");
-        DIR *dir = opendir(path);
-        if (!dir)
+        if (open_listing(path) < 0)
             fall_back("cannot list the package");
-        struct dirent *e;
-        while ((e = readdir(dir))) {
-            size_t len = strlen(e->d_name);
-            if (len < 3 || strcmp(e->d_name + len - 3, ".py"))
+        for (const char *name; (name = next_name());) {
+            size_t len = strlen(name);
+            if (len < 3 || strcmp(name + len - 3, ".py"))
                 continue;
             struct stat st;
-            if (fstatat(dirfd(dir), e->d_name, &st, 0) < 0)
+            if (fstatat(listing.fd, name, &st, 0) < 0)
                 fall_back("cannot stat a package file");
             if (n == cap) {
                 cap = cap ? cap * 2 : 128;
@@ -316,8 +349,8 @@ static void code_fields(struct buf *b) {
                     fall_back("out of memory");
                 rows = grown;
             }
-            snprintf(rows[n].sub, sizeof rows[n].sub, "%s", code_dirs[d]);
-            rows[n].name = strdup(e->d_name);
+            rows[n].sub = code_dirs[d];
+            rows[n].name = strdup(name);
             if (!rows[n].name)
                 fall_back("out of memory");
             rows[n].size = (unsigned long long)st.st_size;
@@ -325,7 +358,7 @@ static void code_fields(struct buf *b) {
                             (unsigned long long)st.st_mtim.tv_nsec;
             n++;
         }
-        closedir(dir);
+        close(listing.fd);
     }
     /* Python sorts the rows of one directory by name and the directories in code_dirs'
      * order, which is sorted too ("" < "compile" < "linux" < "policy"). */
@@ -745,7 +778,7 @@ static char *copy_of(const char *data, size_t len) {
 /* A /proc file's bytes (its size is not known ahead); NULL when larger than `max` or
  * unreadable (policy/readfile.py read_bounded). */
 static uint8_t *read_proc(const char *path, size_t max, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC); /* open(3) adds an fcntl in musl */
     if (fd < 0)
         return NULL;
     size_t cap = 1 << 16, got = 0;
@@ -883,7 +916,7 @@ static int mount_id(int fd, unsigned long long *id) {
     }
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
-    int info = open(path, O_RDONLY | O_CLOEXEC);
+    int info = openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
     if (info < 0)
         return -1;
     char data[4097];
@@ -949,14 +982,17 @@ static char *dirname_of(const char *p) {
     return copy_of(p, len);
 }
 
-/* grants._position: (device, path in its filesystem) of the object open as `fd` */
-static void position(int fd, char **device, char **inner) {
+/* grants._position: (device, path in its filesystem) of the object open as `fd`, whose
+ * path /proc/self/fd shows is `here` and whose mount's id is `*known` (NULL: asked here) */
+static void position(int fd, const char *here, const unsigned long long *known, char **device,
+                     char **inner) {
     unsigned long long id;
-    if (mount_id(fd, &id) < 0)
+    if (known)
+        id = *known;
+    else if (mount_id(fd, &id) < 0)
         fall_back("cannot tell which mount a descriptor is on");
     load_mounts();
     struct mount *m = mount_by_id(id);
-    char *here = fd_path(fd);
     if (!m && here[0] == '/') {
         struct stat st;
         if (fstat(fd, &st) < 0)
@@ -976,18 +1012,24 @@ static void position(int fd, char **device, char **inner) {
     *inner = join(m->root, here + strlen(m->point));
 }
 
-/* A directory's identity for the walks' memo: the mount it was reached through and its
- * (dev, ino), from one statx; -1 where the kernel does not say the mount (no memo then). */
+/* An object's identity: the mount it was reached through, its (dev, ino) and, where `type`
+ * is not NULL, its st_mode's type bits, from one statx (the walks' memo; a protected
+ * object's fstat and mount id); -1 where the kernel does not say them all. */
+#define STATX_TYPE_BIT 0x1U  /* linux/stat.h STATX_TYPE */
 #define STATX_INO_BIT 0x100U /* linux/stat.h STATX_INO */
 static int identity(int fd, unsigned long long *mnt, unsigned long long *dev,
-                    unsigned long long *ino) {
-    uint8_t buf[256]; /* struct statx: stx_ino at 32, stx_dev_major/minor at 136/140 */
-    uint32_t mask, major, minor;
-    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_INO_BIT | STATX_MNT_ID_BIT, buf) < 0)
+                    unsigned long long *ino, mode_t *type) {
+    uint8_t buf[256]; /* struct statx: stx_mode at 28, stx_ino at 32, stx_dev_major/minor at 136/140 */
+    uint32_t mask, major, minor, want = STATX_INO_BIT | STATX_MNT_ID_BIT | (type ? STATX_TYPE_BIT : 0);
+    uint16_t mode;
+    if (syscall(SYS_statx, fd, "", AT_EMPTY_PATH, want, buf) < 0)
         return -1;
     memcpy(&mask, buf, sizeof mask);
-    if ((mask & (STATX_INO_BIT | STATX_MNT_ID_BIT)) != (STATX_INO_BIT | STATX_MNT_ID_BIT))
+    if ((mask & want) != want)
         return -1;
+    memcpy(&mode, buf + 28, sizeof mode);
+    if (type)
+        *type = mode & S_IFMT;
     memcpy(ino, buf + 32, sizeof *ino);
     memcpy(&major, buf + 136, sizeof major);
     memcpy(&minor, buf + 140, sizeof minor);
@@ -1021,7 +1063,7 @@ static void up(int fd, struct ids *out) {
     int ended = 0; /* at "/" (its ".." is itself), a directory it may not search, or a memo */
     for (;;) {
         unsigned long long mnt = 0, dev, ino;
-        int keyed = identity(fd, &mnt, &dev, &ino) == 0;
+        int keyed = identity(fd, &mnt, &dev, &ino, NULL) == 0;
         if (!keyed) {
             struct stat st;
             if (fstat(fd, &st) < 0)
@@ -1090,8 +1132,45 @@ static int in_system_dir(const char *canonical) {
 static int root_fd = -1; /* "/", opened once for every walk (never closed) */
 static struct stat root_st;
 
-static void release(int fd) {
-    if (fd != root_fd)
+/* The directories the grants' walks opened, each kept open with its fstat until
+ * forget_steps: a walk that takes the same step (the same name from the same kept
+ * directory) goes on from there instead of opening it again, as if it had been walked at
+ * that moment. Only steps from "/" or from a kept directory are kept: a ".." leaves them. */
+#define ROOT_STEP (-1)  /* the walk is at root_fd */
+#define OWN_STEP (-2)   /* the walk is at a descriptor of its own (to close) */
+struct kept_step { int from; char *name; int fd; struct stat st; };
+static struct kept_step *steps_taken;
+static size_t n_taken, max_taken;
+
+static int step_taken(int from, const char *name) {
+    for (size_t k = 0; from != OWN_STEP && k < n_taken; k++)
+        if (steps_taken[k].from == from && !strcmp(steps_taken[k].name, name))
+            return (int)k;
+    return OWN_STEP;
+}
+
+static int keep_step(int from, const char *name, int fd, const struct stat *st) {
+    if (n_taken == max_taken) {
+        max_taken = max_taken ? 2 * max_taken : 32;
+        struct kept_step *grown = realloc(steps_taken, max_taken * sizeof *grown);
+        if (!grown)
+            fall_back("out of memory");
+        steps_taken = grown;
+    }
+    steps_taken[n_taken] = (struct kept_step){from, copy_of(name, strlen(name)), fd, *st};
+    return (int)n_taken++;
+}
+
+static void forget_steps(void) {
+    for (size_t k = 0; k < n_taken; k++) {
+        close(steps_taken[k].fd);
+        free(steps_taken[k].name);
+    }
+    n_taken = 0;
+}
+
+static void release(int fd, int at) {
+    if (at == OWN_STEP)
         close(fd);
 }
 
@@ -1100,9 +1179,9 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
     size_t n = 0, cap = 0;
     const char *pending = path; /* components still to push, first the path's */
     int links = 0;
-    if (root_fd < 0 && ((root_fd = open("/", DIR_PATH)) < 0 || fstat(root_fd, &root_st) < 0))
+    if (root_fd < 0 && ((root_fd = openat(AT_FDCWD, "/", DIR_PATH)) < 0 || fstat(root_fd, &root_st) < 0))
         fall_back("cannot open /");
-    int fd = root_fd;
+    int fd = root_fd, at = ROOT_STEP; /* at: the kept step fd is, or OWN_STEP */
     struct stat st = root_st;
     chain->n = 0;
     add_id(chain, st.st_dev, st.st_ino);
@@ -1140,8 +1219,9 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
                 int parent = openat(fd, "..", DIR_PATH);
                 if (parent < 0)
                     fall_back("a grant that no longer resolves");
-                release(fd);
+                release(fd, at);
                 fd = parent;
+                at = OWN_STEP;
                 canon->n = ends[--depth];
                 canon->s[canon->n] = 0;
                 chain->n--;
@@ -1150,10 +1230,16 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
             }
             continue;
         }
-        int step = openat(fd, name, WALK);
-        if (step < 0 || fstat(step, &st) < 0)
+        int kept = step_taken(at, name), step;
+        if (kept != OWN_STEP) {
+            step = steps_taken[kept].fd;
+            st = steps_taken[kept].st;
+        } else if ((step = openat(fd, name, WALK)) < 0 || fstat(step, &st) < 0) {
             fall_back("a grant that no longer resolves");
-        if (S_ISLNK(st.st_mode)) {
+        } else if (S_ISDIR(st.st_mode) && at != OWN_STEP) {
+            kept = keep_step(at, name, step, &st);
+        }
+        if (S_ISLNK(st.st_mode)) { /* never a kept step: only directories are kept */
             const char *here = depth ? canon->s : "/";
             struct stat dir;
             if (!((!strcmp(here, "/") || in_system_dir(here)) && fstat(fd, &dir) == 0 &&
@@ -1168,8 +1254,9 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
             target[len] = 0;
             pending = copy_of(target, (size_t)len);
             if (target[0] == '/') {
-                release(fd);
+                release(fd, at);
                 fd = root_fd;
+                at = ROOT_STEP;
                 canon->n = 0;
                 canon->s[0] = 0;
                 depth = 0;
@@ -1182,8 +1269,9 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
             close(step);
             continue;
         }
-        release(fd);
+        release(fd, at);
         fd = step;
+        at = kept;
         size_t *grown = realloc(ends, (depth + 1) * sizeof *grown);
         if (!grown)
             fall_back("out of memory");
@@ -1198,8 +1286,8 @@ static int resolve(const char *path, struct str *canon, struct ids *chain, int *
     if (!depth)
         append(canon, "/", 1);
     *is_dir = S_ISDIR(st.st_mode);
-    if (fd == root_fd && (fd = fcntl(root_fd, F_DUPFD_CLOEXEC, 3)) < 0) /* the caller's to close */
-        fall_back("cannot open /");
+    if (at != OWN_STEP && (fd = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) /* the caller's to close */
+        fall_back("cannot open a grant");
     return fd;
 }
 
@@ -1212,28 +1300,38 @@ static void ancestry(const char *path, int *has_own, struct id *own, struct ids 
     *has_own = 0;
     *device = *inner = NULL;
     above->n = 0;
-    while ((fd = open(probe, O_PATH | O_CLOEXEC)) < 0) {
+    while ((fd = openat(AT_FDCWD, probe, O_PATH | O_CLOEXEC)) < 0) {
+        struct stat link;
+        if (lstat(probe, &link) == 0 && S_ISLNK(link.st_mode)) /* grants._ancestry refuses it */
+            fall_back("stale: a protected path is a symbolic link to nothing");
         char *parent = dirname_of(probe);
         if (!strcmp(parent, probe))
             return;
         probe = parent;
     }
-    struct stat st;
-    if (fstat(fd, &st) < 0)
-        fall_back("cannot stat a protected object");
+    unsigned long long mnt, dev, ino; /* fstat's and the mount's id in one statx, where it says */
+    mode_t type;
+    int placed = identity(fd, &mnt, &dev, &ino, &type) == 0;
+    if (!placed) {
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+            fall_back("cannot stat a protected object");
+        dev = st.st_dev, ino = st.st_ino, type = st.st_mode & S_IFMT;
+    }
     if (!strcmp(probe, path)) {
         *has_own = 1;
-        own->dev = st.st_dev;
-        own->ino = st.st_ino;
+        own->dev = dev;
+        own->ino = ino;
     }
-    char *where;
-    position(fd, device, &where);
+    /* Read once for both uses (Python reads it twice: a rename in between is a race it
+     * may lose or win, and one reading is one of its outcomes). */
+    char *where, *real = fd_path(fd);
+    position(fd, real, placed ? &mnt : NULL, device, &where);
     *inner = join(where, path + strlen(probe));
-    if (!S_ISDIR(st.st_mode)) {
-        char *real = fd_path(fd);
+    if (!S_ISDIR(type)) {
         close(fd);
         char *holder = dirname_of(real);
-        fd = open(holder[0] ? holder : "/", DIR_PATH);
+        fd = openat(AT_FDCWD, holder[0] ? holder : "/", DIR_PATH);
         if (fd < 0)
             fall_back("cannot open a protected object's directory");
     }
@@ -1329,18 +1427,20 @@ static int same_listing(struct reader *r, const char *base, const char *suffix) 
         fall_back("out of memory");
     for (unsigned long long k = 0; k < count; k++)
         names[k] = string_field(r);
-    DIR *dir = opendir(base);
-    if ((dir != NULL) != had)
+    int listed = open_listing(base) >= 0;
+    if (listed != had) {
+        if (listed)
+            close(listing.fd);
         return 0;
-    if (!dir)
+    }
+    if (!listed)
         return 1;
     char **seen = NULL;
     size_t m = 0, cap = 0, tail = strlen(suffix);
-    struct dirent *e;
-    while ((e = readdir(dir))) {
-        size_t len = strlen(e->d_name);
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || len < tail ||
-            strcmp(e->d_name + len - tail, suffix))
+    for (const char *name; (name = next_name());) {
+        size_t len = strlen(name);
+        if (!strcmp(name, ".") || !strcmp(name, "..") || len < tail ||
+            strcmp(name + len - tail, suffix))
             continue;
         if (m == cap) {
             cap = cap ? cap * 2 : 16;
@@ -1349,9 +1449,9 @@ static int same_listing(struct reader *r, const char *base, const char *suffix) 
                 fall_back("out of memory");
             seen = grown;
         }
-        seen[m++] = copy_of(e->d_name, len);
+        seen[m++] = copy_of(name, len);
     }
-    closedir(dir);
+    close(listing.fd);
     if (m)
         qsort(seen, m, sizeof *seen, by_name);
     if (m != count)
@@ -1424,6 +1524,7 @@ static void recheck_witness(struct reader *r) {
         if (is_dir != was_dir || strcmp(canon.s, canonical) || !same_ids(&want, &now))
             fall_back("stale: a grant resolves to another object");
     }
+    forget_steps();
     for (unsigned long long i = 0, n = COUNT(r); i < n; i++) { /* protected */
         char *where = string_field(r);
         int had_own = (int)number_field(r, 1);
@@ -1450,7 +1551,7 @@ static void recheck_witness(struct reader *r) {
         int had = (int)number_field(r, 1);
         if (had)
             read_ids(r, &want);
-        int fd = open(point, O_PATH | O_CLOEXEC), here = 0;
+        int fd = openat(AT_FDCWD, point, O_PATH | O_CLOEXEC), here = 0;
         if (fd >= 0) {
             unsigned long long at;
             struct stat st;
