@@ -362,3 +362,22 @@ def test_key_directory_is_the_password_database_home() -> None:
 
     home = pwd.getpwuid(os.geteuid()).pw_dir
     assert cachekey.key_directory() == os.path.join(home, ".cache", "sandlock")
+
+
+def test_a_grant_inside_the_state_directory_is_refused(scene: Scene) -> None:
+    """The cache's entries hold other runs' policy texts, paths and --var values (a token
+    passed so, a path that names a client): no grant may reach inside sandlock's state
+    directory, as none may reach its keys. Control: without the check the tool reads an
+    entry, and the other run's text with it."""
+    private = write_policy(scene.root, POLICY + "# deploy token tok-5e1f9c\n", "private.toml")
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=private)
+    assert info["code"] == 0, done.stderr
+    entry = scene.entry()
+    nosy = write_policy(scene.root, POLICY.replace('read = ["${ws}"]',
+                                                   f'read = ["${{ws}}", "{scene.entries}"]'),
+                        "nosy.toml")
+    done, info = scene.run(["cat", str(entry)], refuse="", policy=nosy)
+    assert info["code"] == 125 and "state directory" in done.stderr, done.stderr
+    assert "tok-5e1f9c" not in done.stdout
+    done, info = scene.run(["cat", str(entry)], refuse="", policy=nosy, guard_off="secrets")
+    assert info["code"] == 0 and "tok-5e1f9c" in done.stdout, done.stderr

@@ -830,7 +830,7 @@ def test_a_policy_named_through_a_link_in_a_write_grant_is_refused(scene: Scene)
     (drop / "tool.toml").symlink_to(real)
     (drop / "linked").symlink_to(kept)
     wider = ('version = 1\nextends = ["base"]\n[filesystem]\n'
-             f'read = ["{scene.home}"]\nexec = ["/usr/bin"]\n')
+             f'read = ["{scene.secret.parent}"]\nexec = ["/usr/bin"]\n')
     swap = ["/usr/bin/sh", "-c", f"rm {drop}/tool.toml && cat > {drop}/tool.toml <<'EOF'\n"
             f"{wider}EOF\n"]
     for named in (drop / "tool.toml", drop / "linked" / "tool.toml"):

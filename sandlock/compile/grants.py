@@ -767,16 +767,20 @@ class CopyCheck(SecretCheck):
 
 
 def _secrets() -> list[tuple[str, str]]:
-    """(path, what it is) of every secret no grant may reach, now."""
+    """(path, what it is) of every secret no grant may reach, now: the keys, and the
+    state directories themselves (their cached plans and records hold other runs' policy
+    texts, paths and ``--var`` values)."""
     from .cachekey import exposed, records_path
     from .logdir import exposed as run_log
 
     key, records = exposed(), records_path()
+    state = [(where, "sandlock's state directory (its cached plans and records hold other "
+                     "runs' policy texts, paths and --var values)") for where in _state_dirs()]
     return run_log() + ([] if key is None else [(key, "the key that authenticates sandlock's "
                                                       "compiled-policy cache (kept in a file "
                                                       "here)")]) \
         + ([] if records is None else [(records, "the key that authenticates sandlock's run "
-                                                 "log and undo records")])
+                                                 "log and undo records")]) + state
 
 
 def _module_files() -> dict[tuple[int, int], str]:
