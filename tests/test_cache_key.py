@@ -66,8 +66,9 @@ if off == "read_key":  # trusts whatever the key name leads to
         finally:
             os.close(fd)
     cachekey.read_key = lax
-elif off == "secrets":
+elif off == "secrets":  # the keys, and the state directory they are in
     grants._secrets = lambda: []
+    grants._check_state = lambda *args: None
 elif off == "blocking_open":  # opens the key file as a plain open(2) would: waits on a FIFO
     cachekey._READ &= ~os.O_NONBLOCK
 from sandlock.cli import launch

@@ -452,7 +452,7 @@ def test_signal_gate_on_a_cache_hit(tmp_path: Path, victim: subprocess.Popen[byt
         read = ["{tmp_path}"]
         """, name="signals.toml")
     env = {k: v for k, v in _abi_env(5).items() if k != "SANDLOCK_NO_CACHE"}
-    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    env["XDG_CACHE_HOME"] = str(tmp_path.parent / f"{tmp_path.name}-cache")  # not read
     runner = ("import json, sys\nfrom sandlock.cli import launch\ncode = launch.main_run(sys.argv[1:])\n"
               "sys.stderr.write('\\n' + json.dumps([code, 'sandlock.policy.model' in sys.modules]))")
     seen = []

@@ -414,18 +414,22 @@ def test_another_tool_cannot_read_a_runs_copy(ws: Path, tmp_path: Path, flag: st
     other = tmp_path / "other"
     other.mkdir()
 
-    def read(path: Path) -> subprocess.CompletedProcess[str]:
+    def read(path: Path, granted: str = cache) -> subprocess.CompletedProcess[str]:
         return cli("run", "--policy", str(reader), "--var", f"workspace={other}", "--var",
-                   f"cache={cache}", "--", "cat", str(path))
+                   f"cache={granted}", "--", "cat", str(path))
 
     refused = read(copies[0])
     assert refused.returncode == 125 and "only for the workspace" not in refused.stdout
     assert name in refused.stderr and "sandlock discard" in refused.stderr, refused.stderr
     assert cli("discard", name).returncode == 0
-    # positive control: with no copy left the same policy runs, and reads what the cache
-    # directory holds (the copy's bytes, kept elsewhere there)
+    # with no copy left the grant is still refused: it covers sandlock's state directory
+    # (other runs' plans); positive control: a grant beside it in the cache directory runs,
+    # and reads what is there (the copy's bytes, kept elsewhere)
+    again = read(copies[0])
+    assert again.returncode == 125 and name not in again.stderr, again.stderr
+    assert "state directory" in again.stderr, again.stderr
     kept = Path(cache, "kept", "private.txt")
     kept.parent.mkdir()
     kept.write_text("only for the workspace's tool\n")
-    allowed = read(kept)
+    allowed = read(kept, str(kept.parent))
     assert allowed.returncode == 0 and "only for the workspace" in allowed.stdout, allowed.stderr

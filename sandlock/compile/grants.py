@@ -767,20 +767,16 @@ class CopyCheck(SecretCheck):
 
 
 def _secrets() -> list[tuple[str, str]]:
-    """(path, what it is) of every secret no grant may reach, now: the keys, and the
-    state directories themselves (their cached plans and records hold other runs' policy
-    texts, paths and ``--var`` values)."""
+    """(path, what it is) of every secret no grant may reach, now."""
     from .cachekey import exposed, records_path
     from .logdir import exposed as run_log
 
     key, records = exposed(), records_path()
-    state = [(where, "sandlock's state directory (its cached plans and records hold other "
-                     "runs' policy texts, paths and --var values)") for where in _state_dirs()]
     return run_log() + ([] if key is None else [(key, "the key that authenticates sandlock's "
                                                       "compiled-policy cache (kept in a file "
                                                       "here)")]) \
         + ([] if records is None else [(records, "the key that authenticates sandlock's run "
-                                                 "log and undo records")]) + state
+                                                 "log and undo records")])
 
 
 def _module_files() -> dict[tuple[int, int], str]:
@@ -955,6 +951,7 @@ def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
     checker = WriteCheck(policy_files)
     secrets: Optional[SecretCheck] = None
     copies: Optional[CopyCheck] = None
+    states: Optional[list[tuple[str, Optional[tuple[int, int]], set[tuple[int, int]]]]] = None
     for path, rights in paths:
         got = resolve(path)
         if _witness is not None:
@@ -970,9 +967,48 @@ def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
                 if secrets is None:
                     secrets = SecretCheck(_secrets())
                 secrets.check(path, got)
+                if states is None:
+                    states = [(where, *_placed(where)) for where in _state_dirs()]
+                _check_state(path, got, states)
             yield got, rights
         finally:
             got.close()
+
+
+def _placed(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]]]:
+    """(``path``'s own id or None if missing, ids of its nearest existing directory and of
+    every one above), as :func:`_ancestry` finds them, without placing it among mounts."""
+    probe = path
+    while True:
+        try:
+            fd = os.open(probe, _DIR)
+            break
+        except OSError:
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return None, set()
+            probe = parent
+    info = os.fstat(fd)
+    return ((info.st_dev, info.st_ino) if probe == path else None), _up(fd)
+
+
+def _check_state(path: str, got: Resolved,
+                 states: Sequence[tuple[str, Optional[tuple[int, int]], set[tuple[int, int]]]]
+                 ) -> None:
+    """Refuse a read or exec grant that is, covers or lies inside a state directory: its
+    cached plans and records hold other runs' policy texts, paths and ``--var`` values
+    (write grants there are refused by WriteCheck, with the mounts). By ids, walking
+    ``..`` from descriptors; not among mounts: a bind mount of the state directory below
+    a read grant is not looked for (where the mounts cannot be placed, a chroot, every
+    read grant on its filesystem would be refused)."""
+    for where, own, ancestors in states:
+        covers = got.is_dir and got.chain[-1] in ancestors
+        if covers or own is not None and own in got.chain:
+            raise GrantError(path, (
+                f"this grant {'covers' if covers else 'lies inside'} {where!r}, sandlock's "
+                "state directory: its cached plans and records hold other runs' policy texts, "
+                "paths and --var values. Grant a narrower directory, or set XDG_CACHE_HOME "
+                "outside the granted tree"))
 
 
 def check_rules(paths: Sequence[tuple[str, int]], write_rights: int,
