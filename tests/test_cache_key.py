@@ -382,3 +382,43 @@ def test_a_grant_inside_the_state_directory_is_refused(scene: Scene) -> None:
     assert "tok-5e1f9c" not in done.stdout
     done, info = scene.run(["cat", str(entry)], refuse="", policy=nosy, guard_off="secrets")
     assert info["code"] == 0 and "tok-5e1f9c" in done.stdout, done.stderr
+
+
+@pytest.mark.parametrize("how", ["link-then-up", "relative-home"])
+def test_the_state_directory_refused_is_the_one_the_cache_uses(scene: Scene, how: str) -> None:
+    """The cache's directory and the one the grants are refused are one path: an
+    ``XDG_CACHE_HOME`` that leaves a link with ``..`` (the cache reads it as text, the
+    kernel would go up from the link's target) and a relative ``HOME`` (the cache then
+    uses the password database's) each sent the refusal elsewhere, and a read grant on
+    the cache's parent read other runs' entries. Control: the cache is where the refusal
+    looked (the entry exists there)."""
+    base = scene.root / "xn"
+    base.mkdir()
+    (scene.root / "other" / "deep").mkdir(parents=True)
+    (base / "link").symlink_to(scene.root / "other" / "deep")
+    env = dict(scene.env)
+    if how == "link-then-up":
+        env["XDG_CACHE_HOME"] = f"{base}/link/.."
+        parent = base
+    else:  # cwd is scene.root: a relative home would name scene.root/home, or /home
+        env.pop("XDG_CACHE_HOME")
+        env["HOME"] = "home"
+        import pwd
+
+        parent = Path(pwd.getpwuid(os.geteuid()).pw_dir) / ".cache"
+    private = write_policy(scene.root, POLICY + "# deploy token tok-77d1\n", "private.toml")
+    done = subprocess.run([sys.executable, "-P", "-m", "sandlock", "run", "--policy", str(private),
+                           "--var", f"ws={scene.ws}", "--", "cat", str(scene.ws / "notes.md")],
+                          env=env, cwd=scene.root, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert (parent / "sandlock" / "policies").is_dir()  # control: the cache is there
+    assert not (scene.home / ".cache").exists() and not Path("/home/.cache").exists()
+    nosy = write_policy(scene.root, POLICY.replace('read = ["${ws}"]',
+                                                   f'read = ["${{ws}}", "{parent}"]'), "nosy.toml")
+    done = subprocess.run([sys.executable, "-P", "-m", "sandlock", "run", "--policy", str(nosy),
+                           "--var", f"ws={scene.ws}", "--", "cat", str(scene.ws / "notes.md")],
+                          env=env, cwd=scene.root, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 125, done.stderr
+    assert "state directory" in done.stderr or "that authenticates" in done.stderr, done.stderr

@@ -829,14 +829,25 @@ def test_a_policy_named_through_a_link_in_a_write_grant_is_refused(scene: Scene)
                     'exec = ["/usr/bin/sh", "/usr/bin/dash", "/usr/bin/rm", "/usr/bin/cat"]\n')
     (drop / "tool.toml").symlink_to(real)
     (drop / "linked").symlink_to(kept)
+    (kept / "sub").mkdir()
+    (drop / "deep").symlink_to(kept / "sub")
+    (kept / "second.toml").write_text(real.read_text())
     wider = ('version = 1\nextends = ["base"]\n[filesystem]\n'
              f'read = ["{scene.secret.parent}"]\nexec = ["/usr/bin"]\n')
     swap = ["/usr/bin/sh", "-c", f"rm {drop}/tool.toml && cat > {drop}/tool.toml <<'EOF'\n"
             f"{wider}EOF\n"]
-    for named in (drop / "tool.toml", drop / "linked" / "tool.toml"):
+    # the link, a linked directory, a linked directory left by '..' (the kernel follows
+    # the link, then goes up from its target: the tool may retarget it)
+    for named in (drop / "tool.toml", drop / "linked" / "tool.toml",
+                  Path(f"{drop}/deep/../second.toml")):
         done = cli(scene, named, swap, drop=str(drop))
-        assert refused(done) and "symbolic link" in done.stderr, done.stderr
+        assert refused(done) and "symbolic link" in done.stderr, (named, done.stderr)
         assert (drop / "tool.toml").is_symlink(), "the tool ran and swapped the policy"
+    # named from a working directory the caller reached through the link ($PWD)
+    done = subprocess.run(cli_args(scene, Path("tool.toml"), swap, drop=str(drop)),
+                          capture_output=True, text=True, cwd=drop / "linked",
+                          env={**scene.env, "PWD": str(drop / "linked")}, timeout=30, check=False)
+    assert refused(done) and "symbolic link" in done.stderr, done.stderr
     # positive control: named by its real path, the same policy runs, and the tool swaps
     # the link (what it could have done above, had the run started)
     done = cli(scene, real, swap, drop=str(drop))
@@ -844,3 +855,21 @@ def test_a_policy_named_through_a_link_in_a_write_grant_is_refused(scene: Scene)
     assert not (drop / "tool.toml").is_symlink()
     later = cli(scene, drop / "tool.toml", ["/usr/bin/cat", str(scene.secret)], drop=str(drop))
     assert later.returncode == 0 and later.stdout == SECRET  # the swapped policy widened it
+
+
+def test_a_policy_file_with_another_link_is_refused_a_write_grant(scene: Scene) -> None:
+    """A hard link to the policy file inside the write grant (left by ``cp -al``, another
+    tool, the user) is the file itself under a name the checks never see: the tool
+    rewrites it and the next run loads that. Refused while the file has more than one
+    link; control: with its one link, the same policy runs."""
+    drop = scene.root / "drop"
+    drop.mkdir()
+    policy = scene.root / "tool.toml"
+    policy.write_text('version = 1\nextends = ["base"]\n[filesystem]\nwrite = ["${drop}"]\n'
+                      'exec = ["/usr/bin/true"]\n')
+    os.link(policy, drop / "copy.toml")
+    done = cli(scene, policy, ["/usr/bin/true"], drop=str(drop))
+    assert refused(done) and "2 hard links" in done.stderr, done.stderr
+    (drop / "copy.toml").unlink()
+    done = cli(scene, policy, ["/usr/bin/true"], drop=str(drop))
+    assert done.returncode == 0, done.stderr

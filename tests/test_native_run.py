@@ -622,6 +622,11 @@ def _dangling_link(path: Path) -> None:
     path.symlink_to(path.with_name("nowhere"))
 
 
+def _hard_link(policy: Path) -> None:
+    """A second name of the policy file in the write grant (ws, beside it)."""
+    os.link(policy, policy.with_name("ws") / "copy.toml")
+
+
 def _rewrite_policy(policy: Path) -> None:
     """The policy file replaced by a copy, same bytes: the key is the same, the file
     (protected: a write grant may not reach it) is another."""
@@ -648,6 +653,8 @@ WITNESSED = {
     "policy-replaced": ("policy", _rewrite_policy, "stale: a protected object moved"),
     "checkpoint-made": ("runs", Path.mkdir, "stale: the checkpoints or dry runs changed"),
     "mount": ("mnt", _mount, "stale: the mount table changed"),
+    "policy-hard-link": ("policy", _hard_link,
+                         "a policy file has more than one hard link (Python judges it)"),
     "link-to-nothing": ("home-state", _dangling_link,
                         "stale: a protected path is a symbolic link to nothing"),
     "unchanged": ("ws", lambda _: None, RAN),
@@ -680,10 +687,12 @@ def test_what_the_grant_checks_saw_is_seen_again(change: str, tmp_path: Path,
     finally:
         if change == "mount":
             subprocess.run(["umount", str(mnt)], check=True)
-    assert notes["entry"] == "verified"
+    assert notes.get("entry") == (None if change == "policy-hard-link" else "verified")
     assert notes["fallback"] == why, notes
     if change in ("grant-link", "link-to-nothing"):  # the Python CLI refuses it, as it must
         assert done.returncode == 125 and "symbolic link" in done.stderr, done.stderr
+    elif change == "policy-hard-link":
+        assert done.returncode == 125 and "2 hard links" in done.stderr, done.stderr
     else:
         assert done.returncode == 0, done.stderr
 

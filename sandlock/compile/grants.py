@@ -230,10 +230,12 @@ def _password_home() -> Optional[str]:
 
 
 def _state_dirs() -> list[str]:
-    """Every place a later run (the CLI, the API, the binary) may keep its state."""
+    """Every place a later run (the CLI, the API, the binary) may keep its state: this
+    environment's (reviewdirs.state_path, the cache's own definition), and the homes'."""
     homes = [os.environ.get("HOME", ""), _password_home() or ""]
-    bases = [os.environ.get("XDG_CACHE_HOME", "")] + [os.path.join(h, ".cache") for h in homes if h]
-    out = [os.path.join(b, "sandlock") for b in bases if os.path.isabs(b)]
+    bases = [os.path.join(h, ".cache") for h in homes if os.path.isabs(h)]
+    out = [os.path.dirname(reviewdirs.state_path("x"))]
+    out += [os.path.join(os.path.normpath(b), "sandlock") for b in bases]
     stub_state = os.environ.get(ENV_STATE, "")
     if os.path.isabs(stub_state):
         out.append(stub_state)
@@ -621,6 +623,7 @@ class WriteCheck:
         self._exposures: list[tuple[int, Mount, str, Optional[set[tuple[int, int]]]]] = []
         self._proc = os.stat("/proc").st_dev if os.path.isdir("/proc") else None
         self._modules: dict[tuple[int, int], str] = {}
+        self._hard = ""
 
     def check(self, path: str, got: Resolved) -> None:
         """Raise GrantError if the write grant ``path`` (resolved as ``got``) is refused."""
@@ -649,6 +652,7 @@ class WriteCheck:
                 objects = [(where, what, *_ancestry(where, self._mounts))
                            for where, what in self._trusted()]
                 self._protected = objects + _policy_links(self._policy_files, self._mounts)
+                self._hard = _hard_links(self._policy_files)
                 self._exposures = _exposures(self._mounts, [(where, what, position) for
                                                             where, what, _, _, position
                                                             in self._protected])
@@ -659,6 +663,8 @@ class WriteCheck:
         except Unjudgeable as exc:
             raise GrantError(path, f"{exc}: sandlock refuses a write grant whose mounts it "
                                    "cannot check") from None
+        if self._hard:
+            raise GrantError(path, self._hard)
         if got.chain[-1] in self._modules:
             raise GrantError(path, (
                 f"this write grant is {self._modules[got.chain[-1]]!r}, a module sandlock itself "
@@ -710,6 +716,37 @@ class WriteCheck:
                     "mount. Unmount it, or grant a directory without such a mount"))
 
 
+def _as_named(name: str) -> str:
+    """``name`` as the caller reaches it, for a walk: made absolute from ``$PWD`` where that
+    names the working directory (a directory the caller entered through a link is reached
+    through it again next time), else from the working directory's real path; never
+    normalised (``link/..`` is the link's target's parent, as the kernel walks it)."""
+    if name.startswith("/"):
+        return name
+    here = os.environ.get("PWD", "")
+    try:
+        same = here.startswith("/") and os.path.samestat(os.stat(here), os.stat("."))
+    except OSError:
+        same = False
+    return f"{here if same else os.getcwd()}/{name}"
+
+
+def _hard_links(policy_files: Iterable[str]) -> str:
+    """Why a policy file may be rewritten under another name, or empty: it has more than
+    one hard link (the checks see one name; a tool that may write where another lies
+    rewrites the policy the next run loads)."""
+    for name in policy_files:
+        try:
+            links = os.stat(name).st_nlink
+        except OSError:
+            continue
+        if links > 1:
+            return (f"the policy file {name!r} has {links} hard links: a tool that may write where "
+                    "another of them lies could rewrite the policy the next run loads. Keep one "
+                    "link (copy the file instead)")
+    return ""
+
+
 def _policy_links(policy_files: Iterable[str], mounts: dict[int, Mount]) -> list[tuple[
         str, str, None, set[tuple[int, int]], Optional[tuple[str, str]]]]:
     """Each symbolic link a policy file is named through, outside the places where
@@ -722,7 +759,7 @@ def _policy_links(policy_files: Iterable[str], mounts: dict[int, Mount]) -> list
     for name in policy_files:
         found: list[tuple[str, int]] = []
         try:
-            _resolve(os.path.abspath(name), found).close()
+            _resolve(_as_named(name), found).close()
         except (OSError, GrantError):
             pass  # gone or looping since it was read (the links met so far still count)
         for where, fd in found:

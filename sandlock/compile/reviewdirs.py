@@ -21,11 +21,22 @@ if TYPE_CHECKING:
 
 def state_path(name: str) -> str:
     """``<cache>/sandlock/NAME``, ``<cache>`` being ``$XDG_CACHE_HOME`` (absolute) or
-    ``~/.cache``: where sandlock keeps its state (the compiled-policy cache's entries,
-    the runs of review and undo). The one definition (:mod:`sandlock.compile.cache` too)."""
+    ``$HOME/.cache`` (an absolute ``HOME``; else the password database's home, as the
+    single-file binary's stub does): where sandlock keeps its state (the compiled-policy
+    cache's entries, the runs of review and undo). Normalised as text (``link/..`` is the
+    directory holding the link; the directories are then opened without following links).
+    The one definition (:mod:`sandlock.compile.cache` and the grants' refusals too)."""
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
+        home = os.environ.get("HOME", "")
+        if not os.path.isabs(home):
+            try:
+                import pwd
+
+                home = pwd.getpwuid(os.geteuid()).pw_dir
+            except (ImportError, KeyError):
+                home = "/"
+        base = os.path.join(home, ".cache")
     return os.path.join(os.path.normpath(base), "sandlock", name)
 
 

@@ -501,6 +501,8 @@ static int plain_path(const char *path) {
 }
 
 /* A regular file's bytes, at most `max` (cut short or larger: -1). */
+static nlink_t read_links; /* the hard links of the file read_file read last */
+
 static ssize_t read_file(int dir, const char *name, int flags, uint8_t **out, size_t max) {
     int fd = openat(dir, name, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | flags);
     if (fd < 0)
@@ -510,6 +512,7 @@ static ssize_t read_file(int dir, const char *name, int flags, uint8_t **out, si
         close(fd);
         return -1;
     }
+    read_links = st.st_nlink;
     size_t size = (size_t)st.st_size, got = 0;
     uint8_t *data = malloc(size + 1);
     while (data) {
@@ -1600,6 +1603,8 @@ static void recheck(const uint8_t *facts, size_t len) {
         ssize_t now_len = read_file(AT_FDCWD, path, 0, &now, POLICY_MAX);
         if (now_len < 0 || (size_t)now_len != want_len || memcmp(now, want, want_len))
             fall_back("stale: an extended policy file changed");
+        if (read_links > 1 && !strcmp(kind, "file")) /* grants._hard_links */
+            fall_back("a policy file has more than one hard link (Python judges it)");
         free(now);
         free(kind);
         free(where);
@@ -2351,6 +2356,8 @@ int main(int argc, char **argv) {
     ssize_t policy_len = read_file(AT_FDCWD, policy, 0, &policy_text, POLICY_MAX);
     if (policy_len < 0)
         fall_back("cannot read the policy");
+    if (read_links > 1) /* grants._hard_links */
+        fall_back("a policy file has more than one hard link (Python judges it)");
     struct buf key = {0};
     uint8_t secret[KEY_BYTES];
 #if defined(SANDLOCK_PYTHON) || defined(SANDLOCK_BUNDLED) /* the key first: its debug line even where the cache is not there */
