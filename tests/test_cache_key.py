@@ -422,3 +422,26 @@ def test_the_state_directory_refused_is_the_one_the_cache_uses(scene: Scene, how
                           check=False)
     assert done.returncode == 125, done.stderr
     assert "state directory" in done.stderr or "that authenticates" in done.stderr, done.stderr
+
+
+def test_a_state_directory_of_another_environment_is_refused(scene: Scene) -> None:
+    """A run with another XDG_CACHE_HOME keeps its plans there; a later run in this
+    environment refuses grants on that directory too (the password database home's list
+    of state directories). Control: before any run kept state there, the grant runs."""
+    elsewhere = scene.root / "xc"
+    elsewhere.mkdir()
+    nosy = write_policy(scene.root, POLICY.replace('read = ["${ws}"]',
+                                                   f'read = ["${{ws}}", "{elsewhere}"]'), "nosy.toml")
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=nosy)
+    assert info["code"] == 0, done.stderr  # control: nothing kept there yet
+    private = write_policy(scene.root, POLICY + "# deploy token tok-3a9e\n", "private.toml")
+    home_cache = scene.env["XDG_CACHE_HOME"]
+    scene.env["XDG_CACHE_HOME"] = str(elsewhere)
+    try:
+        done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=private)
+    finally:
+        scene.env["XDG_CACHE_HOME"] = home_cache
+    assert info["code"] == 0, done.stderr
+    assert (scene.key_dir / cachekey.ROOTS_FILE).read_text() == f"{elsewhere}/sandlock\n"
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=nosy)
+    assert info["code"] == 125 and "state directory" in done.stderr, done.stderr

@@ -627,6 +627,14 @@ def _hard_link(policy: Path) -> None:
     os.link(policy, policy.with_name("ws") / "copy.toml")
 
 
+def _add_root(roots: Path) -> None:
+    """Another state directory listed (a run in another environment kept state there):
+    which directories are refused changed."""
+    with open(roots, "a", encoding="utf-8") as handle:
+        handle.write("/nonexistent-sandlock-test-root\n")
+    roots.chmod(0o600)
+
+
 def _rewrite_policy(policy: Path) -> None:
     """The policy file replaced by a copy, same bytes: the key is the same, the file
     (protected: a write grant may not reach it) is another."""
@@ -653,6 +661,8 @@ WITNESSED = {
     "policy-replaced": ("policy", _rewrite_policy, "stale: a protected object moved"),
     "checkpoint-made": ("runs", Path.mkdir, "stale: the checkpoints or dry runs changed"),
     "mount": ("mnt", _mount, "stale: the mount table changed"),
+    "root-listed": ("roots", _add_root,
+                    "stale: a file that decides the Python import path changed"),
     "policy-hard-link": ("policy", _hard_link,
                          "a policy file has more than one hard link (Python judges it)"),
     "link-to-nothing": ("home-state", _dangling_link,
@@ -680,6 +690,7 @@ def test_what_the_grant_checks_saw_is_seen_again(change: str, tmp_path: Path,
     policy = write_policy(tmp_path, f'extends = ["base"]\n{POLICY}write = ["{ws}"]\n')
     stored(policy, env, tmp_path)
     target = {"ws": ws, "policy": policy, "mnt": mnt, "home-state": home / ".cache" / "sandlock",
+              "roots": Path(cachekey.roots_path() or "/nonexistent"),
               "runs": Path(env["XDG_CACHE_HOME"]) / "sandlock" / "runs"}[where]
     act(target)
     try:

@@ -362,6 +362,8 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
     entry = None if stale else _read(directory, name, secret, key, policy_file)
     if entry is not None and mark == "missing" and entry.native_possible:
         entry = None  # a miss: its compile writes the native entry too
+    if entry is None:  # listed before the compile's checks read the list (the witness)
+        cachekey.remember_root(open_private_dir, os.path.dirname(_cache_path("x")))
     return Lookup(key, directory, name, secret, entry, policy_file,
                   (policy_file, text, variables, timeout, best_effort, key[2]))
 

@@ -145,6 +145,72 @@ def records_path() -> Optional[str]:
     return None if directory is None else os.path.join(directory, RECORDS_FILE)
 
 
+#: The other state directories this user's runs kept state in (an XDG_CACHE_HOME, a HOME
+#: or a SANDLOCK_LOG of some run), one per line, beside the records key: a later run in
+#: another environment refuses grants on them too (grants._state_dirs).
+ROOTS_FILE = "roots"
+ROOTS_MAX = 256  #: the directories kept (those that no longer exist are dropped first)
+
+
+def roots_path() -> Optional[str]:
+    directory = key_directory()
+    return None if directory is None else os.path.join(directory, ROOTS_FILE)
+
+
+def known_roots(open_private_dir: Callable[..., Optional[int]]) -> list[str]:
+    """The directories :func:`remember_root` listed (none where the list cannot be read
+    through the private state directory)."""
+    directory = key_directory()
+    fd = None if directory is None else open_private_dir(directory, create=False, private_from=1)
+    if fd is None:
+        return []
+    try:
+        return _read_roots(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_roots(directory: int) -> list[str]:
+    from ..policy.readfile import read_policy_bytes
+
+    try:
+        data = read_policy_bytes(ROOTS_FILE, directory, os.O_NOFOLLOW)
+    except OSError:
+        return []
+    return [line for line in os.fsdecode(data).split("\n") if line.startswith("/")]
+
+
+def remember_root(open_private_dir: Callable[..., Optional[int]], root: str) -> None:
+    """List ``root`` (absolute, normalised) among the state directories, unless it is the
+    password database home's own; replaced whole, through the private directory. Never
+    raises: a list that cannot be written leaves the other directories to this
+    environment's runs only (as before it existed)."""
+    directory = key_directory()
+    if directory is None or root == directory or not root.startswith("/"):
+        return
+    try:
+        fd = open_private_dir(directory, create=True, private_from=1)
+        if fd is None:
+            return
+        try:
+            known = _read_roots(fd)
+            if root in known:
+                return
+            kept = [r for r in known if os.path.isdir(r)][-(ROOTS_MAX - 1):] + [root]
+            tmp = f".{ROOTS_FILE}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          0o600, dir_fd=fd)
+            try:
+                os.write(out, os.fsencode("".join(f"{r}\n" for r in kept)))
+            finally:
+                os.close(out)
+            os.rename(tmp, ROOTS_FILE, src_dir_fd=fd, dst_dir_fd=fd)
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        pass
+
+
 def records_secret(open_private_dir: Callable[..., Optional[int]]) -> tuple[Optional[bytes], str]:
     """(the records key, where it is kept) or (None, why there is none)."""
     directory = key_directory()

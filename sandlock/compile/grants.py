@@ -236,6 +236,10 @@ def _state_dirs() -> list[str]:
     bases = [os.path.join(h, ".cache") for h in homes if os.path.isabs(h)]
     out = [os.path.dirname(reviewdirs.state_path("x"))]
     out += [os.path.join(os.path.normpath(b), "sandlock") for b in bases]
+    from .cache import open_private_dir
+    from .cachekey import known_roots
+
+    out += known_roots(open_private_dir)  # those of other environments' runs
     stub_state = os.environ.get(ENV_STATE, "")
     if os.path.isabs(stub_state):
         out.append(stub_state)
@@ -876,6 +880,11 @@ class Witness:
             self.home, self.state_dir, self.key_file = _password_home(), key_directory(), exposed()
             self.interpreter = os.path.realpath(sys.executable) if sys.executable else None
             self.python_files, self.site_dirs = _python_world()
+            from .cachekey import roots_path
+
+            roots = roots_path()  # decides which state directories are refused too
+            if roots is not None:
+                self.python_files.append((roots, _digest(roots)))
         except Exception:  # noqa: BLE001 - a witness not taken: no native entry, no error
             self.sound = False
 
@@ -922,9 +931,7 @@ def _python_world() -> tuple[list[tuple[str, Optional[bytes]]],
     with the BLAKE2b of its bytes (None: missing, not a regular file, or above 1 MiB),
     each directory with its sorted .pth names (None: it cannot be listed)."""
     import site
-    from hashlib import blake2b
 
-    from ..policy.readfile import MAX_BYTES
 
     here = os.path.dirname(sys.executable)
     candidates = [os.path.join(here, "pyvenv.cfg"), os.path.join(os.path.dirname(here), "pyvenv.cfg")]
@@ -942,20 +949,26 @@ def _python_world() -> tuple[list[tuple[str, Optional[bytes]]],
     for directory, names in _pth_files(site):
         sites.append((directory, None if names is None else sorted(map(os.fsencode, names))))
         candidates += [os.path.join(directory, name) for name in names or ()]
-    files: list[tuple[str, Optional[bytes]]] = []
-    for path in dict.fromkeys(candidates):
-        data = None
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            try:
-                data = read_bounded(fd, MAX_BYTES) if S_ISREG(os.fstat(fd).st_mode) else None
-            finally:
-                os.close(fd)
-        files.append((path, None if data is None else blake2b(data, digest_size=32).digest()))
-    return files, sites
+    return [(path, _digest(path)) for path in dict.fromkeys(candidates)], sites
+
+
+def _digest(path: str) -> Optional[bytes]:
+    """The BLAKE2b of the file at ``path`` (None: missing, not a regular file, or above
+    1 MiB), as the front end computes it (``same_digest``)."""
+    from hashlib import blake2b
+
+    from ..policy.readfile import MAX_BYTES
+
+    data = None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = read_bounded(fd, MAX_BYTES) if S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
+    return None if data is None else blake2b(data, digest_size=32).digest()
 
 
 _witness: Optional[Witness] = None

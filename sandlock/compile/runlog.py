@@ -119,6 +119,10 @@ def _open_dirs(log_dir: str, create: bool) -> tuple[int, int]:
     logs = open_private_dir(log_dir, create=create, private_from=1)
     if logs is None:
         raise LogError(not_private(log_dir))
+    if create:
+        from .cachekey import remember_root
+
+        remember_root(open_private_dir, os.path.normpath(log_dir))
     anchors = open_private_dir(os.path.join(state, ANCHORS), create=create, private_from=1)
     if anchors is None:
         os.close(logs)
