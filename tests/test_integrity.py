@@ -368,8 +368,10 @@ def home_tool(scene: Scene, argv: Sequence[str]) -> str:
     refuses that grant (it reaches the launcher's own state), the tool is launched by a
     second agent of the same account with another HOME and cache (sudo -E, CI jobs,
     containers): that launcher has nothing of its own there, and the tool can still
-    write the first agent's cache, which must then not trust what it finds. Returns
-    what the tool printed."""
+    write the first agent's cache, which must then not trust what it finds. Where that
+    launcher refuses too (it finds the first agent's state directory in the account's
+    list of them), the tool is whatever else of the account can write there (another
+    sandbox, a process outside sandlock): it runs unconfined. Returns what it printed."""
     writer = policy_file(scene, "tool.toml", HOME_WRITER)
     out = tool_output(scene, writer, argv, home=str(scene.home))
     if out is None:
@@ -377,7 +379,10 @@ def home_tool(scene: Scene, argv: Sequence[str]) -> str:
         other.mkdir(exist_ok=True)
         env = {**scene.env, "HOME": str(other), "XDG_CACHE_HOME": str(other / ".cache")}
         out = tool_output(scene, writer, argv, env=env, home=str(scene.home))
-    assert out is not None, "neither launcher ran the attacking tool"
+    if out is None:
+        done = subprocess.run(list(argv), capture_output=True, text=True, cwd=scene.root,
+                              env=scene.env, timeout=30, check=True)
+        out = done.stdout
     return out
 
 
