@@ -445,3 +445,49 @@ def test_a_state_directory_of_another_environment_is_refused(scene: Scene) -> No
     assert (scene.key_dir / cachekey.ROOTS_FILE).read_text() == f"{elsewhere}/sandlock\n"
     done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=nosy)
     assert info["code"] == 125 and "state directory" in done.stderr, done.stderr
+
+
+def keep_state_in(scene: Scene, where: Path) -> None:
+    """A run with XDG_CACHE_HOME=``where``: it keeps state there, and lists it."""
+    home_cache = scene.env["XDG_CACHE_HOME"]
+    scene.env["XDG_CACHE_HOME"] = str(where)
+    try:
+        done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="")
+    finally:
+        scene.env["XDG_CACHE_HOME"] = home_cache
+    assert info["code"] == 0, done.stderr
+
+
+@pytest.mark.parametrize("hidden", ["state-parent", "list", "list-rewritten"])
+def test_a_mode_a_tool_changed_hides_no_state_directory(scene: Scene, hidden: str) -> None:
+    """A tool may chmod whatever its uid owns, granted or not (Landlock has no such right),
+    and undo it later: a state directory behind a directory the launcher cannot search,
+    an unreadable list, and a list rewritten while an entry could not be reached must
+    neither let a grant reach it nor drop it. (As root the modes do not bind: the test
+    needs an ordinary user.)"""
+    if os.geteuid() == 0:
+        pytest.skip("root searches and reads whatever the mode (CAP_DAC_OVERRIDE)")
+    project = scene.root / "proj"
+    (project / ".cache").mkdir(parents=True)
+    keep_state_in(scene, project / ".cache")
+    roots = scene.key_dir / cachekey.ROOTS_FILE
+    assert str(project / ".cache" / "sandlock") in roots.read_text()
+    nosy = write_policy(scene.root, POLICY.replace('read = ["${ws}"]',
+                                                   f'read = ["${{ws}}", "{project}"]'), "nosy.toml")
+    hide = {"state-parent": project / ".cache", "list": roots,
+            "list-rewritten": project / ".cache"}[hidden]
+    mode = hide.stat().st_mode & 0o777
+    hide.chmod(0)
+    try:
+        if hidden == "list-rewritten":  # another environment's first run rewrites the list
+            (scene.root / "other").mkdir()
+            keep_state_in(scene, scene.root / "other")
+        else:
+            done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=nosy)
+            assert info["code"] == 125, done.stderr
+            assert "state director" in done.stderr, done.stderr
+    finally:
+        hide.chmod(mode)
+    assert str(project / ".cache" / "sandlock") in roots.read_text()
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=nosy)
+    assert info["code"] == 125 and "state directory" in done.stderr, done.stderr

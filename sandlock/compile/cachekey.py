@@ -157,13 +157,23 @@ def roots_path() -> Optional[str]:
     return None if directory is None else os.path.join(directory, ROOTS_FILE)
 
 
+class RootsUnreadable(OSError):
+    """The list of state directories exists but cannot be read as written (its mode, or
+    its directory's, changed: a tool of this uid may chmod them): nothing is granted."""
+
+
 def known_roots(open_private_dir: Callable[..., Optional[int]]) -> list[str]:
-    """The directories :func:`remember_root` listed (none where the list cannot be read
-    through the private state directory)."""
+    """The directories :func:`remember_root` listed; none where nothing was listed yet
+    (no state directory in the password database home). :class:`RootsUnreadable` where
+    the list or its directory is there but cannot be read through the private directory
+    (never "none": a tool that made it unreadable would switch off every refusal)."""
     directory = key_directory()
-    fd = None if directory is None else open_private_dir(directory, create=False, private_from=1)
-    if fd is None:
+    if directory is None or not os.path.lexists(directory):
         return []
+    fd = open_private_dir(directory, create=False, private_from=1)
+    if fd is None:
+        raise RootsUnreadable(0, f"{directory!r} is not private (owned by this uid, mode 0700, "
+                                 "reached without a link)", directory)
     try:
         return _read_roots(fd)
     finally:
@@ -171,12 +181,16 @@ def known_roots(open_private_dir: Callable[..., Optional[int]]) -> list[str]:
 
 
 def _read_roots(directory: int) -> list[str]:
+    """The list in ``directory`` ([] where there is none); RootsUnreadable otherwise."""
     from ..policy.readfile import read_policy_bytes
 
     try:
         data = read_policy_bytes(ROOTS_FILE, directory, os.O_NOFOLLOW)
-    except OSError:
+    except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise RootsUnreadable(exc.errno or 0, f"cannot read {ROOTS_FILE!r}: "
+                              f"{exc.strerror or exc} (make it 0600 again)") from None
     return [line for line in os.fsdecode(data).split("\n") if line.startswith("/")]
 
 
@@ -196,7 +210,7 @@ def remember_root(open_private_dir: Callable[..., Optional[int]], root: str) -> 
             known = _read_roots(fd)
             if root in known:
                 return
-            kept = [r for r in known if os.path.isdir(r)][-(ROOTS_MAX - 1):] + [root]
+            kept = [r for r in known if _present(r)][-(ROOTS_MAX - 1):] + [root]
             tmp = f".{ROOTS_FILE}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                           0o600, dir_fd=fd)
@@ -209,6 +223,18 @@ def remember_root(open_private_dir: Callable[..., Optional[int]], root: str) -> 
             os.close(fd)
     except (OSError, ValueError):
         pass
+
+
+def _present(path: str) -> bool:
+    """False only when ``path`` is gone (a directory the launcher cannot reach now, a tool
+    having changed a mode on the way, stays listed)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def records_secret(open_private_dir: Callable[..., Optional[int]]) -> tuple[Optional[bytes], str]:

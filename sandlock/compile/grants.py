@@ -237,9 +237,12 @@ def _state_dirs() -> list[str]:
     out = [os.path.dirname(reviewdirs.state_path("x"))]
     out += [os.path.join(os.path.normpath(b), "sandlock") for b in bases]
     from .cache import open_private_dir
-    from .cachekey import known_roots
+    from .cachekey import RootsUnreadable, known_roots
 
-    out += known_roots(open_private_dir)  # those of other environments' runs
+    try:
+        out += known_roots(open_private_dir)  # those of other environments' runs
+    except RootsUnreadable as exc:
+        raise Unjudgeable(f"the list of sandlock's state directories: {exc.strerror}") from None
     stub_state = os.environ.get(ENV_STATE, "")
     if os.path.isabs(stub_state):
         out.append(stub_state)
@@ -537,9 +540,14 @@ def _up(fd: int) -> set[tuple[int, int]]:
             try:
                 parent_fd = os.open("..", _DIR, dir_fd=fd)
             except PermissionError:
-                # A directory this uid cannot search: no tool of this uid (capabilities
-                # dropped) can reach the object through a grant above it either.
-                break
+                # A directory this uid cannot search: a tool of this uid may have made it
+                # so (chmod is no Landlock right) and make it searchable again later, so
+                # the walk goes on from its parent, opened by the path the kernel gives.
+                here = os.readlink(f"/proc/self/fd/{fd}")
+                parent = os.path.dirname(here)
+                if not here.startswith("/") or parent == here:
+                    break
+                parent_fd = os.open(parent, _DIR)
             os.close(fd)
             fd = parent_fd
             info = os.fstat(fd)
@@ -1018,7 +1026,11 @@ def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
                     secrets = SecretCheck(_secrets())
                 secrets.check(path, got)
                 if states is None:
-                    states = [(where, *_placed(where)) for where in _state_dirs()]
+                    try:
+                        states = [(where, *_placed(where)) for where in _state_dirs()]
+                    except Unjudgeable as exc:
+                        raise GrantError(path, f"{exc}: sandlock refuses every grant until "
+                                               "it can read it") from None
                 _check_state(path, got, states)
             yield got, rights
         finally:
@@ -1052,8 +1064,11 @@ def _check_state(path: str, got: Resolved,
     a read grant is not looked for (where the mounts cannot be placed, a chroot, every
     read grant on its filesystem would be refused)."""
     for where, own, ancestors in states:
-        covers = got.is_dir and got.chain[-1] in ancestors
-        if covers or own is not None and own in got.chain:
+        # By ids, and by the names (a directory the launcher cannot search, made so by a
+        # tool of the same uid, hides the ids below it; the grant's own path is real).
+        real = os.path.realpath(where)
+        covers = got.is_dir and (got.chain[-1] in ancestors or _within(real, got.canonical))
+        if covers or own is not None and own in got.chain or _within(got.canonical, real):
             raise GrantError(path, (
                 f"this grant {'covers' if covers else 'lies inside'} {where!r}, sandlock's "
                 "state directory: its cached plans and records hold other runs' policy texts, "

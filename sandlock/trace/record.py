@@ -596,10 +596,14 @@ SYSTEM_SECRETS = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-"
 def secrets(home: str) -> list[str]:
     """Every path learn's recorded run may not read, links resolved; a grant `trace`
     suggests on or around one comes with a WARNING."""
-    from ..compile.grants import _state_dirs  # sandlock's own cache and key
+    from ..compile.grants import Unjudgeable, _state_dirs  # sandlock's own cache and key
+    from ..errors import SetupError
 
     out = [os.path.join(home, s) for s in HOME_SECRETS] + list(SYSTEM_SECRETS)
-    out += _state_dirs()
+    try:
+        out += _state_dirs()
+    except Unjudgeable as exc:
+        raise SetupError(str(exc)) from None
     from ..compile.reviewdirs import copies  # other runs' copies of their tools' files
 
     out += [where for where, _ in copies(())]

@@ -1063,7 +1063,7 @@ static const struct walked *walked_at(unsigned long long mnt, unsigned long long
 static void up(int fd, struct ids *out) {
     struct visit { unsigned long long mnt, dev, ino; size_t at; } *visits = NULL;
     size_t n_visits = 0;
-    int ended = 0; /* at "/" (its ".." is itself), a directory it may not search, or a memo */
+    int ended = 0; /* at "/" (its ".." is itself), or a memo */
     for (;;) {
         unsigned long long mnt = 0, dev, ino;
         int keyed = identity(fd, &mnt, &dev, &ino, NULL) == 0;
@@ -1095,10 +1095,8 @@ static void up(int fd, struct ids *out) {
         }
         int parent = openat(fd, "..", DIR_PATH);
         if (parent < 0) {
-            if (errno == EACCES || errno == EPERM) { /* PermissionError */
-                ended = 1;
-                break;
-            }
+            if (errno == EACCES || errno == EPERM) /* grants._up goes on by path: judged there */
+                fall_back("a directory on the way up cannot be searched");
             fall_back("cannot walk up from a directory");
         }
         close(fd);
