@@ -491,3 +491,29 @@ def test_a_mode_a_tool_changed_hides_no_state_directory(scene: Scene, hidden: st
     assert str(project / ".cache" / "sandlock") in roots.read_text()
     done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=nosy)
     assert info["code"] == 125 and "state directory" in done.stderr, done.stderr
+
+
+def test_runs_listing_state_directories_at_once_lose_none(tmp_path: Path) -> None:
+    """Eight runs each listing another state directory at the same moment: every one is
+    in the list after (each rewrites the list whole, one at a time)."""
+    key_dir = tmp_path / "home" / ".cache" / "sandlock"
+    key_dir.mkdir(parents=True, mode=0o700)
+    (tmp_path / "home").chmod(0o700)
+    code = ("import os, sys\nfrom sandlock.compile import cache, cachekey\n"
+            "cachekey.key_directory = lambda: os.environ['TEST_KEY_DIR']\n"
+            "sys.stdin.read()\n"
+            "cachekey.remember_root(cache.open_private_dir, sys.argv[1])\n")
+    roots = []
+    for index in range(8):
+        root = tmp_path / f"state-{index}"
+        root.mkdir()
+        roots.append(str(root))
+    env = {**os.environ, "TEST_KEY_DIR": str(key_dir)}
+    started = [subprocess.Popen([sys.executable, "-c", code, root], env=env,
+                                stdin=subprocess.PIPE) for root in roots]
+    for process in started:  # released together
+        assert process.stdin is not None
+        process.stdin.close()
+    assert all(process.wait(60) == 0 for process in started)
+    listed = (key_dir / cachekey.ROOTS_FILE).read_text().splitlines()
+    assert sorted(listed) == sorted(roots)

@@ -207,6 +207,14 @@ def remember_root(open_private_dir: Callable[..., Optional[int]], root: str) -> 
         if fd is None:
             return
         try:
+            # One writer at a time: two runs adding two directories at once would each
+            # rename its list over the other's, and one directory would go unlisted.
+            lock = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = lock
+            import fcntl
+
+            fcntl.flock(fd, fcntl.LOCK_EX)
             known = _read_roots(fd)
             if root in known:
                 return
