@@ -50,6 +50,7 @@ from .. import PACKAGE_DIR, __version__
 from ..linux import kernel
 from . import cachekey
 from .cachekey import KEY_NAME as KEY_NAME  # the key's one definition is there
+from .cachekey import open_private_dir as open_private_dir  # and the private directories'
 from .reviewdirs import state_path
 
 TYPE_CHECKING = False  # typing costs milliseconds; this module exists to save them
@@ -265,56 +266,6 @@ def _key(policy_file: str, text: bytes, variables: Mapping[str, str], timeout: O
 
 def _cache_path(name: str) -> str:
     return state_path(name)
-
-
-_OPEN_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def open_private_dir(path: str, create: bool, private_from: int = 2) -> Optional[int]:
-    """A descriptor of directory ``path``, reached from ``/`` one component at a time
-    without following a symbolic link, or None if any step cannot be trusted.
-
-    Every directory on the way must be owned by root or the effective uid and writable
-    by no one else (a root-owned sticky directory such as /tmp excepted, where only the
-    owner may rename what it holds); the last ``private_from`` components (sandlock's
-    own) must be owned by the effective uid with no access for group or others. So a
-    root caller whose HOME lies in another user's tree keeps no cache there, and no
-    one can swap a component between the check and the use: the files are then used
-    relative to this descriptor. Missing components are created (0700) if ``create``.
-    (Ownership is no defence against a tool of the same uid: entries are authenticated.)
-    """
-    parts = [p for p in path.split("/") if p]
-    euid = os.geteuid()
-    try:
-        fd = os.open("/", _OPEN_DIR)
-    except OSError:
-        return None
-    try:
-        for index, part in enumerate(parts):
-            try:
-                step = os.open(part, _OPEN_DIR, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                try:
-                    os.mkdir(part, 0o700, dir_fd=fd)
-                except FileExistsError:
-                    pass
-                step = os.open(part, _OPEN_DIR, dir_fd=fd)
-            os.close(fd)
-            fd = step
-            info = os.fstat(fd)
-            own = index >= len(parts) - private_from
-            if own:
-                if info.st_uid != euid or info.st_mode & 0o077:
-                    raise PermissionError
-            elif info.st_uid not in (0, euid) or (
-                    info.st_mode & 0o022 and not (info.st_mode & 0o1000 and info.st_uid == 0)):
-                raise PermissionError
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
 
 
 def _tag(secret: bytes, payload: bytes) -> bytes:

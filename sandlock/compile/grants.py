@@ -236,8 +236,7 @@ def _state_dirs() -> list[str]:
     bases = [os.path.join(h, ".cache") for h in homes if os.path.isabs(h)]
     out = [os.path.dirname(reviewdirs.state_path("x"))]
     out += [os.path.join(os.path.normpath(b), "sandlock") for b in bases]
-    from .cache import open_private_dir
-    from .cachekey import RootsUnreadable, known_roots
+    from .cachekey import RootsUnreadable, known_roots, open_private_dir
 
     try:
         out += known_roots(open_private_dir)  # those of other environments' runs
