@@ -517,3 +517,21 @@ def test_runs_listing_state_directories_at_once_lose_none(tmp_path: Path) -> Non
     assert all(process.wait(60) == 0 for process in started)
     listed = (key_dir / cachekey.ROOTS_FILE).read_text().splitlines()
     assert sorted(listed) == sorted(roots)
+
+
+def test_a_listed_root_or_link_refuses_nothing_else(scene: Scene) -> None:
+    """"/" listed (an old list), or a listed directory replaced by a link to "/" (by
+    something of the account outside any sandbox), would put every grant inside a state
+    directory: neither is one (sandlock keeps no state through a link). Control: the
+    listed directory itself is refused."""
+    keep_state_in(scene, scene.root / "xc")
+    roots = scene.key_dir / cachekey.ROOTS_FILE
+    (scene.root / "gone").symlink_to("/")
+    roots.write_text(roots.read_text() + f"/\n{scene.root / 'gone'}\n")
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="")
+    assert info["code"] == 0, done.stderr
+    nosy = write_policy(scene.root, POLICY.replace('read = ["${ws}"]',
+                                                   f'read = ["${{ws}}", "{scene.root / "xc"}"]'),
+                        "nosy.toml")
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=nosy)
+    assert info["code"] == 125 and "state directory" in done.stderr, done.stderr

@@ -241,7 +241,8 @@ def _read_roots(directory: int) -> list[str]:
     except OSError as exc:
         raise RootsUnreadable(exc.errno or 0, f"cannot read {ROOTS_FILE!r}: "
                               f"{exc.strerror or exc} (make it 0600 again)") from None
-    return [line for line in os.fsdecode(data).split("\n") if line.startswith("/")]
+    return [line for line in os.fsdecode(data).split("\n")
+            if line.startswith("/") and os.path.dirname(line) != line]
 
 
 def remember_root(open_private_dir: Callable[..., Optional[int]], root: str) -> None:
@@ -250,7 +251,8 @@ def remember_root(open_private_dir: Callable[..., Optional[int]], root: str) -> 
     raises: a list that cannot be written leaves the other directories to this
     environment's runs only (as before it existed)."""
     directory = key_directory()
-    if directory is None or root == directory or not root.startswith("/"):
+    if directory is None or root == directory or not root.startswith("/") \
+            or os.path.dirname(root) == root:  # never "/": it would refuse every grant
         return
     try:
         fd = open_private_dir(directory, create=True, private_from=1)

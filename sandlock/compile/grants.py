@@ -238,8 +238,9 @@ def _state_dirs() -> list[str]:
     out += [os.path.join(os.path.normpath(b), "sandlock") for b in bases]
     from .cachekey import RootsUnreadable, known_roots, open_private_dir
 
-    try:
-        out += known_roots(open_private_dir)  # those of other environments' runs
+    try:  # those of other environments' runs; not one that is a link now (sandlock
+        # keeps no state through one: its target, "/" even, would be refused every grant)
+        out += [r for r in known_roots(open_private_dir) if not os.path.islink(r)]
     except RootsUnreadable as exc:
         raise Unjudgeable(f"the list of sandlock's state directories: {exc.strerror}") from None
     stub_state = os.environ.get(ENV_STATE, "")
