@@ -940,7 +940,6 @@ def _python_world() -> tuple[list[tuple[str, Optional[bytes]]],
     each directory with its sorted .pth names (None: it cannot be listed)."""
     import site
 
-
     here = os.path.dirname(sys.executable)
     candidates = [os.path.join(here, "pyvenv.cfg"), os.path.join(os.path.dirname(here), "pyvenv.cfg")]
     version = f"python{sys.version_info[0]}{sys.version_info[1]}"
