@@ -17,12 +17,14 @@ forgery widens the run, so the attack is real.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import marshal
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from conftest import require_abi, require_private_mounts, write_policy
@@ -69,6 +71,8 @@ if off == "read_key":  # trusts whatever the key name leads to
 elif off == "secrets":  # the keys, and the state directory they are in
     grants._secrets = lambda: []
     grants._check_state = lambda *args: None
+elif off == "remember_root":  # the list taken as written whether or not it was
+    cachekey.remember_root = lambda *args: True
 elif off == "blocking_open":  # opens the key file as a plain open(2) would: waits on a FIFO
     cachekey._READ &= ~os.O_NONBLOCK
 from sandlock.cli import launch
@@ -535,3 +539,74 @@ def test_a_listed_root_or_link_refuses_nothing_else(scene: Scene) -> None:
                         "nosy.toml")
     done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="", policy=nosy)
     assert info["code"] == 125 and "state directory" in done.stderr, done.stderr
+
+
+@contextlib.contextmanager
+def unwritable(directory: Path) -> Iterator[None]:
+    """No file can be made in ``directory`` (a full or read-only disk, as far as the list
+    of state directories goes): immutable for root, mode 0500 for a user."""
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i", str(directory)], capture_output=True, text=True,
+                              check=False)
+        if done.returncode:
+            pytest.skip(f"no immutable flag on this file system: {done.stderr.strip()}")
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(directory)], check=True)
+    else:
+        directory.chmod(0o500)
+        try:
+            yield
+        finally:
+            directory.chmod(0o700)
+
+
+@pytest.mark.parametrize("guard", ["on", "off"])
+def test_a_state_directory_that_cannot_be_listed_keeps_nothing(scene: Scene, guard: str) -> None:
+    """A run of another environment (its own XDG_CACHE_HOME) whose directory cannot be
+    put in the list (here no file can be made beside the key) stores no plan there: the
+    default environment's runs, not knowing it, would let a grant read the policy text and
+    the --var values in it. Control (the failure ignored): the plan is stored, unlisted,
+    and a read grant on it shows a value of the other run."""
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="")  # the key file
+    assert info["code"] == 0, done.stderr
+    elsewhere = scene.root / "elsewhere"
+    elsewhere.mkdir()
+    home_cache = scene.env["XDG_CACHE_HOME"]
+    scene.env["XDG_CACHE_HOME"] = str(elsewhere)
+    try:
+        with unwritable(scene.key_dir):
+            done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="",
+                                   guard_off="" if guard == "on" else "remember_root")
+    finally:
+        scene.env["XDG_CACHE_HOME"] = home_cache
+    assert info["code"] == 0 and "hello from the workspace" in done.stdout, done.stderr
+    assert not (scene.key_dir / cachekey.ROOTS_FILE).exists()  # nothing listed
+    stored = [p for p in (elsewhere / "sandlock" / "policies").glob("*")
+              if not p.name.startswith(".")]
+    nosy = write_policy(scene.root, POLICY.replace(
+        'read = ["${ws}"]', f'read = ["${{ws}}", "{elsewhere}"]'), "nosy.toml")
+    done, info = scene.run(["cat", *map(str, stored or [scene.ws / "notes.md"])], refuse="",
+                           policy=nosy)
+    assert info["code"] == 0, done.stderr
+    if guard == "on":
+        assert not stored
+    else:
+        assert str(scene.ws) in done.stdout, "the control read no plan of the other run"
+
+
+def test_a_run_log_that_cannot_be_listed_is_refused(scene: Scene) -> None:
+    """The run log kept outside the state directory must be listed too: where the list
+    cannot be written the run is refused (exit 125), never run unlisted. Control: the same
+    run with a list that can be written logs it."""
+    scene.env["SANDLOCK_LOG"] = str(scene.root / "first")
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="")  # the log's key
+    assert info["code"] == 0, done.stderr
+    scene.env["SANDLOCK_LOG"] = str(scene.root / "log")
+    with unwritable(scene.key_dir):
+        done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="")
+    assert info["code"] == 125 and "cannot list" in done.stderr, done.stderr
+    done, info = scene.run(["cat", str(scene.ws / "notes.md")], refuse="")
+    assert info["code"] == 0, done.stderr
+    assert str(scene.root / "log") in (scene.key_dir / cachekey.ROOTS_FILE).read_text("utf-8")

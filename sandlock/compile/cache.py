@@ -313,8 +313,12 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
     entry = None if stale else _read(directory, name, secret, key, policy_file)
     if entry is not None and mark == "missing" and entry.native_possible:
         entry = None  # a miss: its compile writes the native entry too
-    if entry is None:  # listed before the compile's checks read the list (the witness)
-        cachekey.remember_root(open_private_dir, os.path.dirname(_cache_path("x")))
+    # Listed before the compile's checks read the list (the witness). Unlisted, the runs
+    # of other environments would let a grant read what is stored here: store nothing.
+    if entry is None and not cachekey.remember_root(open_private_dir,
+                                                    os.path.dirname(_cache_path("x"))):
+        os.close(directory)
+        return None
     return Lookup(key, directory, name, secret, entry, policy_file,
                   (policy_file, text, variables, timeout, best_effort, key[2]))
 

@@ -43,6 +43,7 @@ make a new key).
 
 from __future__ import annotations
 
+import errno
 import os
 from stat import S_IMODE, S_ISREG
 
@@ -78,6 +79,8 @@ def open_private_dir(path: str, create: bool, private_from: int = 2) -> Optional
     (Ownership is no defence against a tool of the same uid: entries are authenticated.)
     """
     parts = [p for p in path.split("/") if p]
+    if len(parts) < private_from:
+        return None  # "/" (or one level under it) is no directory of sandlock's own
     euid = os.geteuid()
     try:
         fd = os.open("/", _PRIVATE_DIR)
@@ -245,19 +248,21 @@ def _read_roots(directory: int) -> list[str]:
             if line.startswith("/") and os.path.dirname(line) != line]
 
 
-def remember_root(open_private_dir: Callable[..., Optional[int]], root: str) -> None:
+def remember_root(open_private_dir: Callable[..., Optional[int]], root: str) -> bool:
     """List ``root`` (absolute, normalised) among the state directories, unless it is the
-    password database home's own; replaced whole, through the private directory. Never
-    raises: a list that cannot be written leaves the other directories to this
-    environment's runs only (as before it existed)."""
+    password database home's own; replaced whole, through the private directory. False
+    when the list cannot be written (a full or read-only disk, a private directory that
+    cannot be had): then the runs of other environments would not refuse a grant on
+    ``root``, and the caller must keep nothing there."""
     directory = key_directory()
-    if directory is None or root == directory or not root.startswith("/") \
-            or os.path.dirname(root) == root:  # never "/": it would refuse every grant
-        return
+    if directory is None or not root.startswith("/") or os.path.dirname(root) == root:
+        return False  # no list to be in; never "/": it would refuse every grant
+    if root == directory:
+        return True  # every run refuses the password database home's own
     try:
         fd = open_private_dir(directory, create=True, private_from=1)
         if fd is None:
-            return
+            return False
         try:
             # One writer at a time: two runs adding two directories at once would each
             # rename its list over the other's, and one directory would go unlisted.
@@ -269,20 +274,26 @@ def remember_root(open_private_dir: Callable[..., Optional[int]], root: str) -> 
             fcntl.flock(fd, fcntl.LOCK_EX)
             known = _read_roots(fd)
             if root in known:
-                return
+                return True
             kept = [r for r in known if _present(r)][-(ROOTS_MAX - 1):] + [root]
             tmp = f".{ROOTS_FILE}.{os.getpid()}.{os.urandom(8).hex()}.tmp"
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                           0o600, dir_fd=fd)
             try:
-                os.write(out, os.fsencode("".join(f"{r}\n" for r in kept)))
+                data = os.fsencode("".join(f"{r}\n" for r in kept))
+                if os.write(out, data) != len(data):
+                    raise OSError(errno.ENOSPC, "short write")
+            except OSError:
+                os.unlink(tmp, dir_fd=fd)
+                raise
             finally:
                 os.close(out)
             os.rename(tmp, ROOTS_FILE, src_dir_fd=fd, dst_dir_fd=fd)
+            return True
         finally:
             os.close(fd)
     except (OSError, ValueError):
-        pass
+        return False
 
 
 def _present(path: str) -> bool:

@@ -120,9 +120,13 @@ def _open_dirs(log_dir: str, create: bool) -> tuple[int, int]:
     if logs is None:
         raise LogError(not_private(log_dir))
     if create:
-        from .cachekey import remember_root
+        from .cachekey import remember_root, roots_path
 
-        remember_root(open_private_dir, os.path.normpath(log_dir))
+        if not remember_root(open_private_dir, os.path.normpath(log_dir)):
+            os.close(logs)
+            raise LogError(f"cannot list {log_dir!r} in {roots_path()!r}, the list of "
+                           "sandlock's state directories: the runs of another environment "
+                           "would not refuse a grant on the log")
     anchors = open_private_dir(os.path.join(state, ANCHORS), create=create, private_from=1)
     if anchors is None:
         os.close(logs)
