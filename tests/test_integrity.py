@@ -862,6 +862,43 @@ def test_a_policy_named_through_a_link_in_a_write_grant_is_refused(scene: Scene)
     assert later.returncode == 0 and later.stdout == SECRET  # the swapped policy widened it
 
 
+def test_a_policy_named_through_a_directory_it_leaves_by_dotdot_is_refused(scene: Scene) -> None:
+    """The caller names the policy through a directory of the write grant that the name
+    then leaves by '..' (``drop/sub/../../policies/tool.toml``, or ``../../policies/tool.toml``
+    from ``drop/sub``). No link is on the way and no grant covers the file; but the tool
+    can move ``sub`` and leave a link in its place, so that the same '..' leads into a
+    directory of its own, where it wrote a policy the next run named the same way loads.
+    Refused like a link on the way."""
+    drop = scene.root / "drop"
+    (drop / "sub").mkdir(parents=True)
+    kept = scene.root / "policies"
+    kept.mkdir()
+    real = kept / "tool.toml"
+    real.write_text('version = 1\nextends = ["base"]\n[filesystem]\nwrite = ["${drop}"]\n'
+                    'exec = ["/usr/bin"]\n')
+    wider = ('version = 1\nextends = ["base"]\n[filesystem]\n'
+             f'read = ["{scene.secret.parent}"]\nexec = ["/usr/bin"]\n')
+    swap = ["/usr/bin/sh", "-c", f"cd {drop} && mkdir x policies && mv sub x/y && ln -s x/y sub"
+            f" && cat > policies/tool.toml <<'EOF'\n{wider}EOF\n"]
+    named = Path(f"{drop}/sub/../../policies/tool.toml")
+    done = cli(scene, named, swap, drop=str(drop))
+    assert refused(done) and "leaves by '..'" in done.stderr, done.stderr
+    assert not (drop / "sub").is_symlink(), "the tool ran and moved the directory"
+    # named from the working directory the name leaves
+    done = subprocess.run(cli_args(scene, Path("../../policies/tool.toml"), swap, drop=str(drop)),
+                          capture_output=True, text=True, cwd=drop / "sub",
+                          env={**scene.env, "PWD": str(drop / "sub")}, timeout=30, check=False)
+    assert refused(done) and "leaves by '..'" in done.stderr, done.stderr
+    assert not (drop / "sub").is_symlink(), "the tool ran and moved the directory"
+    # positive control: named by its real path, the same policy runs and the tool moves
+    # the directory; the same name then loads the tool's policy, which reads the secret
+    done = cli(scene, real, swap, drop=str(drop))
+    assert done.returncode == 0, done.stderr
+    assert (drop / "sub").is_symlink()
+    later = cli(scene, named, ["/usr/bin/cat", str(scene.secret)], drop=str(drop))
+    assert later.returncode == 0 and later.stdout == SECRET, later.stderr
+
+
 def test_a_policy_file_with_another_link_is_refused_a_write_grant(scene: Scene) -> None:
     """A hard link to the policy file inside the write grant (left by ``cp -al``, another
     tool, the user) is the file itself under a name the checks never see: the tool

@@ -151,9 +151,11 @@ def resolve(path: str) -> Resolved:
         raise type(exc)(exc.errno, exc.strerror, path) from None
 
 
-def _resolve(path: str, untrusted: Optional[list[tuple[str, int]]] = None) -> Resolved:
+def _resolve(path: str, untrusted: Optional[list[tuple[str, int]]] = None,
+             climbed: Optional[list[tuple[str, int]]] = None) -> Resolved:
     """:func:`resolve`; with ``untrusted``, a link it would refuse is followed instead,
-    and its location and a descriptor of its directory appended there."""
+    and its location and a descriptor of its directory appended there; with ``climbed``,
+    each directory a ``..`` leaves, and a descriptor of the parent it goes to."""
     parts = [p for p in path.split("/") if p]
     parts.reverse()  # a stack: the next component is last
     fd = os.open("/", _DIR)
@@ -172,6 +174,8 @@ def _resolve(path: str, untrusted: Optional[list[tuple[str, int]]] = None) -> Re
                     parent = os.open("..", _DIR, dir_fd=fd)
                     os.close(fd)
                     fd = parent
+                    if climbed is not None:
+                        climbed.append(("/" + "/".join(canon), os.dup(parent)))
                     canon.pop()
                     chain.pop()
                     info = os.fstat(fd)
@@ -762,27 +766,39 @@ def _hard_links(policy_files: Iterable[str]) -> str:
 def _policy_links(policy_files: Iterable[str], mounts: dict[int, Mount]) -> list[tuple[
         str, str, None, set[tuple[int, int]], Optional[tuple[str, str]]]]:
     """Each symbolic link a policy file is named through, outside the places where
-    :func:`resolve` follows links, as a protected object (see WriteCheck.check_reach): the
-    link itself (no own id: nothing lies inside a link), the ids of its directory and of
-    every one above, its position. A tool that may write where such a link lies replaces
-    it with a policy of its own, which the next run named the same way would load: the
-    checks of the file it leads to do not see the link."""
+    :func:`resolve` follows links, and each directory the name leaves by ``..``, as a
+    protected object (see WriteCheck.check_reach): the link or directory itself (no own
+    id: what lies inside it does not change where the name leads), the ids of its
+    directory and of every one above, its position. A tool that may write where such a
+    link lies replaces it with a policy of its own, which the next run named the same way
+    would load: the checks of the file it leads to do not see the link. One that may
+    write where a directory left by ``..`` lies moves it (or puts a link in its place),
+    and the same ``..`` then leads into a directory of the tool's."""
     out: list[tuple[str, str, None, set[tuple[int, int]], Optional[tuple[str, str]]]] = []
     for name in policy_files:
         found: list[tuple[str, int]] = []
+        climbed: list[tuple[str, int]] = []
         try:
-            _resolve(_as_named(name), found).close()
+            _resolve(_as_named(name), found, climbed).close()
         except (OSError, GrantError):
-            pass  # gone or looping since it was read (the links met so far still count)
-        for where, fd in found:
-            what = f"a symbolic link the policy file {name!r} is named through"
+            pass  # gone or looping since it was read (the steps met so far still count)
+        steps = [(where, fd, f"a symbolic link the policy file {name!r} is named through")
+                 for where, fd in found]
+        steps += [(where, fd, f"a directory the policy file's name {name!r} leaves by '..'")
+                  for where, fd in climbed]
+        for index, (where, fd, what) in enumerate(steps):
             try:
-                device, inner = _position(fd, mounts)
+                try:
+                    device, inner = _position(fd, mounts)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                out.append((where, what, None, _up(fd),  # _up closes fd
+                            (device, _join(inner, "/" + os.path.basename(where)))))
             except BaseException:
-                os.close(fd)
+                for _, rest, _ in steps[index + 1:]:
+                    os.close(rest)
                 raise
-            out.append((where, what, None, _up(fd),
-                        (device, _join(inner, "/" + os.path.basename(where)))))
     return out
 
 
