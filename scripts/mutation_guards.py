@@ -236,6 +236,11 @@ GUARDS: tuple[Guard, ...] = (
           "            fcntl.flock(fd, fcntl.LOCK_EX)",
           "            pass",
           ("tests/test_cache_key.py::test_runs_listing_state_directories_at_once_lose_none",)),
+    Guard("call() results: bytearray(str, codec) only with latin-1", "sandlock/api/unpickle.py",
+          '            len(args) == 2 and type(args[0]) is str and args[1] == "latin-1") or not args:',
+          "            2 <= len(args) <= 3 and all(type(a) is str for a in args)) or not args:",
+          ("tests/test_call_results.py::test_results_that_cost_time_or_depth_to_use_are_refused"
+           "[bytearray(str, 'idna')]",)),
     Guard("write grants: the directories a policy file's name leaves by '..'",
           "sandlock/compile/grants.py",
           '                        climbed.append(("/" + "/".join(canon), os.dup(parent)))',

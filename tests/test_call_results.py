@@ -90,6 +90,11 @@ def test_a_small_result_cannot_make_the_caller_allocate(box: sandlock.Sandbox,
     pytest.param(pickle.dumps(_As(__import__("decimal").Decimal, ("1e999999999",)), 5),
                  id="Decimal('1e999999999')"),
     pytest.param(b"\x80\x05" + b"]" * 100_000 + b"a" * 99_999 + b".", id="nested 100000 deep"),
+    # a codec quadratic in its input (22 s for 8,000 characters), and one the caller
+    # would import for the tool
+    pytest.param(pickle.dumps(_As(bytearray, ("".join(map(chr, range(256, 8256))), "punycode")),
+                              5), id="bytearray(str, 'punycode')"),
+    pytest.param(pickle.dumps(_As(bytearray, ("x", "idna")), 5), id="bytearray(str, 'idna')"),
 ])
 def test_results_that_cost_time_or_depth_to_use_are_refused(box: sandlock.Sandbox,
                                                             blob: bytes) -> None:
@@ -110,6 +115,9 @@ def test_plain_data_still_comes_back(box: sandlock.Sandbox) -> None:
              "u": uuid.UUID(int=5), "p": Path("/a/b"), "deep": [[[[[1]]]]],
              "big": 10 ** 1000}
     assert box.call(api_tools.echo, value) == value
+    # bytearray.__reduce_ex__ of protocols 0-2 (not what pickle writes, but its form)
+    blob = pickle.dumps(_As(bytearray, ("\xffz", "latin-1")), 5)
+    assert box.call(api_tools.reply, blob) == bytearray(b"\xffz")
 
 
 def test_nothing_is_looked_up_or_imported_for_the_tool(box: sandlock.Sandbox,

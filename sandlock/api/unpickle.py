@@ -93,9 +93,11 @@ def _decimal(cls: type, args: tuple[Any, ...]) -> Any:
 
 
 def _bytearray(cls: type, args: tuple[Any, ...]) -> Any:
-    """bytearray(bytes) or bytearray(str, encoding[, errors]); never bytearray(n)."""
+    """bytearray(bytes), or bytearray(str, "latin-1") as protocols 0-2 write it; never
+    bytearray(n), nor another codec (punycode is quadratic in its input, and a codec
+    named here would be imported)."""
     if (len(args) == 1 and isinstance(args[0], (bytes, bytearray))) or (
-            2 <= len(args) <= 3 and all(type(a) is str for a in args)) or not args:
+            len(args) == 2 and type(args[0]) is str and args[1] == "latin-1") or not args:
         return cls(*args)
     raise _Refused(f"bytearray{tuple(type(a).__name__ for a in args)}")
 
