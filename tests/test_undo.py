@@ -165,9 +165,36 @@ def test_apply_does_not_follow_or_plant_a_link_out_of_the_tree(
     subprocess.run(["cp", "-rL", str(scratch_of(name)), str(naive)], check=True)
     assert (naive / "a.txt").read_text() == "outside\n"
     # ... and apply without the guard plants the link in the user's tree
-    monkeypatch.setattr(tree, "refusal", lambda rel, want: None)
+    monkeypatch.setattr(tree, "refusal", lambda *args: None)
     session.apply(name)
     assert os.readlink(ws / "a.txt") == str(secret)
+
+
+@pytest.mark.parametrize("chain", ["new", "existing"])
+def test_apply_does_not_plant_a_chain_of_links_out_of_the_tree(
+        ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chain: str) -> None:
+    """Links that each look inside on their own lead out together: ``sub/up -> ..`` is
+    the tree's root, so ``x -> sub/up/../outside.txt`` is the file beside the tree (the
+    kernel follows ``up``, then goes up from the root). ``existing``: the link through
+    ``up`` was the user's, inside until the tool made ``up``. Control: apply without the
+    guard, and writing through ``x`` changes the file outside."""
+    secret = tmp_path / "outside.txt"
+    secret.write_text("outside\n")
+    if chain == "existing":
+        (ws / "x").symlink_to("sub/up/../outside.txt")
+        script = "ln -s .. sub/up"
+    else:
+        script = "ln -s .. sub/up && ln -s sub/up/../outside.txt x"
+    _, name = reviewed(ws, "--dry-run", script)
+    listed = cli("changes", "--no-diff", name)
+    assert "apply refuses it" in listed.stdout, listed.stdout
+    _refused(name, ws, "out of the tree")
+    monkeypatch.setattr(tree, "refusal", lambda *args: None)  # control
+    monkeypatch.setattr(tree, "escapes", lambda *args: [])
+    session.apply(name)
+    with open(ws / "x", "a") as handle:
+        handle.write("through the link\n")
+    assert secret.read_text() == "outside\nthrough the link\n"
 
 
 def test_apply_refuses_a_fifo(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,7 +203,7 @@ def test_apply_refuses_a_fifo(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert refused.returncode == 125 and "\\x1bpipe: a FIFO, device or socket" in refused.stderr
     assert "\x1b" not in refused.stderr
     _refused(name, ws, "\\x1bpipe: a FIFO, device or socket")
-    monkeypatch.setattr(tree, "refusal", lambda rel, want: None)  # control
+    monkeypatch.setattr(tree, "refusal", lambda *args: None)  # control
     session.apply(name)
     assert stat.S_ISFIFO((ws / "\x1bpipe").lstat().st_mode)
 
@@ -210,7 +237,7 @@ def test_apply_refuses_a_hard_link_to_a_file_outside(
     secret.chmod(0o600)
     name = _planted(ws, lambda scratch: os.link(secret, scratch / "leak.txt"))
     _refused(name, ws, "leak.txt: a file with more than one hard link")
-    monkeypatch.setattr(tree, "refusal", lambda rel, want: None)  # control
+    monkeypatch.setattr(tree, "refusal", lambda *args: None)  # control
     session.apply(name)
     assert (ws / "leak.txt").read_text() == "not the tool's\n"
 
@@ -222,7 +249,7 @@ def test_apply_refuses_a_setuid_file(ws: Path, monkeypatch: pytest.MonkeyPatch) 
 
     name = _planted(ws, plant)
     _refused(name, ws, "suid: a set-user-ID or set-group-ID bit")
-    monkeypatch.setattr(tree, "refusal", lambda rel, want: None)  # control
+    monkeypatch.setattr(tree, "refusal", lambda *args: None)  # control
     session.apply(name)
     assert (ws / "suid").stat().st_mode & stat.S_ISUID
 

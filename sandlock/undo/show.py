@@ -37,6 +37,11 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
     found = changes(value)
     out = [f"run {name} ({value['mode']}): {len(found)} change(s)"]
     roots: dict[tuple[str, int], int] = {}
+    links = [tree.links_of(after) for after in value["after"]]
+    if value["mode"] != CHECKPOINT:
+        for index, top in enumerate(value["trees"]):
+            for why in tree.escapes(value["before"][index], value["after"][index]):
+                out.append(f"! {printable(top)}: apply refuses it: {why}")
     try:
         for index, rel, what, old, new in found:
             top = value["trees"][index]
@@ -46,7 +51,7 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
             if what == "mode" and old is not None and new is not None:
                 extra += f" mode {old['m']:04o} -> {new['m']:04o}"
             if value["mode"] != CHECKPOINT and new is not None and what != "removed":
-                why = tree.refusal(rel, new)
+                why = tree.refusal(rel, new, links[index])
                 if why is not None:
                     extra += f" [apply refuses it: {printable(why)}]"
             out.append(f"{MARK[what]} {path}{extra}")

@@ -26,7 +26,7 @@ import hashlib
 import os
 import stat
 import time
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from ..errors import SandlockError
 from ..trace.emit import printable
@@ -327,29 +327,50 @@ def _parent(cache: dict[str, int], root: int, rel: str) -> tuple[int, str]:
     return fd, name
 
 
-def refusal(rel: str, want: Entry) -> Optional[str]:
+def refusal(rel: str, want: Entry, links: Optional[Mapping[str, str]] = None) -> Optional[str]:
     """Why an object a tool left in its scratch at ``rel`` (as recorded: ``want``) is never
     written back into the original tree, or None: a FIFO, device or socket; a set-user-
-    or set-group-ID bit; a symbolic link that leads out of the tree; a file with another
-    name (a hard link, perhaps to a file outside the tree)."""
+    or set-group-ID bit; a symbolic link that leads out of the tree (``links``: every
+    link of the tree as it will be, :func:`links_of`, whose targets it is walked through);
+    a file with another name (a hard link, perhaps to a file outside the tree)."""
     what = want["k"]
     if what in ("p", "o"):
         return "a FIFO, device or socket"
     if want["m"] & PRIVILEGE_BITS:
         return "a set-user-ID or set-group-ID bit"
-    if what == "l" and not _inside(rel, want.get("l", "")):
+    if what == "l" and not _inside(rel, want.get("l", ""), links or {}):
         return f"a symbolic link leading out of the tree ({want.get('l', '')!r})"
     if what == "f" and want["key"][5] != 1:
         return "a file with more than one hard link"
     return None
 
 
+def links_of(manifest: Manifest) -> dict[str, str]:
+    """The symbolic links of a tree: where each lies, and its target."""
+    return {rel: entry.get("l", "") for rel, entry in manifest.items() if entry["k"] == "l"}
+
+
+def escapes(before: Manifest, after: Manifest) -> list[str]:
+    """The links that stay as they were but lead out of the tree once it is ``after``
+    (a link the tool made on their way), where they stayed inside as it was ``before``."""
+    old, new = links_of(before), links_of(after)
+    return [f"{printable(rel)}: the symbolic link ({target!r}) would lead out of the tree "
+            "through a link the tool made" for rel, target in new.items()
+            if old.get(rel) == target and _inside(rel, target, old)
+            and not _inside(rel, target, new)]
+
+
+#: Links followed in one walk before it counts as leading out (the kernel's limit).
+MAX_LINKS = 40
+
+
 def check_source(source: int, rel: str, want: Entry, field: str, tool_made: bool,
-                 cache: dict[str, int]) -> Optional[str]:
+                 cache: dict[str, int], links: Mapping[str, str]) -> Optional[str]:
     """Why ``rel`` of the source tree may not be written back as ``want``, or None.
-    ``tool_made``: the source is a tool's scratch (apply): :func:`refusal` too."""
+    ``tool_made``: the source is a tool's scratch (apply): :func:`refusal` too, its links
+    walked through ``links``."""
     if tool_made:
-        why = refusal(rel, want)
+        why = refusal(rel, want, links)
         if why is not None:
             return why
     if want["k"] not in ("f", "l"):
@@ -369,18 +390,34 @@ def unchanged(info: os.stat_result, want: Entry, field: str) -> bool:
     return key(info) == want.get(field)
 
 
-def _inside(rel: str, target: str) -> bool:
-    """A link at ``rel`` to ``target`` resolves (lexically) inside the tree."""
+def _inside(rel: str, target: str, links: Mapping[str, str]) -> bool:
+    """A link at ``rel`` to ``target`` resolves inside the tree, walked as the kernel walks
+    it: through the tree's other ``links`` (a ``..`` after one goes up from its target),
+    never above the root. A name the tree does not hold is taken as a directory."""
     if not target or target.startswith("/"):
         return False
-    depth = rel.count("/")
-    for part in target.split("/"):
+    where = rel.split("/")[:-1]  # the link's directory
+    pending = target.split("/")
+    pending.reverse()  # a stack: the next component is last
+    followed = 0
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
         if part == "..":
-            depth -= 1
-            if depth < 0:
+            if not where:
                 return False
-        elif part not in ("", "."):
-            depth += 1
+            where.pop()
+            continue
+        here = "/".join([*where, part])
+        if here in links:
+            followed += 1
+            target = links[here]
+            if followed > MAX_LINKS or not target or target.startswith("/"):
+                return False
+            pending += reversed(target.split("/"))
+            continue
+        where.append(part)
     return True
 
 
@@ -407,10 +444,14 @@ def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
     dst_cache: dict[str, int] = {"": target}
     made: list[tuple[int, str]] = []
     staged: list[tuple[int, str, str]] = []
+    gone = set(deletes)
+    final = {rel: entry for rel, entry in expect.items() if rel not in gone}
+    final.update(writes)  # the tree as it will be
+    links = links_of(final)
     try:
-        refused = []
+        refused = escapes(expect, final) if tool_made else []
         for rel, want in writes:
-            why = check_source(source, rel, want, field, tool_made, src_cache)
+            why = check_source(source, rel, want, field, tool_made, src_cache, links)
             if why is not None:
                 refused.append(f"{printable(rel)}: {printable(why)}")
             old = expect.get(rel)
