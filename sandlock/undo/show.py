@@ -40,8 +40,8 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
     links = [tree.links_of(after) for after in value["after"]]
     if value["mode"] != CHECKPOINT:
         for index, top in enumerate(value["trees"]):
-            for why in tree.escapes(value["before"][index], value["after"][index]):
-                out.append(f"! {printable(top)}: apply refuses it: {why}")
+            out += [f"! {printable(top)}: apply refuses it: {escape}"
+                    for escape in tree.escapes(value["before"][index], value["after"][index])]
     try:
         for index, rel, what, old, new in found:
             top = value["trees"][index]
