@@ -460,3 +460,53 @@ def test_another_tool_cannot_read_a_runs_copy(ws: Path, tmp_path: Path, flag: st
     kept.write_text("only for the workspace's tool\n")
     allowed = read(kept, str(kept.parent))
     assert allowed.returncode == 0 and "only for the workspace" in allowed.stdout, allowed.stderr
+
+
+# ----------------------------------------------------------------------------
+# Modes a tool set: it may chmod whatever its uid owns (no Landlock right covers it)
+
+#: Deletes a file, leaves a directory it cannot list (with a file in it), one it cannot
+#: enter, a file it cannot read, and a directory of the tree it cannot write.
+LOCKS = ("rm b.txt && mkdir z && echo in > z/in && chmod 0311 z && mkdir shut && chmod 0 shut "
+         "&& echo s > unreadable && chmod 0 unreadable && echo y > sub/new && chmod 0500 sub")
+
+
+def _as_user() -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads and writes whatever the mode (CAP_DAC_OVERRIDE): needs a user")
+
+
+def test_modes_a_tool_set_do_not_stop_a_rollback(ws: Path) -> None:
+    """After a checkpoint, every change is undone whatever modes the tool left; the
+    tool's own directories and files are removed. (Before, the run's end could not be
+    recorded and the run could never be rolled back.)"""
+    _as_user()
+    before = state(ws)
+    done, name = reviewed(ws, "--checkpoint", LOCKS)
+    assert done.returncode == 0, done.stderr
+    assert f"D {ws}/b.txt" in done.stderr, done.stderr
+    back = cli("rollback", name)
+    assert back.returncode == 0, back.stderr
+    assert state(ws) == before
+
+
+def test_modes_a_tool_set_do_not_stop_a_dry_run(ws: Path, tmp_path: Path) -> None:
+    """A dry run's changes are listed, applied (modes included) and discarded whatever
+    modes the tool left in its copy."""
+    _as_user()
+    _, name = reviewed(ws, "--dry-run", LOCKS)
+    listed = cli("changes", "--no-diff", name)
+    assert listed.returncode == 0 and f"A {ws}/z/in" in listed.stdout, listed.stderr
+    applied = cli("apply", name)
+    assert applied.returncode == 0, applied.stderr
+    assert stat.S_IMODE((ws / "z").stat().st_mode) == 0o311
+    assert stat.S_IMODE((ws / "unreadable").stat().st_mode) == 0
+    assert stat.S_IMODE((ws / "sub").stat().st_mode) == 0o500
+    os.chmod(ws / "unreadable", 0o600)
+    assert (ws / "unreadable").read_text() == "s\n"
+    for where in ("z", "shut", "sub"):
+        os.chmod(ws / where, 0o700)
+    # the same in a run that is thrown away
+    _, name = reviewed(ws, "--dry-run", "rm -r z shut && " + LOCKS.replace("rm b.txt", "rm a.txt"))
+    assert cli("discard", name).returncode == 0
+    assert not scratch_of(name).parent.exists()

@@ -211,7 +211,12 @@ class Review:
                 root = tree.open_root(top)
                 field = "key"
             try:
+                # The copy is sandlock's once the tool is gone: what the tool closed to this
+                # uid is opened for good, the tool's modes recorded (and applied).
+                closed = tree.open_up(root, files=True) if self.mode == DRY_RUN else {}
                 after.append(tree.scan(root, self.before[index], field))
+                for rel, mode in closed.items():
+                    after[-1][rel]["m"] = mode
                 if self.mode == DRY_RUN:
                     _hash_originals(top, self.before[index], after[-1])
             except OSError as exc:

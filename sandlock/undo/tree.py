@@ -22,6 +22,7 @@ for what is atomic).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -97,14 +98,51 @@ def _names(fd: int) -> list[str]:
         return sorted(item.name for item in listing)
 
 
-def _subdir(parent: int, name: str, info: os.stat_result, where: str) -> int:
-    """``name`` in ``parent`` opened as the directory lstat found there (not a mount)."""
-    sub = os.open(name, _DIR, dir_fd=parent)
+def _open_owned(parent: int, name: str, flags: int, need: int) -> tuple[int, Optional[int]]:
+    """``name`` in ``parent`` opened with ``flags`` (never through a link), and None; or,
+    where its mode refuses that and this uid owns it, opened with the ``need`` bits added
+    to its mode for the moment, and the mode to put back (os.fchmod) once done with it.
+
+    A tool may chmod whatever its uid owns (no Landlock right covers it): a mode it left
+    must not make what it did unreadable, so that it could never be listed, applied or
+    rolled back."""
+    try:
+        return os.open(name, flags, dir_fd=parent), None
+    except PermissionError:
+        pass
+    held = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        info = os.fstat(held)
+        if info.st_uid != os.geteuid() or not (stat.S_ISDIR(info.st_mode)
+                                               or stat.S_ISREG(info.st_mode)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+        mode = stat.S_IMODE(info.st_mode)
+        proc = f"/proc/self/fd/{held}"  # the object held: no name to swap
+        os.chmod(proc, mode | need)
+        try:
+            return os.open(proc, flags & ~os.O_NOFOLLOW), mode
+        except BaseException:
+            os.chmod(proc, mode)
+            raise
+    finally:
+        os.close(held)
+
+
+def _subdir(parent: int, name: str, info: os.stat_result, where: str) -> tuple[int, Optional[int]]:
+    """``name`` in ``parent`` opened as the directory lstat found there (not a mount), and
+    the mode to put back once its subtree is walked (see :func:`_open_owned`), or None."""
+    sub, mode = _open_owned(parent, name, _DIR, 0o500)
     got = os.fstat(sub)
     if (got.st_dev, got.st_ino) != (info.st_dev, info.st_ino):
+        _put_back(sub, mode)
         os.close(sub)
         raise UndoError(f"{where!r} changed while it was read")
-    return sub
+    return sub, mode
+
+
+def _put_back(fd: int, mode: Optional[int]) -> None:
+    if mode is not None:
+        os.fchmod(fd, mode)
 
 
 def walk(root: int, prefix: str = "") -> Iterator[tuple[str, int, str, os.stat_result]]:
@@ -120,11 +158,14 @@ def walk(root: int, prefix: str = "") -> Iterator[tuple[str, int, str, os.stat_r
         if stat.S_ISDIR(info.st_mode):
             if info.st_dev != device:
                 raise UndoError(f"{rel!r} is another filesystem mounted in the tree")
-            sub = _subdir(root, name, info, rel)
+            sub, mode = _subdir(root, name, info, rel)
             try:
                 yield from walk(sub, rel + "/")
             finally:
-                os.close(sub)
+                try:
+                    _put_back(sub, mode)
+                finally:
+                    os.close(sub)
 
 
 def _check_depth(prefix: str) -> None:
@@ -196,7 +237,7 @@ def copy_tree(src: int, dst: int, hashing: bool, prefix: str = "") -> tuple[Mani
             if info.st_dev != device:
                 raise UndoError(f"{rel!r} is another filesystem mounted in the tree")
             os.mkdir(name, 0o700, dir_fd=dst)
-            sub_src = _subdir(src, name, info, rel)
+            sub_src, mode = _subdir(src, name, info, rel)
             try:
                 sub_dst = os.open(name, _DIR, dir_fd=dst)
                 try:
@@ -209,7 +250,10 @@ def copy_tree(src: int, dst: int, hashing: bool, prefix: str = "") -> tuple[Mani
                 finally:
                     os.close(sub_dst)
             finally:
-                os.close(sub_src)
+                try:
+                    _put_back(sub_src, mode)
+                finally:
+                    os.close(sub_src)
         elif what == "f":
             item["h"], item["c"] = _copy_file(src, dst, name, info, hashing, rel)
         elif what == "l":
@@ -236,8 +280,9 @@ def copy_tree(src: int, dst: int, hashing: bool, prefix: str = "") -> tuple[Mani
 
 def _copy_file(src: int, dst: int, name: str, info: os.stat_result, hashing: bool,
                rel: str) -> tuple[Optional[str], list[int]]:
-    fd = os.open(name, _FILE, dir_fd=src)
+    fd, mode = _open_owned(src, name, _FILE, 0o400)
     try:
+        _put_back(fd, mode)
         got = os.fstat(fd)
         if not stat.S_ISREG(got.st_mode) or got.st_ino != info.st_ino:
             raise UndoError(f"{rel!r} changed while it was copied")
@@ -272,14 +317,45 @@ def scan(root: int, reference: Manifest, field: str) -> Manifest:
         if item["k"] == "l":
             item["l"] = os.readlink(name, dir_fd=parent) if rel else ""
         elif item["k"] == "f" and not item["same"]:
-            fd = os.open(name, _FILE, dir_fd=parent)
+            fd, mode = _open_owned(parent, name, _FILE, 0o400)
             try:
+                if mode is not None:  # its mode put back: its stamp is the one after
+                    os.fchmod(fd, mode)
+                    moved = key(os.fstat(fd))
+                    if moved[0] != item["key"][0] or moved[2:] != item["key"][2:]:
+                        raise UndoError(f"{rel!r} changed while it was read")
+                    item["key"] = moved
                 if key(os.fstat(fd)) != item["key"]:
                     raise UndoError(f"{rel!r} changed while it was read")
                 item["h"] = digest_of(fd)
             finally:
                 os.close(fd)
     return out
+
+
+def open_up(root: int, files: bool) -> dict[str, int]:
+    """Give this uid read, write and search of every directory (and with ``files``, read
+    of every regular file) that it owns below ``root``, the root included, and lacks
+    them: a tool may have chmod-ed them so that sandlock could not read or change what
+    it did. The modes changed, by path (to put back, or to record as the tool's)."""
+    changed: dict[str, int] = {}
+    for rel, parent, name, info in _with_root(root):
+        is_dir = stat.S_ISDIR(info.st_mode)
+        need = 0o700 if is_dir else 0o400 if files and stat.S_ISREG(info.st_mode) else 0
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & need == need or info.st_uid != os.geteuid():
+            continue
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent) if rel \
+            else os.dup(root)
+        try:
+            got = os.fstat(fd)
+            if (got.st_dev, got.st_ino) != (info.st_dev, info.st_ino):
+                raise UndoError(f"{printable(rel)!r} changed while it was read")
+            os.chmod(f"/proc/self/fd/{fd}", mode | need)  # the object held: no name to swap
+        finally:
+            os.close(fd)
+        changed[rel] = mode
+    return changed
 
 
 def _with_root(root: int) -> Iterator[tuple[str, int, str, os.stat_result]]:
@@ -440,6 +516,9 @@ def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
     found = conflicts(target, expect)
     if found:
         raise Conflict("the tree changed since the run: " + "; ".join(found))
+    # A rollback writes into directories the tool may have left closed to this uid: they
+    # get the recorded modes at the end (those it made are removed); any other, its own.
+    opened = {} if tool_made else open_up(target, files=False)
     src_cache: dict[str, int] = {"": source}
     dst_cache: dict[str, int] = {"": target}
     made: list[tuple[int, str]] = []
@@ -480,6 +559,7 @@ def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
                 _quietly(os.utime, fd, ns=tuple(expect[head]["t"]))
         _close(src_cache, source)
         _close(dst_cache, target)
+        _close_again(target, opened)
         raise
     _close(src_cache, source)
     try:
@@ -488,6 +568,29 @@ def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
         raise UndoError(f"partly written back ({exc}); the rest of the tree is as it was") from None
     finally:
         _close(dst_cache, target)
+        written = {rel for rel, want in writes if want["k"] == "d"} | set(deletes)
+        _close_again(target, {rel: mode for rel, mode in opened.items() if rel not in written})
+
+
+def _close_again(target: int, opened: Mapping[str, int]) -> None:
+    """Put back the modes :func:`open_up` changed (deepest first), where they still are."""
+    cache: dict[str, int] = {"": target}
+    try:
+        for rel in sorted(opened, key=lambda r: (-r.count("/"), r)):
+            try:
+                if rel:
+                    parent, name = _parent(cache, target, rel)
+                    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+                    try:
+                        os.chmod(f"/proc/self/fd/{fd}", opened[rel])
+                    finally:
+                        os.close(fd)
+                else:
+                    os.fchmod(target, opened[rel])
+            except OSError:
+                pass  # gone, or never to be reached again: nothing to put back
+    finally:
+        _close(cache, target)
 
 
 def _stage(source: int, rel: str, want: Entry, parent: int,
@@ -585,7 +688,7 @@ def remove_tree(parent: int, name: str) -> None:
     if not stat.S_ISDIR(info.st_mode):
         os.unlink(name, dir_fd=parent)
         return
-    fd = os.open(name, _DIR, dir_fd=parent)
+    fd, _ = _open_owned(parent, name, _DIR, 0o700)
     try:
         os.fchmod(fd, 0o700)  # a tool may leave a directory unwritable
         for child in _names(fd):
