@@ -391,6 +391,49 @@ def test_refusals_answer_403_with_the_rule_and_are_reported(
     assert f"refused bad.example.test:{port} (SOCKS5 proxy)" in out.stderr
 
 
+@pytest.mark.any_user
+def test_a_name_with_a_byte_no_host_name_has_matches_no_rule() -> None:
+    """The resolver reads a name only up to a NUL: ``8.8.8.8\\0.allowed.test`` matched
+    ``*.allowed.test`` and led to 8.8.8.8. Only DNS names and IP literals match a rule."""
+    allowed = rules(["*.allowed.test"])
+    for name in ("8.8.8.8\0.allowed.test", "evil.example\0.allowed.test", "a b.allowed.test",
+                 "x\n.allowed.test", "caf\u00e9.allowed.test", "-x.allowed.test", ".allowed.test",
+                 "a..allowed.test", "%00.allowed.test", "x" * 64 + ".allowed.test"):
+        verdict = allowed.check_name(name, 443)
+        assert not verdict and "not a host name" in verdict.reason, (name, verdict)
+    for name in ("ok-1.allowed.test", "_srv.allowed.test", "XN--CAF-DMA.allowed.test.",
+                 "[::1]", "192.0.2.1"):
+        assert allowed.check_name(name, 443).reason != "", name
+    assert allowed.check_name("ok-1.allowed.test", 443)
+
+
+def test_a_socks_name_cut_by_a_nul_never_reaches_the_resolver(
+        tmp_path: Path, http_server: Server) -> None:
+    """Through the proxy (SOCKS5 names are bytes; HTTP refuses a NUL in its head): the name
+    is refused before any lookup. Control: the old check let it through, and the proxy's
+    refusal then named what the cut name resolved to (loopback here, refused as DNS
+    rebinding; a public address would have been connected)."""
+    needs_kernel()
+    port = http_server.port
+    policy = net_policy(tmp_path, [f"*.allowed.test:{port}"])
+    out = py(policy, f"""
+        import os, socket, urllib.parse
+        proxy = urllib.parse.urlsplit(os.environ["ALL_PROXY"])
+        sock = socket.create_connection((proxy.hostname, proxy.port))
+        sock.sendall(b"\\x05\\x01\\x02")
+        assert sock.recv(2) == b"\\x05\\x02"
+        user, password = proxy.username.encode(), proxy.password.encode()
+        sock.sendall(bytes([1, len(user)]) + user + bytes([len(password)]) + password)
+        assert sock.recv(2) == b"\\x01\\x00"
+        name = b"127.0.0.1\\x00.allowed.test"
+        sock.sendall(b"\\x05\\x01\\x00\\x03" + bytes([len(name)]) + name + ({port}).to_bytes(2, "big"))
+        print("reply", sock.recv(10)[1])
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "reply 2", out.stdout + out.stderr  # not allowed by ruleset
+    assert "not a host name" in out.stderr and "resolved" not in out.stderr, out.stderr
+
+
 def test_public_name_resolving_to_loopback_is_refused(tmp_path: Path, http_server: Server) -> None:
     """DNS rebinding: ``localhost`` resolves to 127.0.0.1 and is not pinned."""
     needs_kernel()

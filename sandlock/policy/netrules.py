@@ -108,9 +108,14 @@ class NetRules:
         return self._pinned(normalize_host(host)) == SYSTEM
 
     def check_name(self, host: str, port: int) -> Verdict:
-        """May the tool ask for ``host:port`` (a name or an IP literal)? Deny wins."""
+        """May the tool ask for ``host:port`` (a name or an IP literal)? Deny wins. A name
+        that is neither (a NUL, a space, a control or non-ASCII character, an empty
+        label) matches no rule: a resolver reads ``8.8.8.8\\0.allowed.test`` as 8.8.8.8."""
         host = normalize_host(host)
         literal = as_address(host)
+        if literal is None and not is_host_name(host):
+            return Verdict(False, f"{format_target(host, port)} is not a host name (a DNS name "
+                                  "or an IP address)")
         for rule in self.deny:
             if rule.matches_name(host, port) or (literal and rule.matches_address(literal, port)):
                 return Verdict(False, f"denied by {rule}")
@@ -176,6 +181,12 @@ def local_addresses() -> frozenset[IPAddress]:
     return frozenset(found)
 
 
+def is_host_name(host: str) -> bool:
+    """``host`` (normalized) is a DNS name as rules name them (``_LABEL``): ASCII labels of
+    letters, digits, ``-`` and ``_``, none empty, 253 characters at most."""
+    return 0 < len(host) <= 253 and all(_LABEL.fullmatch(label) for label in host.split("."))
+
+
 def normalize_host(host: str) -> str:
     host = host.strip().lower()
     if host.startswith("[") and host.endswith("]"):
@@ -198,6 +209,9 @@ def unmap(address: IPAddress) -> IPAddress:
 
 
 def format_target(host: str, port: int) -> str:
+    """``host:port`` for a message; a name the tool chose, with no raw control character."""
+    if not host.isprintable() or not host.isascii():
+        host = ascii(host)[1:-1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
