@@ -92,6 +92,8 @@ class Leaker(Recorder):
             "header": {"X-Debug": "seen " + urllib.parse.quote_plus(secret)},
             "base64": {"X-Echo": base64.b64encode(f"user:{secret}".encode()).decode()},
             "cookie": {"Set-Cookie": f"s={urllib.parse.quote(secret).lower()}; Path=/"},
+            # in a header's name ('%' is a token character): the refusal must not quote it
+            "header-name": {"X-" + "".join(f"%{b:02X}" for b in secret.encode()): "1"},
         }
         if form in locations:
             self._send(302, b"", {"Location": locations[form]})
@@ -197,7 +199,7 @@ def head_of(response: str) -> str:
 # 4. The secret never comes back in the response head, in any encoding
 
 LOCATION_FORMS = ("raw", "quoted", "lower", "plus", "double", "partial", "path", "other")
-HEADER_FORMS = ("header", "base64", "cookie", "status", "status-encoded", "interim")
+HEADER_FORMS = ("header", "base64", "cookie", "status", "status-encoded", "interim", "header-name")
 
 
 @pytest.mark.parametrize("form", LOCATION_FORMS + HEADER_FORMS)

@@ -362,8 +362,9 @@ def _response_head(head: http.Head, item: Credential, route: str, secret: str,
         if name.lower() in ("location", "content-location"):
             value = _route_location(value, item, route)
             value = _hide_in_query(value, secret, placeholder)
-        name, _, value = _scrubbed(f"header {name}", f"{name}: {value}", secret,
-                                   placeholder).partition(": ")
+        # the name may carry the secret too: the refusal names the line by its place
+        name, _, value = _scrubbed(f"its header line {len(out) + 1}", f"{name}: {value}",
+                                   secret, placeholder).partition(": ")
         out.append((name, value))
     if head.status >= 200:
         out.append(("Connection", "close"))
