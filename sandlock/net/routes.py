@@ -354,7 +354,7 @@ def _response_head(head: http.Head, item: Credential, route: str, secret: str,
     """The upstream's response head as the tool gets it (interim 1xx heads too): the
     reason phrase and every header line through :func:`_scrubbed`."""
     reason = _scrubbed("the status line", head.reason, secret, placeholder)
-    out = []
+    out: list[tuple[str, str]] = []
     chunked = any(name.lower() == "transfer-encoding" for name, _ in head.headers)
     for name, value in head.headers:
         if name.lower() in DROP_RESPONSE or chunked and name.lower() == "content-length":
