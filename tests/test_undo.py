@@ -374,14 +374,6 @@ def test_run_names_are_checked(ws: Path, tmp_path: Path, monkeypatch: pytest.Mon
     assert both.returncode == 125 and "exclude each other" in both.stderr
 
 
-def test_a_tree_nested_too_deep_is_refused_not_a_traceback(ws: Path) -> None:
-    deep = "/".join(["d"] * (tree.MAX_DEPTH + 5))
-    done, name = reviewed(ws, "--dry-run", f"mkdir -p {deep}")
-    assert done.returncode == 125, done.stderr
-    assert "nested deeper than 256 levels" in done.stderr and "Traceback" not in done.stderr
-    assert cli("discard", name).returncode == 0
-
-
 # ----------------------------------------------------------------------------
 # The API
 
@@ -510,3 +502,32 @@ def test_modes_a_tool_set_do_not_stop_a_dry_run(ws: Path, tmp_path: Path) -> Non
     _, name = reviewed(ws, "--dry-run", "rm -r z shut && " + LOCKS.replace("rm b.txt", "rm a.txt"))
     assert cli("discard", name).returncode == 0
     assert not scratch_of(name).parent.exists()
+
+
+def test_a_tree_nested_past_the_limit_does_not_stop_a_rollback(ws: Path) -> None:
+    """A tool nests directories deeper than sandlock records (tree.MAX_DEPTH) after
+    deleting a file: the run's end is still recorded (the deepest directory as a whole),
+    `changes` lists it, and `rollback` brings the file back and removes the whole chain.
+    (Before, the end could not be recorded and the run could never be rolled back.)"""
+    before = state(ws)
+    chain = "/".join(["d"] * (tree.MAX_DEPTH + 40))
+    done, name = reviewed(ws, "--checkpoint", f"rm b.txt && mkdir -p {chain} && echo x > {chain}/f")
+    assert done.returncode == 0, done.stderr
+    listed = cli("changes", "--no-diff", name)
+    assert listed.returncode == 0 and f"D {ws}/b.txt" in listed.stdout, listed.stderr
+    assert "deeper than" in listed.stdout, listed.stdout
+    back = cli("rollback", name)
+    assert back.returncode == 0, back.stderr
+    assert state(ws) == before
+
+
+def test_a_tree_nested_past_the_limit_is_not_applied_and_is_discarded(ws: Path) -> None:
+    """In a dry run the same chain cannot be applied (it was not recorded whole): apply
+    refuses, changing nothing; discard removes the copy."""
+    before = state(ws)
+    chain = "/".join(["d"] * (tree.MAX_DEPTH + 40))
+    _, name = reviewed(ws, "--dry-run", f"mkdir -p {chain} && echo x > {chain}/f")
+    _refused(name, ws, "deeper than")
+    assert cli("discard", name).returncode == 0
+    assert not scratch_of(name).parent.exists()
+    assert state(ws) == before

@@ -25,6 +25,9 @@ def _what(item: Optional[tree.Entry]) -> str:
         return ""
     if item["k"] == "l":
         return f" -> {printable(item.get('l', ''))} (symbolic link)"
+    if item["k"] == "d" and item.get("deep"):
+        return (f"/ (and all it holds: nested deeper than {tree.MAX_DEPTH} levels, not "
+                "recorded one by one)")
     if item["k"] == "d":
         return "/"
     if item["k"] in ("p", "o"):

@@ -147,9 +147,9 @@ def _put_back(fd: int, mode: Optional[int]) -> None:
 
 def walk(root: int, prefix: str = "") -> Iterator[tuple[str, int, str, os.stat_result]]:
     """(relative path, parent descriptor, name, lstat) of everything below ``root``,
-    each directory before what it holds. A mount point below is refused: another
-    filesystem is not the tree."""
-    _check_depth(prefix)
+    each directory before what it holds; what a directory :func:`is_deep` holds is not
+    walked (it is a whole). A mount point below is refused: another filesystem is not
+    the tree."""
     device = os.fstat(root).st_dev
     for name in _names(root):
         info = os.stat(name, dir_fd=root, follow_symlinks=False)
@@ -158,6 +158,8 @@ def walk(root: int, prefix: str = "") -> Iterator[tuple[str, int, str, os.stat_r
         if stat.S_ISDIR(info.st_mode):
             if info.st_dev != device:
                 raise UndoError(f"{rel!r} is another filesystem mounted in the tree")
+            if is_deep(rel):
+                continue
             sub, mode = _subdir(root, name, info, rel)
             try:
                 yield from walk(sub, rel + "/")
@@ -166,6 +168,13 @@ def walk(root: int, prefix: str = "") -> Iterator[tuple[str, int, str, os.stat_r
                     _put_back(sub, mode)
                 finally:
                     os.close(sub)
+
+
+def is_deep(rel: str) -> bool:
+    """A directory at ``rel`` is nested too deep for what it holds to be recorded: a
+    tool's ``mkdir -p`` may go on for ever. It is recorded as a whole, never applied,
+    and removed as a whole by a rollback."""
+    return (rel + "/").count("/") > MAX_DEPTH
 
 
 def _check_depth(prefix: str) -> None:
@@ -314,6 +323,9 @@ def scan(root: int, reference: Manifest, field: str) -> Manifest:
         item = out[rel] = entry(info)
         base = reference.get(rel)
         item["same"] = base is not None and base.get(field) == item["key"]
+        if item["k"] == "d" and rel and is_deep(rel):
+            item["deep"] = True  # what it holds is not in the manifest
+            item["same"] = False
         if item["k"] == "l":
             item["l"] = os.readlink(name, dir_fd=parent) if rel else ""
         elif item["k"] == "f" and not item["same"]:
@@ -410,6 +422,8 @@ def refusal(rel: str, want: Entry, links: Optional[Mapping[str, str]] = None) ->
     link of the tree as it will be, :func:`links_of`, whose targets it is walked through);
     a file with another name (a hard link, perhaps to a file outside the tree)."""
     what = want["k"]
+    if want.get("deep"):
+        return f"a directory nested deeper than {MAX_DEPTH} levels (what it holds was not recorded)"
     if what in ("p", "o"):
         return "a FIFO, device or socket"
     if want["m"] & PRIVILEGE_BITS:
@@ -643,7 +657,9 @@ def _commit(target: int, cache: dict[str, int], staged: list[tuple[int, str, str
         os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
     for rel in sorted(deletes, key=lambda r: (-r.count("/"), r)):
         parent, name = _parent(cache, target, rel)
-        if expect.get(rel, {}).get("k") == "d":
+        if expect.get(rel, {}).get("deep"):
+            remove_tree(parent, name)
+        elif expect.get(rel, {}).get("k") == "d":
             os.rmdir(name, dir_fd=parent)
         else:
             os.unlink(name, dir_fd=parent)
@@ -680,7 +696,8 @@ def _quietly(call: Any, *args: Any, **named: Any) -> None:
 
 
 def remove_tree(parent: int, name: str) -> None:
-    """Remove ``name`` in ``parent`` and everything below it, never following a link."""
+    """Remove ``name`` in ``parent`` and everything below it, never following a link; one
+    directory open at a time and no recursion (a tool's tree may be nested any depth)."""
     try:
         info = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
@@ -688,11 +705,30 @@ def remove_tree(parent: int, name: str) -> None:
     if not stat.S_ISDIR(info.st_mode):
         os.unlink(name, dir_fd=parent)
         return
+    below = [name]  # the names from ``parent`` down to the directory ``fd`` is
     fd, _ = _open_owned(parent, name, _DIR, 0o700)
     try:
-        os.fchmod(fd, 0o700)  # a tool may leave a directory unwritable
-        for child in _names(fd):
-            remove_tree(fd, child)
+        while True:
+            os.fchmod(fd, 0o700)  # a tool may leave a directory unwritable
+            inner = None
+            for child in _names(fd):
+                if stat.S_ISDIR(os.stat(child, dir_fd=fd, follow_symlinks=False).st_mode):
+                    inner = child
+                    break
+                os.unlink(child, dir_fd=fd)
+            if inner is not None:
+                sub, _ = _open_owned(fd, inner, _DIR, 0o700)
+                os.close(fd)
+                fd = sub
+                below.append(inner)
+                continue
+            done = below.pop()
+            if not below:
+                break
+            up = os.open("..", _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            os.rmdir(done, dir_fd=fd)
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
