@@ -241,6 +241,13 @@ GUARDS: tuple[Guard, ...] = (
           '        name, _, value = _scrubbed(f"its header line {len(out) + 1}", f"{name}: {value}",',
           '        name, _, value = _scrubbed(f"header {name}", f"{name}: {value}",',
           (ATTACKS + "test_the_secret_never_returns_in_the_response_head[header-name]",)),
+    Guard("credential route: a method override in any spelling frameworks read",
+          "sandlock/net/routes.py",
+          '        if OVERRIDE_PARAMETER.search(key.lower().removesuffix("[]").translate(_AS_DASH)):',
+          '        if OVERRIDE_PARAMETER.search(key.lower().replace("_", "-")):',
+          (ATTACKS + "test_a_denied_request_in_disguise_never_gets_the_secret[override as '.method']",
+           ATTACKS + "test_a_denied_request_in_disguise_never_gets_the_secret"
+           "[override as '_method[]']")),
     Guard("allowlist: only a host name or an IP literal matches a rule", "sandlock/policy/netrules.py",
           "        if literal is None and not is_host_name(host):",
           "        if False:",

@@ -276,6 +276,12 @@ ATTACKS = [
     ("X-HTTP-Method", "/api/v1/chat/x", "X-HTTP-Method: DELETE\r\n"),
     ("X-Method-Override", "/api/v1/chat/x", "X-Method-Override: DELETE\r\n"),
     ("method override parameter", "/api/v1/chat/x?_method=DELETE", ""),
+    # Rack < 3 splits a query on ';'; PHP reads '.', ' ' and '+' in a name as '_' and
+    # 'name[]' as name: each is '_method' to some framework
+    ("override after ';'", "/api/v1/chat/x?x=1;_method=DELETE", ""),
+    ("override as '.method'", "/api/v1/chat/x?.method=DELETE", ""),
+    ("override as '+method'", "/api/v1/chat/x?+method=DELETE", ""),
+    ("override as '_method[]'", "/api/v1/chat/x?_method[]=DELETE", ""),
     ("original URL", "/api/v1/x", "X-Original-URL: /v1/chat/admin\r\n"),
     ("rewrite URL", "/api/v1/x", "X-Rewrite-URL: /v1/chat/admin\r\n"),
     ("underscore twin", "/api/v1/x", "X_Original_URL: /v1/chat/admin\r\n"),

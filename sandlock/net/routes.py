@@ -9,8 +9,8 @@ anything outside its domain):
 1. reads the request through :mod:`sandlock.net.http`, strictly (one request per
    connection; no obs-fold, no bare LF, no ``Content-Length`` beside
    ``Transfer-Encoding``; the body framed again, whatever follows it dropped), and
-   refuses ``Upgrade`` and rewrite headers: nothing can smuggle a second, unchecked
-   request;
+   drops ``Upgrade`` and refuses rewrite headers: nothing can smuggle a second,
+   unchecked request;
 2. finds the credential by the first path segment and the run by the placeholder
    the request carries where the secret belongs (header or query parameter): the
    placeholder, random per run, is also what keeps other local processes out;
@@ -283,6 +283,8 @@ REWRITE_HEADER = re.compile(r"method|override|original|rewrite|forwarded|^via$|^
                             r"real-ip|client-ip|connecting-ip")
 #: Query parameters (names decoded, lower case) that frameworks read as the method.
 OVERRIDE_PARAMETER = re.compile(r"^-method$|method-override|^x-http-method$")
+#: What frameworks read as ``_`` (or ``-``) in a query parameter's name.
+_AS_DASH = str.maketrans({"_": "-", ".": "-", " ": "-"})
 
 
 def _checked_target(target: str) -> tuple[str, str, str]:
@@ -315,8 +317,10 @@ def _checked_target(target: str) -> tuple[str, str, str]:
             raise BadRequest(400, f"path {shown}: the escape {escape.group(0)!r} is refused "
                              f"(only {' '.join(sorted(PATH_ESCAPES))!r} may be "
                              "percent-encoded in a path)")
-    for key, _ in urllib.parse.parse_qsl(query, keep_blank_values=True):
-        if OVERRIDE_PARAMETER.search(key.lower().replace("_", "-")):
+    for pair in re.split("[&;]", query):  # Rack < 3 splits on ';' too
+        key = urllib.parse.unquote_plus(pair.partition("=")[0])
+        # PHP reads '.', ' ' in a name as '_' and 'name[]' as name
+        if OVERRIDE_PARAMETER.search(key.lower().removesuffix("[]").translate(_AS_DASH)):
             raise BadRequest(400, f"query parameter {key[:64]!r} is refused: it asks the "
                              "upstream for another method than the one checked")
     return name, path, query
