@@ -475,3 +475,62 @@ def test_learn_runs_beside_names_no_policy_can_spell(work: Path, home: Path) -> 
     learned = cli(["learn", "--", "/bin/true"], work, home)
     assert learned.returncode == 0, learned.stderr
     grants(learned.stdout)
+
+
+# ----------------------------------------------------------------------------
+# 9. A #! line naming no program grants nothing
+
+
+def test_a_hash_bang_naming_a_directory_grants_nothing(work: Path, home: Path,
+                                                       tmp_path: Path) -> None:
+    """The tool writes scripts whose ``#!`` names a directory (absolute, and ``..``, which
+    the recorder resolved from its own working directory) and runs them: the kernel
+    refuses such an exec, so nothing was needed; learn's draft, trace's suggestion and
+    run's report grant neither directory. Control: a ``#!`` naming a program (a copy of
+    sh) is granted, that file alone."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "private.txt").write_text("private\n")
+    shell = tmp_path / "bin" / "mysh"
+    shell.parent.mkdir()
+    shell.write_bytes(Path("/bin/sh").resolve().read_bytes())
+    shell.chmod(0o755)
+    tool = (f"printf '#!{outside}\\n' > a; printf '#!..\\n' > b; printf '#!{shell}\\ntrue\\n' > c; "
+            "chmod +x a b c; ./a; ./b; ./c; true")
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", "/bin/sh", "-c", tool], work, home)
+    assert learned.returncode == 0, learned.stderr
+    execs = grants(out.read_text())["filesystem"]["exec"]  # type: ignore[index]
+    assert str(shell) in execs, execs  # control: a real interpreter is granted
+    for where in (str(outside), str(work.parent), "~/" + os.path.relpath(work.parent, home)):
+        assert where not in execs, (where, execs)
+    assert str(tmp_path) not in out.read_text().replace(str(tmp_path) + "/", "")
+    # trace and run, with a policy that may run the scripts but grants no interpreter
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'version = 1\nextends = ["base"]\n[filesystem]\n'
+                      f'exec = ["{work / "a"}", "{work / "b"}"]\n')
+    for script in ("a", "b"):
+        traced = cli(["trace", "--policy", str(policy), "--", str(work / script)], work, home)
+        ran = cli(["run", "--policy", str(policy), "--", str(work / script)], work, home)
+        for said in (traced.stdout + traced.stderr, ran.stderr):
+            assert f'exec += "{outside}"' not in said and f'exec += "{tmp_path}"' not in said, said
+        assert "is not a program" in ran.stderr, ran.stderr
+
+
+def test_trace_warns_that_a_listing_grants_the_whole_directory(work: Path, home: Path,
+                                                               tmp_path: Path) -> None:
+    """A tool that lists the directory above its workspace: trace's line for it
+    (``read += DIR``) would let it read every sibling project, so it carries a warning.
+    Control: the line itself is still suggested (it is the smallest that grants it)."""
+    projects = tmp_path / "projects"
+    (projects / "tool").mkdir(parents=True)
+    (projects / "other").mkdir()
+    (projects / "other" / ".env").write_text("KEY=1\n")
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'version = 1\nextends = ["base"]\n[filesystem]\n'
+                      f'read = ["{projects / "tool"}"]\nexec = ["/usr/bin/sh", "/usr/bin/dash"]\n')
+    traced = cli(["trace", "--policy", str(policy), "--", "/bin/sh", "-c", "cd ..; echo *"],
+                 projects / "tool", home)
+    said = traced.stdout + traced.stderr
+    assert f'read += "{projects}"' in said, said
+    assert f"read every file below {projects}" in said, said

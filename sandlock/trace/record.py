@@ -370,6 +370,17 @@ def _open_regular(path: str) -> int:
     return -1
 
 
+def is_program(interp: str) -> bool:
+    """An interpreter (a ``#!`` line, an ELF loader: the tool's text) the kernel could run:
+    an absolute name of a regular file. A directory, a FIFO or a missing file fails the
+    exec whatever the policy (no grant is needed, none may be suggested); a relative name
+    is resolved from the working directory of the exec, which is not known here."""
+    try:
+        return interp.startswith("/") and stat.S_ISREG(os.stat(interp).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def interpreters(path: str, depth: int = 0) -> list[tuple[str, str]]:
     """(interpreter, why) the kernel also opens for exec when ``path`` is executed:
     the ELF loader (PT_INTERP) or the ``#!`` line, recursively (binfmt_script).
@@ -498,7 +509,7 @@ def needs(event: Event, abi: int) -> list[Need]:
             return out
         add(int(A.Fs.EXECUTE | A.Fs.READ_FILE), target.real)
         for interp, why in interpreters(target.real):
-            if os.path.exists(interp):
+            if is_program(interp):
                 add(int(A.Fs.EXECUTE | A.Fs.READ_FILE), os.path.realpath(interp), why)
     elif name in ("mkdir", "mkdirat"):
         if not targets[0].kind:
@@ -679,6 +690,10 @@ def suggestion(need: Need, policy_files: Sequence[str] = ()) -> tuple[str, str, 
     if inside:
         return section, line, (f"exposes {inside[0]}, a place of secrets (keys, credentials): "
                                "grant it only if the tool must read it")
+    if need.rights & int(A.Fs.READ_DIR) and os.path.isdir(real):
+        return section, line, (f"lets the tool read every file below {path}, where it only "
+                               "listed the directory (a listing is granted with all it holds): "
+                               "grant it only if that is meant")
     return section, line, ""
 
 
@@ -848,7 +863,11 @@ def exec_refusals(chain: Sequence[tuple[str, str]]) -> str:
         many: Optional[list[bytes]] = [b"-"] * 40000
     except (OSError, ValueError):
         many = None  # never probe exec without a guaranteed E2BIG
-    for path, why in chain:
+    for index, (path, why) in enumerate(chain):
+        if index and not is_program(path):  # an interpreter no grant can make runnable
+            found.append(printable(f"{path} ({why}) is not a program (not the absolute name "
+                                   "of a regular file): no grant makes it runnable"))
+            break
         try:
             os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
         except OSError as exc:
