@@ -258,7 +258,7 @@ def test_apply_refuses_when_the_original_changed(ws: Path, monkeypatch: pytest.M
     _, name = reviewed(ws, "--dry-run", EDIT)
     (ws / "a.txt").write_text("the user's own edit\n")
     _refused(name, ws, "the tree changed since the run: a.txt was changed")
-    monkeypatch.setattr(tree, "conflicts", lambda root, expect: [])  # control
+    monkeypatch.setattr(tree, "conflicts", lambda root, expect, **_: [])  # control
     session.apply(name)
     assert (ws / "a.txt").read_text() == "hello\nthere\n"  # the user's edit is lost
 
@@ -468,15 +468,19 @@ def _as_user() -> None:
         pytest.skip("root reads and writes whatever the mode (CAP_DAC_OVERRIDE): needs a user")
 
 
-def test_modes_a_tool_set_do_not_stop_a_rollback(ws: Path) -> None:
-    """After a checkpoint, every change is undone whatever modes the tool left; the
-    tool's own directories and files are removed. (Before, the run's end could not be
-    recorded and the run could never be rolled back.)"""
+@pytest.mark.parametrize("root", ["kept", "closed"])
+def test_modes_a_tool_set_do_not_stop_a_rollback(ws: Path, root: str) -> None:
+    """After a checkpoint, every change is undone whatever modes the tool left (``closed``:
+    its workspace itself too); the tool's own directories and files are removed.
+    (Before, the run's end could not be recorded and the run could never be rolled back.)"""
     _as_user()
     before = state(ws)
-    done, name = reviewed(ws, "--checkpoint", LOCKS)
+    script = LOCKS + (f" && chmod 0 {ws}" if root == "closed" else "")
+    done, name = reviewed(ws, "--checkpoint", script)
     assert done.returncode == 0, done.stderr
     assert f"D {ws}/b.txt" in done.stderr, done.stderr
+    if root == "closed":
+        assert stat.S_IMODE(ws.stat().st_mode) == 0  # as the tool left it
     back = cli("rollback", name)
     assert back.returncode == 0, back.stderr
     assert state(ws) == before
@@ -498,8 +502,9 @@ def test_modes_a_tool_set_do_not_stop_a_dry_run(ws: Path, tmp_path: Path) -> Non
     assert (ws / "unreadable").read_text() == "s\n"
     for where in ("z", "shut", "sub"):
         os.chmod(ws / where, 0o700)
-    # the same in a run that is thrown away
-    _, name = reviewed(ws, "--dry-run", "rm -r z shut && " + LOCKS.replace("rm b.txt", "rm a.txt"))
+    # the same in a run that is thrown away, its copy of the workspace closed too
+    _, name = reviewed(ws, "--dry-run", "rm -r z shut && " + LOCKS.replace("rm b.txt", "rm a.txt")
+                       + ' && chmod 0 "$PWD"')
     assert cli("discard", name).returncode == 0
     assert not scratch_of(name).parent.exists()
 

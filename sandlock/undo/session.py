@@ -204,24 +204,29 @@ class Review:
         """Record each tree as the run left it; the run's name."""
         after = []
         for index, top in enumerate(self.trees):
-            if self.mode == DRY_RUN:
-                root = tree.open_root(self.copies[top])
-                field = "c"
-            else:
-                root = tree.open_root(top)
-                field = "key"
+            field = "c" if self.mode == DRY_RUN else "key"
+            # The tool may have closed its workspace itself (chmod 0): opened for the scan.
+            root, shut = tree.opened_root(self.copies[top] if self.mode == DRY_RUN else top)
             try:
                 # The copy is sandlock's once the tool is gone: what the tool closed to this
                 # uid is opened for good, the tool's modes recorded (and applied).
                 closed = tree.open_up(root, files=True) if self.mode == DRY_RUN else {}
+                if shut is not None:
+                    closed[""] = shut
                 after.append(tree.scan(root, self.before[index], field))
                 for rel, mode in closed.items():
                     after[-1][rel]["m"] = mode
+                if shut is not None and self.mode != DRY_RUN:
+                    tree.closed_as(after[-1][""], shut)  # as the tool left it, and put back
+                    os.fchmod(root, shut)
+                    shut = None
                 if self.mode == DRY_RUN:
                     _hash_originals(top, self.before[index], after[-1])
             except OSError as exc:
                 raise UndoError(f"cannot read {top!r} after the run: {exc}") from None
             finally:
+                if shut is not None and self.mode != DRY_RUN:
+                    os.fchmod(root, shut)
                 os.close(root)
         runs = record.open_base(record.runs_path())
         try:
@@ -341,10 +346,15 @@ def rollback(name: str) -> int:
 def _sync(top: str, expect: tree.Manifest, writes: list[tuple[str, tree.Entry]],
           deletes: list[str], source: int, field: str, tool_made: bool) -> None:
     try:
-        target = tree.open_root(top)
+        # A rollback's root may be closed to this uid (a tool's chmod 0 of its workspace):
+        # opened for the moment; it gets its recorded mode, or the one it had on a failure.
+        target, shut = tree.opened_root(top) if not tool_made else (tree.open_root(top), None)
         try:
-            tree.sync(target, expect, writes, deletes, source, field, tool_made)
+            tree.sync(target, expect, writes, deletes, source, field, tool_made, root_mode=shut)
+            shut = None
         finally:
+            if shut is not None:
+                os.fchmod(target, shut)
             os.close(target)
     except tree.UndoError as exc:
         raise type(exc)(f"{top}: {exc}") from None

@@ -93,6 +93,35 @@ def open_root(path: str) -> int:
         raise UndoError(f"cannot open {path!r} as a directory: {exc.strerror}") from None
 
 
+def opened_root(path: str) -> tuple[int, Optional[int]]:
+    """:func:`open_root`; where the directory's mode refuses this uid and the uid owns it
+    (a tool may chmod its own workspace), opened with read, write and search added for
+    the moment: the mode to put back once done (:func:`_put_back`), else None."""
+    try:
+        return open_root(path), None
+    except UndoError as refused:
+        try:
+            held = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            raise refused from None
+    try:
+        info = os.fstat(held)
+        if info.st_uid != os.geteuid():
+            raise UndoError(f"cannot open {path!r} as a directory: Permission denied")
+        mode = stat.S_IMODE(info.st_mode)
+        proc = f"/proc/self/fd/{held}"  # the directory held: no name to swap
+        os.chmod(proc, mode | 0o700)
+        return os.open(proc, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), mode
+    finally:
+        os.close(held)
+
+
+def closed_as(item: Entry, mode: int) -> None:
+    """Record ``item`` (a directory :func:`opened_root` opened) with the ``mode`` it had."""
+    item["m"] = mode
+    item["key"][4] = stat.S_IFMT(item["key"][4]) | mode
+
+
 def _names(fd: int) -> list[str]:
     with os.scandir(fd) as listing:
         return sorted(item.name for item in listing)
@@ -375,9 +404,10 @@ def _with_root(root: int) -> Iterator[tuple[str, int, str, os.stat_result]]:
     yield from walk(root)
 
 
-def conflicts(root: int, expect: Manifest, limit: int = 10) -> list[str]:
+def conflicts(root: int, expect: Manifest, limit: int = 10,
+              root_mode: Optional[int] = None) -> list[str]:
     """What differs between the tree below ``root`` and ``expect`` (by key), at most
-    ``limit`` lines."""
+    ``limit`` lines; ``root_mode``: the root's mode before :func:`opened_root` opened it."""
     out = []
     seen = set()
     for rel, _, _, info in _with_root(root):
@@ -385,7 +415,10 @@ def conflicts(root: int, expect: Manifest, limit: int = 10) -> list[str]:
         base = expect.get(rel)
         if base is None:
             out.append(f"{printable(rel)} was created")
-        elif not _same_object(base, info):
+        elif not rel and root_mode is not None and not (
+                base["key"][0] == info.st_ino and stat.S_IMODE(base["key"][4]) == root_mode):
+            out.append(". was changed")
+        elif (rel or root_mode is None) and not _same_object(base, info):
             out.append(f"{printable(rel or '.')} was changed")
         if len(out) >= limit:
             return out
@@ -512,7 +545,8 @@ def _inside(rel: str, target: str, links: Mapping[str, str]) -> bool:
 
 
 def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
-         deletes: Sequence[str], source: int, field: str, tool_made: bool) -> None:
+         deletes: Sequence[str], source: int, field: str, tool_made: bool,
+         root_mode: Optional[int] = None) -> None:
     """Make the tree below ``target`` what ``writes`` and ``deletes`` say.
 
     1. Check: the tree is exactly ``expect`` (else :class:`Conflict`); every object
@@ -527,7 +561,7 @@ def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
        and times. The whole is not atomic: a failure here (a full disk cannot happen, as
        the data is written; a concurrent change can) leaves a part applied, and says so.
     """
-    found = conflicts(target, expect)
+    found = conflicts(target, expect, root_mode=root_mode)
     if found:
         raise Conflict("the tree changed since the run: " + "; ".join(found))
     # A rollback writes into directories the tool may have left closed to this uid: they
