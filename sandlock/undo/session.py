@@ -217,9 +217,7 @@ class Review:
                 for rel, mode in closed.items():
                     after[-1][rel]["m"] = mode
                 if shut is not None and self.mode != DRY_RUN:
-                    tree.closed_as(after[-1][""], shut)  # as the tool left it, and put back
-                    os.fchmod(root, shut)
-                    shut = None
+                    tree.closed_as(after[-1][""], shut)  # as the tool left it (put back below)
                 if self.mode == DRY_RUN:
                     _hash_originals(top, self.before[index], after[-1])
             except OSError as exc:

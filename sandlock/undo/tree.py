@@ -96,24 +96,11 @@ def open_root(path: str) -> int:
 def opened_root(path: str) -> tuple[int, Optional[int]]:
     """:func:`open_root`; where the directory's mode refuses this uid and the uid owns it
     (a tool may chmod its own workspace), opened with read, write and search added for
-    the moment: the mode to put back once done (:func:`_put_back`), else None."""
+    the moment (:func:`_open_owned`): the mode to put back once done, else None."""
     try:
-        return open_root(path), None
-    except UndoError as refused:
-        try:
-            held = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            raise refused from None
-    try:
-        info = os.fstat(held)
-        if info.st_uid != os.geteuid():
-            raise UndoError(f"cannot open {path!r} as a directory: Permission denied")
-        mode = stat.S_IMODE(info.st_mode)
-        proc = f"/proc/self/fd/{held}"  # the directory held: no name to swap
-        os.chmod(proc, mode | 0o700)
-        return os.open(proc, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), mode
-    finally:
-        os.close(held)
+        return _open_owned(None, path, _DIR, 0o700)
+    except OSError as exc:
+        raise UndoError(f"cannot open {path!r} as a directory: {exc.strerror}") from None
 
 
 def closed_as(item: Entry, mode: int) -> None:
@@ -127,7 +114,8 @@ def _names(fd: int) -> list[str]:
         return sorted(item.name for item in listing)
 
 
-def _open_owned(parent: int, name: str, flags: int, need: int) -> tuple[int, Optional[int]]:
+def _open_owned(parent: Optional[int], name: str, flags: int,
+                need: int) -> tuple[int, Optional[int]]:
     """``name`` in ``parent`` opened with ``flags`` (never through a link), and None; or,
     where its mode refuses that and this uid owns it, opened with the ``need`` bits added
     to its mode for the moment, and the mode to put back (os.fchmod) once done with it.
