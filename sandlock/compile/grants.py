@@ -46,6 +46,10 @@ TYPE_CHECKING = False  # typing costs milliseconds on every `sandlock run`
 if TYPE_CHECKING:
     from typing import Any, Iterable, Iterator, Optional, Sequence
 
+    #: A state directory as _check_state compares grants with it: (its name, its real
+    #: name, its own id or None, the ids above it), found once per compile, not per grant.
+    State = tuple[str, str, Optional[tuple[int, int]], set[tuple[int, int]]]
+
 #: Directories whose symbolic links are followed (with "/" itself, not recursively):
 #: root-owned system locations no policy may grant write on a directory of.
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
@@ -491,11 +495,13 @@ def _position(fd: int, mounts: dict[int, Mount]) -> tuple[str, str]:
     return mount.device, _join(mount.root, here[len(mount.point):])
 
 
-def _ancestry(path: str, mounts: dict[int, Mount]) -> tuple[
+def _ancestry(path: str, mounts: dict[int, Mount],
+              seen: Optional[dict[tuple[int, int], set[tuple[int, int]]]] = None) -> tuple[
         Optional[tuple[int, int]], set[tuple[int, int]], Optional[tuple[str, str]]]:
     """(the object's own id or None if missing, ids of its nearest existing directory
     and every ancestor of that, found by walking ``..`` from descriptors, and where the
-    object is or would be created in its filesystem (:func:`_position`))."""
+    object is or would be created in its filesystem (:func:`_position`)). ``seen``: as
+    for :func:`_up`."""
     own = None
     probe = path
     while True:
@@ -529,18 +535,27 @@ def _ancestry(path: str, mounts: dict[int, Mount]) -> tuple[
         if fd >= 0:
             os.close(fd)
         raise
-    return own, _up(fd), position
+    return own, _up(fd, seen), position
 
 
-def _up(fd: int) -> set[tuple[int, int]]:
+def _up(fd: int, seen: Optional[dict[tuple[int, int], set[tuple[int, int]]]] = None
+        ) -> set[tuple[int, int]]:
     """Ids of directory ``fd`` and of every directory above it, walking ``..`` from
     descriptors (across mount points, as the kernel's path walk and Landlock do).
-    Closes ``fd``."""
+    Closes ``fd``. ``seen``: the walks of this check so far, by the id each started from;
+    a walk that reaches one of them takes its ids above from it (the state directories
+    of one user mostly share their ancestors: hundreds of walks would repeat them)."""
     ids: set[tuple[int, int]] = set()
+    walked: list[tuple[int, int]] = []
     try:
         info = os.fstat(fd)
         while True:
-            ids.add((info.st_dev, info.st_ino))
+            here = (info.st_dev, info.st_ino)
+            if seen is not None and here in seen:
+                ids |= seen[here]
+                break
+            ids.add(here)
+            walked.append(here)
             try:
                 parent_fd = os.open("..", _DIR, dir_fd=fd)
             except PermissionError:
@@ -559,6 +574,11 @@ def _up(fd: int) -> set[tuple[int, int]]:
                 break
     finally:
         os.close(fd)
+    if seen is not None:
+        above = ids - set(walked)
+        for here in reversed(walked):
+            above = above | {here}
+            seen[here] = above
     return ids
 
 
@@ -665,7 +685,8 @@ class WriteCheck:
         try:
             if self._protected is None:
                 self._mounts = read_mounts()
-                objects = [(where, what, *_ancestry(where, self._mounts))
+                seen: dict[tuple[int, int], set[tuple[int, int]]] = {}
+                objects = [(where, what, *_ancestry(where, self._mounts, seen))
                            for where, what in self._trusted()]
                 self._protected = objects + _policy_links(self._policy_files, self._mounts)
                 self._hard = _hard_links(self._policy_files)
@@ -1024,7 +1045,7 @@ def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
     checker = WriteCheck(policy_files)
     secrets: Optional[SecretCheck] = None
     copies: Optional[CopyCheck] = None
-    states: Optional[list[tuple[str, Optional[tuple[int, int]], set[tuple[int, int]]]]] = None
+    states: Optional[list[State]] = None
     for path, rights in paths:
         got = resolve(path)
         if _witness is not None:
@@ -1042,7 +1063,8 @@ def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
                 secrets.check(path, got)
                 if states is None:
                     try:
-                        states = [(where, *_placed(where)) for where in _state_dirs()]
+                        seen: dict[tuple[int, int], set[tuple[int, int]]] = {}
+                        states = [_state(where, seen) for where in _state_dirs()]
                     except Unjudgeable as exc:
                         raise GrantError(path, f"{exc}: sandlock refuses every grant until "
                                                "it can read it") from None
@@ -1052,7 +1074,12 @@ def each_rule(paths: Sequence[tuple[str, int]], write_rights: int,
             got.close()
 
 
-def _placed(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]]]:
+def _state(where: str, seen: dict[tuple[int, int], set[tuple[int, int]]]) -> State:
+    return (where, os.path.realpath(where), *_placed(where, seen))
+
+
+def _placed(path: str, seen: Optional[dict[tuple[int, int], set[tuple[int, int]]]] = None
+            ) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]]]:
     """(``path``'s own id or None if missing, ids of its nearest existing directory and of
     every one above), as :func:`_ancestry` finds them, without placing it among mounts."""
     probe = path
@@ -1066,22 +1093,19 @@ def _placed(path: str) -> tuple[Optional[tuple[int, int]], set[tuple[int, int]]]
                 return None, set()
             probe = parent
     info = os.fstat(fd)
-    return ((info.st_dev, info.st_ino) if probe == path else None), _up(fd)
+    return ((info.st_dev, info.st_ino) if probe == path else None), _up(fd, seen)
 
 
-def _check_state(path: str, got: Resolved,
-                 states: Sequence[tuple[str, Optional[tuple[int, int]], set[tuple[int, int]]]]
-                 ) -> None:
+def _check_state(path: str, got: Resolved, states: Sequence[State]) -> None:
     """Refuse a read or exec grant that is, covers or lies inside a state directory: its
     cached plans and records hold other runs' policy texts, paths and ``--var`` values
     (write grants there are refused by WriteCheck, with the mounts). By ids, walking
     ``..`` from descriptors; not among mounts: a bind mount of the state directory below
     a read grant is not looked for (where the mounts cannot be placed, a chroot, every
     read grant on its filesystem would be refused)."""
-    for where, own, ancestors in states:
+    for where, real, own, ancestors in states:
         # By ids, and by the names (a directory the launcher cannot search, made so by a
         # tool of the same uid, hides the ids below it; the grant's own path is real).
-        real = os.path.realpath(where)
         covers = got.is_dir and (got.chain[-1] in ancestors or _within(real, got.canonical))
         if covers or own is not None and own in got.chain or _within(got.canonical, real):
             raise GrantError(path, (
