@@ -542,20 +542,20 @@ def _up(fd: int, seen: Optional[dict[tuple[int, int], set[tuple[int, int]]]] = N
         ) -> set[tuple[int, int]]:
     """Ids of directory ``fd`` and of every directory above it, walking ``..`` from
     descriptors (across mount points, as the kernel's path walk and Landlock do).
-    Closes ``fd``. ``seen``: the walks of this check so far, by the id each started from;
-    a walk that reaches one of them takes its ids above from it (the state directories
+    Closes ``fd``. ``seen``: the ids above each directory the walks of this check passed
+    so far; a walk that reaches one of them takes them from there (the state directories
     of one user mostly share their ancestors: hundreds of walks would repeat them)."""
     ids: set[tuple[int, int]] = set()
     walked: list[tuple[int, int]] = []
     try:
         info = os.fstat(fd)
         while True:
-            here = (info.st_dev, info.st_ino)
-            if seen is not None and here in seen:
-                ids |= seen[here]
+            at = (info.st_dev, info.st_ino)
+            if seen is not None and at in seen:
+                ids |= seen[at]
                 break
-            ids.add(here)
-            walked.append(here)
+            ids.add(at)
+            walked.append(at)
             try:
                 parent_fd = os.open("..", _DIR, dir_fd=fd)
             except PermissionError:
@@ -576,9 +576,9 @@ def _up(fd: int, seen: Optional[dict[tuple[int, int], set[tuple[int, int]]]] = N
         os.close(fd)
     if seen is not None:
         above = ids - set(walked)
-        for here in reversed(walked):
-            above = above | {here}
-            seen[here] = above
+        for at in reversed(walked):
+            above = above | {at}
+            seen[at] = above
     return ids
 
 
