@@ -180,6 +180,7 @@ def new_threads(before: set[threading.Thread], settle: float = 10.0) -> list[str
 
 def test_no_allow_rules_import_nothing_of_the_network_layer(tmp_path: Path) -> None:
     """The fast path is unchanged: no netrules, proxy or supervisor import, no thread."""
+    require_abi(4, "a TCP port grant")
     policy = write_policy(tmp_path, 'version = 1\nextends = ["base"]\n'
                           '[filesystem]\nexec = ["/usr/bin/true"]\n[network]\nconnect = [443]\n')
     code = textwrap.dedent(f"""
