@@ -291,6 +291,17 @@ GUARDS: tuple[Guard, ...] = (
           "            2 <= len(args) <= 3 and all(type(a) is str for a in args)) or not args:",
           ("tests/test_call_results.py::test_results_that_cost_time_or_depth_to_use_are_refused"
            "[bytearray(str, 'idna')]",)),
+    Guard("call() results: a class is handed out as a sealed stand-in", "sandlock/api/unpickle.py",
+          "            return _stand_in(cls) if check is None else _checked(cls, check)",
+          "            return cls if check is None else _checked(cls, check)",
+          ("tests/test_call_results.py::test_a_result_cannot_change_a_class_of_the_caller"
+           "[pathlib-PosixPath]",)),
+    Guard("call() results: a trusted type is handed out as a sealed stand-in",
+          "sandlock/api/unpickle.py",
+          "            return _stand_in(self.trusted[module, name])",
+          "            return self.trusted[module, name]",
+          ("tests/test_call_results.py::test_a_result_cannot_change_a_class_of_the_caller"
+           "[api_tools-Point]",)),
     Guard("write grants: the directories a policy file's name leaves by '..'",
           "sandlock/compile/grants.py",
           '                        climbed.append(("/" + "/".join(canon), os.dup(parent)))',

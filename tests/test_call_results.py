@@ -9,9 +9,11 @@ importing or looking anything up on the tool's behalf.
 from __future__ import annotations
 
 import fractions
+import os
 import pickle
 import resource
 import struct
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -149,3 +151,55 @@ def test_only_exceptions_are_raised_again(box: sandlock.Sandbox, kind: str) -> N
         assert kind in str(exc)
     else:
         raise AssertionError("no error")
+
+
+
+#: An agent process: one call() whose tool sends BLOB (argv[1], hex) as its result, then
+#: what the caller's class NAME of MODULE (argv[2], argv[3]) and its paths look like.
+_AGENT = """
+import sys, pathlib
+import sandlock, api_tools
+blob, module, name, read = bytes.fromhex(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+cls = getattr(__import__(module), name)
+before = dict(vars(cls))
+with sandlock.Sandbox({"extends": ["python"], "filesystem": {"read": [read]}},
+                      trusted_types=[api_tools.Point]) as box:
+    try:
+        box.call(api_tools.reply, blob)
+        print("rebuilt")
+    except sandlock.CallError:
+        print("refused")
+print("same" if dict(vars(cls)) == before else "changed", str(pathlib.Path("/a/b")))
+"""
+
+
+def _set_on_class(module: str, name: str, attribute: str, value: str) -> bytes:
+    """GLOBAL module.name, then BUILD (None, {attribute: value}): setattr on what the
+    unpickler handed out for the name; then the result 1."""
+    key, text = attribute.encode(), value.encode()
+    return (b"\x80\x02" + _global(module, name) + b"N}X" + struct.pack("<I", len(key)) + key
+            + b"X" + struct.pack("<I", len(text)) + text + b"s\x86b0K\x01.")
+
+
+@pytest.mark.parametrize("module, name", [
+    ("pathlib", "PosixPath"), ("pathlib", "Path"), ("pathlib", "PurePosixPath"),
+    ("pathlib", "PurePath"), ("uuid", "UUID"), ("datetime", "date"),
+    ("api_tools", "ToolFailed"),  # an exception class already imported
+    ("api_tools", "Point"),  # a trusted type
+])
+def test_a_result_cannot_change_a_class_of_the_caller(module: str, name: str) -> None:
+    """BUILD applied to a class the unpickler handed out is setattr on the caller's own
+    class: ``PosixPath._str`` made every path of the agent, its policies and its own
+    writes included, one path the tool chose."""
+    blob = _set_on_class(module, name, "_str", "/tmp/chosen-by-the-tool")
+    out = subprocess.run([sys.executable, "-c", _AGENT, blob.hex(), module, name, TESTS],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), TESTS))})
+    assert out.stdout.split() == ["refused", "same", "/a/b"], out.stderr
+
+
+def test_a_class_is_no_result(box: sandlock.Sandbox) -> None:
+    """A class comes back as nothing at all (the caller would get the stand-in the
+    unpickler made for it, not the class), and says so."""
+    error = _refused(box, pickle.dumps([Path], 5))
+    assert "a class is not data" in str(error)

@@ -128,6 +128,33 @@ def _checked(cls: type, check: Callable[[type, tuple[Any, ...]], Any]) -> Callab
     return construct
 
 
+class _Sealed(type):
+    """The type of a class's stand-in: attributes cannot be set on it (BUILD, handed a
+    class, is setattr on it), and calling it builds an instance of the real class."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:  # REDUCE: the class called
+        return type.__getattribute__(cls, "_real")(*args, **kwargs)
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        raise _Refused(f"setting {name!r} on the class {cls.__qualname__}")
+
+    def __delattr__(cls, name: str) -> None:
+        raise _Refused(f"deleting {name!r} of the class {cls.__qualname__}")
+
+
+def _stand_in(cls: type) -> type:
+    """What a result gets for the class ``cls``, never the class itself: the pickle's BUILD
+    opcode, applied to a class with no ``__setstate__``, sets its attributes, in the
+    caller's process (``PosixPath._str``: every path of the agent one path the tool
+    chose). NEWOBJ makes an instance of ``cls`` through it, REDUCE calls ``cls``."""
+    def __new__(stand_in: type, *args: Any, **kwargs: Any) -> Any:  # NEWOBJ
+        return cls.__new__(cls, *args, **kwargs)
+
+    return _Sealed(cls.__name__, (), {"__new__": __new__, "_real": cls,
+                                      "__module__": cls.__module__,
+                                      "__qualname__": cls.__qualname__})
+
+
 def _imported_exception(module: str, name: str) -> Optional[type]:
     """The exception class ``module.name`` if that module is already imported; read
     from namespaces only (no getattr: a module's ``__getattr__`` may import)."""
@@ -154,6 +181,8 @@ def _check_depth(value: Any) -> None:
             raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
         if seen.get(id(item), -1) >= depth:
             continue
+        if type(item) is _Sealed:  # a class as a value: the caller would get a stand-in
+            raise _Refused(f"the class {item.__qualname__} (a class is not data)")
         seen[id(item)] = depth
         if isinstance(item, dict):
             children: Iterable[Any] = (*item.keys(), *item.values())
@@ -186,17 +215,19 @@ class _Unpickler(pickle.Unpickler):
         self.trusted = trusted
 
     def find_class(self, module: str, name: str) -> Any:
+        """A stand-in or a checked constructor for the class the bytes name; never the
+        class: the bytes may apply BUILD to whatever this returns."""
         if (module, name) in self.trusted:
-            return self.trusted[module, name]
+            return _stand_in(self.trusted[module, name])
         if name in _SAFE_GLOBALS.get(module, ()):
             import importlib
 
             cls = getattr(importlib.import_module(module), name)
             check = _CHECKS.get((module, name))
-            return cls if check is None else _checked(cls, check)
+            return _stand_in(cls) if check is None else _checked(cls, check)
         found = _imported_exception(module, name)
         if found is not None:
-            return found
+            return _stand_in(found)
         raise _Untrusted(f"{module}.{name}")
 
     def load(self) -> Any:
