@@ -302,6 +302,17 @@ GUARDS: tuple[Guard, ...] = (
           "            return self.trusted[module, name]",
           ("tests/test_call_results.py::test_a_result_cannot_change_a_class_of_the_caller"
            "[api_tools-Point]",)),
+    Guard("hook: the rewritten command never names sandlock relative to the project",
+          "sandlock/integrations/shell_rules.py",
+          '    if os.path.isabs(script) and os.path.basename(script) == "sandlock" \\',
+          '    if os.path.basename(os.path.abspath(script)) == "sandlock" \\',
+          ("tests/test_hook_claude_code.py::"
+           "test_the_rewritten_command_never_names_sandlock_relative_to_the_project[sandlock]",)),
+    Guard("hook: the single-file binary names its stub, not its unpacked program",
+          "sandlock/integrations/shell_rules.py",
+          '    if getattr(sys, "frozen", False):',
+          "    if False:",
+          ("tests/test_hook_claude_code.py::test_the_single_file_binary_names_its_stub",)),
     Guard("write grants: the directories a policy file's name leaves by '..'",
           "sandlock/compile/grants.py",
           '                        climbed.append(("/" + "/".join(canon), os.dup(parent)))',

@@ -8,6 +8,7 @@ other than the checkout, as a user dropping the file on a machine would.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -144,3 +145,32 @@ def test_binary_concurrent_first_runs_share_one_unpacked_copy(workspace: Path,
         entries = sorted(p.name for p in unpacked.iterdir())
         assert len(entries) == 1 and not entries[0].startswith("."), entries
         assert oct(unpacked.stat().st_mode & 0o777) == "0o700"
+
+
+def test_binary_hook_starts_this_binary_not_a_file_of_the_project(tmp_path: Path,
+                                                                  cache: dict[str, str]) -> None:
+    """Claude Code runs the hook as ``sandlock hook ...`` from the project: the binary's
+    argv[0] is the bare name. The rewritten command named ``<project>/sandlock``, a file
+    a tool may write (or a cloned repository holds), and Claude Code ran it unconfined.
+    The rewritten command must start this binary, and work."""
+    require_abi(1, "filesystem confinement")
+    project = tmp_path / "project"
+    project.mkdir()
+    marker = tmp_path / "ran-unconfined"
+    planted = project / "sandlock"
+    planted.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    planted.chmod(0o755)
+    (project / "notes.md").write_text("inside\n")
+    event = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash",
+                        "tool_input": {"command": "cat notes.md"}})
+    env = {"PATH": "/usr/bin:/bin", **cache}
+    hook = subprocess.run(["sandlock", "hook", "claude-code", "--policy", "shell", "--var",
+                           f"workspace={project}"], executable=str(BINARY), cwd=project,
+                          input=event, env=env, capture_output=True, text=True, timeout=120)
+    assert hook.returncode == 0, hook.stderr
+    command = json.loads(hook.stdout)["hookSpecificOutput"]["updatedInput"]["command"]
+    assert not command.startswith(str(planted)), command
+    ran = subprocess.run(["/bin/sh", "-c", command], cwd=project, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert not marker.exists()
+    assert (ran.returncode, ran.stdout) == (0, "inside\n"), ran.stderr

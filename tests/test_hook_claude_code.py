@@ -19,6 +19,7 @@ from typing import Any, Optional
 import pytest
 from conftest import REPO
 
+import sandlock
 from sandlock.integrations import claude_code, shell_rules
 
 SECRET = "top secret"
@@ -226,3 +227,34 @@ def test_the_example_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "  water the plants" in done.stdout and "api-key: Permission denied" in done.stdout
     assert "sk-not-for-tools" not in done.stdout
+
+
+@pytest.mark.parametrize("argv0", ["sandlock", "./sandlock", "bin/sandlock"])
+def test_the_rewritten_command_never_names_sandlock_relative_to_the_project(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv0: str) -> None:
+    """Claude Code starts the hook by a bare name from the project directory, which its
+    tools may write: a ``sandlock`` there, named by the rewritten command, ran unconfined."""
+    planted = tmp_path / argv0
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text("#!/bin/sh\n")
+    planted.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [argv0, "hook", "claude-code"])
+    head = shell_rules.sandlock_argv()
+    assert head == [sys.executable, "-P", "-m", "sandlock"]
+
+
+def test_the_single_file_binary_names_its_stub(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frozen, the interpreter is the unpacked program (no ``-P``, no ``-m``): the
+    rewritten command starts the stub by the real path it set, or is refused."""
+    stub = tmp_path / "sandlock"
+    stub.write_text("#!/bin/sh\n")
+    stub.chmod(0o755)
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "argv", ["sandlock"])
+    monkeypatch.setenv("SANDLOCK_STUB", str(stub))
+    assert shell_rules.sandlock_argv() == [str(stub)]
+    monkeypatch.delenv("SANDLOCK_STUB")
+    with pytest.raises(sandlock.SandlockError, match="single-file binary"):
+        shell_rules.sandlock_argv()

@@ -200,12 +200,24 @@ def run_arguments(choice: Choice, variables: Mapping[str, str], command: str,
 
 
 def sandlock_argv() -> list[str]:
-    """How the rewritten command starts sandlock: this same sandlock. The console
-    script by its absolute path when that is what runs; otherwise this interpreter with
-    ``-P`` (the working directory, which a tool may write, is not put on the import
-    path) and ``-m sandlock``."""
-    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if os.path.basename(script) == "sandlock" and os.access(script, os.X_OK):
+    """How the rewritten command starts sandlock: this same sandlock, never by a name
+    relative to the working directory (the project, which tools may write: a
+    ``./sandlock`` there would run unconfined). The single-file binary by the real path
+    its stub sets; the console script by its absolute path when that is what runs;
+    otherwise this interpreter with ``-P`` (the working directory is not put on the
+    import path) and ``-m sandlock``. SandlockError when the binary cannot tell."""
+    if getattr(sys, "frozen", False):
+        from ..compile.grants import ENV_STUB
+
+        stub = os.environ.get(ENV_STUB, "")
+        if os.path.isabs(stub) and os.access(stub, os.X_OK):
+            return [stub]
+        raise SandlockError(f"this sandlock program was not started by its single-file "
+                            f"binary ({ENV_STUB} names none): the rewritten command "
+                            "would not know which sandlock to run")
+    script = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if os.path.isabs(script) and os.path.basename(script) == "sandlock" \
+            and os.access(script, os.X_OK):
         return [script]
     return [sys.executable, "-P", "-m", "sandlock"]
 
