@@ -19,10 +19,16 @@ stdin/stdout, and starts the server only inside sandboxes, every time:
 
 Everything a server writes is hostile input (:mod:`.wire`): each message is bounded, parsed
 as JSON and classified by shape; a server that writes anything else on stdout is stopped
-and the calls waiting on it get an error. Its stderr reaches the gateway's stderr one
-escaped line at a time. Messages are relayed as the same JSON values, re-encoded, with the
-server-side ids replaced by the client's; requests from a server to the client (sampling,
-roots, elicitation) are answered "method not found" and not relayed.
+and the calls waiting on it get an error, and so is one that writes a message holding a key
+that reads as one of JSON-RPC's regardless of case (``ID`` beside or instead of ``id``): a
+client decoding keys that way (Go's encoding/json) reads another message than the gateway
+does. Its stderr reaches the gateway's stderr one escaped line at a time. A message is
+relayed rebuilt from its own members, re-encoded: a response from its ``result`` or
+``error``, under the client's id; a notification from its ``method`` and ``params``, in
+either direction; nothing else its sender added. Requests from a server to the client
+(sampling, roots, elicitation) are answered "method not found" and not relayed, and a
+server's message with a method and no id that is no MCP notification (``notifications/...``)
+is dropped.
 """
 
 from __future__ import annotations
@@ -52,9 +58,10 @@ MAX_STDERR_LINE = 2000
 START_TIMEOUT = 120.0
 #: How long a stopped instance gets to exit after its stdin closes, before it is killed.
 STOP_GRACE = 0.5
-#: The prefix of every notification MCP defines; a client's notification without it is
-#: dropped: a server that dispatches on the method alone would run a ``tools/call``
-#: sent as one, in the listing instance, under the listing policy.
+#: The prefix of every notification MCP defines; a notification without it is dropped,
+#: either way: a server that dispatches on the method alone would run a client's
+#: ``tools/call`` sent as one, in the listing instance, under the listing policy; a client
+#: that does would take a server's ``elicitation/create`` for a request from the gateway.
 NOTIFICATION = "notifications/"
 
 
@@ -168,12 +175,17 @@ class Instance:
                         slot.response = message
                         slot.done.set()
                 elif kind == "notification":
-                    self._notify_client(message)
+                    if message["method"].startswith(NOTIFICATION):
+                        self._notify_client(wire.relayed(message))
                 elif kind == "request":
                     self._send(wire.error(message["id"], wire.METHOD_NOT_FOUND,
                                           "the sandlock gateway relays no requests from a server"))
                 else:
-                    reason = "wrote a message that is not JSON-RPC on its stdout"
+                    twin = wire.twin(message)
+                    reason = ("wrote a message that is not JSON-RPC on its stdout" if twin is None
+                              else f"wrote a message holding {printable(repr(twin))[:100]}, which "
+                                   "a client reading keys regardless of case (Go's encoding/json) "
+                                   "reads as a JSON-RPC member")
                     break
         except wire.TooLarge as exc:
             reason = f"wrote {exc}"
@@ -358,7 +370,7 @@ class Gateway:
         if message["method"] == "notifications/initialized":
             return  # each instance gets its own from the gateway's handshake
         if self._listing is not None:
-            self._quietly(self._listing.notify, message)
+            self._quietly(self._listing.notify, wire.relayed(message))
 
     @staticmethod
     def _quietly(send: Callable[[dict[str, Any]], None], message: dict[str, Any]) -> None:

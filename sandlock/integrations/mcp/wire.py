@@ -111,9 +111,25 @@ def valid_id(value: object) -> TypeGuard[Id]:
     return isinstance(value, (int, str)) and not isinstance(value, bool)
 
 
+#: The members of a JSON-RPC message (https://www.jsonrpc.org/specification#request_object).
+MEMBERS = frozenset({"jsonrpc", "id", "method", "params", "result", "error"})
+
+
+def twin(message: object) -> Optional[str]:
+    """A key of ``message`` that is none of JSON-RPC's :data:`MEMBERS` but reads as one
+    regardless of case (``ID``, ``Method``, ``re\u017fult``), or None. A peer decoding keys
+    that way (Go's encoding/json: the last one wins) reads another message than this module
+    does: ``{"method": "notifications/message", "ID": 7, "METHOD": null, "result": ...}``
+    is a notification here, and there the response to its request 7."""
+    if not isinstance(message, dict):
+        return None
+    return next((key for key in message if key not in MEMBERS and key.casefold() in MEMBERS), None)
+
+
 def kind(message: object) -> str:
-    """``request``, ``notification``, ``response`` or ``invalid``, by shape alone."""
-    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+    """``request``, ``notification``, ``response`` or ``invalid``, by shape alone; a message
+    holding a :func:`twin` is ``invalid``: it is another message to a case-blind reader."""
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or twin(message) is not None:
         return "invalid"
     method = message.get("method")
     if method is not None:
@@ -158,3 +174,9 @@ def answer(id: Id, response: dict[str, Any]) -> dict[str, Any]:
     if "error" in response:
         return {"jsonrpc": "2.0", "id": id, "error": response["error"]}
     return {"jsonrpc": "2.0", "id": id, "result": response["result"]}
+
+
+def relayed(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` (a checked :func:`kind` ``notification``) as the gateway passes it on:
+    its ``method`` and ``params`` only, nothing else its sender added at the top level."""
+    return notification(message["method"], message.get("params"))
