@@ -481,7 +481,11 @@ class Sandbox:
                session: Any = None) -> tuple[_Call, tuple[int, int, int]]:
         """Open the caller's ends of the pipes ``stdio`` asks for and submit ``cmd``;
         on failure nothing stays open. Returns the call and the caller's ends.
-        ``session`` (the call's credential placeholders) is closed when the call ends."""
+        ``session`` (the call's credential placeholders) is closed when the call ends.
+        ``timeout`` may shorten the policy's limit, never lift it: the smaller applies."""
+        ceiling = self.policy.limits.timeout  # the policy's promise: its tree dies by then
+        if timeout is None or (ceiling is not None and ceiling < timeout):
+            timeout = ceiling
         try:
             fields: dict[str, Any] = {"trace": self._trace_rules()} if trace else {}
             mine, theirs = _open_stdio(stdio)
@@ -766,9 +770,9 @@ class Sandbox:
         """Start ``argv`` confined and return a :class:`Process` (like subprocess.Popen).
 
         Raises :class:`ExecError` (126/127) or :class:`SetupError` (125) if it could
-        not start. ``timeout`` (or the policy's) is a hard limit enforced by the
-        supervisor; ``env`` adds variables to those the policy passes. ``trace``: as
-        for :meth:`run` (``Process.result.denials`` once it has ended).
+        not start. ``timeout`` (the policy's without it; never more) is a hard limit
+        enforced by the supervisor; ``env`` adds variables to those the policy passes.
+        ``trace``: as for :meth:`run` (``Process.result.denials`` once it has ended).
         ``credentials``: as for :meth:`run`.
         """
         timeout = _check_timeout(timeout)

@@ -137,7 +137,9 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
             from ..compile.grants import GrantError
 
             try:
-                return cached.entry.compile()
+                compiled = cached.entry.compile()
+                compiled.source_bytes = data  # what the entry's key holds: what runs
+                return compiled
             except GrantError:
                 pass  # the full path reports it with the policy's line
         loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data, accept)

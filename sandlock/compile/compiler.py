@@ -81,6 +81,10 @@ class Compiled:
     #: The Landlock plan the ruleset was built from (what the compiled-policy cache stores;
     #: None when the plan was itself read back from it, or sent to a fork server).
     landlock: Optional[ruleset.Plan] = None
+    #: A plan read back from the cache has no policy: the bytes of the file ``source``
+    #: names that the cache's key was computed from, set by :mod:`sandlock.cli.launch`
+    #: (an instance attribute only then; see :meth:`policy_bytes`).
+    source_bytes: Optional[bytes] = None
 
     def __init__(self, policy: Optional[Policy], abi: int, gaps: tuple[ruleset.Gap, ...],
                  ruleset_fd: int, bpf: bytes, rlimits: tuple[tuple[int, int], ...],
@@ -120,6 +124,15 @@ class Compiled:
         accepted = getattr(self.policy, "accept", ())
         return [f"{gap} [accepted: {gap.name}]" if getattr(gap, "name", "") in accepted
                 else str(gap) for gap in self.gaps]
+
+    def policy_bytes(self) -> Optional[bytes]:
+        """The policy's own bytes (the file ``source`` names; not what it extends) exactly
+        as compiled into this plan, for the run log's ``policy_sha256``; None for a policy
+        given as a dict. Never the file read again: it may have been replaced since."""
+        if self.policy is None:
+            return self.source_bytes
+        text = self.policy.own_text()
+        return None if text is None else text.encode("utf-8")
 
     def run_group_limit(self) -> Optional[int]:
         """``pids.max`` of the pids cgroup each run of this policy gets, or None when runs

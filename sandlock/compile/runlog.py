@@ -5,8 +5,9 @@ the process that makes a :class:`sandlock.Sandbox`) turns it on, in
 ``<home>/.cache/sandlock/log`` (``<home>`` from the password database, as the cache
 key: :func:`sandlock.compile.cachekey.key_directory`); ``SANDLOCK_LOG=/abs/dir`` puts
 it in that directory. Each run then appends to ``runs.jsonl`` one record: time, user,
-policy file and the SHA-256 of its bytes, command, exit status, and the run's
-reports — what the policy refused when traced, network refusals, credential-route
+policy file and the SHA-256 of its bytes as the run compiled them (never as the file is
+when the run ends: it may have been replaced meanwhile), command, exit status, and the
+run's reports — what the policy refused when traced, network refusals, credential-route
 refusals (method, path, rule: the route server's own lines, which never hold the
 secret). Every string is written JSON-escaped (``ensure_ascii``): a tool's file or
 command name cannot add a line or a terminal escape to the log.
@@ -185,15 +186,11 @@ def _clip(value: object) -> object:
     return value
 
 
-def _policy_hash(source: str) -> Optional[str]:
+def _policy_hash(data: Optional[bytes]) -> Optional[str]:
+    """The SHA-256 of the policy bytes a run compiled, None without them (a dict)."""
     import hashlib
 
-    from ..policy.readfile import read_policy_bytes
-
-    try:
-        return hashlib.sha256(read_policy_bytes(source)).hexdigest()
-    except (OSError, ValueError):
-        return None
+    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 @contextmanager
@@ -228,10 +225,12 @@ def ready() -> None:
 
 
 def append(source: str, command: Sequence[str], exit_code: int, *,
-           refused: Sequence[str] = (), reports: Sequence[str] = (),
-           credentials: Sequence[str] = (), api: bool = False,
+           policy_sha256: Optional[str] = None, refused: Sequence[str] = (),
+           reports: Sequence[str] = (), credentials: Sequence[str] = (), api: bool = False,
            not_enforced: Sequence[str] = ()) -> None:
     """Append one record for a finished run (no-op while the log is off).
+    ``policy_sha256``: of the policy bytes the run compiled, which only the caller has
+    (the file ``source`` names, read again now, may have been replaced during the run).
     ``not_enforced``: the protections the run went without (best effort, or accepted)."""
     log_dir = directory()
     if log_dir is None:
@@ -253,7 +252,7 @@ def append(source: str, command: Sequence[str], exit_code: int, *,
             "seq": count + 1,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "user": user, "uid": os.geteuid(), "policy": _clip(source),
-            "policy_sha256": _policy_hash(source),
+            "policy_sha256": policy_sha256,
             "command": _clip(list(command)), "exit": exit_code,
             "refused": _clip(list(refused)), "reports": _clip(list(reports)),
             "credentials": _clip(list(credentials)), "api": api,
@@ -281,7 +280,8 @@ def log_run(compiled: Compiled, argv: Sequence[str], code: int, events: Sequence
     routes = None if api else compiled.routes
     credentials = tuple(getattr(routes, "events", ())) if routes is not None else ()
     try:
-        append(compiled.source, argv, code, refused=refused, api=api,
+        append(compiled.source, argv, code, policy_sha256=_policy_hash(compiled.policy_bytes()),
+               refused=refused, api=api,
                reports=[e for e in events if e not in credentials], credentials=credentials,
                not_enforced=compiled.warnings)
     except OSError as exc:

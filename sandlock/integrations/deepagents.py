@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SandlockBackend"]
 
-#: Seconds a command may run when neither the call nor the backend says otherwise.
+#: Seconds a command may run when neither the policy nor the backend sets a limit.
 DEFAULT_TIMEOUT = 120
 #: Characters of a command's output the model is shown; the rest is cut and said so.
 MAX_OUTPUT = 100_000
@@ -51,12 +51,16 @@ class SandlockBackend(BaseSandbox):
     ``Sandbox.run``'s ``env=``). deepagents' file tools run ``python3`` from ``PATH``:
     it must name an interpreter the policy grants (a venv's needs the venv profile;
     ``env={"PATH": "/usr/bin:/bin"}`` picks the system's).
+
+    A command's wall-clock limit is the policy's ``[limits] timeout``; ``timeout`` and
+    the model's own ``timeout`` argument may only shorten it (the smallest applies), and
+    :data:`DEFAULT_TIMEOUT` stands in only for a policy that sets none.
     """
 
     def __init__(self, workspace: str, *, policy: Optional[PolicyLike] = None,
                  registry: Optional[Registry] = None, sandbox: Optional[Sandbox] = None,
                  vars: Optional[Mapping[str, str]] = None, name: str = "shell",
-                 env: Optional[Mapping[str, str]] = None, timeout: float = DEFAULT_TIMEOUT,
+                 env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
                  max_output: int = MAX_OUTPUT) -> None:
         self.workspace = os.path.abspath(workspace)
         if policy is None and registry is None and sandbox is None:
@@ -81,7 +85,7 @@ class SandlockBackend(BaseSandbox):
         if not command or not isinstance(command, str):
             return ExecuteResponse(output="Error: the command must be a non-empty string.",
                                    exit_code=1)
-        limit = timeout if timeout else self.timeout
+        limit = self._limit(timeout)
         try:
             result = self.sandbox.run(["/bin/sh", "-c", command], cwd=self.workspace,
                                       stdout=PIPE, stderr=STDOUT, timeout=limit, env=self.env)
@@ -89,13 +93,22 @@ class SandlockBackend(BaseSandbox):
             return ExecuteResponse(output=f"[sandlock: {failure(exc)}]", exit_code=125)
         output = (result.stdout or b"").decode("utf-8", errors="replace")
         if result.outcome is Outcome.TIMED_OUT:
-            output += f"\n[sandlock: timed out after {limit} s; the command's processes were killed]"
+            output += f"\n[sandlock: timed out after {limit:g} s; the command's processes were killed]"
         elif result.outcome is Outcome.NOT_STARTED and result.error is not None:
             output += f"\n[sandlock: {failure(result.error)}]"
         truncated = len(output) > self.max_output
         if truncated:
             output = output[: self.max_output] + f"\n[sandlock: output cut at {self.max_output} characters]"
         return ExecuteResponse(output=output, exit_code=result.returncode, truncated=truncated)
+
+    def _limit(self, asked: Optional[int]) -> float:
+        """The command's wall-clock limit: the smaller of the policy's ``timeout`` and the
+        backend's (DEFAULT_TIMEOUT when neither is set), shortened to what the model
+        ``asked`` for, never lengthened (deepagents lets it ask for up to an hour, or 0
+        for "no limit": ignored). The model is told the limit that ended its command."""
+        given = (self.sandbox.policy.limits.timeout, self.timeout)
+        ceiling = min((limit for limit in given if limit), default=DEFAULT_TIMEOUT)
+        return min(ceiling, asked) if asked else ceiling
 
     def upload_files(self, files: list[tuple[str, bytes]]) -> list[FileUploadResponse]:
         """Each file written by a confined process (its parents made as needed)."""

@@ -198,6 +198,15 @@ class Policy:
     #: ``[mcp] isolation``: read only by the MCP gateway (:data:`MCP_ISOLATION`).
     mcp_isolation: str = "call"
 
+    def own_text(self) -> str | None:
+        """The policy's own TOML text (its last layer: the file ``source`` names, or the
+        text given) exactly as loaded; None for a policy given as a dict. Every layer it
+        extends is read from a file, so only its own can lack a text: ``inputs`` then
+        holds one entry fewer than ``layers``."""
+        if self.inputs and len(self.inputs) == len(self.layers):
+            return self.inputs[-1][1]
+        return None
+
     def with_compat(self, compat: Compat) -> Policy:
         from dataclasses import replace
 
