@@ -99,7 +99,8 @@ def test_shell_gets_exactly_the_command(name: str, template: str, tmp_path: Path
     line = json.loads(claude_code.answer(hook_input(command), rules, {}, prefix=["printf", "%s\\0"])
                       )["hookSpecificOutput"]["updatedInput"]["command"]
     args = bash(line, tmp_path).stdout.split("\0")[:-1]
-    assert args == ["run", "--policy", "shell", "--", "/bin/sh", "-c", "--", command]
+    kept = [arg for path in claude_code.kept_paths(os.getcwd()) for arg in ("--keep", path)]
+    assert args == ["run", *kept, "--policy", "shell", "--", "/bin/sh", "-c", "--", command]
 
 
 @pytest.mark.parametrize("data", [

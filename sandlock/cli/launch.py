@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..compile.compiler import Compiled
     from ..net.routes import Routes
     from ..policy.model import Policy
+    from ..undo.keep import Kept
     from ..undo.session import Review
 
 
@@ -176,9 +177,11 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
 def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
             best_effort: bool, argv: Sequence[str], *, tool: Optional[str] = None,
             policies: Optional[str] = None, accept: Sequence[str] = (),
-            review: Optional[Review] = None) -> int:
+            review: Optional[Review] = None, keep: Sequence[str] = ()) -> int:
     """Compile (:func:`compile_run`, the cache inside), then run the plan and wait; every
-    failure becomes a message and an exit code."""
+    failure becomes a message and an exit code. ``keep``: paths put back if the tool
+    changed them (:mod:`sandlock.undo.keep`; the run then fails)."""
+    kept: list[Kept] = []
     try:
         compiled = compile_run(policy, tool, policies, variables, timeout, best_effort, accept,
                                review)
@@ -195,13 +198,17 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
                 review.launched = True
             warn_gaps(compiled)
             log_ready()
+            if keep:
+                from ..undo.keep import keep as keep_path
+
+                kept += [keep_path(path) for path in keep]
             events: list[str] = []
 
             def report(line: str) -> None:  # kept for the run log (network refusals)
                 events.append(line)
                 say(line)
 
-            child = launcher.run(compiled, command, report=report)
+            child = launcher.run(compiled, command, report=report, keep=kept)
         finally:
             compiled.close()  # the ruleset descriptor: the child is done with it
             if compiled.routes is not None:
@@ -214,12 +221,35 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
         if child.returncode and not child.timed_out and needs_no_sandbox(argv):
             say(CHROMIUM_HINT)
         log_run(compiled, argv, int(child.returncode or 0), events)
+        if kept and put_back_kept(kept, child.kept):
+            return ExitCode.LAUNCHER
         return int(child.returncode or 0)
     except SandlockError as exc:
         say(str(exc))
         return int(exc.exit_code)
     except KeyboardInterrupt:
         return ExitCode.SIGNAL_BASE + 2
+    finally:
+        for each in kept:
+            each.close()
+
+
+def put_back_kept(kept: Sequence[Kept], watchdog_said: Sequence[str]) -> bool:
+    """After the run: say what the watchdog put back of the kept paths, and put back
+    what it could not (a watchdog killed before it did); True if anything had changed."""
+    from ..undo.keep import KeepError, put_back
+
+    said = [line[1:] for line in watchdog_said]
+    for each in kept:
+        try:
+            again = put_back(each)
+        except KeepError as exc:
+            again = str(exc)
+        if again is not None:
+            said.append(again)
+    for line in said:
+        say(line)
+    return bool(said)
 
 
 def log_ready() -> None:
@@ -345,10 +375,13 @@ OPTIONS: tuple[tuple[str, Optional[str], str], ...] = (
      "show the changes, then `sandlock apply RUN` or `sandlock discard RUN`."),
     ("--checkpoint", None, "Snapshot the write-granted directories first, so that "
      "`sandlock rollback RUN` can restore them."),
+    ("--keep", "PATH", "Put PATH back as it was if the tool changed it, and fail (repeatable; "
+     "the Claude Code hook keeps the project's .claude and .mcp.json)."),
 )
 SUMMARY = "Run COMMAND confined by a policy."
 USAGE = ("sandlock run (--policy FILE | --tool NAME --policies DIR) [--var K=V]... [--timeout D] "
-         "[--best-effort | --accept NAME...] [--dry-run | --checkpoint] -- CMD [ARGS]...")
+         "[--best-effort | --accept NAME...] [--dry-run | --checkpoint] [--keep PATH]... "
+         "-- CMD [ARGS]...")
 EXIT_CODES = ("Exit codes: the command's own; 128+N killed by signal N; 124 timeout;\n"
               "125 sandlock failed; 126 not executable (or exec denied); 127 not found.")
 
@@ -374,6 +407,7 @@ def main_run(args: Sequence[str]) -> int:
     given: dict[str, str] = {}
     pairs: list[str] = []
     accept: list[str] = []
+    keep: list[str] = []
     best_effort = False
     review = ""
     index = 0
@@ -412,6 +446,8 @@ def main_run(args: Sequence[str]) -> int:
         index += 1
         if name == "--var":
             pairs.append(value)
+        elif name == "--keep":
+            keep.append(value)
         elif name == "--accept":
             accept.append(value)
         else:
@@ -431,6 +467,7 @@ def main_run(args: Sequence[str]) -> int:
         return run_reviewed(review[2:], lambda under: execute(
             given.get("--policy"), variables, given.get("--timeout"), best_effort, argv,
             tool=given.get("--tool"), policies=given.get("--policies"), accept=accept,
-            review=under), say)
+            review=under, keep=keep), say)
     return execute(given.get("--policy"), variables, given.get("--timeout"), best_effort, argv,
-                   tool=given.get("--tool"), policies=given.get("--policies"), accept=accept)
+                   tool=given.get("--tool"), policies=given.get("--policies"), accept=accept,
+                   keep=keep)

@@ -46,10 +46,13 @@ if TYPE_CHECKING:
     from ..linux.signalgate import SignalGate, Signals
     from ..net.connect import Mediation
     from ..trace.record import Recorder
+    from ..undo.keep import Kept
 
 
 #: The longest single wait for the tool, in milliseconds (a longer timeout waits again).
 POLL_MAX_MS = 86_400_000
+#: Bytes of the watchdog's lines about the kept paths (one or two per path) read at most.
+MAX_KEPT_REPORT = 1 << 16
 #: Seconds a launcher waits for its watchdog's report once the tool was killed, before
 #: it kills the watchdog too (one the tool stopped, below Landlock ABI 6).
 WATCHDOG_GRACE = 2.0
@@ -128,7 +131,7 @@ def _child(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
 
 def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
               body: Optional[Callable[[], None]], report: int, launcher: int,
-              group: Optional[cgroups.Group]) -> None:
+              group: Optional[cgroups.Group], kept: Sequence[Kept] = ()) -> None:
     """The forked watchdog between the launcher and the tool: never returns.
 
     It leads a process group of its own (a kill of the launcher's group does not reach
@@ -137,8 +140,10 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
     the tool's pid then its wait status to ``report``, and once the tool has exited or
     the launcher has died (its pidfd is readable, however it died: SIGKILL included)
     kills and reaps every process left (the run's pids cgroup at once where there is
-    one), then exits. It runs no Python beyond this loop: every module it uses was
-    imported by the launcher before the fork.
+    one), puts back each ``kept`` path the tool changed (:mod:`sandlock.undo.keep`),
+    saying so after the status (on stderr when the launcher is gone), then exits. It
+    runs no Python beyond this loop: every module it uses was imported by the launcher
+    before the fork.
     """
     status = -1
     orphaned = False
@@ -191,8 +196,25 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
                     group.kill()  # the launcher removes it once told the status
             if _has_children():
                 reap_descendants()
+            if kept:
+                _put_back(kept, 2 if orphaned else report)
         finally:
             os._exit(0 if status >= 0 else ExitCode.LAUNCHER)
+
+
+def _put_back(kept: Sequence[Kept], out: int) -> None:
+    """Put back each kept path the tool changed (its tree is gone); one line on ``out``
+    for each, ``!`` first where it could not be."""
+    from ..undo.keep import KeepError, put_back
+
+    for each in kept:
+        try:
+            said, mark = put_back(each), " "
+        except KeepError as exc:
+            said, mark = str(exc), "!"
+        if said is not None:
+            line = f"sandlock: {said}" if out == 2 else mark + said
+            os.write(out, line.encode(errors="backslashreplace") + b"\n")
 
 
 def _drain(fd: int) -> None:
@@ -236,6 +258,8 @@ class Child:
         #: (pid, report fd) of the run's watchdog (:func:`_watchdog`), the tool's parent;
         #: None when the tool is this process's own child.
         self.watchdog = watchdog
+        #: What the watchdog said of the kept paths it put back (``!`` first: could not).
+        self.kept: list[str] = []
         self.pidfd = os.pidfd_open(pid) if watchdog is None else watchdog[1]
         self.returncode: Optional[int] = None
         self.timed_out = False
@@ -311,6 +335,14 @@ class Child:
             if not chunk:
                 break
             data += chunk
+        if len(data) == 4:  # then what it put back of the kept paths, until it exits
+            rest = b""
+            while len(rest) < MAX_KEPT_REPORT and poller.poll(int(WATCHDOG_GRACE * 1000)):
+                chunk = os.read(report, MAX_KEPT_REPORT - len(rest))
+                if not chunk:
+                    break
+                rest += chunk
+            self.kept = rest.decode(errors="backslashreplace").splitlines()
         os.waitpid(pid, 0)
         return int.from_bytes(data, "little", signed=True) if len(data) == 4 else int(signal.SIGKILL)
 
@@ -353,13 +385,15 @@ class Starting:
                  hook: Optional[Callable[[], None]] = None,
                  body: Optional[Callable[[], None]] = None,
                  steps: Optional[tuple[spec.Step, ...]] = None,
-                 signals: Optional[Signals] = None, watchdog: bool = False) -> None:
+                 signals: Optional[Signals] = None, watchdog: bool = False,
+                 keep: Sequence[Kept] = ()) -> None:
         """``steps``: the child's steps as a request carried them (checked by the
         caller); by default :func:`spec.child_steps` for ``compiled`` and ``cmd``.
         ``signals``: the signal gate's handler when another listener of the run carries it
         (:func:`carry_signals`); else a policy that needs the gate gets its own here.
         ``watchdog``: fork the tool from a watchdog (:func:`_watchdog`) that kills its
-        whole tree if this process dies."""
+        whole tree if this process dies; ``keep``: the paths it puts back once the tree
+        is gone."""
         # fsencode, not encode: argv and environment are bytes on Linux, and Python keeps
         # bytes that are not UTF-8 as surrogate escapes.
         env = {os.fsencode(k): os.fsencode(v) for k, v in cmd.env}
@@ -420,7 +454,7 @@ class Starting:
             os.close(self.errr)
             if watchdog:
                 os.close(self.report)
-                _watchdog(steps, ctx, errw, body, reportw, launcher, self.group)
+                _watchdog(steps, ctx, errw, body, reportw, launcher, self.group, keep)
             _child(steps, ctx, errw, body)
         os.close(errw)
         if reportw >= 0:
@@ -471,9 +505,10 @@ class Starting:
 
 def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
         forward_signals: bool = True, report: Optional[Callable[[str], None]] = None,
-        _mediation: Optional[Mediation] = None, recorder: Optional[Recorder] = None) -> Child:
+        _mediation: Optional[Mediation] = None, recorder: Optional[Recorder] = None,
+        keep: Sequence[Kept] = ()) -> Child:
     """Run ``cmd`` confined, as the launcher process: subreaper (for the run only), signal
-    forwarding, timeout.
+    forwarding, timeout; ``keep``: the paths its watchdog puts back (``Child.kept``).
 
     Returns the finished :class:`Child`; its ``returncode`` follows :class:`ExitCode`.
     ``report`` receives one line per network refusal (policies with ``[network] allow``),
@@ -494,8 +529,9 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
             assert isinstance(compiled.routes, Routes)  # the API's remote ones never come here
             with serving(compiled.routes, cmd) as routed_cmd:  # serving for this run only
                 return _mediated(compiled, routed_cmd, timeout, forward_signals, _mediation,
-                                 recorder, report)
-        return _mediated(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)
+                                 recorder, report, keep)
+        return _mediated(compiled, cmd, timeout, forward_signals, _mediation, recorder, report,
+                         keep)
     finally:
         # The run's tree is reaped by now. A caller that stayed a subreaper would adopt
         # every orphan of its other children for good, as zombies it never waits for.
@@ -507,7 +543,7 @@ def run(compiled: Compiled, cmd: Command, *, timeout: Optional[float] = None,
 
 def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
               _mediation: Optional[Mediation], recorder: Optional[Recorder],
-              report: Optional[Callable[[str], None]]) -> Child:
+              report: Optional[Callable[[str], None]], keep: Sequence[Kept] = ()) -> Child:
     """:func:`run`, through the host allowlist's proxy and connect gate when the policy has one."""
     if compiled.network is not None and _mediation is None:  # host allowlist (issue 7)
         from ..net.connect import Mediation
@@ -515,8 +551,8 @@ def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forwar
         # Mediation reads only ``.network`` of what it is given: the plan's
         with Mediation(compiled, report) as mediation:  # type: ignore[arg-type]  # proxy + connect gate
             return _run(compiled, mediation.command(cmd), timeout, forward_signals, mediation,
-                        recorder, report)
-    return _run(compiled, cmd, timeout, forward_signals, _mediation, recorder, report)
+                        recorder, report, keep)
+    return _run(compiled, cmd, timeout, forward_signals, _mediation, recorder, report, keep)
 
 
 def _hint(compiled: Compiled, cmd: Command, child: Child, report: Callable[[str], None],
@@ -541,8 +577,8 @@ def _hint(compiled: Compiled, cmd: Command, child: Child, report: Callable[[str]
 
 def _run(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
          _mediation: Optional[Mediation], recorder: Optional[Recorder],
-         report: Optional[Callable[[str], None]] = None) -> Child:
-    child = _run_child(compiled, cmd, timeout, forward_signals, _mediation, recorder)
+         report: Optional[Callable[[str], None]] = None, keep: Sequence[Kept] = ()) -> Child:
+    child = _run_child(compiled, cmd, timeout, forward_signals, _mediation, recorder, keep)
     if report is not None and recorder is None and child.returncode and child.signal is None \
             and not child.timed_out:
         _hint(compiled, cmd, child, report, _mediation)
@@ -550,7 +586,8 @@ def _run(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_sig
 
 
 def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
-               _mediation: Optional[Mediation], recorder: Optional[Recorder]) -> Child:
+               _mediation: Optional[Mediation], recorder: Optional[Recorder],
+               keep: Sequence[Kept] = ()) -> Child:
     if recorder is not None and _mediation is not None:
         # One listener per process: the connect gate rides on the recorder's (its filter,
         # the new-listener refusal included, goes first in the recorder's program).
@@ -573,7 +610,7 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
     old_wakeup = -1
     try:
         starting = Starting(compiled, cmd, stdio=(-1, -1, -1), hook=hook if hooks else None,
-                            signals=signals, watchdog=True)
+                            signals=signals, watchdog=True, keep=keep)
         if recorder is not None:
             recorder.start()  # before confirm(): the child's own execve is notified
         child = starting.confirm()

@@ -72,6 +72,25 @@ def parse(data: bytes) -> Call:
                 session if isinstance(session, str) else None)
 
 
+#: What Claude Code reads from a project that decides what it runs outside any sandbox:
+#: its settings (hooks, this one among them; permissions) and its project MCP servers.
+#: A policy that writes the project may write them: each rewritten command keeps them
+#: (``sandlock run --keep``: put back, and the command fails, if it changed them).
+KEPT = (".claude", ".mcp.json")
+
+
+def kept_paths(cwd: Optional[str]) -> list[str]:
+    """The :data:`KEPT` names in the project (``CLAUDE_PROJECT_DIR``, which Claude Code
+    sets for hooks) and in the call's working directory, when absolute."""
+    import os
+
+    places = [os.environ.get("CLAUDE_PROJECT_DIR") or "", cwd or ""]
+    out = []
+    for place in dict.fromkeys(os.path.normpath(p) for p in places if os.path.isabs(p)):
+        out += [os.path.join(place, name) for name in KEPT]
+    return out
+
+
 def answer(data: bytes, rules: Rules, variables: Mapping[str, str], *, ask: bool = False,
            prefix: Optional[Sequence[str]] = None) -> str:
     """The hook's JSON answer to ``data``: allow the call with its command rewritten.
@@ -80,7 +99,8 @@ def answer(data: bytes, rules: Rules, variables: Mapping[str, str], *, ask: bool
     call = parse(data)
     choice = rules.choose(call.command)
     updated = dict(call.tool_input)
-    updated["command"] = rewritten(choice, variables, call.command, prefix)
+    updated["command"] = rewritten(choice, variables, call.command, prefix,
+                                   keep=kept_paths(call.cwd))
     return json.dumps({"hookSpecificOutput": {
         "hookEventName": EVENT,
         "permissionDecision": "ask" if ask else "allow",

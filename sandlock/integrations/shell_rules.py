@@ -223,8 +223,9 @@ def sandlock_argv() -> list[str]:
 
 
 def rewritten(choice: Choice, variables: Mapping[str, str], command: str,
-              prefix: Optional[Sequence[str]] = None) -> str:
-    """The one shell line that runs ``command`` confined: ``shlex.join``, nothing
-    joined by hand."""
+              prefix: Optional[Sequence[str]] = None, keep: Sequence[str] = ()) -> str:
+    """The one shell line that runs ``command`` confined, each path of ``keep`` kept
+    (``--keep``): ``shlex.join``, nothing joined by hand."""
     head = list(sandlock_argv() if prefix is None else prefix)
-    return shlex.join([*head, "run", *run_arguments(choice, variables, command)])
+    kept = [arg for path in keep for arg in ("--keep", path)]
+    return shlex.join([*head, "run", *kept, *run_arguments(choice, variables, command)])

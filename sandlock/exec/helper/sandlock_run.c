@@ -128,8 +128,8 @@ static const char *const code_dirs[] = {"", "api", "cli", "compile", "exec", "in
  * those that always fall back (any option not listed falls back too). */
 static const char *const options_valued[] = {"--policy", "--var", "--timeout"};
 static const char *const options_flag[] = {"--best-effort"};
-static const char *const options_python[] = {"--tool", "--policies", "--accept", "--dry-run",
-                                             "--checkpoint", "-h", "--help"};
+static const char *const options_python[] = {"--tool",       "--policies", "--accept", "--dry-run",
+                                             "--checkpoint", "--keep",     "-h",       "--help"};
 
 static int debug;
 static int keyring_held; /* fetch_secret found the key in the keyring */

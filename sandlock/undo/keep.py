@@ -1,0 +1,193 @@
+"""Paths a run must leave as they were (``sandlock run --keep PATH``): read before the
+tool starts, compared once its whole process tree is gone, and put back if it changed.
+
+Landlock cannot deny a path inside a write grant, so a tool that may write a project
+may write the files in it that later decide what runs unconfined: the Claude Code hook's
+own configuration (``.claude/settings.json``: a hook there runs at the next session,
+outside any sandbox; or no sandlock hook at all). Such a path is kept: the run's
+watchdog, which outlives the launcher, compares it once the tool's tree is reaped and,
+if anything differs (a byte, a mode, a link, a new or missing entry), moves what the
+tool left aside (``NAME.sandlock-changed-XXXXXXXX``: nothing is lost) and makes the path what
+it was. The run then fails (exit 125) and says so.
+
+Everything is reached from the parent directory's descriptor, opened before the tool
+starts, one component at a time with ``O_NOFOLLOW``: a link the tool put in the way is
+an entry that differs, never a way elsewhere. A parent whose mode the tool changed (a
+tool may chmod what its uid owns) gets its mode back first. What is kept is bounded
+(:data:`MAX_ENTRIES`, :data:`MAX_BYTES`, :data:`MAX_DEPTH`): a larger path is refused
+before the run, never kept in part.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..errors import SandlockError
+
+MAX_ENTRIES = 4096
+MAX_BYTES = 16 << 20
+MAX_DEPTH = 32
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+#: A kept object: ("f", mode, content), ("l", 0, target) or ("d", mode, {name: Node}).
+Node = tuple[str, int, Any]
+
+
+class KeepError(SandlockError):
+    """A path that cannot be kept (before the run) or put back (after it)."""
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.entries = MAX_ENTRIES
+        self.bytes = MAX_BYTES
+
+    def take(self, entries: int, size: int) -> None:
+        self.entries -= entries
+        self.bytes -= size
+        if self.entries < 0 or self.bytes < 0:
+            raise KeepError(f"more than {MAX_ENTRIES} entries or {MAX_BYTES >> 20} MiB")
+
+
+def _read(parent: int, name: str, budget: _Budget, depth: int = 0) -> Optional[Node]:
+    """``name`` in ``parent`` as a Node; None if there is none. KeepError for what cannot
+    be kept (a FIFO, a device, too much), OSError for what cannot be read."""
+    try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    mode = stat.S_IMODE(info.st_mode)
+    if stat.S_ISLNK(info.st_mode):
+        target = os.readlink(name, dir_fd=parent)
+        budget.take(1, len(target))
+        return ("l", 0, target)
+    if stat.S_ISREG(info.st_mode):
+        fd = os.open(name, _FILE, dir_fd=parent)
+        try:
+            got = os.fstat(fd)
+            if (got.st_dev, got.st_ino) != (info.st_dev, info.st_ino):
+                raise KeepError(f"{name!r} changed while it was read")
+            budget.take(1, 0)
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                budget.take(0, len(chunk))
+                chunks.append(chunk)
+            return ("f", mode, b"".join(chunks))
+        finally:
+            os.close(fd)
+    if stat.S_ISDIR(info.st_mode):
+        if depth >= MAX_DEPTH:
+            raise KeepError(f"more than {MAX_DEPTH} levels of directories")
+        budget.take(1, 0)
+        fd = os.open(name, _DIR, dir_fd=parent)
+        try:
+            got = os.fstat(fd)
+            if (got.st_dev, got.st_ino) != (info.st_dev, info.st_ino):
+                raise KeepError(f"{name!r} changed while it was read")
+            children: dict[str, Node] = {}
+            for child in sorted(os.listdir(fd)):
+                node = _read(fd, child, budget, depth + 1)
+                if node is not None:
+                    children[child] = node
+            return ("d", mode, children)
+        finally:
+            os.close(fd)
+    raise KeepError(f"{name!r} is neither a file, a directory nor a symbolic link")
+
+
+def _write(parent: int, name: str, node: Node) -> None:
+    """Make ``name`` in ``parent`` (where nothing is) what ``node`` says."""
+    kind, mode, content = node
+    if kind == "l":
+        os.symlink(content, name, dir_fd=parent)
+        return
+    if kind == "f":
+        fd = os.open(name, _NEW, 0o600, dir_fd=parent)
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        return
+    os.mkdir(name, 0o700, dir_fd=parent)
+    fd = os.open(name, _DIR, dir_fd=parent)
+    try:
+        for child, sub in content.items():
+            _write(fd, child, sub)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Kept:
+    """One kept path: its parent's descriptor (O_PATH) and mode, and what it was."""
+
+    path: str
+    parent: int
+    parent_mode: int
+    name: str
+    before: Optional[Node]
+
+    def close(self) -> None:
+        if self.parent >= 0:
+            os.close(self.parent)
+            self.parent = -1
+
+
+def keep(path: str) -> Kept:
+    """Read ``path`` (absolute) before the run; KeepError if it cannot be kept."""
+    if not os.path.isabs(path):
+        raise KeepError(f"--keep {path!r}: give an absolute path")
+    path = os.path.normpath(path)
+    where, name = os.path.split(path)
+    if not name or name in (".", ".."):
+        raise KeepError(f"--keep {path!r}: not a path that can be kept")
+    try:
+        parent = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise KeepError(f"--keep {path!r}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(parent)
+        before = _read(parent, name, _Budget())
+    except (KeepError, OSError) as exc:
+        os.close(parent)
+        why = str(exc) if isinstance(exc, KeepError) else (exc.strerror or str(exc))
+        raise KeepError(f"--keep {path!r} cannot be kept: {why}") from None
+    return Kept(path, parent, stat.S_IMODE(info.st_mode), name, before)
+
+
+def put_back(kept: Kept) -> Optional[str]:
+    """Once the tool's tree is gone: None if ``kept`` is as it was; otherwise make it so
+    and say what was done. KeepError if it could not be put back."""
+    proc = f"/proc/self/fd/{kept.parent}"
+    try:
+        if stat.S_IMODE(os.stat(proc).st_mode) != kept.parent_mode:
+            os.chmod(proc, kept.parent_mode)  # the directory held: no name to swap
+        try:
+            now = _read(kept.parent, kept.name, _Budget())
+        except (KeepError, OSError):
+            now = ("?", 0, None)  # unreadable or too large now: it changed
+        if now == kept.before:
+            return None
+        aside = None
+        if now is not None:
+            aside = f"{kept.name}.sandlock-changed-{os.urandom(4).hex()}"
+            os.rename(kept.name, aside, src_dir_fd=kept.parent, dst_dir_fd=kept.parent)
+        if kept.before is not None:
+            _write(kept.parent, kept.name, kept.before)
+    except OSError as exc:
+        raise KeepError(f"the tool changed {kept.path!r}, a path kept for this run, and it "
+                        f"could not be put back: {exc.strerror or exc}") from None
+    where = os.path.join(os.path.dirname(kept.path), aside) if aside else None
+    return (f"the tool changed {kept.path!r}, a path kept for this run: it is as it was "
+            "before the run again" + (f"; what the tool left is at {where!r}" if where else
+                                      " (the tool had removed it)"))

@@ -1,0 +1,181 @@
+"""`sandlock run --keep PATH`, and the Claude Code hook that keeps the project's `.claude`
+and `.mcp.json`, on the real kernel.
+
+The attack: the hook's policy writes the project, and Claude Code reads the project's
+`.claude/settings.json` at its next session: a confined command that wrote a hook there
+(or removed sandlock's) had its next command run outside any sandbox. Each test runs the
+rewritten command as Claude Code would, and the positive control runs the same command
+without ``--keep``: the write goes through (the policy grants it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import IS_ROOT, REPO, require_abi
+
+from sandlock.undo import keep as keep_module
+
+SETTINGS = {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
+    {"type": "command", "command": "sandlock hook claude-code --policy shell"}]}]}}
+EVIL = '{"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "id"}]}]}}'
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(autouse=True)
+def _landlock() -> None:
+    require_abi(1, "filesystem confinement")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    where = tmp_path / "project"
+    (where / ".claude").mkdir(parents=True)
+    (where / ".claude" / "settings.json").write_text(json.dumps(SETTINGS))
+    (where / "notes.md").write_text("inside\n")
+    return where
+
+
+def hooked(project: Path, command: str) -> list[str]:
+    """The command line Claude Code runs for ``command``, from the hook, as argv."""
+    event = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": str(project),
+                        "tool_input": {"command": command}})
+    done = subprocess.run([sys.executable, "-m", "sandlock", "hook", "claude-code", "--policy",
+                           "shell", "--var", f"workspace={project}"], input=event,
+                          capture_output=True, text=True, timeout=60,
+                          env={**ENV, "CLAUDE_PROJECT_DIR": str(project)}, cwd=project)
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stdout)["hookSpecificOutput"]["updatedInput"]["command"]
+    return shlex.split(line)
+
+
+def unkept(argv: list[str]) -> list[str]:
+    """The same command line without its --keep options: the guard switched off."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--keep":
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def state(project: Path) -> dict[str, str]:
+    """Every entry below ``project`` but notes.md: its kind and content."""
+    out = {}
+    for root, dirs, files in os.walk(project):
+        for name in dirs + files:
+            path = Path(root, name)
+            rel = str(path.relative_to(project))
+            if path.is_symlink():
+                out[rel] = "link " + os.readlink(path)
+            elif path.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = path.read_text(errors="replace")
+    return out
+
+
+ATTACKS = {
+    "settings rewritten": f"printf '%s' '{EVIL}' > .claude/settings.json",
+    "local settings added": f"printf '%s' '{EVIL}' > .claude/settings.local.json",
+    "project MCP server added": "echo '{\"mcpServers\": {}}' > .mcp.json",
+    "directory replaced": f"mv .claude gone && mkdir .claude && printf '%s' '{EVIL}' "
+                          "> .claude/settings.json",
+    "link to elsewhere": "mkdir ../elsewhere 2>/dev/null; mv .claude gone && ln -s ../elsewhere .claude",
+    "removed": "rm -r .claude",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_the_hook_keeps_what_claude_code_reads(project: Path, attack: str) -> None:
+    before = state(project)
+    argv = hooked(project, ATTACKS[attack])
+    assert "--keep" in argv
+    ran = subprocess.run(argv, cwd=project, env=ENV, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 125, ran.stderr
+    assert "a path kept for this run" in ran.stderr
+    after = state(project)
+    assert {k: v for k, v in after.items() if ".sandlock-changed-" not in k
+            and not k.startswith("gone")} == before
+    # the positive control: without --keep, the same command changes the project
+    control = subprocess.run(unkept(argv), cwd=project, env=ENV, capture_output=True,
+                             text=True, timeout=60)
+    assert control.returncode == 0, control.stderr
+    assert state(project) != after
+
+
+def test_an_unchanged_kept_path_leaves_the_exit_code_alone(project: Path) -> None:
+    before = state(project)
+    argv = hooked(project, "cat notes.md; exit 3")
+    ran = subprocess.run(argv, cwd=project, env=ENV, capture_output=True, text=True, timeout=60)
+    assert (ran.returncode, ran.stdout) == (3, "inside\n"), ran.stderr
+    assert state(project) == before
+
+
+def test_the_watchdog_puts_back_when_the_launcher_is_killed(project: Path) -> None:
+    """The tool changes the settings, then waits; the launcher is killed (Claude Code
+    stopped, the user quit): the watchdog still ends the tree and puts the path back."""
+    before = state(project)
+    argv = hooked(project, f"printf '%s' '{EVIL}' > .claude/settings.json; touch .changed; "
+                           "sleep 60")
+    launcher = subprocess.Popen(argv, cwd=project, env=ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (project / ".changed").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (project / ".claude" / "settings.json").read_text() == EVIL
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            now = {k: v for k, v in state(project).items() if ".sandlock-changed-" not in k
+                   and k != ".changed"}
+            if now == before:
+                break
+            time.sleep(0.1)
+        assert now == before
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        assert launcher.stderr is not None
+        launcher.stderr.close()
+
+
+@pytest.mark.skipif(IS_ROOT, reason="modes do not bind root")
+def test_a_tool_that_closes_the_project_cannot_keep_its_change(project: Path) -> None:
+    """chmod is no Landlock right: a tool may close the project and .claude to its uid."""
+    before = state(project)
+    argv = hooked(project, f"printf '%s' '{EVIL}' > .claude/settings.json; chmod 0 .claude; "
+                           "chmod 0500 .")
+    ran = subprocess.run(argv, cwd=project, env=ENV, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 125, ran.stderr
+    os.chmod(project, 0o700)
+    assert {k: v for k, v in state(project).items() if ".sandlock-changed-" not in k} == before
+
+
+def test_a_path_too_large_to_keep_is_refused_before_the_run(project: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    (project / ".claude" / "big").write_bytes(b"x" * 4096)
+    monkeypatch.setattr(keep_module, "MAX_BYTES", 1024)
+    with pytest.raises(keep_module.KeepError, match="cannot be kept"):
+        keep_module.keep(str(project / ".claude"))
+    marker = project / "ran"
+    argv = hooked(project, "touch ran")
+    argv.insert(argv.index("--keep"), "--keep")
+    argv.insert(argv.index("--keep") + 1, "relative/path")
+    ran = subprocess.run(argv, cwd=project, env=ENV, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 125 and "absolute" in ran.stderr
+    assert not marker.exists()
