@@ -142,17 +142,26 @@ class _Sealed(type):
         raise _Refused(f"deleting {name!r} of the class {cls.__qualname__}")
 
 
+#: The stand-in made for each class so far (sealed: one may serve every result).
+_STAND_INS: dict[type, type] = {}
+
+
 def _stand_in(cls: type) -> type:
     """What a result gets for the class ``cls``, never the class itself: the pickle's BUILD
     opcode, applied to a class with no ``__setstate__``, sets its attributes, in the
     caller's process (``PosixPath._str``: every path of the agent one path the tool
     chose). NEWOBJ makes an instance of ``cls`` through it, REDUCE calls ``cls``."""
+    made = _STAND_INS.get(cls)
+    if made is not None:
+        return made
+
     def __new__(stand_in: type, *args: Any, **kwargs: Any) -> Any:  # NEWOBJ
         return cls.__new__(cls, *args, **kwargs)
 
-    return _Sealed(cls.__name__, (), {"__new__": __new__, "_real": cls,
+    made = _Sealed(cls.__name__, (), {"__new__": __new__, "_real": cls,
                                       "__module__": cls.__module__,
                                       "__qualname__": cls.__qualname__})
+    return _STAND_INS.setdefault(cls, made)
 
 
 def _imported_exception(module: str, name: str) -> Optional[type]:
