@@ -290,6 +290,10 @@ class Driver:
     """A :class:`Gateway` serving raw lines written here; its answers read back here."""
 
     def __init__(self, registry: Path, secret: Path) -> None:
+        self._start(registry, [sys.executable, str(LENIENT), "--secret", str(secret)], "attack")
+
+    def _start(self, registry: Path, server: list[str], client: str) -> None:
+        """The gateway serving ``server`` for ``registry``, initialized as ``client``."""
         from sandlock.api.registry import Registry
         from sandlock.integrations.mcp.gateway import Gateway
 
@@ -297,16 +301,15 @@ class Driver:
         into, self._write = os.pipe()
         self._read, out = os.pipe()
         self.err = io.StringIO()
-        self.gateway = Gateway(self.registry, [sys.executable, str(LENIENT), "--secret",
-                                               str(secret)],
-                               stdout=os.fdopen(out, "wb"), stderr=self.err)
+        self.gateway = Gateway(self.registry, server, stdout=os.fdopen(out, "wb"),
+                               stderr=self.err)
         self._thread = threading.Thread(target=self.gateway.serve, args=(into,), daemon=True)
         self._thread.start()
         self._pending = b""
         self.notes: list[dict[str, Any]] = []
         self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "attack", "version": "1"}}})
+            "clientInfo": {"name": client, "version": "1"}}})
         assert "result" in self.answer(0), self.err.getvalue()
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 

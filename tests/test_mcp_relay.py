@@ -11,11 +11,9 @@ from the server, which the gateway never relays. The gateway relayed both verbat
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -63,24 +61,7 @@ class Relay(Driver):
     gateway serving :data:`FORGER`."""
 
     def __init__(self, registry: Path) -> None:
-        from sandlock.api.registry import Registry
-        from sandlock.integrations.mcp.gateway import Gateway
-
-        self.registry = Registry(registry)
-        into, self._write = os.pipe()
-        self._read, out = os.pipe()
-        self.err = io.StringIO()
-        self.gateway = Gateway(self.registry, [sys.executable, "-c", FORGER],
-                               stdout=os.fdopen(out, "wb"), stderr=self.err)
-        self._thread = threading.Thread(target=self.gateway.serve, args=(into,), daemon=True)
-        self._thread.start()
-        self._pending = b""
-        self.notes: list[dict[str, Any]] = []
-        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "relay", "version": "1"}}})
-        assert "result" in self.answer(0), self.err.getvalue()
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self._start(registry, [sys.executable, "-c", FORGER], "relay")
 
 
 @pytest.fixture(scope="module")
