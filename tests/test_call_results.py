@@ -76,6 +76,9 @@ BIG = 1 << 29  # 512 MiB
                  + _global("builtins", "range") + b"J" + struct.pack("<i", 1 << 24)
                  + b"\x85Rs.", id="list-slice=range(n)"),
     pytest.param(pickle.dumps(_As(frozenset, (range(1 << 24),)), 5), id="frozenset(range)"),
+    # a list holding itself 20,000 times (40 KB): each object walked again at each depth
+    # it was reached at, the depth check itself took about 300 MiB (and gigabytes for 1 MB)
+    pytest.param(b"\x80\x04]\x94(" + b"h\x00" * 20_000 + b"e.", id="list holding itself"),
 ])
 def test_a_small_result_cannot_make_the_caller_allocate(box: sandlock.Sandbox,
                                                         blob: bytes) -> None:

@@ -22,7 +22,7 @@ import io
 import pickle
 import sys
 import types
-from typing import Any, Callable, Iterable, Mapping, NoReturn, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Optional
 
 from ..errors import CallError, SandlockError
 from .results import RemoteTraceback
@@ -179,35 +179,68 @@ def _imported_exception(module: str, name: str) -> Optional[type]:
     return found if issubclass(found, BaseException) else None
 
 
+def _held(item: Any) -> list[Any]:
+    """What ``item`` holds that is not an atom (none for a container of atoms only)."""
+    held: Iterable[Any]
+    if isinstance(item, dict):
+        if _ATOMS.issuperset(map(type, item.values())) and _ATOMS.issuperset(
+                map(type, item.keys())):
+            return []  # the common case, at C speed
+        held = (*item.keys(), *item.values())
+    elif isinstance(item, (list, tuple, set, frozenset, collections.deque)):
+        if _ATOMS.issuperset(map(type, item)):
+            return []
+        held = item
+    elif isinstance(item, BaseException):
+        held = (item.args, getattr(item, "__dict__", {}), item.__cause__, item.__context__)
+    else:
+        held = tuple(getattr(item, "__dict__", {}).values())
+    return [child for child in held if type(child) not in _ATOMS]
+
+
 def _check_depth(value: Any) -> None:
-    """Refuse containers nested deeper than _MAX_DEPTH (each object walked once per
-    depth it is reached at, so shared references cost no more than their number)."""
-    stack = [(value, 0)]
-    seen: dict[int, int] = {}
-    while stack:
-        item, depth = stack.pop()
-        if depth > _MAX_DEPTH:
-            raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
-        if seen.get(id(item), -1) >= depth:
-            continue
+    """Refuse containers nested deeper than _MAX_DEPTH, and a container that holds itself
+    (nested without end). Each object and each reference is walked once: an object met
+    again is judged by the height found below it the first time (walking it again at
+    each depth it is reached at made a list holding itself 20,000 times, 40 KB, cost
+    about 300 MiB)."""
+    heights: dict[int, int] = {}  # id -> levels of containers below it, once walked
+    path: list[tuple[Any, Iterator[Any], int]] = []  # (object, what is left of it, height)
+    on_path: set[int] = set()
+
+    def enter(item: Any) -> None:
         if type(item) is _Sealed:  # a class as a value: the caller would get a stand-in
             raise _Refused(f"the class {item.__qualname__} (a class is not data)")
-        seen[id(item)] = depth
-        if isinstance(item, dict):
-            children: Iterable[Any] = (*item.keys(), *item.values())
-            if _ATOMS.issuperset(map(type, item.values())) and _ATOMS.issuperset(
-                    map(type, item.keys())):
-                continue  # the common case, at C speed
-        elif isinstance(item, (list, tuple, set, frozenset, collections.deque)):
-            if _ATOMS.issuperset(map(type, item)):
-                continue
-            children = item
-        elif isinstance(item, BaseException):
-            children = (item.args, getattr(item, "__dict__", {}), item.__cause__,
-                        item.__context__)
+        if len(path) > _MAX_DEPTH:
+            raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
+        on_path.add(id(item))
+        path.append((item, iter(_held(item)), 0))
+
+    if type(value) in _ATOMS:
+        return
+    enter(value)
+    while path:
+        item, rest, height = path[-1]
+        child = next(rest, _END)
+        if child is _END:
+            path.pop()
+            on_path.discard(id(item))
+            heights[id(item)] = height
+            if path:
+                above, left, tallest = path[-1]
+                path[-1] = (above, left, max(tallest, height + 1))
+        elif id(child) in on_path:
+            raise _Refused("a container that holds itself (nested without end)")
+        elif id(child) in heights:
+            if len(path) + heights[id(child)] > _MAX_DEPTH:
+                raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
+            path[-1] = (item, rest, max(height, heights[id(child)] + 1))
         else:
-            children = tuple(getattr(item, "__dict__", {}).values())
-        stack.extend((child, depth + 1) for child in children if type(child) not in _ATOMS)
+            enter(child)
+
+
+#: The end of what an object holds (no value a result can hold).
+_END = object()
 
 
 class _Unpickler(pickle.Unpickler):
