@@ -95,6 +95,8 @@ ATTACKS = {
                           "> .claude/settings.json",
     "link to elsewhere": "mkdir ../elsewhere 2>/dev/null; mv .claude gone && ln -s ../elsewhere .claude",
     "removed": "rm -r .claude",
+    # a second name: the settings then change by a write to an ordinary project file
+    "hard link out": "ln -f .claude/settings.json example-settings.json",
 }
 
 
@@ -108,12 +110,13 @@ def test_the_hook_keeps_what_claude_code_reads(project: Path, attack: str) -> No
     assert "a path kept for this run" in ran.stderr
     after = state(project)
     assert {k: v for k, v in after.items() if ".sandlock-changed-" not in k
-            and not k.startswith("gone")} == before
+            and not k.startswith(("gone", "example-"))} == before
     # the positive control: without --keep, the same command changes the project
     control = subprocess.run(unkept(argv), cwd=project, env=ENV, capture_output=True,
                              text=True, timeout=60)
     assert control.returncode == 0, control.stderr
-    assert state(project) != after
+    settings = project / ".claude" / "settings.json"
+    assert state(project) != after or settings.stat().st_nlink > 1
 
 
 def test_an_unchanged_kept_path_leaves_the_exit_code_alone(project: Path) -> None:
@@ -179,3 +182,15 @@ def test_a_path_too_large_to_keep_is_refused_before_the_run(project: Path,
     ran = subprocess.run(argv, cwd=project, env=ENV, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 125 and "absolute" in ran.stderr
     assert not marker.exists()
+
+
+def test_a_second_name_of_a_kept_file_is_gone_with_the_run(project: Path) -> None:
+    """After the hard link attack, the settings have one name again: a later write to the
+    name the tool made outside .claude changes nothing Claude Code reads."""
+    argv = hooked(project, ATTACKS["hard link out"])
+    ran = subprocess.run(argv, cwd=project, env=ENV, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 125, ran.stderr
+    settings = project / ".claude" / "settings.json"
+    assert settings.stat().st_nlink == 1
+    (project / "example-settings.json").write_text(EVIL)
+    assert json.loads(settings.read_text()) == SETTINGS

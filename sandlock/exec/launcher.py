@@ -336,8 +336,9 @@ class Child:
                 break
             data += chunk
         if len(data) == 4:  # then what it put back of the kept paths, until it exits
+            # (however long it takes to end the tree: the wait below is as long)
             rest = b""
-            while len(rest) < MAX_KEPT_REPORT and poller.poll(int(WATCHDOG_GRACE * 1000)):
+            while len(rest) < MAX_KEPT_REPORT:
                 chunk = os.read(report, MAX_KEPT_REPORT - len(rest))
                 if not chunk:
                     break

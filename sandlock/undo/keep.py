@@ -73,6 +73,9 @@ def _read(parent: int, name: str, budget: _Budget, depth: int = 0) -> Optional[N
             got = os.fstat(fd)
             if (got.st_dev, got.st_ino) != (info.st_dev, info.st_ino):
                 raise KeepError(f"{name!r} changed while it was read")
+            if got.st_nlink > 1:  # another name, anywhere, would change it later
+                raise KeepError(f"{name!r} has {got.st_nlink} names (hard links): a file "
+                                "outside the kept path could change it; remove the others")
             budget.take(1, 0)
             chunks = []
             while chunk := os.read(fd, 1 << 20):
