@@ -194,3 +194,27 @@ def test_a_second_name_of_a_kept_file_is_gone_with_the_run(project: Path) -> Non
     assert settings.stat().st_nlink == 1
     (project / "example-settings.json").write_text(EVIL)
     assert json.loads(settings.read_text()) == SETTINGS
+
+
+def test_a_run_beside_a_hostile_one_puts_back_what_was_there_before_both(project: Path
+                                                                         ) -> None:
+    """A long run (a server in the background) changes the settings and stays; a run
+    started meanwhile must not take the changed settings for what it has to put back."""
+    before = state(project)
+    hostile = hooked(project, f"printf '%s' '{EVIL}' > .claude/settings.json; touch .changed; "
+                              "sleep 3")
+    first = subprocess.Popen(hostile, cwd=project, env=ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (project / ".changed").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = subprocess.Popen(hooked(project, "sleep 5"), cwd=project, env=ENV,
+                                  stderr=subprocess.PIPE, text=True)
+        first.communicate(timeout=60)
+        second.communicate(timeout=60)
+    finally:
+        for each in (first, locals().get("second")):
+            if each is not None and each.poll() is None:
+                each.kill()
+    assert {k: v for k, v in state(project).items() if ".sandlock-changed-" not in k
+            and k != ".changed"} == before

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..errors import SandlockError
 
@@ -132,22 +132,97 @@ def _write(parent: int, name: str, node: Node) -> None:
 
 @dataclass
 class Kept:
-    """One kept path: its parent's descriptor (O_PATH) and mode, and what it was."""
+    """One kept path: its parent's descriptor (O_PATH) and mode, what it was, and the
+    descriptor whose shared lock says a run keeps it (:func:`_baseline`)."""
 
     path: str
     parent: int
     parent_mode: int
     name: str
     before: Optional[Node]
+    held: int = -1
 
     def close(self) -> None:
-        if self.parent >= 0:
-            os.close(self.parent)
-            self.parent = -1
+        for fd in (self.parent, self.held):
+            if fd >= 0:
+                os.close(fd)
+        self.parent = self.held = -1
+
+
+#: Where the runs keeping a path share what it was: a directory of the private state
+#: directory (no write grant reaches it), one file per kept path.
+KEEP_DIR = "keep"
+
+
+def _baseline(path: str, now: Callable[[], tuple[int, Optional[Node]]]
+              ) -> tuple[tuple[int, Optional[Node]], int]:
+    """What ``path`` (and its parent's mode) was before the runs that keep it now, and the
+    descriptor whose shared lock marks this run among them (inherited by its watchdog;
+    closed at exec).
+
+    A run started beside a running one (a server in the background, whose tool may have
+    changed the path already) must put back what was there before both, not what it
+    finds: the first of them reads the path (``now``) and stores it; the others read the
+    stored copy, as long as one of them holds its lock."""
+    import fcntl
+    import hashlib
+    import marshal
+
+    from ..compile.cachekey import key_directory, open_private_dir
+
+    where = key_directory()
+    directory = None if where is None else open_private_dir(os.path.join(where, KEEP_DIR),
+                                                             create=True, private_from=2)
+    if directory is None:
+        raise KeepError("there is no private state directory to keep it in (~/.cache/sandlock "
+                        "of the home in the password database)")
+    name = hashlib.sha256(os.fsencode(path)).hexdigest()[:32]
+    try:
+        mutex = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o600, dir_fd=directory)
+        try:
+            fcntl.flock(mutex, fcntl.LOCK_EX)  # one run at a time decides
+            held = os.open(f"{name}.held", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           0o600, dir_fd=directory)
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                alone = True
+            except BlockingIOError:
+                alone = False
+            try:
+                if alone:  # no run keeps it: what is there now is what was
+                    before = now()
+                    data = marshal.dumps(before)
+                    tmp = f"{name}.{os.getpid()}.tmp"
+                    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                                  | os.O_CLOEXEC, 0o600, dir_fd=directory)
+                    try:
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(out, view):]
+                    finally:
+                        os.close(out)
+                    os.rename(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+                else:
+                    with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                      dir_fd=directory), "rb") as stored:
+                        before = marshal.loads(stored.read(MAX_BYTES + (1 << 20)))
+                fcntl.flock(held, fcntl.LOCK_SH)
+            except BaseException:
+                os.close(held)
+                raise
+        finally:
+            os.close(mutex)
+    except (OSError, ValueError, EOFError, TypeError) as exc:
+        raise KeepError(f"its copy in the state directory: {exc}") from None
+    finally:
+        os.close(directory)
+    return before, held
 
 
 def keep(path: str) -> Kept:
-    """Read ``path`` (absolute) before the run; KeepError if it cannot be kept."""
+    """Read ``path`` (absolute) before the run (or take what the runs keeping it beside
+    this one read, :func:`_baseline`); KeepError if it cannot be kept."""
     if not os.path.isabs(path):
         raise KeepError(f"--keep {path!r}: give an absolute path")
     path = os.path.normpath(path)
@@ -158,14 +233,16 @@ def keep(path: str) -> Kept:
         parent = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise KeepError(f"--keep {path!r}: {exc.strerror or exc}") from None
+    def now() -> tuple[int, Optional[Node]]:
+        return stat.S_IMODE(os.fstat(parent).st_mode), _read(parent, name, _Budget())
+
     try:
-        info = os.fstat(parent)
-        before = _read(parent, name, _Budget())
+        (mode, before), held = _baseline(path, now)
     except (KeepError, OSError) as exc:
         os.close(parent)
         why = str(exc) if isinstance(exc, KeepError) else (exc.strerror or str(exc))
         raise KeepError(f"--keep {path!r} cannot be kept: {why}") from None
-    return Kept(path, parent, stat.S_IMODE(info.st_mode), name, before)
+    return Kept(path, parent, mode, name, before, held)
 
 
 def put_back(kept: Kept) -> Optional[str]:
