@@ -218,3 +218,20 @@ def test_a_run_beside_a_hostile_one_puts_back_what_was_there_before_both(project
                 each.kill()
     assert {k: v for k, v in state(project).items() if ".sandlock-changed-" not in k
             and k != ".changed"} == before
+
+
+def test_the_hook_keeps_the_project_not_where_a_command_went(project: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """A command's ``cd`` (through a link it made, too) moves Claude Code's working
+    directory; the settings Claude Code reads stay in the project it was started in."""
+    from sandlock.integrations import claude_code, shell_rules
+
+    monkeypatch.setenv("CLAUDE_PROJECT_DIR", str(project))
+    assert claude_code.kept_paths("/somewhere/else") == [
+        str(project / ".claude"), str(project / ".mcp.json")]
+    monkeypatch.delenv("CLAUDE_PROJECT_DIR")
+    assert claude_code.kept_paths(str(project)) == [
+        str(project / ".claude"), str(project / ".mcp.json")]
+    with pytest.raises(shell_rules.Refused):
+        claude_code.kept_paths(None)

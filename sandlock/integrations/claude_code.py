@@ -80,15 +80,18 @@ KEPT = (".claude", ".mcp.json")
 
 
 def kept_paths(cwd: Optional[str]) -> list[str]:
-    """The :data:`KEPT` names in the project (``CLAUDE_PROJECT_DIR``, which Claude Code
-    sets for hooks) and in the call's working directory, when absolute."""
+    """The :data:`KEPT` names in the project: ``CLAUDE_PROJECT_DIR``, which Claude Code
+    sets for hooks and reads its settings from; the call's working directory only when
+    that is not set (a tool's ``cd`` moves the working directory, through a link it made
+    too: kept paths there could be anywhere)."""
     import os
 
-    places = [os.environ.get("CLAUDE_PROJECT_DIR") or "", cwd or ""]
-    out = []
-    for place in dict.fromkeys(os.path.normpath(p) for p in places if os.path.isabs(p)):
-        out += [os.path.join(place, name) for name in KEPT]
-    return out
+    place = os.environ.get("CLAUDE_PROJECT_DIR") or cwd or ""
+    if not os.path.isabs(place):
+        raise Refused("no project directory to keep .claude in (CLAUDE_PROJECT_DIR is not set "
+                      "and the input gives no absolute cwd): the command could rewrite the "
+                      "settings that confine it")
+    return [os.path.join(os.path.normpath(place), name) for name in KEPT]
 
 
 def answer(data: bytes, rules: Rules, variables: Mapping[str, str], *, ask: bool = False,
