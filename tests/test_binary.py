@@ -162,8 +162,8 @@ def test_binary_hook_starts_this_binary_not_a_file_of_the_project(tmp_path: Path
     planted.chmod(0o755)
     (project / "notes.md").write_text("inside\n")
     event = json.dumps({"hook_event_name": "PreToolUse", "tool_name": "Bash",
-                        "tool_input": {"command": "cat notes.md"}})
-    env = {"PATH": "/usr/bin:/bin", **cache}
+                        "cwd": str(project), "tool_input": {"command": "cat notes.md"}})
+    env = {"PATH": "/usr/bin:/bin", "CLAUDE_PROJECT_DIR": str(project), **cache}
     hook = subprocess.run(["sandlock", "hook", "claude-code", "--policy", "shell", "--var",
                            f"workspace={project}"], executable=str(BINARY), cwd=project,
                           input=event, env=env, capture_output=True, text=True, timeout=120)
