@@ -202,13 +202,14 @@ def test_a_run_beside_a_hostile_one_puts_back_what_was_there_before_both(project
     started meanwhile must not take the changed settings for what it has to put back."""
     before = state(project)
     hostile = hooked(project, f"printf '%s' '{EVIL}' > .claude/settings.json; touch .changed; "
-                              "sleep 3")
+                              "sleep 6")
     first = subprocess.Popen(hostile, cwd=project, env=ENV, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
         while not (project / ".changed").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        second = subprocess.Popen(hooked(project, "sleep 5"), cwd=project, env=ENV,
+        # started while the first runs (6 s), ended after it (10 s)
+        second = subprocess.Popen(hooked(project, "sleep 10"), cwd=project, env=ENV,
                                   stderr=subprocess.PIPE, text=True)
         first.communicate(timeout=60)
         second.communicate(timeout=60)
