@@ -87,6 +87,13 @@ def state(project: Path) -> dict[str, str]:
     return out
 
 
+def changed(project: Path) -> None:
+    """Wait (30 s at most) until the tool says it changed the settings (``.changed``)."""
+    deadline = time.monotonic() + 30
+    while not (project / ".changed").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 ATTACKS = {
     "settings rewritten": f"printf '%s' '{EVIL}' > .claude/settings.json",
     "local settings added": f"printf '%s' '{EVIL}' > .claude/settings.local.json",
@@ -135,9 +142,7 @@ def test_the_watchdog_puts_back_when_the_launcher_is_killed(project: Path) -> No
                            "sleep 60")
     launcher = subprocess.Popen(argv, cwd=project, env=ENV, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not (project / ".changed").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        changed(project)
         assert (project / ".claude" / "settings.json").read_text() == EVIL
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(timeout=30)
@@ -205,9 +210,7 @@ def test_a_run_beside_a_hostile_one_puts_back_what_was_there_before_both(project
                               "sleep 6")
     first = subprocess.Popen(hostile, cwd=project, env=ENV, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not (project / ".changed").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        changed(project)
         # started while the first runs (6 s), ended after it (10 s)
         second = subprocess.Popen(hooked(project, "sleep 10"), cwd=project, env=ENV,
                                   stderr=subprocess.PIPE, text=True)

@@ -168,6 +168,7 @@ def _baseline(path: str, now: Callable[[], tuple[int, Optional[Node]]]
     import hashlib
     import marshal
 
+    from ..compile.cache import _put  # written whole, read back, then renamed into place
     from ..compile.cachekey import key_directory, open_private_dir
 
     where = key_directory()
@@ -192,17 +193,7 @@ def _baseline(path: str, now: Callable[[], tuple[int, Optional[Node]]]
             try:
                 if alone:  # no run keeps it: what is there now is what was
                     before = now()
-                    data = marshal.dumps(before)
-                    tmp = f"{name}.{os.getpid()}.tmp"
-                    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                                  | os.O_CLOEXEC, 0o600, dir_fd=directory)
-                    try:
-                        view = memoryview(data)
-                        while view:
-                            view = view[os.write(out, view):]
-                    finally:
-                        os.close(out)
-                    os.rename(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+                    _put(directory, name, marshal.dumps(before))
                 else:
                     with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                       dir_fd=directory), "rb") as stored:
