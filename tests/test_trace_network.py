@@ -23,9 +23,9 @@ from test_substitutes import (
     ALLOW,
     NO_SCOPE,
     SIGNAL_ATTACKS,
-    _dead,
     _gate_policy,
     _program,
+    _reached,
     victim,  # noqa: F401
 )
 from test_trace import cli, policy
@@ -212,4 +212,4 @@ def test_signal_gate_rides_with_the_connect_gate_on_the_recorder(
         policy_file = _gate_policy(tmp_path, NO_SCOPE[0], ALLOW + "\n" + NO_SCOPE[1])
     result = _trace_at_abi5(policy_file, [PYTHON, str(script), str(victim.pid)])
     assert result.returncode == (errno.EPERM if scoped else 0), result.stderr
-    assert _dead(victim) != scoped
+    assert _reached(victim) != scoped

@@ -31,6 +31,7 @@ import atexit
 import errno
 import fcntl
 import os
+import signal
 import socket
 
 from ..linux.process import DEFAULTED_SIGNALS
@@ -110,6 +111,10 @@ class Server:
             #: The confinement steps this build of the helper implements (its first message).
             self.implements = wire.check_hello(HELPER, _hello(ours, HELLO_TIMEOUT))
         except BaseException:
+            # A server that does not speak this wire may never exit at EOF either: it is
+            # our unreaped child (its pid cannot be reused yet), so it is killed, not waited on.
+            if self.owner == os.getpid():
+                os.kill(self.pid, signal.SIGKILL)
             self.close()
             raise
 
