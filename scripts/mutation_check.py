@@ -124,8 +124,8 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
     start = time.monotonic()
     everything = list(dict.fromkeys(t for g in guards for t in g.tests))
-    code, _ = pytest(ROOT, everything)
-    print(f"unmutated: {'pass' if code == 0 else f'FAIL (pytest exit {code})'} "
+    code, first = pytest(ROOT, everything)
+    print(f"unmutated: {'pass' if code == 0 else f'FAIL (pytest exit {code}) {first}'} "
           f"({time.monotonic() - start:.0f}s)", flush=True)
     if code != 0:
         return 1

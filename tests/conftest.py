@@ -58,6 +58,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.any_user)
 
 
+@pytest.fixture
+def monkeypatch(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """pytest's own, with the cache of compiled policies off in this process for the test:
+    a patch of sandlock's code shapes what this process compiles, but not the cache's key
+    (the code's files), so a Sandbox made here would store a plan the patch shaped for the
+    tests after it, or read back one it did not shape. Environments passed to subprocesses
+    say for themselves whether they use the cache."""
+    monkeypatch.setenv("SANDLOCK_NO_CACHE", "1")
+    return monkeypatch
+
+
 # The test tree may be read-only for the unprivileged CI user: keep no example database.
 settings.register_profile("sandlock", database=None, deadline=None)
 settings.load_profile("sandlock")

@@ -239,3 +239,133 @@ def test_the_hook_keeps_the_project_not_where_a_command_went(project: Path,
         str(project / ".claude"), str(project / ".mcp.json")]
     with pytest.raises(shell_rules.Refused):
         claude_code.kept_paths(None)
+
+
+# ----------------------------------------------------------------------------
+# A directory above the kept path moved, a link kept, a restore that cannot be written
+
+
+def keep_run(where: Path, keep: list[Path], command: str, *, workspace: Path
+             ) -> subprocess.CompletedProcess[str]:
+    """`sandlock run --policy shell` of ``command`` in ``where``, keeping ``keep``."""
+    argv = [sys.executable, "-P", "-m", "sandlock", "run", "--policy", "shell", "--var",
+            f"workspace={workspace}"]
+    for path in keep:
+        argv += ["--keep", str(path)]
+    return subprocess.run([*argv, "--", "/bin/sh", "-c", command], cwd=where, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+
+
+def repository(tmp_path: Path) -> Path:
+    where = tmp_path / "repo"
+    (where / ".git" / "hooks").mkdir(parents=True)
+    (where / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    (where / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    return where
+
+
+MOVES = {
+    # the directory holding the kept file is moved, a copy made in its place and changed
+    "parent copied": (".git/config", "mv .git .git.tmp && cp -a .git.tmp .git && "
+                                      "printf '[core]\\n\\tfsmonitor = evil\\n' >> .git/config"),
+    # the same, the original removed: it is made again around the kept file
+    "parent removed": (".git/config", "rm -r .git && mkdir .git && echo evil > .git/config"),
+    # a link to a directory of the tool's in its place
+    "parent a link": (".git/config", "mv .git .git.tmp && mkdir -p ../evil && "
+                                     "echo evil > ../evil/config && ln -s ../evil .git"),
+}
+
+
+@pytest.mark.parametrize("move", sorted(MOVES))
+def test_a_directory_above_the_kept_path_moved_by_the_tool(tmp_path: Path, move: str) -> None:
+    repo = repository(tmp_path)
+    kept, command = MOVES[move]
+    ran = keep_run(repo, [repo / kept, repo / ".git" / "hooks"], command, workspace=tmp_path)
+    assert ran.returncode == 125, ran.stderr
+    assert "a directory above the kept path" in ran.stderr
+    assert (repo / ".git").is_dir() and not (repo / ".git").is_symlink()
+    assert (repo / ".git" / "config").read_text() == "[core]\n\tbare = false\n"
+    assert (repo / ".git" / "hooks").is_dir()
+    if move != "parent removed":  # moved back: the rest of the original is there too
+        assert (repo / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    # what the tool left, moved aside once (not again by a second look at a new directory)
+    assert len([p for p in repo.iterdir() if ".sandlock-changed-" in p.name]) == 1, ran.stderr
+    # the positive control: the same command without --keep leaves the change in place
+    control = repository(tmp_path / "control")
+    done = keep_run(control, [], command, workspace=tmp_path / "control")
+    assert done.returncode == 0, done.stderr
+    assert (control / ".git" / "config").read_text() != "[core]\n\tbare = false\n"
+
+
+def test_a_directory_two_levels_up_moved_by_the_tool(tmp_path: Path) -> None:
+    """The hook's case with a workspace wider than the project: the project itself moved."""
+    ws = tmp_path / "ws"
+    project = ws / "proj"
+    (project / ".claude").mkdir(parents=True)
+    (project / ".claude" / "settings.json").write_text(json.dumps(SETTINGS))
+    command = (f"mv proj proj.orig && cp -a proj.orig/. proj/ 2>/dev/null; mkdir -p proj && "
+               f"printf '%s' '{EVIL}' > proj/.claude/settings.json")
+    ran = keep_run(ws, [project / ".claude", project / ".mcp.json"], command, workspace=ws)
+    assert ran.returncode == 125, ran.stderr
+    assert json.loads((project / ".claude" / "settings.json").read_text()) == SETTINGS
+    assert not (project / ".mcp.json").exists()
+
+
+@pytest.mark.parametrize("where", ["the kept path", "inside it, out", "inside it, up"])
+def test_a_kept_link_is_refused_unless_it_stays_inside(tmp_path: Path, where: str) -> None:
+    project = tmp_path / "project"
+    (project / "config").mkdir(parents=True)
+    (project / "config" / "mcp.json").write_text("{}")
+    (project / ".claude").mkdir()
+    if where == "the kept path":
+        (project / ".mcp.json").symlink_to("config/mcp.json")
+        kept = project / ".mcp.json"
+    else:
+        target = str(project / "config" / "mcp.json") if where.endswith("out") else "../config/mcp.json"
+        (project / ".claude" / "settings.json").symlink_to(target)
+        kept = project / ".claude"
+    ran = keep_run(project, [kept], "echo evil > config/mcp.json", workspace=project)
+    assert ran.returncode == 125 and "cannot be kept" in ran.stderr and "link" in ran.stderr
+    assert (project / "config" / "mcp.json").read_text() == "{}"  # it never ran
+
+
+def test_a_link_that_stays_inside_the_kept_directory_is_kept(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".claude").mkdir(parents=True)
+    (project / ".claude" / "settings.json").write_text(json.dumps(SETTINGS))
+    (project / ".claude" / "current.json").symlink_to("settings.json")
+    ran = keep_run(project, [project / ".claude"],
+                   f"rm .claude/current.json && printf '%s' '{EVIL}' > .claude/current.json",
+                   workspace=project)
+    assert ran.returncode == 125, ran.stderr
+    assert os.readlink(project / ".claude" / "current.json") == "settings.json"
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="a small file system of its own needs root (mount)")
+def test_a_full_disk_never_leaves_a_half_written_kept_path(tmp_path: Path) -> None:
+    """The tool writes the settings, then fills the disk: the restore is written whole
+    beside the path before it is renamed in, or not at all."""
+    small = tmp_path / "small"
+    small.mkdir()
+    good = json.dumps(SETTINGS) + " " * 20000
+    script = f"""
+set -e
+mount -t tmpfs -o size=256k tmpfs {small}
+mkdir -p {small}/proj/.claude
+printf '%s' '{good}' > {small}/proj/.claude/settings.json
+cd {small}/proj
+set +e
+{shlex.join([sys.executable, "-P", "-m", "sandlock", "run", "--policy", "shell", "--var",
+             f"workspace={small}/proj", "--keep", f"{small}/proj/.claude", "--", "/bin/sh", "-c",
+             "echo '{}' > .claude/settings.json; cat /dev/zero > fill 2>/dev/null; true"])}
+"""
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+                           script + f"echo rc=$?; ls -a {small}/proj/.claude 2>&1; "
+                           f"wc -c < {small}/proj/.claude/settings.json 2>&1; true"],
+                          env=ENV, capture_output=True, text=True, timeout=120)
+    assert "rc=125" in done.stdout, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    size = lines[-1].strip()
+    # either put back whole, or nothing there (the tool's version moved aside): never a part
+    assert size == str(len(good)) or "No such file" in size, done.stdout
+    assert "sandlock-restore" not in done.stdout  # no staged copy left behind

@@ -534,3 +534,53 @@ def test_trace_warns_that_a_listing_grants_the_whole_directory(work: Path, home:
     said = traced.stdout + traced.stderr
     assert f'read += "{projects}"' in said, said
     assert f"read every file below {projects}" in said, said
+
+
+# ----------------------------------------------------------------------------
+# 9. The output file: written after a run the command controlled, in a directory it may write
+
+
+def _output_attack(kind: str, work: Path, home: Path, tmp_path: Path
+                   ) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    """`learn -o` or `trace --report` into the working directory, whose recorded command
+    puts a symbolic link to a file it may not write (the user's shell start-up file's
+    stand-in) at the output's name, or makes the output's directory such a link."""
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    victim = victim_dir / "draft.toml"
+    victim.write_text("the user's own file\n")
+    (work / "drafts").mkdir()
+    plant = (f"ln -s {shlex.quote(str(victim))} draft.toml; mv drafts drafts.old; "
+             f"ln -s {shlex.quote(str(victim_dir))} drafts")
+    policy = tmp_path / "p.toml"
+    policy.write_text(f'version = 1\nextends = ["shell"]\n[filesystem]\nwrite = ["{work}"]\n')
+    where = "draft.toml" if kind.endswith("file") else "drafts/draft.toml"
+    if kind.startswith("learn"):
+        args = ["learn", "-o", where, "--", "/bin/sh", "-c", plant]
+    else:
+        args = ["trace", "--policy", str(policy), "--var", f"workspace={work}", "--report", where,
+                "--", "/bin/sh", "-c", plant]
+    return cli(args, work, home), victim, work
+
+
+@pytest.mark.parametrize("kind", ["learn-file", "learn-directory", "trace-file", "trace-directory"])
+def test_the_output_is_never_written_through_a_link_the_command_made(
+        kind: str, work: Path, home: Path, tmp_path: Path) -> None:
+    done, victim, work = _output_attack(kind, work, home, tmp_path)
+    assert victim.read_text() == "the user's own file\n", done.stderr
+    if kind.endswith("file"):  # refused, and said so
+        assert done.returncode == 125 and "not a regular file with one name" in done.stderr
+        assert (work / "draft.toml").is_symlink()
+    else:  # written where the directory was when the command started: its new name
+        assert done.returncode == 0, done.stderr
+        assert (work / "drafts.old" / "draft.toml").read_text().startswith(
+            "sandlock: trace" if kind.startswith("trace") else "#")
+
+
+def test_the_output_replaces_a_file_of_its_own(work: Path, home: Path) -> None:
+    """Control: an output file that is there already (a regular file) is replaced whole."""
+    (work / "draft.toml").write_text("x" * 100000)
+    done = cli(["learn", "-o", "draft.toml", "--", "/bin/true"], work, home)
+    assert done.returncode == 0, done.stderr
+    assert (work / "draft.toml").read_text().startswith("#")
+    assert not [p for p in work.iterdir() if p.name.startswith(".sandlock-output-")]

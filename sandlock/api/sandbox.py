@@ -45,12 +45,13 @@ from ..errors import (
 from ..exec import forkserver, launcher, spec
 from ..exec import native as nativeexec
 from ..exec.wire import setup_failure
-from ..policy.model import Compat, Policy, load_policy, loads_policy, policy_from_dict
 from .pump import _earliest, _now, _Pump, _wait_readable
 from .results import Outcome, RemoteTraceback, Result, _decode, _denials, _result
 
 if TYPE_CHECKING:
+    from ..compile.cache import Lookup
     from ..net.connect import Mediation
+    from ..policy.model import Policy
     from ..trace.record import Denial
 
 __all__ = ["DEVNULL", "Outcome", "PIPE", "Process", "RemoteTraceback", "Result", "STDOUT", "Sandbox",
@@ -62,7 +63,7 @@ STDOUT = -2
 DEVNULL = -3
 
 File = Union[None, int, IO[Any]]
-PolicyLike = Union[Policy, str, "os.PathLike[str]", Mapping[str, Any]]
+PolicyLike = Union["Policy", str, "os.PathLike[str]", Mapping[str, Any]]
 
 
 # ----------------------------------------------------------------------------
@@ -258,6 +259,8 @@ class _NativeCall(_Call):
 
 
 def _load(policy: PolicyLike, variables: Optional[Mapping[str, str]]) -> Policy:
+    from ..policy.model import Policy, load_policy, policy_from_dict
+
     if isinstance(policy, Policy):
         if variables:
             raise TypeError("vars= applies when loading a policy; this one is already loaded")
@@ -269,6 +272,25 @@ def _load(policy: PolicyLike, variables: Optional[Mapping[str, str]]) -> Policy:
 
         return load_policy(policy_file(policy) if isinstance(policy, str) else policy, variables)
     raise TypeError(f"policy must be a Policy, a path or a dict, not {type(policy).__name__}")
+
+
+def _file_plan(policy: Union[str, os.PathLike[str]], variables: Mapping[str, str],
+               best_effort: bool) -> tuple[tuple[str, Mapping[str, str], bool], Optional[bytes],
+                                           Optional[Lookup]]:
+    """A policy file's name, vars and mode; its bytes, read once (None: unreadable, the
+    full path reports why); and its slot in the cache of compiled policies (None: the
+    cache is off or unusable)."""
+    from ..compile import cache
+    from ..policy.profiles import policy_file
+    from ..policy.readfile import read_policy_bytes
+
+    path = policy_file(policy) if isinstance(policy, str) else os.fspath(policy)
+    named = (path, dict(variables), best_effort)
+    try:
+        data = read_policy_bytes(path)
+    except (OSError, ValueError):
+        return named, None, None
+    return named, data, cache.lookup(path, data, named[1], None, best_effort, handed_over=False)
 
 
 #: The longest timeout (seconds) the API takes, as the policy's ``timeout``.
@@ -334,35 +356,55 @@ class Sandbox:
             raise TypeError(f"max_result_size must be an int, not {type(max_result_size).__name__}")
         if max_result_size <= 0:
             raise ValueError(f"max_result_size must be positive, got {max_result_size}")
-        loaded = _load(policy, vars)
-        if best_effort:
-            loaded = loaded.with_compat(Compat.BEST_EFFORT)
-        if names:
-            loaded = loaded.with_accept(names, "accept=")
-        if timeout is not None:
-            loaded = loaded.with_timeout(timeout)
         self._mediator: Any = None  #: net.mediator.MediatorProcess of ``[network] allow``
         self._recorder: Any = None  #: trace.remote.RecorderProcess of native traced calls
         #: Per slot ("mediation", "recording"): (pid that asked, the next call's part,
         #: asked for while the previous call ran; see _prepared).
         self._ahead: dict[str, tuple[int, Any]] = {}
         self._review: Any = None  #: sandlock.undo.session.Review of review=
-        if review is not None:
-            from ..undo.session import Review
-
-            self._review = Review(review)
-            loaded = self._review.prepare(loaded)
-        if loaded.network.allow:
-            from ..net.connect import check_support
-
-            check_support()  # KernelSupportError: no seccomp user notification
         self._routes: Any = None  #: routes.Routes of ``[credentials]``
-        if loaded.credentials or credentials is not None:  # credential routes (issue 16)
-            from ..net.routes import prepare
+        # A policy file with none of the options its cache key does not hold: its plan may
+        # be read back from the cache of compiled policies, as `sandlock run` reads it.
+        self._file: Optional[tuple[str, Mapping[str, str], bool]] = None
+        data = None
+        cached = None
+        if (isinstance(policy, (str, os.PathLike)) and not names and timeout is None
+                and review is None and credentials is None):
+            self._file, data, cached = _file_plan(policy, vars or {}, best_effort)
 
-            # serving for the Sandbox's lifetime, from a process of its own
-            self._routes = prepare(loaded, None, credentials, remote=True)
-            self._routes.start()
+        def load() -> Policy:
+            from ..policy.model import Compat
+
+            if data is not None and self._file is not None:
+                from ..policy.model import load_policy
+
+                loaded = load_policy(self._file[0], vars, data=data)
+            else:
+                loaded = _load(policy, vars)
+            if best_effort:
+                loaded = loaded.with_compat(Compat.BEST_EFFORT)
+            if names:
+                loaded = loaded.with_accept(names, "accept=")
+            if timeout is not None:
+                loaded = loaded.with_timeout(timeout)
+            if review is not None:
+                from ..undo.session import Review
+
+                self._review = Review(review)
+                loaded = self._review.prepare(loaded)
+            if loaded.network.allow:
+                from ..net.connect import check_support
+
+                check_support()  # KernelSupportError: no seccomp user notification
+            if loaded.credentials or credentials is not None:  # credential routes (issue 16)
+                from ..net.routes import prepare
+
+                # serving for the Sandbox's lifetime, from a process of its own
+                self._routes = prepare(loaded, None, credentials, remote=True)
+                self._routes.start()
+            return loaded
+
+        from ..compile.cache import through
         from ..compile.runlog import directory as run_log
 
         self._log = run_log()  #: the run log's directory the grants are checked against
@@ -371,21 +413,24 @@ class Sandbox:
                 from ..compile.runlog import ready
 
                 ready()
-            self._compiled = compiler.compile_policy(loaded, self._routes)
+            self._compiled, loaded = through(
+                cached, data, load, lambda loaded: compiler.compile_policy(loaded, self._routes), None)
         except BaseException:
             if self._routes is not None:
                 self._routes.stop()
             if self._review is not None:
                 self._review.discard_now()
             raise
-        compiled_policy = self._compiled.policy  # compiled here: never None
-        assert compiled_policy is not None
-        self.policy = compiled_policy  #: as compiled: the route's port among its grants
+        #: The policy as compiled (the route's port among its grants): None when the plan
+        #: was read from the cache, until :attr:`policy` is first asked for.
+        self._policy = self._compiled.policy
+        #: Host allowlists: never in a plan the cache holds (it does not store them).
+        self._allow = loaded is not None and bool(loaded.network.allow)
         self._trusted = trusted
         self._max_result = max_result_size
         from ..policy.environment import matcher
 
-        self._passed = matcher(loaded.env.passed)
+        self._passed = matcher(self._compiled.env_passed)
         self._lock = threading.Lock()
         #: Names this compiled policy to the fork server, which prepares a confined
         #: process for the next call() of this Sandbox (sandlock.exec.server._Spare).
@@ -398,9 +443,28 @@ class Sandbox:
     @classmethod
     def from_toml(cls, text: str, *, vars: Optional[Mapping[str, str]] = None,
                   **options: Any) -> "Sandbox":
+        from ..policy.model import loads_policy
+
         return cls(loads_policy(text, vars), **options)
 
     # -- inspection
+
+    @property
+    def policy(self) -> Policy:
+        """The policy as compiled (a ``[credentials]`` route's port among its grants). A
+        plan read back from the cache of compiled policies was not loaded: the policy is
+        loaded here, on first use, from the bytes that plan was compiled from."""
+        loaded = self._policy
+        if loaded is None:
+            from ..policy.model import Compat, load_policy
+
+            assert self._file is not None  # only a policy file's plan is read back
+            path, variables, best_effort = self._file
+            loaded = load_policy(path, variables, data=self._compiled.source_bytes)
+            if best_effort:
+                loaded = loaded.with_compat(Compat.BEST_EFFORT)
+            self._policy = loaded
+        return loaded
 
     @property
     def abi(self) -> int:
@@ -483,7 +547,7 @@ class Sandbox:
         on failure nothing stays open. Returns the call and the caller's ends.
         ``session`` (the call's credential placeholders) is closed when the call ends.
         ``timeout`` may shorten the policy's limit, never lift it: the smaller applies."""
-        ceiling = self.policy.limits.timeout  # the policy's promise: its tree dies by then
+        ceiling = self._compiled.timeout  # the policy's promise: its tree dies by then
         if timeout is None or (ceiling is not None and ceiling < timeout):
             timeout = ceiling
         try:
@@ -521,7 +585,7 @@ class Sandbox:
             from ..trace.record import Judge, supported
 
             why = supported()
-            if self.policy.network.allow:  # has_duplicate_listener() in kernel/seccomp.c
+            if self._allow:  # has_duplicate_listener() in kernel/seccomp.c
                 why = ("not available with [network] allow: the kernel lets a process's "
                        "filters have one notification listener, and the host allowlist's "
                        "connect gate holds it")
@@ -538,7 +602,7 @@ class Sandbox:
         allowlists (``[network] allow``): in the Sandbox's mediator process
         (:mod:`sandlock.net.mediator`, started on the first such call and kept warm),
         never in this one, until the call ends."""
-        if not self.policy.network.allow:
+        if not self._allow:
             return None
         from ..net.mediator import MediatorProcess, RemoteMediation
 
@@ -610,7 +674,7 @@ class Sandbox:
             self._users += 1
         try:
             compiled = self._compiled
-            limit = self.policy.limits.timeout if timeout is None else timeout
+            limit = self._compiled.timeout if timeout is None else timeout
             if compiled.signal_gate:  # the signal scope's substitute below Landlock ABI 6
                 # run by the fork server's supervisor, or under [network] allow by the
                 # mediator's listener (RemoteMediation, below)
@@ -684,7 +748,7 @@ class Sandbox:
                 "env": list(cmd.env), "cwd": cmd.cwd, "bpf": compiled.bpf,
                 "rlimits": list(compiled.rlimits), "ruleset": compiled.ruleset_fd >= 0,
                 "cgroup": None if compiled.cgroup is None else compiled.cgroup.wire(),
-                "timeout": self.policy.limits.timeout if timeout is None else timeout,
+                "timeout": self._compiled.timeout if timeout is None else timeout,
                 **fields,
             }
             try:
@@ -753,7 +817,7 @@ class Sandbox:
         if cached is not None and cached[0] == raw:
             return dict(cached[1])
         env = {k: v for k, v in os.environ.items() if self._passed(k)}
-        env.update(self.policy.env.set)
+        env.update(self._compiled.env_set)
         if self._routes is not None:  # placeholders and route URLs; no from_env variable
             env = self._routes.session.environment(env)
         if isinstance(raw, dict):

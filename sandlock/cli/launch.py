@@ -121,28 +121,20 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
     credential routes listening, carried by the plan) and stored. A run that accepts a gap
     (``accept``, `--accept`) is compiled afresh: the cache's key does not hold it, nor does
     it hold a run under ``review`` (`--dry-run`, `--checkpoint`), whose grants it moves."""
+    from ..compile import cache as fastpath
     from ..compile import compiler
 
     cached = None
     data = None
     if policy is not None and tool is None:
-        from ..compile import cache as fastpath
         from ..policy.profiles import policy_file
 
         policy = policy_file(policy)  # a bare name: the shipped policy of that name
         data = _read_once(policy)
         cached = None if accept or review else fastpath.lookup(policy, data, variables, timeout,
                                                      best_effort)
-    try:
-        if cached is not None and cached.entry is not None:
-            from ..compile.grants import GrantError
 
-            try:
-                compiled = cached.entry.compile()
-                compiled.source_bytes = data  # what the entry's key holds: what runs
-                return compiled
-            except GrantError:
-                pass  # the full path reports it with the policy's line
+    def load() -> Policy:
         loaded = load_full(policy, tool, policies, variables, timeout, best_effort, data, accept)
         if review is not None:
             loaded = review.prepare(loaded)
@@ -150,28 +142,23 @@ def compile_run(policy: Optional[str], tool: Optional[str], policies: Optional[s
 
         for line in cautions(loaded):  # once: a cache hit does not come here
             say(f"warning: {line}")
-        routes = prepared(loaded)
-        from ..compile.grants import witnessing
+        return loaded
 
+    def compile_with_routes(loaded: Policy) -> Compiled:
+        routes = prepared(loaded)
         try:
-            # What the grant checks see, for the native entry (when the plan is stored)
-            with witnessing(cached is not None) as witness:
-                compiled = compiler.compile_policy(loaded, routes)
+            return compiler.compile_policy(loaded, routes)
         except BaseException:
             if routes is not None:
                 routes.stop()
             raise
-        if cached is not None:  # never stores a policy with [credentials] (their port)
-            from ..exec import spec  # the child's steps, for the native entry
 
-            cached.store(loaded, compiled, spec.encode(spec.child_steps(
-                compiled, spec.Command("", (), ()), in_group=False)), witness)
-        return compiled
-    finally:
-        if cached is not None:  # done with the cache: its directory is not the tool's
-            import os
+    def steps(compiled: Compiled) -> list[str]:
+        from ..exec import spec  # the child's steps, for the native entry
 
-            os.close(cached.directory)
+        return spec.encode(spec.child_steps(compiled, spec.Command("", (), ()), in_group=False))
+
+    return fastpath.through(cached, data, load, compile_with_routes, steps)[0]
 
 
 def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Optional[str],
@@ -237,10 +224,13 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
 def put_back_kept(kept: Sequence[Kept], watchdog_said: Sequence[str]) -> bool:
     """After the run: say what the watchdog put back of the kept paths, and put back
     what it could not (a watchdog killed before it did); True if anything had changed."""
+    from ..exec.launcher import KEPT_ALL_SEEN
     from ..undo.keep import KeepError, put_back
 
-    said = [line[1:] for line in watchdog_said]
-    for each in kept:
+    said = [line[1:] for line in watchdog_said if line != KEPT_ALL_SEEN]
+    # Looked at again only if the watchdog did not end its work: a directory it made again
+    # is a new one, which a second look would take for a change.
+    for each in () if KEPT_ALL_SEEN in watchdog_said else kept:
         try:
             again = put_back(each)
         except KeepError as exc:

@@ -6,6 +6,7 @@ Kept apart from :mod:`sandlock.cli.main` (which only registers them) and far fro
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -37,8 +38,8 @@ def _failed(exc: SandlockError) -> None:
     _say_raw(printable(str(exc), lines=True))
 
 
-def _emit(report: Optional[str], text: str) -> None:
-    """The report on stderr, or in a file (``-``: stdout)."""
+def _emit(report: Optional[str], text: str, out: Optional[_Output] = None) -> None:
+    """The report on stderr, or in a file (``out``, opened before the run; ``-``: stdout)."""
     if report is None:
         sys.stderr.write(text)
         sys.stderr.flush()
@@ -47,27 +48,74 @@ def _emit(report: Optional[str], text: str) -> None:
         sys.stdout.flush()
     else:
         try:
-            _write_file(report, text)
+            assert out is not None
+            out.write(text)
         except OSError as exc:
             say(f"cannot write the report to {report!r}: {exc.strerror or exc}")
             raise click.exceptions.Exit(ExitCode.LAUNCHER) from None
 
 
-def _write_file(path: str, text: str) -> None:
-    """Write a report or draft to a regular file; a FIFO or device is refused, never
-    waited on (opened non-blocking, then checked)."""
-    import stat
+class _Output:
+    """A file named on the command line for a report or a draft, which is written after a
+    run the recorded command controlled (it may write the working directory). Its directory
+    is opened before the run and the file is reached from it: a link the command puts in
+    place of a directory is never followed. The file is replaced by a rename, never written
+    through: a symbolic link, a FIFO, a device or a file with another name (hard link)
+    found at its place is refused, not written to."""
 
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY, 0o644)
+    def __init__(self, path: str) -> None:
+        self.path = path
+        where, self.name = os.path.split(path)
+        if not self.name or self.name in (".", ".."):
+            raise OSError(errno.EISDIR, "names a directory, not a file", path)
+        self.directory = os.open(where or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def write(self, text: str) -> None:
+        import stat
+
+        try:
+            try:
+                found = os.stat(self.name, dir_fd=self.directory, follow_symlinks=False)
+            except FileNotFoundError:
+                found = None
+            if found is not None and not (stat.S_ISREG(found.st_mode) and found.st_nlink == 1):
+                raise OSError(0, "it is not a regular file with one name (the recorded command "
+                              "may have put a link there): not written; remove it or name "
+                              "another file", self.path)
+            temporary = f".sandlock-output-{os.urandom(6).hex()}"
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o644, dir_fd=self.directory)
+            try:
+                data = text.encode("utf-8")
+                while data:
+                    data = data[os.write(fd, data):]
+                os.close(fd)
+                fd = -1
+                os.rename(temporary, self.name, src_dir_fd=self.directory,
+                          dst_dir_fd=self.directory)
+            except BaseException:
+                if fd >= 0:
+                    os.close(fd)
+                os.unlink(temporary, dir_fd=self.directory)
+                raise
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.directory >= 0:
+            os.close(self.directory)
+            self.directory = -1
+
+
+def _output(path: Optional[str], what: str) -> Optional[_Output]:
+    """``path``'s directory, opened before the run (exit 125 if it cannot be)."""
+    if path is None or path == "-":
+        return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(0, "not a regular file", path)
-        os.ftruncate(fd, 0)
-        data = text.encode("utf-8")
-        while data:
-            data = data[os.write(fd, data):]
-    finally:
-        os.close(fd)
+        return _Output(path)
+    except OSError as exc:
+        say(f"cannot write {what} to {path!r}: {exc.strerror or exc}")
+        raise click.exceptions.Exit(ExitCode.LAUNCHER) from None
 
 
 def _check_support() -> None:
@@ -107,6 +155,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
     from ..trace.record import Judge, Recorder
 
     code: int = ExitCode.LAUNCHER
+    out = _output(report, "the report")  # its directory, held before the command runs
     try:
         _check_support()
         loaded = load_full(policy, tool, policies, parse_vars(variables), timeout, best_effort, None)
@@ -135,10 +184,12 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
             _failed(failure)
     except SandlockError as exc:
         _failed(exc)
+        if out is not None:
+            out.close()
         raise click.exceptions.Exit(int(exc.exit_code)) from None
     if as_json:
         _emit(report, json.dumps({"exit_code": code, "recorded": recorded, "unreadable": lost,
-                                  "denials": [d.as_dict() for d in denials]}, indent=2) + "\n")
+                                  "denials": [d.as_dict() for d in denials]}, indent=2) + "\n", out)
     else:
         lines = [f"sandlock: trace: {d}\n" for d in denials]
         if not denials:
@@ -149,7 +200,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
                          "ended first)\n")
         lines.append("sandlock: trace: not seen here: syscalls the seccomp filter refuses, hosts "
                      "refused by [network] allow (reported as they happen)\n")
-        _emit(report, "".join(lines))
+        _emit(report, "".join(lines), out)
     raise click.exceptions.Exit(code)
 
 
@@ -180,18 +231,21 @@ def learn(output: Optional[str], extends: Sequence[str], timeout: Optional[str],
     files (also printed on stderr). Review it, then use it with
     `sandlock run --policy FILE -- COMMAND`.
     """
+    out = _output(output, "the draft")  # its directory, held before the command runs
     try:
         _check_support()
         draft, code = learn_policy(list(command), extends=tuple(extends), timeout=timeout,
                                    report=say, allow_net=allow_net, allow_unix=allow_unix)
     except SandlockError as exc:
         _failed(exc)
+        if out is not None:
+            out.close()
         raise click.exceptions.Exit(int(exc.exit_code)) from None
-    if output is None:
+    if out is None:
         sys.stdout.write(draft.text)
     else:
         try:
-            _write_file(output, draft.text)
+            out.write(draft.text)
         except OSError as exc:
             say(f"cannot write {output!r}: {exc.strerror or exc}")
             raise click.exceptions.Exit(ExitCode.LAUNCHER) from None

@@ -55,7 +55,7 @@ from .reviewdirs import state_path
 
 TYPE_CHECKING = False  # typing costs milliseconds; this module exists to save them
 if TYPE_CHECKING:
-    from typing import Any, Mapping, Optional, Sequence
+    from typing import Any, Callable, Mapping, Optional, Sequence
 
     from ..policy.model import Policy
     from .compiler import Compiled
@@ -289,13 +289,14 @@ def _digest(key: tuple[Any, ...]) -> str:
 
 
 def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout: Optional[str],
-           best_effort: bool) -> Optional[Lookup]:
+           best_effort: bool, *, handed_over: bool = True) -> Optional[Lookup]:
     """The cache slot for the policy file whose bytes are ``text``; None when the cache
-    is off or unusable (no keyring, no private directory)."""
+    is off or unusable (no keyring, no private directory). ``handed_over=False`` (the
+    API): no front end handed this run over, its environment holds no mark to take."""
     # Set by sandlock-run for the run it hands over when its native entry is stale ("1"):
     # compile afresh, and store both entries anew; or missing ("missing": written once
     # the plan is compiled here, if it can have one). Taken out: never the tool's.
-    mark = os.environ.pop(ENV_NATIVE_STALE, "")
+    mark = os.environ.pop(ENV_NATIVE_STALE, "") if handed_over else ""
     stale = mark == "1"
     if os.environ.get(ENV_NO_CACHE):
         return None
@@ -321,6 +322,42 @@ def lookup(policy_file: str, text: bytes, variables: Mapping[str, str], timeout:
         return None
     return Lookup(key, directory, name, secret, entry, policy_file,
                   (policy_file, text, variables, timeout, best_effort, key[2]))
+
+
+def through(cached: Optional[Lookup], data: Optional[bytes], load: Callable[[], Policy],
+            compile: Callable[[Policy], Compiled],
+            steps: Optional[Callable[[Compiled], Sequence[str]]]) -> tuple[Compiled, Optional[Policy]]:
+    """The plan of a policy file whose bytes are ``data``, and the policy it was compiled
+    from: read back from ``cached`` on a hit (no policy is loaded: None in its place),
+    else ``load``ed and ``compile``d, then stored in ``cached``'s slot. ``steps`` (the
+    child's steps, encoded a layer above) also stores the native entry, from what the
+    grant checks of this compile saw: only a process that compiles one policy at a time
+    (the CLI) may record them; None stores none. Closes the slot's directory."""
+    from .grants import GrantError, witnessing
+
+    try:
+        if cached is not None and cached.entry is not None:
+            try:
+                hit = cached.entry.compile()
+                hit.source_bytes = data  # what the entry's key holds: what runs
+                return hit, None
+            except GrantError:
+                pass  # the full path reports it with the policy's line
+        loaded = load()
+        if steps is None:
+            made = compile(loaded)
+            if cached is not None:
+                cached.store(loaded, made)
+            return made, loaded
+        # What the grant checks see, for the native entry (when the plan is stored)
+        with witnessing(cached is not None) as witness:
+            made = compile(loaded)
+        if cached is not None:  # never stores a policy with [credentials] (their port)
+            cached.store(loaded, made, steps(made), witness)
+        return made, loaded
+    finally:
+        if cached is not None:  # done with the cache: its directory is not the tool's
+            os.close(cached.directory)
 
 
 # ----------------------------------------------------------------------------

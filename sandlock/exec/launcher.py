@@ -215,6 +215,12 @@ def _put_back(kept: Sequence[Kept], out: int) -> None:
         if said is not None:
             line = f"sandlock: {said}" if out == 2 else mark + said
             os.write(out, line.encode(errors="backslashreplace") + b"\n")
+    if out != 2:  # every kept path was seen to: the launcher need not look again
+        os.write(out, KEPT_ALL_SEEN.encode() + b"\n")
+
+
+#: The watchdog's last line once it has put back every kept path (Child.kept's last).
+KEPT_ALL_SEEN = "="
 
 
 def _drain(fd: int) -> None:

@@ -12,10 +12,17 @@ it was. The run then fails (exit 125) and says so.
 
 Everything is reached from the parent directory's descriptor, opened before the tool
 starts, one component at a time with ``O_NOFOLLOW``: a link the tool put in the way is
-an entry that differs, never a way elsewhere. A parent whose mode the tool changed (a
-tool may chmod what its uid owns) gets its mode back first. What is kept is bounded
-(:data:`MAX_ENTRIES`, :data:`MAX_BYTES`, :data:`MAX_DEPTH`): a larger path is refused
-before the run, never kept in part.
+an entry that differs, never a way elsewhere. Every directory above the path is held
+too, and found again by its name once the tool is gone: a tool that moved one of them
+(``mv .git .git.old``) and made a new one in its place has changed the path, and the
+directory it moved is moved back (or, if it is gone, made again). A parent whose mode
+the tool changed (a tool may chmod what its uid owns) gets its mode back first. The
+path is put back whole or not at all: what it was is written beside it first, then
+renamed into place (a full disk leaves no half-written path). A symbolic link is kept
+only inside a kept directory and pointing within it: one that leads out of the kept
+path (the path itself, an absolute target, a ``..``) would leave what it points to
+unkept. What is kept is bounded (:data:`MAX_ENTRIES`, :data:`MAX_BYTES`,
+:data:`MAX_DEPTH`): a larger path is refused before the run, never kept in part.
 """
 
 from __future__ import annotations
@@ -65,6 +72,12 @@ def _read(parent: int, name: str, budget: _Budget, depth: int = 0) -> Optional[N
     mode = stat.S_IMODE(info.st_mode)
     if stat.S_ISLNK(info.st_mode):
         target = os.readlink(name, dir_fd=parent)
+        if depth == 0:
+            raise KeepError("it is a symbolic link: what it points to would not be kept "
+                            f"(keep {target!r} instead)")
+        if os.path.isabs(target) or ".." in target.split("/"):
+            raise KeepError(f"{name!r} is a symbolic link to {target!r}, outside the kept "
+                            "path: what it points to would not be kept")
         budget.take(1, len(target))
         return ("l", 0, target)
     if stat.S_ISREG(info.st_mode):
@@ -132,8 +145,9 @@ def _write(parent: int, name: str, node: Node) -> None:
 
 @dataclass
 class Kept:
-    """One kept path: its parent's descriptor (O_PATH) and mode, what it was, and the
-    descriptor whose shared lock says a run keeps it (:func:`_baseline`)."""
+    """One kept path: its parent's descriptor (O_PATH) and mode, what it was, the
+    descriptor whose shared lock says a run keeps it (:func:`_baseline`), and every
+    directory from ``/`` down to the parent (:class:`_Chain`)."""
 
     path: str
     parent: int
@@ -141,12 +155,133 @@ class Kept:
     name: str
     before: Optional[Node]
     held: int = -1
+    chain: Optional[_Chain] = None
 
     def close(self) -> None:
         for fd in (self.parent, self.held):
             if fd >= 0:
                 os.close(fd)
         self.parent = self.held = -1
+        if self.chain is not None:
+            self.chain.close()
+
+
+_PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Chain:
+    """The directories from ``/`` down to a kept path's parent (its real path, no link
+    on the way), each held by a descriptor (O_PATH) taken before the run."""
+
+    def __init__(self, real: str) -> None:
+        self.real = real
+        self.users = 1  #: the kept paths in this directory share it (:func:`_chain`)
+        self.names = [part for part in real.split("/") if part]
+        if len(self.names) > MAX_DEPTH:
+            raise KeepError(f"more than {MAX_DEPTH} directories above it")
+        self.fds: list[int] = []
+        try:
+            self.fds.append(os.open("/", _PATH_DIR))
+            for part in self.names:
+                self.fds.append(os.open(part, _PATH_DIR, dir_fd=self.fds[-1]))
+        except BaseException:
+            self.close()
+            raise
+        self.ids = [_identity(os.fstat(fd)) for fd in self.fds]
+
+    def close(self) -> None:
+        self.users -= 1
+        if self.users > 0:
+            return
+        _CHAINS.pop(self.real, None)
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+    def walk(self) -> tuple[int, int]:
+        """Walk the real path again from ``/``: (the descriptor of the deepest directory
+        that is still the one held, opened now; its depth, ``len(names)`` if all are)."""
+        fd = os.open("/", _PATH_DIR)
+        if _identity(os.fstat(fd)) != self.ids[0]:
+            os.close(fd)
+            raise KeepError("/ is not the directory it was")
+        return self._descend(fd, 0)
+
+    def _descend(self, fd: int, depth: int) -> tuple[int, int]:
+        try:
+            while depth < len(self.names):
+                try:
+                    deeper = os.open(self.names[depth], _PATH_DIR, dir_fd=fd)
+                except OSError:  # gone, or a link or a file in its place
+                    break
+                if _identity(os.fstat(deeper)) != self.ids[depth + 1]:
+                    os.close(deeper)
+                    break
+                os.close(fd)
+                fd, depth = deeper, depth + 1
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, depth
+
+    def mend(self, fd: int, depth: int) -> tuple[int, int, str]:
+        """The directory below ``fd`` (at ``depth``) is not the one held: move what is in
+        its place aside, and move the one held back, or make it again (and those below
+        it) if it is gone. Consumes ``fd``; returns the next (descriptor, depth) to go on
+        from, and what was done."""
+        name = self.names[depth]
+        aside = f"{name}.sandlock-changed-{os.urandom(4).hex()}"
+        here = os.path.join("/", *self.names[:depth + 1])
+        try:
+            try:
+                os.rename(name, aside, src_dir_fd=fd, dst_dir_fd=fd)
+                said = (f"the tool moved {here!r}, a directory above the kept path; what it "
+                        f"left in its place is at {os.path.join(os.path.dirname(here), aside)!r}")
+            except FileNotFoundError:
+                said = f"the tool moved or removed {here!r}, a directory above the kept path"
+            held = self.fds[depth + 1]
+            now = os.readlink(f"/proc/self/fd/{held}")
+            try:
+                if now.endswith(" (deleted)") or (
+                        _identity(os.stat(now, follow_symlinks=False)) != self.ids[depth + 1]):
+                    raise FileNotFoundError(now)
+                os.rename(now, name, dst_dir_fd=fd)
+            except OSError:
+                pass
+            else:
+                return (*self._descend(fd, depth), f"{said}; it is back from {now!r}")
+            while depth < len(self.names):  # gone: made again, and the directories below it
+                part = self.names[depth]
+                os.mkdir(part, 0o700, dir_fd=fd)
+                deeper = os.open(part, _PATH_DIR, dir_fd=fd)
+                os.chmod(f"/proc/self/fd/{deeper}", stat.S_IMODE(os.fstat(self.fds[depth + 1]).st_mode))
+                # the chain now holds the new one (another path kept below it walks it next)
+                os.close(self.fds[depth + 1])
+                self.fds[depth + 1] = os.dup(deeper)
+                self.ids[depth + 1] = _identity(os.fstat(deeper))
+                os.close(fd)
+                fd, depth = deeper, depth + 1
+            return fd, depth, f"{said}; it is gone, and was made again (empty but for the kept path)"
+        except BaseException:
+            os.close(fd)
+            raise
+
+
+#: The chains held in this process, by real path: paths kept in one directory share one.
+_CHAINS: dict[str, _Chain] = {}
+
+
+def _chain(real: str) -> _Chain:
+    found = _CHAINS.get(real)
+    if found is not None:
+        found.users += 1
+        return found
+    made = _CHAINS[real] = _Chain(real)
+    return made
+
+
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return (info.st_dev, info.st_ino)
 
 
 #: Where the runs keeping a path share what it was: a directory of the private state
@@ -224,41 +359,115 @@ def keep(path: str) -> Kept:
         parent = os.open(where, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise KeepError(f"--keep {path!r}: {exc.strerror or exc}") from None
+
     def now() -> tuple[int, Optional[Node]]:
         return stat.S_IMODE(os.fstat(parent).st_mode), _read(parent, name, _Budget())
 
+    chain = None
     try:
+        chain = _chain(os.path.realpath(f"/proc/self/fd/{parent}"))
+        if chain.ids[-1] != _identity(os.fstat(parent)):
+            raise KeepError("the directory holding it changed while it was read")
         (mode, before), held = _baseline(path, now)
     except (KeepError, OSError) as exc:
         os.close(parent)
+        if chain is not None:
+            chain.close()
         why = str(exc) if isinstance(exc, KeepError) else (exc.strerror or str(exc))
         raise KeepError(f"--keep {path!r} cannot be kept: {why}") from None
-    return Kept(path, parent, mode, name, before, held)
+    return Kept(path, parent, mode, name, before, held, chain)
+
+
+def _remove(parent: int, name: str) -> None:
+    """Remove ``name`` in ``parent`` and all below it (a restore that could not be
+    written whole), never following a link."""
+    info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    if stat.S_ISDIR(info.st_mode):
+        fd = os.open(name, _DIR, dir_fd=parent)
+        try:
+            for child in os.listdir(fd):
+                _remove(fd, child)
+        finally:
+            os.close(fd)
+        os.rmdir(name, dir_fd=parent)
+    else:
+        os.unlink(name, dir_fd=parent)
 
 
 def put_back(kept: Kept) -> Optional[str]:
     """Once the tool's tree is gone: None if ``kept`` is as it was; otherwise make it so
     and say what was done. KeepError if it could not be put back."""
-    proc = f"/proc/self/fd/{kept.parent}"
+    said: list[str] = []
+    parent = -1
     try:
+        if kept.chain is None:
+            raise KeepError("it was not held")
+        parent, depth = kept.chain.walk()
+        for _ in range(len(kept.chain.names) + 1):
+            if depth == len(kept.chain.names):
+                break
+            parent, depth, done = kept.chain.mend(parent, depth)
+            said.append(done)
+        else:
+            raise KeepError("the directories above it kept changing")
+        named = os.path.realpath(os.path.dirname(kept.path))
+        if named != kept.chain.real:  # its name went through a link, which now leads elsewhere
+            raise KeepError(f"its name now leads to {named!r}, not {kept.chain.real!r}")
+        proc = f"/proc/self/fd/{parent}"
         if stat.S_IMODE(os.stat(proc).st_mode) != kept.parent_mode:
             os.chmod(proc, kept.parent_mode)  # the directory held: no name to swap
         try:
-            now = _read(kept.parent, kept.name, _Budget())
+            now = _read(parent, kept.name, _Budget())
         except (KeepError, OSError):
-            now = ("?", 0, None)  # unreadable or too large now: it changed
-        if now == kept.before:
-            return None
-        aside = None
-        if now is not None:
-            aside = f"{kept.name}.sandlock-changed-{os.urandom(4).hex()}"
-            os.rename(kept.name, aside, src_dir_fd=kept.parent, dst_dir_fd=kept.parent)
-        if kept.before is not None:
-            _write(kept.parent, kept.name, kept.before)
+            now = ("?", 0, None)  # unreadable, too large or a link out now: it changed
+        if now != kept.before:
+            said.append(_swap(parent, kept))
     except OSError as exc:
         raise KeepError(f"the tool changed {kept.path!r}, a path kept for this run, and it "
                         f"could not be put back: {exc.strerror or exc}") from None
+    except KeepError as exc:
+        raise KeepError(f"the tool changed {kept.path!r}, a path kept for this run, and it "
+                        f"could not be put back: {exc}") from None
+    finally:
+        if parent >= 0:
+            os.close(parent)
+    return "; ".join(said) if said else None
+
+
+def _swap(parent: int, kept: Kept) -> str:
+    """Put what ``kept`` was in place in ``parent``: written whole beside it first, then
+    renamed in; what was there is moved aside. What was done, as a sentence."""
+    staged = None
+    if kept.before is not None:
+        staged = f"{kept.name}.sandlock-restore-{os.urandom(4).hex()}"
+        try:
+            _write(parent, staged, kept.before)
+        except OSError:
+            try:
+                _remove(parent, staged)
+            except OSError:
+                pass
+            staged = None
+            failed = True
+        else:
+            failed = False
+    else:
+        failed = False
+    aside = None
+    try:
+        os.stat(kept.name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        pass
+    else:
+        aside = f"{kept.name}.sandlock-changed-{os.urandom(4).hex()}"
+        os.rename(kept.name, aside, src_dir_fd=parent, dst_dir_fd=parent)
     where = os.path.join(os.path.dirname(kept.path), aside) if aside else None
+    if failed:  # the tool's version is out of the way; what was cannot be written
+        raise KeepError(f"it could not be written whole (is the disk full?); nothing is at "
+                        f"{kept.path!r} now" + (f", what the tool left is at {where!r}" if where
+                                                else ""))
+    if staged is not None:
+        os.rename(staged, kept.name, src_dir_fd=parent, dst_dir_fd=parent)
     return (f"the tool changed {kept.path!r}, a path kept for this run: it is as it was "
             "before the run again" + (f"; what the tool left is at {where!r}" if where else
                                       " (the tool had removed it)"))

@@ -1,0 +1,153 @@
+"""The API reads a policy file's plan back from the cache of compiled policies, as
+`sandlock run` does (sandlock/compile/cache.py, ``through``): a hit confines as a miss
+does, and the options the cache's key does not hold are never served from it.
+
+Each Sandbox here is made in a fresh interpreter against a private cache directory
+(XDG_CACHE_HOME); a hit is recognised by what it did not import: sandlock.policy.model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+from conftest import write_policy
+from test_fastpath import cache_env, run  # noqa: F401
+
+POLICY = """\
+version = 1
+extends = ["base"]
+[filesystem]
+read = ["${ws}"]
+write = ["${out}"]
+exec = ["/usr/bin/cat", "/usr/bin/sh", "/usr/bin/dash", "/usr/bin/sleep"]
+[env]
+set = { GREETING = "from the policy" }
+[limits]
+timeout = "30s"
+"""
+
+# Makes one Sandbox in a fresh interpreter, runs each command, and prints as JSON whether
+# the policy model was imported before the first run, and each run's code and output.
+RUNNER = """\
+import json, sys
+import sandlock
+policy, variables, options, commands, cwd = json.loads(sys.argv[1])
+box = sandlock.Sandbox(policy, vars=variables, **options)
+parsed = "sandlock.policy.model" in sys.modules
+runs = []
+for argv in commands:
+    done = box.run(argv, capture_output=True, cwd=cwd)
+    runs.append([done.returncode, done.stdout.decode(errors="replace")])
+grants = box.grants()["read"]
+box.close()
+print(json.dumps({"parsed": parsed, "runs": runs, "grants": grants}))
+"""
+
+
+@pytest.fixture
+def scene(tmp_path: Path) -> dict[str, Path]:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes.md").write_text("hello from the workspace\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("top secret\n")
+    return {"ws": ws, "out": out, "outside": outside,
+            "policy": write_policy(tmp_path, POLICY, name="tool.toml")}
+
+
+def api(scene: dict[str, Path], env: dict[str, str], commands: list[list[str]],
+        cwd: Optional[Path] = None, **options: Any) -> dict[str, Any]:
+    variables = {"ws": str(scene["ws"]), "out": str(scene["out"])}
+    done = subprocess.run([sys.executable, "-c", RUNNER,
+                           json.dumps([str(scene["policy"]), variables, options, commands,
+                                       None if cwd is None else str(cwd)])],
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def reads(scene: dict[str, Path]) -> list[list[str]]:
+    return [["/usr/bin/cat", str(scene["ws"] / "notes.md")],
+            ["/usr/bin/cat", str(scene["outside"] / "secret.txt")],
+            ["/usr/bin/sh", "-c", "echo $GREETING"]]
+
+
+def test_a_plan_the_api_stored_is_read_back_and_confines_alike(
+        scene: dict[str, Path], cache_env: dict[str, str]) -> None:  # noqa: F811
+    first = api(scene, cache_env, reads(scene))
+    second = api(scene, cache_env, reads(scene))
+    assert first["parsed"] and not second["parsed"]  # a miss, then a hit
+    for result in (first, second):
+        (code, text), (denied, secret), (_, greeting) = result["runs"]
+        assert (code, text) == (0, "hello from the workspace\n")
+        assert denied != 0 and "top secret" not in secret
+        assert greeting == "from the policy\n"  # the plan's [env] set
+        assert str(scene["ws"]) in result["grants"]  # the policy, loaded when asked for
+
+
+def test_a_plan_the_cli_stored_is_a_hit_for_the_api(
+        scene: dict[str, Path], cache_env: dict[str, str]) -> None:  # noqa: F811
+    done, seen = run(scene["policy"], ["/usr/bin/cat", str(scene["ws"] / "notes.md")], cache_env,
+                     ws=str(scene["ws"]), out=str(scene["out"]))
+    assert done.returncode == 0 and seen["parsed"], done.stderr
+    result = api(scene, cache_env, reads(scene))
+    assert not result["parsed"]
+    assert result["runs"][0] == [0, "hello from the workspace\n"]
+    assert result["runs"][1][0] != 0 and "top secret" not in result["runs"][1][1]
+
+
+def test_a_changed_policy_file_is_a_miss(scene: dict[str, Path],
+                                         cache_env: dict[str, str]) -> None:  # noqa: F811
+    api(scene, cache_env, [])
+    scene["policy"].write_text(scene["policy"].read_text().replace('read = ["${ws}"]', "read = []"))
+    result = api(scene, cache_env, reads(scene)[:1])
+    assert result["parsed"]
+    assert result["runs"][0][0] != 0  # the new file's grants: the workspace is no longer read
+
+
+SLOW = [["/usr/bin/sleep", "3"]]
+
+
+@pytest.mark.parametrize("shorter", [True, False], ids=["timeout=", "control"])
+def test_a_timeout_option_is_never_served_from_the_cache(
+        scene: dict[str, Path], cache_env: dict[str, str], shorter: bool) -> None:  # noqa: F811
+    """The key holds no API timeout: the plan stored with the file's 30 s must not stand
+    in for ``timeout=0.5``. Control: without it, the same run is a hit and completes."""
+    api(scene, cache_env, [])
+    options: dict[str, Any] = {"timeout": 0.5} if shorter else {}
+    result = api(scene, cache_env, SLOW, **options)
+    assert result["parsed"] == shorter
+    assert (result["runs"][0][0] != 0) == shorter, result
+
+
+def test_a_dry_run_is_never_served_from_the_cache(scene: dict[str, Path],
+                                                  cache_env: dict[str, str]) -> None:  # noqa: F811
+    """A stored plan grants the real directory: a dry run (whose grants move to copies)
+    served from it would write the caller's files."""
+    write = [["/usr/bin/sh", "-c", "echo changed > made.txt"]]  # in the working directory
+    api(scene, cache_env, [])
+    result = api(scene, cache_env, write, scene["out"], review="dry-run")
+    assert result["parsed"] and result["runs"][0][0] == 0, result
+    assert not (scene["out"] / "made.txt").exists()
+    control = api(scene, cache_env, write, scene["out"])
+    assert not control["parsed"] and (scene["out"] / "made.txt").read_text() == "changed\n"
+
+
+def test_without_a_usable_cache_the_api_compiles(scene: dict[str, Path],
+                                                 cache_env: dict[str, str]) -> None:  # noqa: F811
+    env = {**cache_env, "SANDLOCK_NO_CACHE": "1"}
+    for _ in range(2):
+        result = api(scene, env, reads(scene)[:1])
+        assert result["parsed"] and result["runs"] == [[0, "hello from the workspace\n"]]
+    stored = Path(cache_env["XDG_CACHE_HOME"]) / "sandlock" / "policies"
+    assert not stored.exists() or not os.listdir(stored)
