@@ -259,3 +259,59 @@ def test_the_single_file_binary_names_its_stub(tmp_path: Path,
     monkeypatch.delenv("SANDLOCK_STUB")
     with pytest.raises(sandlock.SandlockError, match="single-file binary"):
         shell_rules.sandlock_argv()
+
+
+# ----------------------------------------------------------------------------
+# The files that choose the next command's policy, in a project a command may write
+
+
+def _hooked_in(project: Path, command: str, *options: str) -> str:
+    done = subprocess.run([sys.executable, "-P", "-m", "sandlock", "hook", "claude-code", *options],
+                          input=hook_input(command, cwd=str(project)), capture_output=True,
+                          timeout=60, cwd=project,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "CLAUDE_PROJECT_DIR": str(project)})
+    return rewritten(done)
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "control"])
+def test_a_command_cannot_choose_the_policy_of_the_next(tmp_path: Path, kept: bool) -> None:
+    """The rules file (and the policies it names) in the project: the first command,
+    confined by a policy that writes the project, names a policy of its own for the next
+    one. Control: the same line without its --keep options, and the next command writes
+    outside the workspace."""
+    project = tmp_path / "project"
+    (project / "policies").mkdir(parents=True)
+    rules = project / "sandlock-rules.toml"
+    rules.write_text('[[rule]]\nmatch = "^cat "\npolicy = "policies/read.toml"\n\n'
+                     '[default]\npolicy = "shell"\n')
+    (project / "policies" / "read.toml").write_text('version = 1\nextends = ["read_file"]\n')
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    evil = (f"printf '[default]\\npolicy = \"evil.toml\"\\n' > sandlock-rules.toml; "
+            f"printf 'version = 1\\nextends = [\"base\"]\\n[filesystem]\\nexec = [\"/usr/bin\"]\\n"
+            f"write = [\"{outside}\"]\\n' "
+            "> evil.toml")
+    options = ("--rules", str(rules), "--var", f"workspace={project}")
+    first = _hooked_in(project, evil, *options)
+    assert ("--keep " + str(rules)) in first and str(project / "policies" / "read.toml") in first
+    if not kept:
+        first = first.replace(f"--keep {rules} ", "")
+    ran = bash(first, project)
+    assert ran.returncode == (125 if kept else 0), ran.stderr
+    second = _hooked_in(project, f"echo pwned > {outside}/mark", *options)
+    bash(second, project)
+    assert (outside / "mark").exists() == (not kept)
+
+
+def test_sandlock_shell_keeps_its_rules(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    rules = project / "rules.toml"
+    rules.write_text('[default]\npolicy = "shell"\n')
+    done = subprocess.run([sys.executable, "-P", "-m", "sandlock", "shell", "--rules", str(rules),
+                           "--var", f"workspace={project}", "-c",
+                           "printf '[default]\\npolicy = \"evil.toml\"\\n' > rules.toml"],
+                          capture_output=True, text=True, timeout=60, cwd=project,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 125 and "a path kept for this run" in done.stderr, done.stderr
+    assert rules.read_text() == '[default]\npolicy = "shell"\n'

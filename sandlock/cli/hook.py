@@ -110,6 +110,7 @@ def shell(ctx: click.Context) -> None:
     try:
         chosen = load_rules(given.get("--rules"), given.get("--policy"), given.get("--registry"))
         run_args = run_arguments(chosen.choose(args[1]), parse_vars(pairs), args[1], args[2:])
+        run_args = [*(arg for path in chosen.files for arg in ("--keep", path)), *run_args]
     except SandlockError as exc:
         say(printable(str(exc)))
         raise click.exceptions.Exit(ExitCode.LAUNCHER) from None

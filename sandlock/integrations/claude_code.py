@@ -103,7 +103,7 @@ def answer(data: bytes, rules: Rules, variables: Mapping[str, str], *, ask: bool
     choice = rules.choose(call.command)
     updated = dict(call.tool_input)
     updated["command"] = rewritten(choice, variables, call.command, prefix,
-                                   keep=kept_paths(call.cwd))
+                                   keep=list(dict.fromkeys([*kept_paths(call.cwd), *rules.files])))
     return json.dumps({"hookSpecificOutput": {
         "hookEventName": EVENT,
         "permissionDecision": "ask" if ask else "allow",

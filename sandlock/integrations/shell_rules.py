@@ -81,6 +81,11 @@ class Rules:
 
     rules: tuple[Rule, ...]
     default: Optional[Choice]
+    #: The files that choose the next command's policy: the rules file, the policy files
+    #: it and ``--policy`` name, the registry. A command confined by a policy that writes
+    #: one of them would choose the policy of the commands after it: each rewritten
+    #: command keeps them (``sandlock run --keep``).
+    files: tuple[str, ...] = ()
 
     def choose(self, command: str) -> Choice:
         for rule in self.rules:
@@ -129,7 +134,7 @@ def load_rules(rules_file: Optional[str], policy: Optional[str],
         if default is None:
             raise SandlockError("give --policy P, or --rules FILE (with --registry DIR for "
                                 "tools)")
-        return Rules((), default)
+        return Rules((), default, _files(None, [default], registry))
     if sys.version_info >= (3, 11):
         import tomllib as _toml
     else:  # pragma: no cover - Python < 3.11
@@ -168,7 +173,22 @@ def load_rules(rules_file: Optional[str], policy: Optional[str],
             raise SandlockError(f"{rules_file}: [default] and --policy both name the default "
                                 "policy: keep one")
         default = _choice(data["default"], "default", rules_file, registry, base)
-    return Rules(tuple(rules), default)
+    return Rules(tuple(rules), default,
+                 _files(rules_file, [rule.choice for rule in rules] + [default], registry))
+
+
+def _files(rules_file: Optional[str], choices: Sequence[Optional[Choice]],
+           registry: Optional[str]) -> tuple[str, ...]:
+    """:attr:`Rules.files`: absolute, each once (a shipped profile is no file of the user's)."""
+    from ..policy.profiles import is_name
+
+    named = [os.path.abspath(rules_file)] if rules_file is not None else []
+    named += [choice.policy for choice in choices
+              if choice is not None and choice.policy is not None and not is_name(choice.policy)]
+    if registry is not None and any(choice is not None and choice.tool is not None
+                                    for choice in choices):
+        named.append(registry)
+    return tuple(dict.fromkeys(os.path.normpath(path) for path in named))
 
 
 def checked_command(command: object) -> str:
