@@ -206,3 +206,58 @@ def test_a_class_is_no_result(box: sandlock.Sandbox) -> None:
     unpickler made for it, not the class), and says so."""
     error = _refused(box, pickle.dumps([Path], 5))
     assert "a class is not data" in str(error)
+
+
+# ----------------------------------------------------------------------------
+# Results whose cost is not their length: keys of one hash, empty containers
+
+#: Python's hash of an int is the int modulo this prime: these keys all hash to 5.
+_P = (1 << 61) - 1
+
+
+def _colliding(count: int) -> list[int]:
+    keys = [5 + k * _P for k in range(count)]
+    assert len({hash(key) for key in keys}) == 1  # the attack is real: one hash for all
+    return keys
+
+
+def _long1(value: int) -> bytes:
+    data = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(data)]) + data
+
+
+#: 2,000 keys of one hash: 22 KB, past the C unpickler's size; set or dict (each insert
+#: compares the key with every one before it: quadratic; 20,000 took 2.4 s of the caller).
+_KEYS = b"".join(_long1(key) for key in _colliding(2000))
+_ITEMS = b"".join(_long1(key) + b"N" for key in _colliding(2000))
+
+
+@pytest.mark.parametrize("blob", [
+    pytest.param(b"\x80\x05}(" + _ITEMS + b"u.", id="dict SETITEMS"),
+    pytest.param(b"\x80\x05(" + _ITEMS + b"d.", id="dict DICT"),
+    pytest.param(b"\x80\x05\x8f(" + _KEYS + b"\x90.", id="set ADDITEMS"),
+    pytest.param(b"\x80\x05(" + _KEYS + b"\x91.", id="FROZENSET"),
+    pytest.param(pickle.dumps(_As(frozenset, (_colliding(2000),)), 5), id="frozenset(list)"),
+    pytest.param(pickle.dumps(_As(__import__("collections").Counter, (_colliding(200),)), 5),
+                 id="Counter(list), a short result"),
+])
+def test_keys_of_one_hash_are_refused(box: sandlock.Sandbox, blob: bytes) -> None:
+    assert "keys of one hash" in str(_refused(box, blob))
+
+
+def test_empty_containers_cannot_make_the_caller_allocate(box: sandlock.Sandbox) -> None:
+    """300,000 empty sets: 300 KB of pickle, 65 MB of the caller's memory once built."""
+    blob = b"\x80\x05](" + b"\x8f" * 300_000 + b"e."
+    before = _peak_mib()
+    assert "times its length in memory" in str(_refused(box, blob))
+    assert _peak_mib() - before < 40
+
+
+def test_a_large_result_of_records_comes_back(box: sandlock.Sandbox) -> None:
+    """Past the C unpickler's size: records, sets of distinct keys, numbers as keys."""
+    records = [{"name": f"file{i}.txt", "size": i, "tags": ["a", "b"], "ok": True}
+               for i in range(20_000)]
+    value = {"records": records, "ids": set(range(5000)), "by_size": {i: i for i in range(5000)},
+             "pairs": frozenset((i, -i) for i in range(3000))}
+    assert len(pickle.dumps(value, 5)) > 16 << 10
+    assert box.call(api_tools.reply, pickle.dumps(value, 5)) == value

@@ -7,12 +7,22 @@ and this module is kept self-contained so that it can be read and reviewed on it
 it imports nothing of sandlock but its error types and :class:`RemoteTraceback`, opens
 nothing and imports only the modules named in ``_SAFE_GLOBALS``.
 
-What is rebuilt is bounded: a pickle's opcodes can at most repeat references (a few
-pointers per input byte); constructors are named by the bytes, so the only ones
+What is rebuilt is bounded: constructors are named by the bytes, so the only ones
 reachable are those below, each called through a check that its output is about the
-size of its arguments and costs about as long to build as to read. Containers are
-refused past ``_MAX_DEPTH`` levels, exceptions are rebuilt only from classes already
-imported, and anything else only if the caller named its class in ``trusted_types=``.
+size of its arguments. Containers are refused past ``_MAX_DEPTH`` levels, exceptions
+are rebuilt only from classes already imported, and anything else only if the caller
+named its class in ``trusted_types=``.
+
+Two costs are not the bytes' length, and are bounded apart. Memory: an empty set is one
+opcode byte and 216 bytes of the caller's memory; the containers a result makes may
+take at most ``_MAX_GROWTH`` times its length. Time: numbers, and tuples of them, have
+hashes anyone can make equal (``hash(k * (2**61 - 1) + 5)`` is 5 for every k), and a
+set or dict of n keys of one hash costs n * n / 2 comparisons to build (20,000 keys,
+240 KB, took 2.4 s of the caller's CPU); a set or dict may hold at most
+``_MAX_SAME_HASH`` keys of one hash. Both are checked as each container is built, by
+the pure-Python unpickler (about ten times slower than the C one), for results longer
+than ``_FAST_LIMIT``; shorter ones, where neither cost can be large (at most 16 KiB x
+216 in memory, about 20 ms of CPU), go through the C unpickler.
 """
 
 from __future__ import annotations
@@ -45,6 +55,14 @@ _MAX_INT_BITS = 1 << 16
 _MAX_EXPONENT = 10_000
 #: Containers inside containers (the caller's repr, ==, json, copy recurse on them).
 _MAX_DEPTH = 200
+#: Results at most this long are rebuilt by the C unpickler, longer ones checked as they
+#: are built (see the module's docstring).
+_FAST_LIMIT = 16 << 10
+#: Keys of one hash in one set or dict (or Counter, OrderedDict, frozenset).
+_MAX_SAME_HASH = 64
+#: The memory the containers of a result may take, as a multiple of its length (a list of
+#: small records takes about 15 to 30 times the bytes of its pickle), plus 1 MiB.
+_MAX_GROWTH = 64
 #: Arguments whose length is that of what was read (not range, not an iterator).
 _MATERIALISED = (list, tuple, dict, set, frozenset, str, bytes, bytearray)
 #: Values with nothing inside to walk.
@@ -107,7 +125,27 @@ def _collection(cls: type, args: tuple[Any, ...]) -> Any:
     if len(args) > 2 or (args and not isinstance(args[0], _MATERIALISED)) or (
             len(args) == 2 and not (args[1] is None or type(args[1]) is int)):
         raise _Refused(f"{cls.__name__}{tuple(type(a).__name__ for a in args)}")
+    if args and cls is not collections.deque:  # what is hashed: keys, or the items
+        given = args[0]
+        if cls is collections.OrderedDict and not isinstance(given, dict):
+            given = [pair[0] for pair in given if isinstance(pair, (tuple, list)) and pair]
+        _spread(given, {})
     return cls(*args)
+
+
+def _spread(keys: Iterable[Any], seen: dict[int, int]) -> None:
+    """Count ``keys`` by hash into ``seen`` (one container's); refuse more than
+    ``_MAX_SAME_HASH`` of one hash, before they are put in the container."""
+    for key in keys:
+        try:
+            mark = hash(key)
+        except TypeError:
+            continue  # the container refuses it itself
+        count = seen.get(mark, 0) + 1
+        if count > _MAX_SAME_HASH:
+            raise _Refused(f"more than {_MAX_SAME_HASH} keys of one hash in one set or dict "
+                           "(each would be compared with all the others: quadratic time)")
+        seen[mark] = count
 
 
 #: The checked constructors; classes not named here are handed out as they are (their
@@ -243,7 +281,7 @@ def _check_depth(value: Any) -> None:
 _END = object()
 
 
-class _Unpickler(pickle.Unpickler):
+class _Restricted:
     """Rebuilds only plain data, exception classes already imported, and trusted types.
 
     Unpickling runs whatever callable the bytes name, so a compromised tool could
@@ -252,9 +290,7 @@ class _Unpickler(pickle.Unpickler):
     up: only the modules of ``_SAFE_GLOBALS`` are ever imported here.
     """
 
-    def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
-        super().__init__(io.BytesIO(data))
-        self.trusted = trusted
+    trusted: Mapping[tuple[str, str], type]
 
     def find_class(self, module: str, name: str) -> Any:
         """A stand-in or a checked constructor for the class the bytes name; never the
@@ -272,10 +308,101 @@ class _Unpickler(pickle.Unpickler):
             return _stand_in(found)
         raise _Untrusted(f"{module}.{name}")
 
-    def load(self) -> Any:
-        value = super().load()
-        _check_depth(value)
-        return value
+
+class _Unpickler(_Restricted, pickle.Unpickler):
+    """The C unpickler, for results of at most ``_FAST_LIMIT`` bytes."""
+
+    def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.trusted = trusted
+
+
+#: The pure-Python unpickler (its opcodes are methods, in ``dispatch``).
+_Python: Any = pickle._Unpickler
+
+
+class _Checked(_Restricted, _Python):  # type: ignore[misc]
+    """The pure-Python unpickler, each container checked as it is built: keys of one
+    hash, and the memory its containers take (see the module's docstring)."""
+
+    def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.trusted = trusted
+        self._budget = _MAX_GROWTH * len(data) + (1 << 20)
+        self._hashes: dict[int, dict[int, int]] = {}  # id of a container -> its keys' hashes
+
+    def _made(self, container: Any) -> Any:
+        self._budget -= sys.getsizeof(container)
+        if self._budget < 0:
+            raise _Refused(f"its containers take more than {_MAX_GROWTH} times its length "
+                           "in memory")
+        return container
+
+    def _keys(self, container: Any, keys: Iterable[Any]) -> None:
+        _spread(keys, self._hashes.setdefault(id(container), {}))
+
+    def load_empty_dictionary(self) -> None:
+        self.append(self._made({}))
+
+    def load_empty_list(self) -> None:
+        self.append(self._made([]))
+
+    def load_empty_set(self) -> None:
+        self.append(self._made(set()))
+
+    def load_list(self) -> None:
+        self.append(self._made(self.pop_mark()))
+
+    def load_dict(self) -> None:
+        items = self.pop_mark()
+        made = self._made({})
+        self._keys(made, items[0::2])
+        made.update(zip(items[0::2], items[1::2]))
+        self.append(made)
+
+    def load_frozenset(self) -> None:
+        items = self.pop_mark()
+        _spread(items, {})
+        self.append(self._made(frozenset(items)))
+
+    def load_setitem(self) -> None:
+        stack = self.stack
+        value = stack.pop()
+        key = stack.pop()
+        self._keys(stack[-1], (key,))
+        stack[-1][key] = value
+
+    def load_setitems(self) -> None:
+        items = self.pop_mark()
+        target = self.stack[-1]
+        self._keys(target, items[0::2])
+        for index in range(0, len(items), 2):
+            target[items[index]] = items[index + 1]
+
+    def load_additems(self) -> None:
+        items = self.pop_mark()
+        target = self.stack[-1]
+        self._keys(target, items)
+        if isinstance(target, set):
+            target.update(items)
+        else:
+            for item in items:
+                target.add(item)
+
+    dispatch: dict[int, Any] = dict(_Python.dispatch)
+    dispatch.update({pickle.EMPTY_DICT[0]: load_empty_dictionary,
+                     pickle.EMPTY_LIST[0]: load_empty_list, pickle.EMPTY_SET[0]: load_empty_set,
+                     pickle.LIST[0]: load_list, pickle.DICT[0]: load_dict,
+                     pickle.FROZENSET[0]: load_frozenset, pickle.SETITEM[0]: load_setitem,
+                     pickle.SETITEMS[0]: load_setitems, pickle.ADDITEMS[0]: load_additems})
+
+
+def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
+    """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
+    loader = _Unpickler if len(data) <= _FAST_LIMIT else _Checked
+    value = loader(data, trusted).load()
+    _check_depth(value)
+    return value
 
 
 def _trusted_types(types_: Any) -> dict[tuple[str, str], type]:
@@ -303,7 +430,7 @@ def _rebuild(name: str, data: bytes, trusted: Mapping[tuple[str, str], type], co
     message)`` or ``("raise", type name, message, traceback text, pickle or None)``.
     """
     try:  # an envelope of str and bytes only; a hijacked tool may send anything
-        envelope = _Unpickler(data, {}).load()
+        envelope = _load(data, {})
         kind = envelope[0]
         if kind == "raise":
             _, what, message, text, blob = envelope
@@ -315,7 +442,7 @@ def _rebuild(name: str, data: bytes, trusted: Mapping[tuple[str, str], type], co
                         f"to the caller: {envelope[2]}")
     if kind == "ok":
         try:
-            return _Unpickler(envelope[1], trusted).load()
+            return _load(envelope[1], trusted)
         except _Untrusted as exc:
             raise CallError(f"{name} returned an object of type {exc}, which is not plain "
                             "data: pass it in trusted_types= to rebuild it (results of "
@@ -333,7 +460,7 @@ def _reraise(name: str, what: Any, message: Any, text: Any, blob: Any,
     exc_obj: Any = None
     if blob is not None:
         try:
-            exc_obj = _Unpickler(blob, trusted).load()
+            exc_obj = _load(blob, trusted)
         except Exception:  # noqa: BLE001 - fall back to the text
             exc_obj = None
     if isinstance(exc_obj, Exception) and not isinstance(exc_obj, SandlockError):
