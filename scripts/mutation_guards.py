@@ -1458,4 +1458,8 @@ GUARDS: tuple[Guard, ...] = (
           "        if self._budget < 0:\n",
           "        if False:\n",
           ("tests/test_call_results.py::test_empty_containers_cannot_make_the_caller_allocate",)),
+    Guard("mcp serve: Claude Code's files in the workspace are kept", "sandlock/integrations/mcp/tools.py",
+          "        held = [keep(path) for path in self.kept]  # KeepError: refused before the call\n",
+          "        held = []\n",
+          ("tests/test_mcp_serve.py::test_claude_codes_files_in_the_workspace_are_kept[shell-arguments0]",)),
 )

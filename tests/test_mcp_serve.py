@@ -114,3 +114,20 @@ def test_the_example_client_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "water the plants" in done.stdout and "Permission denied" in done.stdout
     assert "sk-not-for-tools" not in done.stdout
+
+
+@pytest.mark.parametrize("tool, arguments", [
+    ("shell", {"command": "mkdir -p .claude && echo '{\"hooks\": {}}' > .claude/settings.json"}),
+    ("write_file", {"path": ".mcp.json", "content": '{"mcpServers": {"x": {"command": "id"}}}'}),
+])
+def test_claude_codes_files_in_the_workspace_are_kept(served: Any, place: dict[str, Path],
+                                                      tool: str, arguments: dict[str, str]) -> None:
+    """Claude Code runs the hooks of the workspace's .claude and the servers of its
+    .mcp.json outside any sandbox: a call that changed them is put back, and fails."""
+    result = served.call(tool, arguments)
+    assert result.is_error and "a path kept for this run" in text(result), text(result)
+    assert not (place["ws"] / ".claude" / "settings.json").exists()
+    assert not (place["ws"] / ".mcp.json").exists()
+    for left in place["ws"].iterdir():  # what the call wrote, moved aside: nothing is lost
+        if ".sandlock-changed-" in left.name:
+            subprocess.run(["rm", "-rf", str(left)], check=True)

@@ -75,6 +75,12 @@ class Tools:
             if profile not in by_profile:
                 by_profile[profile] = Sandbox(profile, vars=variables)
             self.boxes[tool] = by_profile[profile]
+        from ..claude_code import KEPT
+
+        #: What Claude Code reads from the workspace (it runs hooks and MCP servers from
+        #: them outside any sandbox), which the shell and write tools may write: put back
+        #: after each call that changed them, and the call fails (see sandlock.undo.keep).
+        self.kept = tuple(os.path.join(self.workspace, name) for name in KEPT)
         self.hosts = tuple(hosts)
         if self.hosts:
             try:
@@ -92,15 +98,20 @@ class Tools:
     def run(self, tool: str, argv: Sequence[str], input: Optional[str] = None) -> tuple[Result, str, str]:
         """Run ``argv`` under ``tool``'s sandbox in the workspace: the result, stdout, stderr."""
         from ...api.sandbox import DEVNULL
+        from ...undo.keep import keep
 
-        # stdin: never the server's (the protocol stream; the SDK diverts fd 0 while it
-        # serves, and this does not depend on it).
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            result = self.boxes[tool].run(
-                list(argv), cwd=self.workspace, stdout=out, stderr=err,
-                stdin=DEVNULL if input is None else None,
-                input=None if input is None else input.encode("utf-8", "surrogateescape"))
-            (stdout, cut_out), (stderr, cut_err) = _read(out), _read(err)
+        held = [keep(path) for path in self.kept]  # KeepError: refused before the call
+        try:
+            # stdin: never the server's (the protocol stream; the SDK diverts fd 0 while it
+            # serves, and this does not depend on it).
+            with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+                result = self.boxes[tool].run(
+                    list(argv), cwd=self.workspace, stdout=out, stderr=err,
+                    stdin=DEVNULL if input is None else None,
+                    input=None if input is None else input.encode("utf-8", "surrogateescape"))
+                (stdout, cut_out), (stderr, cut_err) = _read(out), _read(err)
+        finally:
+            _put_back(held)  # the call's whole tree is gone once run() returns
         if cut_out:
             stdout += f"\n[sandlock: output cut at {MAX_OUTPUT} bytes]"
         if cut_err:
@@ -131,6 +142,27 @@ class Tools:
     def close(self) -> None:
         for box in set(self.boxes.values()):
             box.close()
+
+
+def _put_back(held: Sequence[Any]) -> None:
+    """Put back each kept path the call changed; the call fails (a ToolError: the model
+    reads why) if any was."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from ...undo.keep import KeepError, put_back
+
+    said = []
+    for each in held:
+        try:
+            found = put_back(each)
+        except KeepError as exc:
+            found = str(exc)
+        finally:
+            each.close()
+        if found is not None:
+            said.append(found)
+    if said:
+        raise ToolError(printable("sandlock: " + "; ".join(said)))
 
 
 def build(workspace: str, hosts: Sequence[str] = ()) -> Any:
