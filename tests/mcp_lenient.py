@@ -22,6 +22,9 @@ import sys
 from typing import Any
 
 DEPTH = 50000
+#: One level of it: a bracket padded to the bytes the gateway takes for each container
+#: (its bound on containers per byte is not what these lines test).
+OPEN = "[" + " " * 7
 
 
 def send(message: dict[str, Any]) -> None:
@@ -67,10 +70,10 @@ def main() -> None:
         elif method == "tools/call":
             name = str(params.get("name")).strip().lower()
             if name == "deep":
-                raw('{"jsonrpc":"2.0","id":%d,"result":{"x":%s0%s}}' % (id, "[" * DEPTH, "]" * DEPTH))
+                raw('{"jsonrpc":"2.0","id":%d,"result":{"x":%s0%s}}' % (id, OPEN * DEPTH, "]" * DEPTH))
             elif name == "deep-note":
                 raw('{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info",'
-                    '"data":%s0%s}}' % ("[" * DEPTH, "]" * DEPTH))
+                    '"data":%s0%s}}' % (OPEN * DEPTH, "]" * DEPTH))
                 send(result(id, "deep-note answered"))
             elif name in ("nan", "inf"):
                 raw('{"jsonrpc":"2.0","id":%d,"result":{"content":[],"x":%s}}'

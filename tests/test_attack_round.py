@@ -534,3 +534,17 @@ def test_positive_control_a_cancelled_call_left_running_keeps_its_slot(
             instance.process.kill()  # (the test's own clean-up)
     finally:
         driver.close()
+
+
+@pytest.mark.any_user
+def test_a_message_dense_with_containers_is_not_json() -> None:
+    """A line of empty objects: 2 bytes each, about 64 of the gateway's memory each once
+    read (1 MiB of them took 24 MiB; each of the gateway's readers holds a 16 MiB line)."""
+    from sandlock.integrations.mcp import wire
+
+    dense = b"[" + b",".join([b"{} "] * 500_000) + b"]"  # 4 bytes each
+    with pytest.raises(ValueError, match="container for every"):
+        wire.decode(dense)
+    text = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"content": [
+        {"type": "text", "text": "int main() { return f({1, 2}[0]); }\n" * 20_000}]}})
+    assert wire.decode(text.encode())["id"] == 1  # control: code full of brackets, in a string

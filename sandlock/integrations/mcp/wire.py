@@ -70,11 +70,20 @@ def lines(fd: int, limit: int = MAX_MESSAGE) -> Iterator[bytes]:
             raise TooLarge(f"a message longer than {limit} bytes")
 
 
+#: Bytes of a line for each container it may open (see :func:`decode`).
+MAX_CONTAINER_SHARE = 8
+
+
 def decode(line: bytes) -> Any:
     """The JSON value of one line (``ValueError`` if it is not JSON, or nested deeper than
     :data:`MAX_DEPTH`). ``NaN``, ``Infinity`` and numbers too large for a float (``1e999``)
     are not JSON (RFC 8259): :func:`json.loads` takes them, :func:`encode` would write
     them back as ``NaN`` or ``Infinity``, and a strict client's parser drops that line."""
+    # An empty object is 2 bytes of JSON and about 64 of the gateway's memory once read
+    # (a 16 MiB line of them, half a gigabyte): a line may open a container for at most one
+    # byte in MAX_CONTAINER_SHARE (an overcount: brackets inside strings count too).
+    if (line.count(b"{") + line.count(b"[")) * MAX_CONTAINER_SHARE > len(line) + 4096:
+        raise ValueError(f"more than one container for every {MAX_CONTAINER_SHARE} bytes")
     try:
         value = json.loads(line, parse_float=_finite, parse_constant=_not_a_number)
     except _RECURSION:
