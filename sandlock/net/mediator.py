@@ -41,8 +41,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import socket
 import sys
+import time
 
 from .. import PACKAGE_DIR
 
@@ -452,6 +454,11 @@ def serve_warm(fd: int, setup: Callable[[bytes], tuple[Any, bool]],
     try:
         state, native = setup(sock.recv(1 << 24))
         if native:
+            from ..linux.kernel import set_child_subreaper
+
+            # What its server leaves when it ends (a supervisor ending a moment after it)
+            # comes here, not to a subreaper above this process that never reaps it.
+            set_child_subreaper(True)
             reaper = hand_over_server(sock)
         while True:
             said, fds, _, _ = socket.recv_fds(sock, 64, 1)
@@ -472,7 +479,33 @@ def serve_warm(fd: int, setup: Callable[[bytes], tuple[Any, bool]],
         thread.join()
     if reaper is not None:  # its server ends at the caller's EOF too: reaped here, never
         reaper.join(START_TIMEOUT)  # left to whichever subreaper is above this process
+        _reap_all(time.monotonic() + START_TIMEOUT)
     os._exit(0)
+
+
+def _reap_all(deadline: float) -> None:
+    """Reap every child left (each call has ended: what remains is ending); those still
+    there at ``deadline`` are killed, then reaped."""
+    killed = False
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid:
+            continue
+        if time.monotonic() >= deadline:
+            if killed:
+                return
+            from ..exec.forkserver import children_of
+
+            for child in children_of(os.getpid()):
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            killed, deadline = True, time.monotonic() + 5  # each is reaped as it dies
+        time.sleep(0.01)
 
 
 def hand_over_server(sock: socket.socket) -> Optional[threading.Thread]:

@@ -651,6 +651,13 @@ int main(void) {
         char drained[sizeof(struct signalfd_siginfo)];
         while (read(sigfd, drained, sizeof drained) > 0) {}
     }
+    drain_notes();
+    if (idle > 0) { /* not gone after a second (a loaded machine): it has no call, so it is
+                     * killed and reaped rather than left to a subreaper */
+        kill(idle, SIGKILL);
+        while (waitpid(idle, NULL, 0) < 0 && errno == EINTR) {}
+        idle = 0;
+    }
     kill_strays();
     return 0;
 }
