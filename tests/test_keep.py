@@ -369,3 +369,35 @@ set +e
     # either put back whole, or nothing there (the tool's version moved aside): never a part
     assert size == str(len(good)) or "No such file" in size, done.stdout
     assert "sandlock-restore" not in done.stdout  # no staged copy left behind
+
+
+def test_a_kept_path_inside_another_is_put_back_first(tmp_path: Path) -> None:
+    """The hook keeps .claude, then the rules file in it: the outer path's copy, put back
+    last, is what was; put back first, the inner path's walk took it for a directory the
+    tool made and moved the tool's edited one back over it."""
+    project = tmp_path / "project"
+    (project / ".claude").mkdir(parents=True)
+    (project / ".claude" / "settings.json").write_text(json.dumps(SETTINGS))
+    (project / ".claude" / "rules.toml").write_text('[default]\npolicy = "shell"\n')
+    command = (f"mv .claude .claude-old && printf '%s' '{EVIL}' > .claude-old/settings.json "
+               "&& cp -a .claude-old .claude")
+    ran = keep_run(project, [project / ".claude", project / ".claude" / "rules.toml"], command,
+                   workspace=project)
+    assert ran.returncode == 125, ran.stderr
+    assert json.loads((project / ".claude" / "settings.json").read_text()) == SETTINGS
+    assert (project / ".claude" / "rules.toml").read_text() == '[default]\npolicy = "shell"\n'
+
+
+def test_two_kept_paths_under_a_directory_the_tool_removed(tmp_path: Path) -> None:
+    """Both walks find the directory gone: the one made again for the first stands for it
+    in the second (not moved aside as the tool's)."""
+    project = tmp_path / "project"
+    (project / "conf" / "p").mkdir(parents=True)
+    (project / "conf" / "rules.toml").write_text("rules\n")
+    (project / "conf" / "p" / "dev.toml").write_text("dev\n")
+    ran = keep_run(project, [project / "conf" / "rules.toml", project / "conf" / "p" / "dev.toml"],
+                   "rm -r conf", workspace=project)
+    assert ran.returncode == 125, ran.stderr
+    assert (project / "conf" / "rules.toml").read_text() == "rules\n"
+    assert (project / "conf" / "p" / "dev.toml").read_text() == "dev\n"
+    assert not [p for p in project.iterdir() if ".sandlock-changed-" in p.name], ran.stderr

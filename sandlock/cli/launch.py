@@ -225,12 +225,12 @@ def put_back_kept(kept: Sequence[Kept], watchdog_said: Sequence[str]) -> bool:
     """After the run: say what the watchdog put back of the kept paths, and put back
     what it could not (a watchdog killed before it did); True if anything had changed."""
     from ..exec.launcher import KEPT_ALL_SEEN
-    from ..undo.keep import KeepError, put_back
+    from ..undo.keep import KeepError, in_order, put_back
 
     said = [line[1:] for line in watchdog_said if line != KEPT_ALL_SEEN]
     # Looked at again only if the watchdog did not end its work: a directory it made again
     # is a new one, which a second look would take for a change.
-    for each in () if KEPT_ALL_SEEN in watchdog_said else kept:
+    for each in () if KEPT_ALL_SEEN in watchdog_said else in_order(kept):
         try:
             again = put_back(each)
         except KeepError as exc:

@@ -205,9 +205,9 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
 def _put_back(kept: Sequence[Kept], out: int) -> None:
     """Put back each kept path the tool changed (its tree is gone); one line on ``out``
     for each, ``!`` first where it could not be."""
-    from ..undo.keep import KeepError, put_back
+    from ..undo.keep import KeepError, in_order, put_back
 
-    for each in kept:
+    for each in in_order(kept):
         try:
             said, mark = put_back(each), " "
         except KeepError as exc:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SandlockError
 
@@ -214,7 +214,8 @@ class _Chain:
                     deeper = os.open(self.names[depth], _PATH_DIR, dir_fd=fd)
                 except OSError:  # gone, or a link or a file in its place
                     break
-                if _identity(os.fstat(deeper)) != self.ids[depth + 1]:
+                held = self.ids[depth + 1]
+                if _identity(os.fstat(deeper)) != _REPLACED.get(held, held):
                     os.close(deeper)
                     break
                 os.close(fd)
@@ -239,26 +240,16 @@ class _Chain:
                         f"left in its place is at {os.path.join(os.path.dirname(here), aside)!r}")
             except FileNotFoundError:
                 said = f"the tool moved or removed {here!r}, a directory above the kept path"
-            held = self.fds[depth + 1]
-            now = os.readlink(f"/proc/self/fd/{held}")
-            try:
-                if now.endswith(" (deleted)") or (
-                        _identity(os.stat(now, follow_symlinks=False)) != self.ids[depth + 1]):
-                    raise FileNotFoundError(now)
-                os.rename(now, name, dst_dir_fd=fd)
-            except OSError:
-                pass
-            else:
-                return (*self._descend(fd, depth), f"{said}; it is back from {now!r}")
+            back = _bring_back(self.fds[depth + 1], self.ids[depth + 1], fd, name)
+            if back is not None:
+                return (*self._descend(fd, depth), f"{said}; it is back from {back!r}")
             while depth < len(self.names):  # gone: made again, and the directories below it
                 part = self.names[depth]
                 os.mkdir(part, 0o700, dir_fd=fd)
                 deeper = os.open(part, _PATH_DIR, dir_fd=fd)
                 os.chmod(f"/proc/self/fd/{deeper}", stat.S_IMODE(os.fstat(self.fds[depth + 1]).st_mode))
-                # the chain now holds the new one (another path kept below it walks it next)
-                os.close(self.fds[depth + 1])
-                self.fds[depth + 1] = os.dup(deeper)
-                self.ids[depth + 1] = _identity(os.fstat(deeper))
+                # the new one stands for the one held, for every path kept below it
+                _REPLACED[self.ids[depth + 1]] = _identity(os.fstat(deeper))
                 os.close(fd)
                 fd, depth = deeper, depth + 1
             return fd, depth, f"{said}; it is gone, and was made again (empty but for the kept path)"
@@ -269,6 +260,45 @@ class _Chain:
 
 #: The chains held in this process, by real path: paths kept in one directory share one.
 _CHAINS: dict[str, _Chain] = {}
+#: Directories made again in place of a held one that was gone: (held) -> (made).
+_REPLACED: dict[tuple[int, int], tuple[int, int]] = {}
+#: Entries of a directory looked through for a held one the tool moved there.
+MAX_LOOKED_THROUGH = 100_000
+
+
+def _bring_back(held: int, identity: tuple[int, int], fd: int, name: str) -> Optional[str]:
+    """Move the directory ``held`` (O_PATH) back to ``name`` in ``fd``, from wherever the
+    tool moved it: found by descriptors and names only (its parent is its ``..``, its name
+    the entry of that parent that is it), never by a path a tool could reroute. Where it
+    was, or None if it is gone (removed, or not found)."""
+    try:
+        above = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=held)
+    except OSError:  # removed: a removed directory has no parent
+        return None
+    try:
+        if _identity(os.fstat(above)) == identity:  # / itself
+            return None
+        with os.scandir(above) as entries:
+            for count, entry in enumerate(entries):
+                if count >= MAX_LOOKED_THROUGH:
+                    return None
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(info.st_mode) and _identity(info) == identity:
+                    found = entry.name
+                    break
+            else:
+                return None
+        was = os.path.join(os.readlink(f"/proc/self/fd/{above}"), found)
+        os.rename(found, name, src_dir_fd=above, dst_dir_fd=fd)
+        if _identity(os.stat(name, dir_fd=fd, follow_symlinks=False)) != identity:
+            raise KeepError(f"what was moved back from {was!r} is not the directory held "
+                            "(something changed it meanwhile)")
+        return was
+    finally:
+        os.close(above)
 
 
 def _chain(real: str) -> _Chain:
@@ -392,6 +422,13 @@ def _remove(parent: int, name: str) -> None:
         os.rmdir(name, dir_fd=parent)
     else:
         os.unlink(name, dir_fd=parent)
+
+
+def in_order(kept: Sequence[Kept]) -> list[Kept]:
+    """The order to put kept paths back in: the deepest first. A kept path inside another
+    is put back before it: the outer one's copy, put back last, is the whole of what was
+    (put back first, the inner one's walk would take it for a directory the tool made)."""
+    return sorted(kept, key=lambda each: -each.path.count("/"))
 
 
 def put_back(kept: Kept) -> Optional[str]:

@@ -149,10 +149,10 @@ def _put_back(held: Sequence[Any]) -> None:
     reads why) if any was."""
     from mcp.server.mcpserver.exceptions import ToolError
 
-    from ...undo.keep import KeepError, put_back
+    from ...undo.keep import KeepError, in_order, put_back
 
     said = []
-    for each in held:
+    for each in in_order(held):
         try:
             found = put_back(each)
         except KeepError as exc:
