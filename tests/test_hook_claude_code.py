@@ -315,3 +315,52 @@ def test_sandlock_shell_keeps_its_rules(tmp_path: Path) -> None:
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 125 and "a path kept for this run" in done.stderr, done.stderr
     assert rules.read_text() == '[default]\npolicy = "shell"\n'
+
+
+def test_a_command_cannot_change_what_a_kept_policy_extends(tmp_path: Path) -> None:
+    """The rules' git policy extends a file of the project: the default policy's command
+    rewrites that file to grant a write outside; it is put back (the layers are kept)."""
+    project = tmp_path / "project"
+    (project / "pol").mkdir(parents=True)
+    rules = project / "rules.toml"
+    rules.write_text('[[rule]]\nmatch = "^git "\npolicy = "pol/git.toml"\n\n[default]\npolicy = "shell"\n')
+    (project / "pol" / "git.toml").write_text('version = 1\nextends = ["base", "common.toml"]\n')
+    (project / "pol" / "common.toml").write_text('version = 1\n[filesystem]\nexec = ["/usr/bin"]\n')
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    evil = (f"printf 'version = 1\\n[filesystem]\\nexec = [\"/usr/bin\"]\\nwrite = [\"{outside}\"]\\n' "
+            "> pol/common.toml")
+    options = ("--rules", str(rules), "--var", f"workspace={project}")
+    first = _hooked_in(project, evil, *options)
+    assert f"--keep {project / 'pol' / 'common.toml'}" in first
+    assert bash(first, project).returncode == 125
+    second = _hooked_in(project, f"git --version >/dev/null; echo pwned > {outside}/mark", *options)
+    bash(second, project)
+    assert not (outside / "mark").exists()
+    control = bash(first.replace(f"--keep {project / 'pol' / 'common.toml'} ", ""), project)
+    assert control.returncode == 0, control.stderr  # the layer was written: kept, it is undone
+    bash(second, project)
+    assert (outside / "mark").exists()
+
+
+def test_a_bare_name_that_is_no_shipped_profile_is_a_file_beside_the_rules(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    rules = project / "rules.toml"
+    rules.write_text('[default]\npolicy = "mypolicy"\n')
+    line = _hooked_in(project, "true", "--rules", str(rules))
+    assert f"--policy {project / 'mypolicy'} " in line and f"--keep {project / 'mypolicy'} " in line
+
+
+def test_a_policy_reached_through_a_link_is_refused(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "pols-real").mkdir(parents=True)
+    (project / "pol").symlink_to("pols-real")
+    (project / "pols-real" / "git.toml").write_text('version = 1\nextends = ["base"]\n')
+    rules = project / "rules.toml"
+    rules.write_text('[default]\npolicy = "pol/git.toml"\n')
+    done = subprocess.run([sys.executable, "-P", "-m", "sandlock", "hook", "claude-code", "--rules",
+                           str(rules)], input=hook_input("true", cwd=str(project)),
+                          capture_output=True, timeout=60, cwd=project,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "CLAUDE_PROJECT_DIR": str(project)})
+    assert done.returncode == 2 and b"symbolic link" in done.stderr, done.stderr

@@ -98,11 +98,12 @@ class Rules:
 
 
 def _policy_argument(value: str, base: str) -> str:
-    """A policy named by a rule: a shipped profile's bare name as is, a path made
-    absolute from ``base`` (the command runs in another directory)."""
-    from ..policy.profiles import is_name
+    """A policy named by a rule: a shipped profile's bare name as is, anything else (a
+    bare name that is no shipped profile too) a path made absolute from ``base`` (the
+    command runs in another directory, where a bare name would be looked up)."""
+    from ..policy.profiles import is_name, path
 
-    if is_name(value):
+    if is_name(value) and os.path.isfile(path(value)):
         return value
     return os.path.normpath(os.path.join(base, os.path.expanduser(value)))
 
@@ -179,16 +180,63 @@ def load_rules(rules_file: Optional[str], policy: Optional[str],
 
 def _files(rules_file: Optional[str], choices: Sequence[Optional[Choice]],
            registry: Optional[str]) -> tuple[str, ...]:
-    """:attr:`Rules.files`: absolute, each once (a shipped profile is no file of the user's)."""
+    """:attr:`Rules.files`: absolute, each once: the rules file, each policy file and every
+    file it extends, the registry (and what its policies extend). A shipped profile is no
+    file of the user's. A file reached through a symbolic link is refused: a command could
+    point the link elsewhere, and the next command's policy would be read from there."""
     from ..policy.profiles import is_name
 
     named = [os.path.abspath(rules_file)] if rules_file is not None else []
-    named += [choice.policy for choice in choices
-              if choice is not None and choice.policy is not None and not is_name(choice.policy)]
+    for choice in choices:
+        if choice is not None and choice.policy is not None and not is_name(choice.policy):
+            named += _layers(choice.policy)
     if registry is not None and any(choice is not None and choice.tool is not None
                                     for choice in choices):
         named.append(registry)
+        if os.path.isdir(registry):
+            for entry in sorted(os.listdir(registry)):
+                if entry.endswith(".toml"):
+                    named += _layers(os.path.join(registry, entry))[1:]
+        else:
+            named += _layers(registry)[1:]
+    for path in named:
+        if os.path.realpath(path) != os.path.normpath(path):
+            raise PolicyError(f"reached through a symbolic link (to {os.path.realpath(path)!r}), "
+                              "which a confined command could point elsewhere: name the "
+                              "file by its real path", source=path)
     return tuple(dict.fromkeys(os.path.normpath(path) for path in named))
+
+
+#: Files followed through ``extends`` from one policy (as the loader bounds them).
+MAX_LAYER_FILES = 64
+
+
+def _layers(policy_file: str) -> list[str]:
+    """``policy_file`` and each file it extends, as the loader finds them (a path relative
+    to the file that names it; a bare name is a shipped profile). A file that cannot be
+    read or parsed ends the walk there: the run reports it."""
+    if sys.version_info >= (3, 11):
+        import tomllib as _toml
+    else:  # pragma: no cover - Python < 3.11
+        import tomli as _toml
+
+    from ..policy.readfile import read_policy_bytes
+
+    found: list[str] = []
+    todo = [os.path.normpath(policy_file)]
+    while todo and len(found) < MAX_LAYER_FILES:
+        path = todo.pop(0)
+        if path in found:
+            continue
+        found.append(path)
+        try:
+            extends = _toml.loads(read_policy_bytes(path).decode("utf-8")).get("extends", [])
+        except (OSError, ValueError, AttributeError):
+            continue
+        for name in extends if isinstance(extends, list) else []:
+            if isinstance(name, str) and ("/" in name or name.endswith(".toml")):
+                todo.append(os.path.normpath(os.path.join(os.path.dirname(path), name)))
+    return found
 
 
 def checked_command(command: object) -> str:
