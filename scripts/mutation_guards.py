@@ -1489,4 +1489,9 @@ GUARDS: tuple[Guard, ...] = (
           "        if os.path.realpath(path) != os.path.normpath(path):\n",
           "        if False:\n",
           ("tests/test_hook_claude_code.py::test_a_policy_reached_through_a_link_is_refused",)),
+    Guard("API cache: the policy of a hit is loaded with the builtins its plan had",
+          "sandlock/api/sandbox.py",
+          "            self._file = (os.path.abspath(path), {**builtin_vars(path), **variables}, mode)\n",
+          "            self._file = (os.path.abspath(path), variables, mode)\n",
+          ("tests/test_api_cache.py::test_the_policy_of_a_hit_is_the_one_its_plan_was_compiled_from",)),
 )

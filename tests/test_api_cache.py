@@ -151,3 +151,36 @@ def test_without_a_usable_cache_the_api_compiles(scene: dict[str, Path],
         assert result["parsed"] and result["runs"] == [[0, "hello from the workspace\n"]]
     stored = Path(cache_env["XDG_CACHE_HOME"]) / "sandlock" / "policies"
     assert not stored.exists() or not os.listdir(stored)
+
+
+LATER = """\
+import json, os, sys
+import sandlock
+policy, first, then = sys.argv[1:]
+os.chdir(first)
+box = sandlock.Sandbox(policy)
+hit = "sandlock.policy.model" not in sys.modules
+os.chdir(then)
+print(json.dumps([hit, box.grants()["write"], box.timeout]))
+"""
+
+
+def test_the_policy_of_a_hit_is_the_one_its_plan_was_compiled_from(
+        tmp_path: Path, cache_env: dict[str, str]) -> None:  # noqa: F811
+    """Loaded on first use, after the caller changed directory: ${cwd} is still the one
+    the plan was compiled with (the policy's grants, its judge under trace)."""
+    policy = write_policy(tmp_path, 'version = 1\nextends = ["base"]\n[filesystem]\n'
+                                    'write = ["${cwd}"]\n[limits]\ntimeout = "7s"\n', name="cwd.toml")
+    first, then = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    then.mkdir()
+    seen = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-P", "-c", LATER, str(policy), str(first), str(then)],
+                              env=cache_env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        seen.append(json.loads(done.stdout))
+    assert [hit for hit, _, _ in seen] == [False, True]
+    for _, writes, timeout in seen:
+        assert str(first) in writes and str(then) not in writes
+        assert timeout == 7.0

@@ -424,6 +424,13 @@ class Sandbox:
         #: The policy as compiled (the route's port among its grants): None when the plan
         #: was read from the cache, until :attr:`policy` is first asked for.
         self._policy = self._compiled.policy
+        if self._policy is None and self._file is not None:
+            from ..policy.builtins import builtin_vars
+
+            # as they are now, for the policy loaded later: its name made absolute, and
+            # ${cwd}, ${home}, ${tmpdir} (the plan's; the key held them)
+            path, variables, mode = self._file
+            self._file = (os.path.abspath(path), {**builtin_vars(path), **variables}, mode)
         #: Host allowlists: never in a plan the cache holds (it does not store them).
         self._allow = loaded is not None and bool(loaded.network.allow)
         self._trusted = trusted
@@ -450,10 +457,17 @@ class Sandbox:
     # -- inspection
 
     @property
+    def timeout(self) -> Optional[float]:
+        """The policy's ``[limits] timeout`` as compiled (seconds), or None."""
+        return self._compiled.timeout
+
+    @property
     def policy(self) -> Policy:
         """The policy as compiled (a ``[credentials]`` route's port among its grants). A
         plan read back from the cache of compiled policies was not loaded: the policy is
-        loaded here, on first use, from the bytes that plan was compiled from."""
+        loaded here, on first use, from the bytes that plan was compiled from, with the
+        ``${cwd}``, ``${home}`` and ``${tmpdir}`` it had (a file it extends is read again:
+        one changed since may make this differ from what runs)."""
         loaded = self._policy
         if loaded is None:
             from ..policy.model import Compat, load_policy

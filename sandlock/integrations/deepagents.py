@@ -106,7 +106,7 @@ class SandlockBackend(BaseSandbox):
         backend's (DEFAULT_TIMEOUT when neither is set), shortened to what the model
         ``asked`` for, never lengthened (deepagents lets it ask for up to an hour, or 0
         for "no limit": ignored). The model is told the limit that ended its command."""
-        given = (self.sandbox.policy.limits.timeout, self.timeout)
+        given = (self.sandbox.timeout, self.timeout)
         ceiling = min((limit for limit in given if limit), default=DEFAULT_TIMEOUT)
         return min(ceiling, asked) if asked else ceiling
 

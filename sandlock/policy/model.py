@@ -13,7 +13,6 @@ union, scalars overridden by the child) -> path checks -> :class:`Policy`.
 from __future__ import annotations
 
 import enum
-import errno
 import os
 import re
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import PolicyError
+from . import builtins as _builtins
 from .positions import find_deep_nesting, find_element_lines, find_line
 from .profiles import DIR as _SHIPPED
 
@@ -704,22 +704,7 @@ def _run(check: Validator, value: object, key: list[str | int], layer: _Layer) -
 # Variables
 
 _VAR = re.compile(r"\$\{([^}]*)\}")
-
-
-def builtin_vars(source: str = "<policy>") -> dict[str, str]:
-    """``${cwd}``, ``${home}`` and ``${tmpdir}`` of the caller."""
-    try:
-        cwd = os.getcwd()
-    except OSError as exc:  # ENOENT: the directory was removed while the caller sat in it
-        what = ("no longer exists" if exc.errno == errno.ENOENT
-                else f"cannot be named ({exc.strerror})")
-        raise PolicyError(f"the working directory {what}; change to an existing directory",
-                          source=source) from None
-    return {
-        "cwd": cwd,
-        "home": os.path.expanduser("~"),
-        "tmpdir": os.environ.get("TMPDIR") or "/tmp",
-    }
+builtin_vars = _builtins.builtin_vars  #: ``${cwd}``, ``${home}``, ``${tmpdir}`` (one source)
 
 
 def _expand(text: str, variables: Mapping[str, str]) -> str:
