@@ -261,3 +261,33 @@ def test_a_large_result_of_records_comes_back(box: sandlock.Sandbox) -> None:
              "pairs": frozenset((i, -i) for i in range(3000))}
     assert len(pickle.dumps(value, 5)) > 16 << 10
     assert box.call(api_tools.reply, pickle.dumps(value, 5)) == value
+
+
+def _repeated_call(module: bytes, name: bytes, arg: bytes, times: int) -> bytes:
+    """``[module.name(arg)] * times``, each a new object: the callable and its argument
+    named once (memoized), then five bytes a call."""
+    head = (b"\x80\x04]" + b"\x8c" + bytes([len(module)]) + module + b"\x94\x8c" + bytes([len(name)])
+            + name + b"\x94\x93\x94" + b"0" + b"B" + len(arg).to_bytes(4, "little") + arg
+            + b"\x85\x94" + b"0")
+    return head + b"h\x02h\x03Ra" * times + b"."
+
+
+@pytest.mark.parametrize("blob", [
+    pytest.param(_repeated_call(b"builtins", b"bytearray", b"x" * 16384, 5000), id="bytearray, checked"),
+    pytest.param(_repeated_call(b"builtins", b"bytearray", b"x" * 8192, 1000), id="bytearray, C"),
+    pytest.param(_repeated_call(b"collections", b"deque", b"x" * 8192, 1000), id="deque, C"),
+])
+def test_an_argument_passed_again_and_again_is_counted_each_time(box: sandlock.Sandbox,
+                                                                 blob: bytes) -> None:
+    before = _peak_mib()
+    assert "times its length in memory" in str(_refused(box, blob))
+    assert _peak_mib() - before < 40
+
+
+def test_a_set_and_its_added_keys_count_together(box: sandlock.Sandbox) -> None:
+    """set(list of 64 keys of one hash), then 64 more of that hash added to it."""
+    keys = _colliding(128)
+    built = pickle.dumps(_As(set, (keys[:64],)), 4)[2:-1]  # without PROTO and STOP
+    padding = b"B" + (20000).to_bytes(4, "little") + b"x" * 20000 + b"0"  # past the C one's size
+    more = b"(" + b"".join(_long1(key) for key in keys[64:]) + b"\x90."
+    assert "keys of one hash" in str(_refused(box, b"\x80\x04" + padding + built + more))

@@ -31,6 +31,7 @@ import collections
 import io
 import pickle
 import sys
+import threading
 import types
 from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Optional
 
@@ -129,7 +130,11 @@ def _collection(cls: type, args: tuple[Any, ...]) -> Any:
         given = args[0]
         if cls is collections.OrderedDict and not isinstance(given, dict):
             given = [pair[0] for pair in given if isinstance(pair, (tuple, list)) and pair]
-        _spread(given, {})
+        seen: dict[int, int] = {}
+        _spread(given, seen)
+        made = cls(*args)
+        _LOAD.hashes[id(made)] = seen  # keys added later count with these
+        return made
     return cls(*args)
 
 
@@ -160,9 +165,29 @@ _CHECKS: dict[tuple[str, str], Callable[[type, tuple[Any, ...]], Any]] = {
 }
 
 
+#: The load under way in this thread: what its objects may still take (see _charge).
+_LOAD = threading.local()
+
+
+def _charge(made: Any, args: tuple[Any, ...] = ()) -> Any:
+    """Count ``made`` (and the text and sequences it was made of: a pickle may name one
+    argument once and pass it again and again for five bytes a time) against the
+    memory the load under way may take; _Refused past it."""
+    if getattr(_LOAD, "budget", None) is None:  # no load under way (not from a result)
+        return made
+    cost = sys.getsizeof(made) + sum(sys.getsizeof(arg) for arg in args
+                                     if isinstance(arg, _MATERIALISED))
+    _LOAD.budget -= cost
+    if _LOAD.budget < 0:
+        raise _Refused(f"what it builds takes more than {_MAX_GROWTH} times its length in "
+                       "memory")
+    return made
+
+
 def _checked(cls: type, check: Callable[[type, tuple[Any, ...]], Any]) -> Callable[..., Any]:
     def construct(*args: Any) -> Any:
-        return check(cls, args)
+        made = check(cls, args)
+        return _charge(made, args)
     return construct
 
 
@@ -171,7 +196,7 @@ class _Sealed(type):
     class, is setattr on it), and calling it builds an instance of the real class."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:  # REDUCE: the class called
-        return type.__getattribute__(cls, "_real")(*args, **kwargs)
+        return _charge(type.__getattribute__(cls, "_real")(*args, **kwargs), args)
 
     def __setattr__(cls, name: str, value: Any) -> None:
         raise _Refused(f"setting {name!r} on the class {cls.__qualname__}")
@@ -194,7 +219,7 @@ def _stand_in(cls: type) -> type:
         return made
 
     def __new__(stand_in: type, *args: Any, **kwargs: Any) -> Any:  # NEWOBJ
-        return cls.__new__(cls, *args, **kwargs)
+        return _charge(cls.__new__(cls, *args, **kwargs), args)
 
     made = _Sealed(cls.__name__, (), {"__new__": __new__, "_real": cls,
                                       "__module__": cls.__module__,
@@ -328,18 +353,12 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
     def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
         super().__init__(io.BytesIO(data))
         self.trusted = trusted
-        self._budget = _MAX_GROWTH * len(data) + (1 << 20)
-        self._hashes: dict[int, dict[int, int]] = {}  # id of a container -> its keys' hashes
 
     def _made(self, container: Any) -> Any:
-        self._budget -= sys.getsizeof(container)
-        if self._budget < 0:
-            raise _Refused(f"its containers take more than {_MAX_GROWTH} times its length "
-                           "in memory")
-        return container
+        return _charge(container)
 
     def _keys(self, container: Any, keys: Iterable[Any]) -> None:
-        _spread(keys, self._hashes.setdefault(id(container), {}))
+        _spread(keys, _LOAD.hashes.setdefault(id(container), {}))
 
     def load_empty_dictionary(self) -> None:
         self.append(self._made({}))
@@ -400,7 +419,13 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
 def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
     loader = _Unpickler if len(data) <= _FAST_LIMIT else _Checked
-    value = loader(data, trusted).load()
+    outer = getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None)
+    # what its objects may take; the keys' hashes of each set and dict, by its id
+    _LOAD.budget, _LOAD.hashes = _MAX_GROWTH * len(data) + (1 << 20), {}
+    try:
+        value = loader(data, trusted).load()
+    finally:
+        _LOAD.budget, _LOAD.hashes = outer
     _check_depth(value)
     return value
 
