@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require_abi, run_confined, write_policy
+from conftest import REPO, require_abi, run_confined, write_policy
 
 from sandlock.net import proxy as proxy_module
 from sandlock.policy.netrules import NetRules, parse_pins, parse_rules
@@ -127,27 +127,36 @@ def test_a_write_grant_on_a_directory_a_pth_file_names_is_refused(tmp_path: Path
     """A .pth file of a site directory names a directory that does not exist yet: the
     interpreter skips it today and puts it on its import path once it exists. A write grant
     from which a tool could make it (and plant a module the next launcher imports) is
-    refused. Control: without that .pth file the same grant runs."""
+    refused. Control: without that .pth file the same grant runs. The site directory is a
+    venv's of this test's own (the suite's own venv is shared with whatever runs beside
+    the test, which a .pth file planted there would change)."""
     import site
     import subprocess
     import sys
 
     require_abi(1, "write grants")
-    directory = Path(site.getsitepackages()[0])
-    if not os.access(directory, os.W_OK):
-        pytest.skip(f"{directory} is not writable by this user")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    directory = Path(subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
+                                    capture_output=True, text=True, check=True).stdout.strip())
+    # the suite's packages (sandlock's dependencies) through a .pth file of the new venv
+    (directory / "suite.pth").write_text("\n".join([str(REPO), *site.getsitepackages()]) + "\n")
     ws = tmp_path / "ws"
     ws.mkdir()
     policy = write_policy(tmp_path, HOME_WRITER.format(home=ws))
-    control = run_confined(policy, ["/usr/bin/true"])
-    planted = directory / f"zz-sandlock-test-{os.getpid()}.pth"
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([python, "-P", "-m", "sandlock", "run", "--policy", str(policy), "--",
+                               "/usr/bin/true"], capture_output=True, text=True, timeout=60,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+
+    control = run()
+    planted = directory / "zz-sandlock-test.pth"
     planted.write_text(f"# a comment\nimport os\n{ws / 'lib'}\n")
-    try:
-        named = subprocess.run([sys.executable, "-c", "import sys; print(sys.path)"],
-                               capture_output=True, text=True, check=True).stdout
-        done = run_confined(policy, ["/usr/bin/true"])
-    finally:
-        planted.unlink()
+    named = subprocess.run([python, "-c", "import sys; print(sys.path)"],
+                           capture_output=True, text=True, check=True).stdout
+    done = run()
     assert str(ws / "lib") not in named  # it does not exist: not on the path yet
     assert control.returncode == 0, control.stderr
     assert done.returncode == 125 and "import path" in done.stderr, done.stderr
