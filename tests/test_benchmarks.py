@@ -142,5 +142,6 @@ def test_api_series_reports_every_series_and_its_targets() -> None:
     text = "\n".join(api_series.table(data))
     for row in ("| Sandbox.run over subprocess.run, per call |",
                 "| Sandbox.run, trace=True / Sandbox.run |",
-                "| `import sandlock` + first `Sandbox()` |"):
+                "| `import sandlock` + first `Sandbox()` of a policy file, its plan cached |",
+                "| `import sandlock` + first `Sandbox()` of a dict, compiled |"):
         assert row in text
