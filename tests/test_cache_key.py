@@ -498,23 +498,25 @@ def test_a_mode_a_tool_changed_hides_no_state_directory(scene: Scene, hidden: st
 
 
 def test_runs_listing_state_directories_at_once_lose_none(tmp_path: Path) -> None:
-    """Eight runs each listing another state directory at the same moment: every one is
-    in the list after (each rewrites the list whole, one at a time)."""
+    """Eight runs listing eight state directories each, all at the same moment: every one
+    is in the list after (each rewrites the list whole, one at a time). Without the lock,
+    a write made between another's read and write loses that one's directory."""
     key_dir = tmp_path / "home" / ".cache" / "sandlock"
     key_dir.mkdir(parents=True, mode=0o700)
     (tmp_path / "home").chmod(0o700)
     code = ("import os, sys\nfrom sandlock.compile import cache, cachekey\n"
             "cachekey.key_directory = lambda: os.environ['TEST_KEY_DIR']\n"
             "sys.stdin.read()\n"
-            "cachekey.remember_root(cache.open_private_dir, sys.argv[1])\n")
+            "for root in sys.argv[1:]:\n"
+            "    cachekey.remember_root(cache.open_private_dir, root)\n")
     roots = []
-    for index in range(8):
+    for index in range(64):
         root = tmp_path / f"state-{index}"
         root.mkdir()
         roots.append(str(root))
     env = {**os.environ, "TEST_KEY_DIR": str(key_dir)}
-    started = [subprocess.Popen([sys.executable, "-c", code, root], env=env,
-                                stdin=subprocess.PIPE) for root in roots]
+    started = [subprocess.Popen([sys.executable, "-c", code, *roots[first::8]], env=env,
+                                stdin=subprocess.PIPE) for first in range(8)]
     for process in started:  # released together
         assert process.stdin is not None
         process.stdin.close()
