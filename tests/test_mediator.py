@@ -328,6 +328,11 @@ for _ in range(3):
         assert box.run([sys.argv[2], "-c", "pass"]).returncode == 0
     with sandlock.Sandbox({"extends": ["python"]}) as traced:
         assert traced.run([sys.argv[2], "-c", "pass"], trace=True).returncode == 0
+    # this process's own sandlock-exec server, stopped: its idle supervisor is reaped by
+    # it, never left to this process (the mediator's and recorder's are theirs to reap)
+    with sandlock.Sandbox({"extends": ["python"]}) as plain:
+        assert plain.run([sys.argv[2], "-c", "pass"]).returncode == 0
+    sandlock.shutdown()
 def zombies():
     out = []
     for pid in os.listdir("/proc"):
