@@ -332,6 +332,11 @@ for _ in range(3):
     # it, never left to this process (the mediator's and recorder's are theirs to reap)
     with sandlock.Sandbox({"extends": ["python"]}) as plain:
         assert plain.run([sys.argv[2], "-c", "pass"]).returncode == 0
+    from sandlock.exec import native
+    server = native.get()
+    deadline = time.monotonic() + 10  # the call's supervisor ends: its idle one is left
+    while len(server.children()) > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     sandlock.shutdown()
 def zombies():
     out = []
