@@ -194,6 +194,8 @@ class _Chain:
         if self.users > 0:
             return
         _CHAINS.pop(self.real, None)
+        if not _CHAINS:  # identities are the held directories': none is held now (an
+            _REPLACED.clear()  # inode freed may be another directory's in a later run)
         for fd in self.fds:
             os.close(fd)
         self.fds = []
