@@ -377,6 +377,11 @@ GUARDS: tuple[Guard, ...] = (
           "                if True:",
           ("tests/test_keep.py::"
            "test_a_run_beside_a_hostile_one_puts_back_what_was_there_before_both",)),
+    Guard("run --keep: threads keeping paths of one directory share one held chain",
+          "sandlock/undo/keep.py",
+          "_HELD = threading.RLock()",
+          "import contextlib\n_HELD = contextlib.nullcontext()",
+          ("tests/test_keep.py::test_threads_keeping_paths_of_one_directory_share_one_chain",)),
     Guard("run --keep: a kept file with a second name is a change",
           "sandlock/undo/keep.py",
           "            if got.st_nlink > 1:  # another name, anywhere, would change it later",

@@ -401,3 +401,44 @@ def test_two_kept_paths_under_a_directory_the_tool_removed(tmp_path: Path) -> No
     assert (project / "conf" / "rules.toml").read_text() == "rules\n"
     assert (project / "conf" / "p" / "dev.toml").read_text() == "dev\n"
     assert not [p for p in project.iterdir() if ".sandlock-changed-" in p.name], ran.stderr
+
+
+
+def test_threads_keeping_paths_of_one_directory_share_one_chain(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sandlock mcp serve` keeps paths in threads at once. Two threads that both find no
+    chain held for the directory must not both make one (the second would replace the
+    first in the table, and the first's close take the second's out while it is used):
+    both chains are made at once here (each waits for the other, at most a second)."""
+    import threading
+
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text("{}")
+    both = threading.Barrier(2)
+    made = keep_module._Chain.__init__
+
+    def at_once(self: object, real: str) -> None:
+        try:
+            both.wait(timeout=1)  # the other thread is here too, unless it must wait its turn
+        except threading.BrokenBarrierError:
+            pass
+        made(self, real)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(keep_module._Chain, "__init__", at_once)
+    kept: dict[str, keep_module.Kept] = {}
+
+    def worker(name: str) -> None:
+        kept[name] = keep_module.keep(str(tmp_path / name))
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in ("a.json", "b.json")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert kept["a.json"].chain is kept["b.json"].chain
+        assert kept["a.json"].chain is not None and kept["a.json"].chain.users == 2
+    finally:
+        for each in kept.values():
+            each.close()
+    assert not keep_module._CHAINS

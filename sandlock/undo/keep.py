@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -190,15 +191,16 @@ class _Chain:
         self.ids = [_identity(os.fstat(fd)) for fd in self.fds]
 
     def close(self) -> None:
-        self.users -= 1
-        if self.users > 0:
-            return
-        _CHAINS.pop(self.real, None)
-        if not _CHAINS:  # identities are the held directories': none is held now (an
-            _REPLACED.clear()  # inode freed may be another directory's in a later run)
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        with _HELD:
+            self.users -= 1
+            if self.users > 0:
+                return
+            _CHAINS.pop(self.real, None)
+            if not _CHAINS:  # identities are the held directories': none is held now (an
+                _REPLACED.clear()  # inode freed may be another directory's in a later run)
+            for fd in self.fds:
+                os.close(fd)
+            self.fds = []
 
     def walk(self) -> tuple[int, int]:
         """Walk the real path again from ``/``: (the descriptor of the deepest directory
@@ -264,6 +266,9 @@ class _Chain:
 _CHAINS: dict[str, _Chain] = {}
 #: Directories made again in place of a held one that was gone: (held) -> (made).
 _REPLACED: dict[tuple[int, int], tuple[int, int]] = {}
+#: Held by whoever changes the two above or walks a chain: threads of one process (the
+#: calls of `sandlock mcp serve`) keep paths at once, and share the chains.
+_HELD = threading.RLock()
 #: Entries of a directory looked through for a held one the tool moved there.
 MAX_LOOKED_THROUGH = 100_000
 
@@ -304,12 +309,13 @@ def _bring_back(held: int, identity: tuple[int, int], fd: int, name: str) -> Opt
 
 
 def _chain(real: str) -> _Chain:
-    found = _CHAINS.get(real)
-    if found is not None:
-        found.users += 1
-        return found
-    made = _CHAINS[real] = _Chain(real)
-    return made
+    with _HELD:
+        found = _CHAINS.get(real)
+        if found is not None:
+            found.users += 1
+            return found
+        made = _CHAINS[real] = _Chain(real)
+        return made
 
 
 def _identity(info: os.stat_result) -> tuple[int, int]:
@@ -436,6 +442,11 @@ def in_order(kept: Sequence[Kept]) -> list[Kept]:
 def put_back(kept: Kept) -> Optional[str]:
     """Once the tool's tree is gone: None if ``kept`` is as it was; otherwise make it so
     and say what was done. KeepError if it could not be put back."""
+    with _HELD:  # a chain shared with another thread's run is walked and mended by one at once
+        return _put_back(kept)
+
+
+def _put_back(kept: Kept) -> Optional[str]:
     said: list[str] = []
     parent = -1
     try:
