@@ -65,10 +65,12 @@ def scene(tmp_path: Path) -> dict[str, Path]:
 
 
 def api(scene: dict[str, Path], env: dict[str, str], commands: list[list[str]],
-        cwd: Optional[Path] = None, **options: Any) -> dict[str, Any]:
+        cwd: Optional[Path] = None, policy: Any = None, **options: Any) -> dict[str, Any]:
+    """``policy``: a dict instead of the scene's file."""
     variables = {"ws": str(scene["ws"]), "out": str(scene["out"])}
     done = subprocess.run([sys.executable, "-c", RUNNER,
-                           json.dumps([str(scene["policy"]), variables, options, commands,
+                           json.dumps([str(scene["policy"]) if policy is None else policy,
+                                       variables, options, commands,
                                        None if cwd is None else str(cwd)])],
                           env=env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -184,3 +186,104 @@ def test_the_policy_of_a_hit_is_the_one_its_plan_was_compiled_from(
     for _, writes, timeout in seen:
         assert str(first) in writes and str(then) not in writes
         assert timeout == 7.0
+
+
+#: POLICY as a dict: its plan is cached as a file's is, keyed by its JSON.
+AS_DICT: dict[str, Any] = {
+    "version": 1, "extends": ["base"],
+    "filesystem": {"read": ["${ws}"], "write": ["${out}"],
+                   "exec": ["/usr/bin/cat", "/usr/bin/sh", "/usr/bin/dash", "/usr/bin/sleep"]},
+    "env": {"set": {"GREETING": "from the policy"}}, "limits": {"timeout": "30s"}}
+
+
+def test_a_dict_plan_is_read_back_and_confines_alike(
+        scene: dict[str, Path], cache_env: dict[str, str]) -> None:  # noqa: F811
+    first = api(scene, cache_env, reads(scene), policy=AS_DICT)
+    second = api(scene, cache_env, reads(scene), policy=AS_DICT)
+    assert first["parsed"] and not second["parsed"]  # a miss, then a hit
+    for result in (first, second):
+        (code, text), (denied, secret), (_, greeting) = result["runs"]
+        assert (code, text) == (0, "hello from the workspace\n")
+        assert denied != 0 and "top secret" not in secret
+        assert greeting == "from the policy\n"
+        assert str(scene["ws"]) in result["grants"]  # the dict, loaded when asked for
+
+
+def test_a_changed_dict_is_a_miss(scene: dict[str, Path],
+                                  cache_env: dict[str, str]) -> None:  # noqa: F811
+    api(scene, cache_env, [], policy=AS_DICT)
+    narrower = {**AS_DICT, "filesystem": {**AS_DICT["filesystem"], "read": []}}
+    result = api(scene, cache_env, reads(scene)[:1], policy=narrower)
+    assert result["parsed"]
+    assert result["runs"][0][0] != 0  # its own grants: the workspace is no longer read
+
+
+@pytest.mark.parametrize("changed", [True, False], ids=["layer changed", "control"])
+def test_a_dict_whose_extended_file_changed_is_a_miss(
+        scene: dict[str, Path], cache_env: dict[str, str],  # noqa: F811
+        tmp_path: Path, changed: bool) -> None:
+    """The file a dict extends is re-read at every hit: narrowed since, the stored plan
+    (which granted the workspace) must not be served. Control: unchanged, a hit."""
+    layer = write_policy(tmp_path, 'version = 1\nextends = ["base"]\n[filesystem]\n'
+                                   f'read = ["{scene["ws"]}"]\n', name="layer.toml")
+    policy = {"version": 1, "extends": [str(layer)],
+              "filesystem": {"exec": ["/usr/bin/cat"]}}
+    assert api(scene, cache_env, reads(scene)[:1], policy=policy)["runs"][0][0] == 0
+    if changed:
+        layer.write_text('version = 1\nextends = ["base"]\n')
+    result = api(scene, cache_env, reads(scene)[:1], policy=policy)
+    assert result["parsed"] == changed
+    assert (result["runs"][0][0] != 0) == changed
+
+
+def test_a_dict_of_other_types_is_compiled_every_time(
+        scene: dict[str, Path], cache_env: dict[str, str]) -> None:  # noqa: F811
+    """Only exact JSON types are keyed by their JSON (a subclass may load as something
+    else): a dict holding a str subclass is compiled in each process. Control: the same
+    dict of plain strs is stored, then read back."""
+    seen: dict[str, list[str]] = {}
+    for kind in ("Name", "str"):
+        for _ in range(2):
+            done = subprocess.run([sys.executable, "-c", f"""
+import sys
+import sandlock
+class Name(str):
+    pass
+sandlock.Sandbox({{"extends": ["base"], "filesystem": {{"read": [{kind}("/usr")]}}}}).close()
+print("sandlock.policy.model" in sys.modules)
+"""], env=cache_env, capture_output=True, text=True, timeout=60, check=False)
+            assert done.returncode == 0, done.stderr
+            seen.setdefault(kind, []).append(done.stdout.strip())
+    assert seen == {"Name": ["True", "True"], "str": ["True", "False"]}
+
+
+FILE_NAMED_AS_DICT = """\
+import json, os, sys
+import sandlock
+policy, name, cwd = json.loads(sys.argv[1])
+os.chdir(cwd)
+sandlock.Sandbox(policy).close()  # stores the dict's plan
+with open(name, "w") as handle:  # a file holding the dict's text exactly
+    handle.write(json.dumps(policy, sort_keys=True))
+try:
+    sandlock.Sandbox(name)
+except sandlock.PolicyError:
+    print("refused")
+else:
+    print("served")
+"""
+
+
+def test_a_file_holding_a_dicts_text_is_not_served_its_plan(
+        tmp_path: Path, cache_env: dict[str, str]) -> None:  # noqa: F811
+    """A dict's plan is stored under a name no file has: a tool that writes the dict's
+    JSON into a file in the caller's directory (under any name) gets a policy error for
+    its invalid TOML, never the plan the dict was compiled to."""
+    work = tmp_path / "work"
+    work.mkdir()
+    policy = {"version": 1, "extends": ["base"], "filesystem": {"write": [str(work)]}}
+    done = subprocess.run([sys.executable, "-P", "-c", FILE_NAMED_AS_DICT,
+                           json.dumps([policy, "policy.json", str(work)])],
+                          env=cache_env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["refused"]

@@ -143,5 +143,6 @@ def test_api_series_reports_every_series_and_its_targets() -> None:
     for row in ("| Sandbox.run over subprocess.run, per call |",
                 "| Sandbox.run, trace=True / Sandbox.run |",
                 "| `import sandlock` + first `Sandbox()` of a policy file, its plan cached |",
-                "| `import sandlock` + first `Sandbox()` of a dict, compiled |"):
+                "| `import sandlock` + first `Sandbox()` of a dict, its plan cached |",
+                "| `import sandlock` + first `Sandbox()` of a dict, compiled (`SANDLOCK_NO_CACHE=1`) |"):
         assert row in text

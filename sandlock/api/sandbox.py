@@ -293,6 +293,35 @@ def _file_plan(policy: Union[str, os.PathLike[str]], variables: Mapping[str, str
     return named, data, cache.lookup(path, data, named[1], None, best_effort, handed_over=False)
 
 
+#: Nesting a dict policy may have to be read back from the cache (a policy is 3 deep).
+_DICT_DEPTH = 16
+
+
+def _dict_text(policy: dict[Any, Any]) -> Optional[bytes]:
+    """A dict policy's text, its part of the key in the cache of compiled policies: JSON,
+    keys sorted. Only for a dict of exactly dicts with str keys, lists, str, int, float
+    (finite), bool and None: each type decides how the policy loads, and JSON tells these
+    apart (a tuple, a subclass, a Path would read back as something else). None for any
+    other dict: it is compiled in every process."""
+    import json
+
+    def plain(value: Any, depth: int) -> bool:
+        kind = type(value)
+        if kind is dict:
+            return depth < _DICT_DEPTH and all(
+                type(key) is str and plain(item, depth + 1) for key, item in value.items())
+        if kind is list:
+            return depth < _DICT_DEPTH and all(plain(item, depth + 1) for item in value)
+        return kind in (str, int, float, bool) or value is None
+
+    if not plain(policy, 0):
+        return None
+    try:
+        return json.dumps(policy, sort_keys=True, allow_nan=False).encode("ascii")
+    except ValueError:  # NaN or an infinity
+        return None
+
+
 #: The longest timeout (seconds) the API takes, as the policy's ``timeout``.
 _MAX_TIMEOUT = 10**9
 
@@ -366,11 +395,21 @@ class Sandbox:
         # A policy file with none of the options its cache key does not hold: its plan may
         # be read back from the cache of compiled policies, as `sandlock run` reads it.
         self._file: Optional[tuple[str, Mapping[str, str], bool]] = None
+        #: A dict's text (its key in the cache), with the vars and mode it was compiled with.
+        self._dict: Optional[tuple[bytes, Mapping[str, str], bool]] = None
         data = None
         cached = None
-        if (isinstance(policy, (str, os.PathLike)) and not names and timeout is None
-                and review is None and credentials is None):
-            self._file, data, cached = _file_plan(policy, vars or {}, best_effort)
+        if not names and timeout is None and review is None and credentials is None:
+            if isinstance(policy, (str, os.PathLike)):
+                self._file, data, cached = _file_plan(policy, vars or {}, best_effort)
+            elif type(policy) is dict:
+                text = _dict_text(policy)
+                if text is not None:
+                    from ..compile import cache
+
+                    self._dict = (text, dict(vars or {}), best_effort)
+                    cached = cache.lookup(cache.DICT, text, self._dict[1], None, best_effort,
+                                          handed_over=False)
 
         def load() -> Policy:
             from ..policy.model import Compat
@@ -424,13 +463,17 @@ class Sandbox:
         #: The policy as compiled (the route's port among its grants): None when the plan
         #: was read from the cache, until :attr:`policy` is first asked for.
         self._policy = self._compiled.policy
-        if self._policy is None and self._file is not None:
+        if self._policy is None:
             from ..policy.builtins import builtin_vars
 
             # as they are now, for the policy loaded later: its name made absolute, and
             # ${cwd}, ${home}, ${tmpdir} (the plan's; the key held them)
-            path, variables, mode = self._file
-            self._file = (os.path.abspath(path), {**builtin_vars(path), **variables}, mode)
+            if self._file is not None:
+                path, variables, mode = self._file
+                self._file = (os.path.abspath(path), {**builtin_vars(path), **variables}, mode)
+            elif self._dict is not None:
+                text, variables, mode = self._dict
+                self._dict = (text, {**builtin_vars(), **variables}, mode)
         #: Host allowlists: never in a plan the cache holds (it does not store them).
         self._allow = loaded is not None and bool(loaded.network.allow)
         self._trusted = trusted
@@ -470,11 +513,17 @@ class Sandbox:
         one changed since may make this differ from what runs)."""
         loaded = self._policy
         if loaded is None:
-            from ..policy.model import Compat, load_policy
+            from ..policy.model import Compat, load_policy, policy_from_dict
 
-            assert self._file is not None  # only a policy file's plan is read back
-            path, variables, best_effort = self._file
-            loaded = load_policy(path, variables, data=self._compiled.source_bytes)
+            if self._file is not None:
+                path, variables, best_effort = self._file
+                loaded = load_policy(path, variables, data=self._compiled.source_bytes)
+            else:  # only a policy file's plan, or a dict's, is read back
+                assert self._dict is not None
+                import json
+
+                text, variables, best_effort = self._dict
+                loaded = policy_from_dict(json.loads(text), variables)
             if best_effort:
                 loaded = loaded.with_compat(Compat.BEST_EFFORT)
             self._policy = loaded

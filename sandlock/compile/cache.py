@@ -149,8 +149,8 @@ class Entry:
         self.signal_gate = value["signal_gate"]
         if type(self.signal_gate) is not bool:
             raise ValueError("bad signal_gate")
-        self.policy_files = (policy_file, *(where for kind, where, _ in value["layers"]
-                                            if kind == "file"))
+        self.policy_files = (*((policy_file,) if policy_file != DICT else ()),
+                             *(where for kind, where, _ in value["layers"] if kind == "file"))
         #: The pids cgroup base found when the entry was compiled (a ``processes`` limit
         #: only): the entry holds only while the caller finds the same one now, since
         #: the warnings and the strict-mode verdict depend on it.
@@ -218,6 +218,13 @@ class Lookup:
 
 # ----------------------------------------------------------------------------
 # The key
+
+
+#: The name a policy given as a dict (the API) is looked up by, its text being its JSON
+#: (sandlock.api.sandbox._dict_text): no file is named "", so no file's entry is a dict's.
+DICT = ""
+#: What the policy model names such a policy (sandlock.policy.model.policy_from_dict).
+DICT_SOURCE = "<dict>"
 
 
 def _code_id() -> tuple[Any, ...]:
@@ -458,7 +465,8 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str) -> Optional[dic
 
     plan = compiled.landlock
     if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
-            or not _cacheable(policy) or policy.source != policy_file or plan is None):
+            or not _cacheable(policy) or plan is None
+            or policy.source != (DICT_SOURCE if policy_file == DICT else policy_file)):
         return None
     # Every policy path: those granted exist, the optional ones skipped did not (loaded once).
     checks = (*((path, True) for path in dict.fromkeys(rule.path for rule in policy.paths)),
