@@ -442,3 +442,116 @@ def test_threads_keeping_paths_of_one_directory_share_one_chain(
         for each in kept.values():
             each.close()
     assert not keep_module._CHAINS
+
+
+@pytest.mark.parametrize("above", ["rules", "project"])
+def test_a_directory_above_a_kept_path_made_unsearchable(tmp_path: Path, above: str) -> None:
+    """Landlock does not govern chmod: the tool takes the search right off a directory
+    it owns above a kept path (one it is not granted: ~/.config above the hook's rules
+    file, or ~/src above the project), to make the walk down to it fail. Every held
+    directory's mode is put back first: .claude is as it was, and so is that mode."""
+    config = tmp_path / "config"
+    rules = config / "hook" / "rules.toml"
+    rules.parent.mkdir(parents=True)
+    rules.write_text('[default]\npolicy = "shell"\n')
+    base = tmp_path / "src"
+    project = base / "project"
+    (project / ".claude").mkdir(parents=True)
+    (project / ".claude" / "settings.json").write_text(json.dumps(SETTINGS))
+    hidden = config if above == "rules" else base
+    command = f"printf '%s' '{EVIL}' > .claude/settings.json && chmod 000 {shlex.quote(str(hidden))}"
+    try:
+        ran = keep_run(project, [project / ".claude", rules], command, workspace=project)
+    finally:
+        mode = hidden.stat().st_mode & 0o777 if os.access(hidden.parent, os.X_OK) else None
+        hidden.chmod(0o755)  # the test's own cleanup: the product must have done this
+    assert ran.returncode == 125, ran.stderr
+    assert "internal error" not in ran.stderr, ran.stderr
+    assert mode != 0, ran.stderr  # its mode is back
+    assert json.loads((project / ".claude" / "settings.json").read_text()) == SETTINGS, ran.stderr
+    assert rules.read_text() == '[default]\npolicy = "shell"\n'
+    assert not [p for p in base.iterdir() if ".sandlock-changed-" in p.name]
+    assert not [p for p in tmp_path.iterdir() if ".sandlock-changed-" in p.name]
+
+
+def test_a_kept_path_that_cannot_be_put_back_leaves_the_others_put_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever one kept path's put-back raises, the others are put back, and the run
+    says which could not be (in process: the launcher's loop over them)."""
+    from sandlock.exec import launcher
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "settings.json").write_text("{}")
+    first = keep_module.keep(str(tmp_path / "a" / "settings.json"))
+    second = keep_module.keep(str(tmp_path / "b" / "settings.json"))
+    try:
+        (tmp_path / "b" / "settings.json").write_text(EVIL)
+        real = keep_module._put_back
+
+        def broken(kept: keep_module.Kept) -> object:
+            if kept is first:
+                raise ValueError("an unexpected failure")
+            return real(kept)
+
+        monkeypatch.setattr(keep_module, "_put_back", broken)
+        out, into = os.pipe()
+        launcher._put_back([first, second], into)
+        os.close(into)
+        with os.fdopen(out) as said:
+            report = said.read()
+    finally:
+        first.close()
+        second.close()
+    assert (tmp_path / "b" / "settings.json").read_text() == "{}"
+    assert "an unexpected failure" in report, report
+
+
+def test_a_run_keeping_a_path_by_another_name_shares_what_was_there(tmp_path: Path) -> None:
+    """Two runs keep one .claude under two names (the real path, as `mcp serve` names it,
+    and one through a link, as the hook may): the second, started after the first's tool
+    changed it, must put back what was there before both, not the change."""
+    real = tmp_path / "real"
+    (real / ".claude").mkdir(parents=True)
+    (real / ".claude" / "settings.json").write_text(json.dumps(SETTINGS))
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    first = keep_module.keep(str(real / ".claude"))
+    try:
+        (real / ".claude" / "settings.json").write_text(EVIL)  # the first run's tool
+        second = keep_module.keep(str(link / ".claude"))
+        try:
+            said = keep_module.put_back(second)
+        finally:
+            second.close()
+    finally:
+        first.close()
+    assert said is not None and "as it was before the run" in said
+    assert json.loads((real / ".claude" / "settings.json").read_text()) == SETTINGS
+
+
+def test_a_failed_mend_closes_its_descriptor_once(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mend consumes the descriptor it is given, whatever it raises: closed again by
+    the put-back, the number would be another thread's by then (mcp serve's calls run at
+    once), here the one the failing mend opened last."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "settings.json").write_text("{}")
+    kept = keep_module.keep(str(tmp_path / "dir" / "settings.json"))
+    others: list[int] = []
+
+    def failing(self: keep_module._Chain, fd: int, depth: int) -> object:
+        os.close(fd)
+        others.append(os.open("/dev/null", os.O_RDONLY))  # the lowest number: fd's
+        raise OSError(13, "Permission denied")
+
+    try:
+        monkeypatch.setattr(keep_module._Chain, "_descend", lambda self, fd, depth: (fd, 0))
+        monkeypatch.setattr(keep_module._Chain, "mend", failing)
+        with pytest.raises(keep_module.KeepError, match="Permission denied"):
+            keep_module.put_back(kept)
+        assert others and os.fstat(others[0])  # still open: not closed a second time
+    finally:
+        for fd in others:
+            os.close(fd)
+        kept.close()

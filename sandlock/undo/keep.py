@@ -188,7 +188,11 @@ class _Chain:
         except BaseException:
             self.close()
             raise
-        self.ids = [_identity(os.fstat(fd)) for fd in self.fds]
+        infos = [os.fstat(fd) for fd in self.fds]
+        self.ids = [_identity(info) for info in infos]
+        #: Their modes: a tool may chmod what its uid owns (no Landlock right covers it),
+        #: and a directory it took the search right off would stop the walk down.
+        self.modes = [stat.S_IMODE(info.st_mode) for info in infos]
 
     def close(self) -> None:
         with _HELD:
@@ -201,6 +205,19 @@ class _Chain:
             for fd in self.fds:
                 os.close(fd)
             self.fds = []
+
+    def modes_back(self) -> list[str]:
+        """Put back the mode of each directory held that the tool changed (by its
+        descriptor: no name is resolved); what was done."""
+        said = []
+        for depth, fd in enumerate(self.fds):
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            if mode != self.modes[depth]:
+                os.chmod(f"/proc/self/fd/{fd}", self.modes[depth])
+                here = os.path.join("/", *self.names[:depth])
+                said.append(f"the tool changed the mode of {here!r}, a directory above the "
+                            f"kept path, to {mode:o}: it is {self.modes[depth]:o} again")
+        return said
 
     def walk(self) -> tuple[int, int]:
         """Walk the real path again from ``/``: (the descriptor of the deepest directory
@@ -327,11 +344,12 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
 KEEP_DIR = "keep"
 
 
-def _baseline(path: str, now: Callable[[], tuple[int, Optional[Node]]]
+def _baseline(parent: tuple[int, int], entry: str, now: Callable[[], tuple[int, Optional[Node]]]
               ) -> tuple[tuple[int, Optional[Node]], int]:
-    """What ``path`` (and its parent's mode) was before the runs that keep it now, and the
-    descriptor whose shared lock marks this run among them (inherited by its watchdog;
-    closed at exec).
+    """What ``entry`` of the directory whose identity is ``parent`` (and that directory's
+    mode) was before the runs that keep it now, and the descriptor whose shared lock marks
+    this run among them (inherited by its watchdog; closed at exec). By identity, not by
+    name: runs keeping one path under two names (one through a link) share it.
 
     A run started beside a running one (a server in the background, whose tool may have
     changed the path already) must put back what was there before both, not what it
@@ -350,7 +368,7 @@ def _baseline(path: str, now: Callable[[], tuple[int, Optional[Node]]]
     if directory is None:
         raise KeepError("there is no private state directory to keep it in (~/.cache/sandlock "
                         "of the home in the password database)")
-    name = hashlib.sha256(os.fsencode(path)).hexdigest()[:32]
+    name = hashlib.sha256(b"%d:%d/" % parent + os.fsencode(entry)).hexdigest()[:32]
     try:
         mutex = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                         0o600, dir_fd=directory)
@@ -406,7 +424,7 @@ def keep(path: str) -> Kept:
         chain = _chain(os.path.realpath(f"/proc/self/fd/{parent}"))
         if chain.ids[-1] != _identity(os.fstat(parent)):
             raise KeepError("the directory holding it changed while it was read")
-        (mode, before), held = _baseline(path, now)
+        (mode, before), held = _baseline(chain.ids[-1], name, now)
     except (KeepError, OSError) as exc:
         os.close(parent)
         if chain is not None:
@@ -443,7 +461,13 @@ def put_back(kept: Kept) -> Optional[str]:
     """Once the tool's tree is gone: None if ``kept`` is as it was; otherwise make it so
     and say what was done. KeepError if it could not be put back."""
     with _HELD:  # a chain shared with another thread's run is walked and mended by one at once
-        return _put_back(kept)
+        try:
+            return _put_back(kept)
+        except KeepError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - never stops the other kept paths' put-back
+            raise KeepError(f"the tool changed {kept.path!r}, a path kept for this run, and "
+                            f"it could not be put back: {type(exc).__name__}: {exc}") from None
 
 
 def _put_back(kept: Kept) -> Optional[str]:
@@ -452,11 +476,13 @@ def _put_back(kept: Kept) -> Optional[str]:
     try:
         if kept.chain is None:
             raise KeepError("it was not held")
+        said += kept.chain.modes_back()
         parent, depth = kept.chain.walk()
         for _ in range(len(kept.chain.names) + 1):
             if depth == len(kept.chain.names):
                 break
-            parent, depth, done = kept.chain.mend(parent, depth)
+            mended, parent = parent, -1  # mend consumes it, whatever it raises
+            parent, depth, done = kept.chain.mend(mended, depth)
             said.append(done)
         else:
             raise KeepError("the directories above it kept changing")
