@@ -291,11 +291,13 @@ GUARDS: tuple[Guard, ...] = (
           "            2 <= len(args) <= 3 and all(type(a) is str for a in args)) or not args:",
           ("tests/test_call_results.py::test_results_that_cost_time_or_depth_to_use_are_refused"
            "[bytearray(str, 'idna')]",)),
-    Guard("call() results: a class is handed out as a sealed stand-in", "sandlock/api/unpickle.py",
-          "            return _stand_in(cls) if check is None else _checked(cls, check)",
-          "            return cls if check is None else _checked(cls, check)",
-          ("tests/test_call_results.py::test_a_result_cannot_change_a_class_of_the_caller"
-           "[pathlib-PosixPath]",)),
+    Guard("call() results: a checked constructor cannot be changed",
+          "sandlock/api/unpickle.py",
+          "    def __setattr__(self, name: str, value: Any) -> None:\n"
+          "        raise _Refused(f\"setting {name!r} on the class {self.cls.__qualname__}\")",
+          "    def __setattr__(self, name: str, value: Any) -> None:\n"
+          "        object.__setattr__(self, name, value)",
+          ("tests/test_call_results.py::test_a_checked_constructor_cannot_be_changed",)),
     Guard("call() results: a trusted type is handed out as a sealed stand-in",
           "sandlock/api/unpickle.py",
           "            return _stand_in(self.trusted[module, name])",
@@ -387,6 +389,25 @@ GUARDS: tuple[Guard, ...] = (
           "        return kind in (str, int, float, bool) or value is None",
           "        return isinstance(value, (str, int, float, bool)) or value is None",
           ("tests/test_api_cache.py::test_a_dict_of_other_types_is_compiled_every_time",)),
+    Guard("call(): a slice holds only atoms",
+          "sandlock/api/unpickle.py",
+          '    ("builtins", "slice"): _slice,\n',
+          "",
+          ("tests/test_call_results.py::test_a_slice_holds_no_container_and_no_class"
+           "[slices nested 1000 deep]",
+           "tests/test_call_results.py::test_a_slice_holds_no_container_and_no_class"
+           "[a class inside a slice]")),
+    Guard("call(): a path's parts are text, bounded in all",
+          "sandlock/api/unpickle.py",
+          '    **{("pathlib", name): _path for name in ("PurePath", "PurePosixPath", "Path", '
+          '"PosixPath")},\n',
+          "",
+          ("tests/test_call_results.py::test_a_path_of_one_part_passed_again_and_again_is_refused[split]",)),
+    Guard("call(): a checked constructor is no result",
+          "sandlock/api/unpickle.py",
+          "        if type(item) is _Constructor:\n",
+          "        if False:\n",
+          ("tests/test_call_results.py::test_a_class_is_no_result[checked]",)),
     Guard("run --keep: the modes of the directories above a kept path are put back first",
           "sandlock/undo/keep.py",
           "        said += kept.chain.modes_back()\n",
@@ -1533,8 +1554,8 @@ GUARDS: tuple[Guard, ...] = (
           ("tests/test_api_cache.py::test_the_policy_of_a_hit_is_the_one_its_plan_was_compiled_from",)),
     Guard("call() results: a constructor's output and arguments are counted each call",
           "sandlock/api/unpickle.py",
-          "        return _charge(made, args)\n",
-          "        return made\n",
+          "        _charge(None, args)\n        return _charge(self.check(self.cls, args))\n",
+          "        return self.check(self.cls, args)\n",
           ("tests/test_call_results.py::test_an_argument_passed_again_and_again_is_counted_each_time"
            "[bytearray, C]",)),
     Guard("call() results: keys added to a set count with those it was made with",

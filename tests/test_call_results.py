@@ -201,10 +201,18 @@ def test_a_result_cannot_change_a_class_of_the_caller(module: str, name: str) ->
     assert out.stdout.split() == ["refused", "same", "/a/b"], out.stderr
 
 
-def test_a_class_is_no_result(box: sandlock.Sandbox) -> None:
-    """A class comes back as nothing at all (the caller would get the stand-in the
-    unpickler made for it, not the class), and says so."""
-    error = _refused(box, pickle.dumps([Path], 5))
+def test_a_checked_constructor_cannot_be_changed(box: sandlock.Sandbox) -> None:
+    """BUILD handed a checked constructor: setting what it calls (its ``cls``) would
+    make the next call of that name build something else."""
+    error = _refused(box, _set_on_class("pathlib", "PurePath", "cls", "/tmp/chosen-by-the-tool"))
+    assert "setting 'cls'" in str(error)
+
+
+@pytest.mark.parametrize("cls", [Path, set, slice], ids=["stand-in", "checked", "slice"])
+def test_a_class_is_no_result(box: sandlock.Sandbox, cls: type) -> None:
+    """A class comes back as nothing at all (the caller would get the stand-in or the
+    checked constructor the unpickler made for it, not the class), and says so."""
+    error = _refused(box, pickle.dumps([cls], 5))
     assert "a class is not data" in str(error)
 
 
@@ -291,3 +299,54 @@ def test_a_set_and_its_added_keys_count_together(box: sandlock.Sandbox) -> None:
     padding = b"B" + (20000).to_bytes(4, "little") + b"x" * 20000 + b"0"  # past the C one's size
     more = b"(" + b"".join(_long1(key) for key in keys[64:]) + b"\x90."
     assert "keys of one hash" in str(_refused(box, b"\x80\x04" + padding + built + more))
+
+
+def _nested_slices(levels: int, inner: bytes = b"N") -> bytes:
+    """slice(slice(... slice(inner) ...)), ``levels`` deep: the callable named once."""
+    return (b"\x80\x04\x8c\x08builtins\x8c\x05slice\x93\x94" + b"h\x00" * levels + inner
+            + b"\x85R" * levels + b".")
+
+
+@pytest.mark.parametrize("blob", [
+    # freed by recursion in C: 400,000 deep crashed the caller (its stack)
+    pytest.param(_nested_slices(1000), id="slices nested 1000 deep"),
+    pytest.param(_nested_slices(1, _global("datetime", "date")), id="a class inside a slice"),
+])
+def test_a_slice_holds_no_container_and_no_class(box: sandlock.Sandbox, blob: bytes) -> None:
+    _refused(box, blob)
+
+
+def test_a_slice_of_numbers_still_comes_back(box: sandlock.Sandbox) -> None:
+    assert box.call(api_tools.reply, pickle.dumps(slice(1, None, 2), 5)) == slice(1, None, 2)
+
+
+@pytest.mark.parametrize("part, times, padding", [
+    ("/".join(["a"] * 2000), 5000, 0),
+    ("/".join(["a"] * 2000), 5000, 20_000),
+    # within what its length may take, until each part is split into its components
+    ("/".join(["ab"] * 1000), 700, 20_000),
+], ids=["C", "checked", "split"])
+def test_a_path_of_one_part_passed_again_and_again_is_refused(
+        box: sandlock.Sandbox, part: str, times: int, padding: int) -> None:
+    """PurePosixPath(s, s, s, ...): the part named once, then two bytes a reference; each
+    split into its components again (9 KiB took 0.6 s and 64 MiB, 58 KiB 1.7 GiB)."""
+    import pathlib
+
+    blob = pickle.dumps([b"x" * padding, _As(pathlib.PurePosixPath, (part,) * times)], 4)
+    assert (len(blob) > 16 << 10) == bool(padding)
+    import tracemalloc
+
+    tracemalloc.start()  # what this load allocates, whatever ran before it (not ru_maxrss)
+    try:
+        _refused(box, blob)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+
+
+def test_a_path_still_comes_back(box: sandlock.Sandbox) -> None:
+    import pathlib
+
+    value = [pathlib.PurePosixPath("/srv/data/notes.md"), pathlib.Path("/tmp")]
+    assert box.call(api_tools.reply, pickle.dumps(value, 5)) == value

@@ -121,6 +121,29 @@ def _bytearray(cls: type, args: tuple[Any, ...]) -> Any:
     raise _Refused(f"bytearray{tuple(type(a).__name__ for a in args)}")
 
 
+def _slice(cls: type, args: tuple[Any, ...]) -> Any:
+    """slice(start, stop, step) of atoms: a slice holding a slice (or a class) would hide
+    what it holds from the depth check, and nested ones are freed by recursion in C."""
+    if len(args) <= 3 and all(type(a) in _ATOMS and _small_int(a) for a in args):
+        return cls(*args)
+    raise _Refused(f"slice{tuple(type(a).__name__ for a in args)} (only of numbers, text "
+                   "or None)")
+
+
+#: A path's parts, all told (16 times PATH_MAX): a path pickles as its parts, one
+#: argument each, and each is split into components again as the path is made.
+_MAX_PATH_TEXT = 16 * 4096
+
+
+def _path(cls: type, args: tuple[Any, ...]) -> Any:
+    """A pathlib path of str parts, at most _MAX_PATH_TEXT characters in all (one string
+    passed again and again, two bytes a time, was split again each time)."""
+    if all(type(a) is str for a in args) and sum(map(len, args)) <= _MAX_PATH_TEXT:
+        return cls(*args)
+    raise _Refused(f"a path of more than {_MAX_PATH_TEXT} characters, or of parts that are "
+                   "not text")
+
+
 def _collection(cls: type, args: tuple[Any, ...]) -> Any:
     """set, frozenset, deque, Counter, OrderedDict of what was read (not of a range)."""
     if len(args) > 2 or (args and not isinstance(args[0], _MATERIALISED)) or (
@@ -158,6 +181,8 @@ def _spread(keys: Iterable[Any], seen: dict[int, int]) -> None:
 #: or from their own small state).
 _CHECKS: dict[tuple[str, str], Callable[[type, tuple[Any, ...]], Any]] = {
     ("builtins", "complex"): _numbers, ("builtins", "bytearray"): _bytearray,
+    ("builtins", "slice"): _slice,
+    **{("pathlib", name): _path for name in ("PurePath", "PurePosixPath", "Path", "PosixPath")},
     ("builtins", "set"): _collection, ("builtins", "frozenset"): _collection,
     ("collections", "OrderedDict"): _collection, ("collections", "deque"): _collection,
     ("collections", "Counter"): _collection,
@@ -172,7 +197,9 @@ _LOAD = threading.local()
 def _charge(made: Any, args: tuple[Any, ...] = ()) -> Any:
     """Count ``made`` (and the text and sequences it was made of: a pickle may name one
     argument once and pass it again and again for five bytes a time) against the
-    memory the load under way may take; _Refused past it."""
+    memory the load under way may take; _Refused past it. Called with the arguments
+    before the constructor runs (what it may copy of them is counted before it copies
+    it), then with what it made."""
     if getattr(_LOAD, "budget", None) is None:  # no load under way (not from a result)
         return made
     cost = sys.getsizeof(made) + sum(sys.getsizeof(arg) for arg in args
@@ -184,11 +211,25 @@ def _charge(made: Any, args: tuple[Any, ...] = ()) -> Any:
     return made
 
 
-def _checked(cls: type, check: Callable[[type, tuple[Any, ...]], Any]) -> Callable[..., Any]:
-    def construct(*args: Any) -> Any:
-        made = check(cls, args)
-        return _charge(made, args)
-    return construct
+class _Constructor:
+    """What a result gets for a class with a checked constructor: calling it checks the
+    arguments, then builds. Not data (the depth check refuses it as a value), and no
+    attribute can be set on it (BUILD handed it fails)."""
+
+    __slots__ = ("cls", "check")
+    cls: type
+    check: Callable[[type, tuple[Any, ...]], Any]
+
+    def __init__(self, cls: type, check: Callable[[type, tuple[Any, ...]], Any]) -> None:
+        object.__setattr__(self, "cls", cls)
+        object.__setattr__(self, "check", check)
+
+    def __call__(self, *args: Any) -> Any:  # REDUCE: the class called
+        _charge(None, args)
+        return _charge(self.check(self.cls, args))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise _Refused(f"setting {name!r} on the class {self.cls.__qualname__}")
 
 
 class _Sealed(type):
@@ -196,7 +237,8 @@ class _Sealed(type):
     class, is setattr on it), and calling it builds an instance of the real class."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:  # REDUCE: the class called
-        return _charge(type.__getattribute__(cls, "_real")(*args, **kwargs), args)
+        _charge(None, args)
+        return _charge(type.__getattribute__(cls, "_real")(*args, **kwargs))
 
     def __setattr__(cls, name: str, value: Any) -> None:
         raise _Refused(f"setting {name!r} on the class {cls.__qualname__}")
@@ -219,7 +261,8 @@ def _stand_in(cls: type) -> type:
         return made
 
     def __new__(stand_in: type, *args: Any, **kwargs: Any) -> Any:  # NEWOBJ
-        return _charge(cls.__new__(cls, *args, **kwargs), args)
+        _charge(None, args)
+        return _charge(cls.__new__(cls, *args, **kwargs))
 
     made = _Sealed(cls.__name__, (), {"__new__": __new__, "_real": cls,
                                       "__module__": cls.__module__,
@@ -274,6 +317,8 @@ def _check_depth(value: Any) -> None:
     def enter(item: Any) -> None:
         if type(item) is _Sealed:  # a class as a value: the caller would get a stand-in
             raise _Refused(f"the class {item.__qualname__} (a class is not data)")
+        if type(item) is _Constructor:
+            raise _Refused(f"the class {item.cls.__qualname__} (a class is not data)")
         if len(path) > _MAX_DEPTH:
             raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
         on_path.add(id(item))
@@ -327,7 +372,7 @@ class _Restricted:
 
             cls = getattr(importlib.import_module(module), name)
             check = _CHECKS.get((module, name))
-            return _stand_in(cls) if check is None else _checked(cls, check)
+            return _stand_in(cls) if check is None else _Constructor(cls, check)
         found = _imported_exception(module, name)
         if found is not None:
             return _stand_in(found)
