@@ -40,7 +40,7 @@ from .forkserver import ProcessWide, children_of, credentials
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Optional, Sequence
+    from typing import Any, Optional, Sequence
 
     from ..compile.compiler import Compiled
     from .spec import Command
@@ -215,12 +215,7 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
     if cmd.cwd is None:  # the helper runs in /: the caller's directory, named now
         cmd = type(cmd)(cmd.executable, cmd.argv, cmd.env, os.getcwd())
     steps = spec.child_steps(compiled, cmd, in_group=group, notify=notify is not None)
-    try:
-        spec.check(steps, (server or get()).implements, HELPER)
-    except ValueError as exc:  # a step this build does not take: never run without it
-        from ..errors import SetupError
-
-        raise SetupError(str(exc)) from None
+    implemented = (server or get()).implements
     fds = [*stdio]
     if compiled.ruleset_fd >= 0:
         fds.append(compiled.ruleset_fd)
@@ -235,13 +230,40 @@ def spawn(compiled: Compiled, cmd: Command, stdio: Sequence[int], timeout: Optio
         version, base, relative = compiled.cgroup.wire()  # type: ignore[union-attr]
         args += ["-p", str(limit), "-g", f"{version}:{base}", "-G", relative]
     args += ["--", cmd.executable, *cmd.argv]  # the path to exec, then argv (argv[0] too)
-    data = wire.native_request(steps, args, cmd.env)
+    data = _request(steps, implemented, tuple(args), cmd.env)
     for _ in range(SUBMIT_TRIES):
         ours = _submit_once(filters, data, fds, wait, server)
         if ours is not None:
             return ours
     raise OSError(errno.EPIPE, f"{SUBMIT_TRIES} requests to the sandlock-exec server were lost "
                   "before any supervisor took them (its processes are being killed)")
+
+
+#: Requests made lately, by everything each is made of: an agent runs the same few
+#: commands again and again, and their steps are checked and their strings encoded once.
+_REQUESTS: "dict[tuple[Any, ...], bytes]" = {}
+_REQUESTS_KEPT = 64
+
+
+def _request(steps: tuple[spec.Step, ...], implemented: frozenset[str], args: tuple[str, ...],
+             env: tuple[tuple[str, str], ...]) -> bytes:
+    """The request of a call: its steps checked against what the helper implements
+    (SetupError: never run without one), then encoded (ValueError: a string execve cannot
+    carry)."""
+    key = (steps, implemented, args, env)
+    data = _REQUESTS.get(key)
+    if data is None:
+        try:
+            spec.check(steps, implemented, HELPER)
+        except ValueError as exc:  # a step this build does not take: never run without it
+            from ..errors import SetupError
+
+            raise SetupError(str(exc)) from None
+        data = wire.native_request(steps, args, env)
+        if len(_REQUESTS) >= _REQUESTS_KEPT:
+            _REQUESTS.clear()
+        _REQUESTS[key] = data
+    return data
 
 
 #: How often a request lost before a supervisor took it (the idle supervisor was killed)
