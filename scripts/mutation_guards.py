@@ -408,6 +408,36 @@ GUARDS: tuple[Guard, ...] = (
           "        if type(item) is _Constructor:\n",
           "        if False:\n",
           ("tests/test_call_results.py::test_a_class_is_no_result[checked]",)),
+    Guard("call(): a key is checked for depth and size before it is hashed",
+          "sandlock/api/unpickle.py",
+          "        _small_key(key)\n",
+          "",
+          ("tests/test_call_results.py::"
+           "test_a_key_nested_a_million_deep_is_refused_before_it_is_hashed",)),
+    Guard("call(): an exception's members are walked by the depth check",
+          "sandlock/api/unpickle.py",
+          "                *_member_values(item))\n    elif isinstance(item, _enum.Enum)",
+          ")\n    elif isinstance(item, _enum.Enum)",
+          ("tests/test_call_results.py::test_what_an_exception_holds_in_its_members_is_checked"
+           "[a constructor]",
+           "tests/test_call_results.py::test_what_an_exception_holds_in_its_members_is_checked"
+           "[a class]",
+           "tests/test_call_results.py::test_what_an_exception_holds_in_its_members_is_checked"
+           "[nested 1000 deep]")),
+    Guard("call(): a collection is never made of the characters of a text",
+          "sandlock/api/unpickle.py",
+          "    if len(args) > 2 or (args and not isinstance(args[0], _ITEMS)) or (",
+          "    if len(args) > 2 or (args and not isinstance(args[0], _MATERIALISED)) or (",
+          ("tests/test_call_results.py::test_what_a_constructor_makes_of_its_argument_is_counted"
+           "[deque of a text]",
+           "tests/test_call_results.py::test_what_a_constructor_makes_of_its_argument_is_counted"
+           "[set of a text]")),
+    Guard("call(): a path's components are counted",
+          "sandlock/api/unpickle.py",
+          "        _charge(None, made.parts)  # a string for each component: about 25 times the text\n",
+          "",
+          ("tests/test_call_results.py::test_what_a_constructor_makes_of_its_argument_is_counted"
+           "[paths of many parts]",)),
     Guard("run --keep: the modes of the directories above a kept path are put back first",
           "sandlock/undo/keep.py",
           "        said += kept.chain.modes_back()\n",

@@ -280,15 +280,19 @@ def _repeated_call(module: bytes, name: bytes, arg: bytes, times: int) -> bytes:
     return head + b"h\x02h\x03Ra" * times + b"."
 
 
-@pytest.mark.parametrize("blob", [
-    pytest.param(_repeated_call(b"builtins", b"bytearray", b"x" * 16384, 5000), id="bytearray, checked"),
-    pytest.param(_repeated_call(b"builtins", b"bytearray", b"x" * 8192, 1000), id="bytearray, C"),
-    pytest.param(_repeated_call(b"collections", b"deque", b"x" * 8192, 1000), id="deque, C"),
+@pytest.mark.parametrize("blob, why", [
+    pytest.param(_repeated_call(b"builtins", b"bytearray", b"x" * 16384, 5000),
+                 "times its length in memory", id="bytearray, checked"),
+    pytest.param(_repeated_call(b"builtins", b"bytearray", b"x" * 8192, 1000),
+                 "times its length in memory", id="bytearray, C"),
+    # a deque of bytes (each byte an item) is refused before it is made
+    pytest.param(_repeated_call(b"collections", b"deque", b"x" * 8192, 1000), "deque('bytes',)",
+                 id="deque, C"),
 ])
 def test_an_argument_passed_again_and_again_is_counted_each_time(box: sandlock.Sandbox,
-                                                                 blob: bytes) -> None:
+                                                                 blob: bytes, why: str) -> None:
     before = _peak_mib()
-    assert "times its length in memory" in str(_refused(box, blob))
+    assert why in str(_refused(box, blob))
     assert _peak_mib() - before < 40
 
 
@@ -350,3 +354,76 @@ def test_a_path_still_comes_back(box: sandlock.Sandbox) -> None:
 
     value = [pathlib.PurePosixPath("/srv/data/notes.md"), pathlib.Path("/tmp")]
     assert box.call(api_tools.reply, pickle.dumps(value, 5)) == value
+
+
+# ----------------------------------------------------------------------------
+# A fourth attack round: what the depth check did not see, and what was not counted
+
+_DEEP_KEY = """
+import sys
+import sandlock, api_tools
+blob = b"\\x80\\x04}N" + b"\\x85" * 1_000_000 + b"Ns."  # {(((None,),),...): None}
+with sandlock.Sandbox({"extends": ["python"], "filesystem": {"read": [sys.argv[1]]}}) as box:
+    try:
+        box.call(api_tools.reply, blob)
+        print("rebuilt")
+    except sandlock.CallError:
+        print("refused")
+"""
+
+
+def test_a_key_nested_a_million_deep_is_refused_before_it_is_hashed() -> None:
+    """A tuple's hash recurses in C without a guard: hashed as it went into its dict, a
+    key nested 1,000,000 deep crashed the caller (the depth check runs after the load)."""
+    out = subprocess.run([sys.executable, "-c", _DEEP_KEY, TESTS], capture_output=True,
+                         text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), TESTS))})
+    assert (out.returncode, out.stdout.split()) == (0, ["refused"]), out.stderr[-2000:]
+
+
+def _member(cls: bytes, name: bytes, value: bytes) -> bytes:
+    """builtins.cls() with BUILD {name: value}: BaseException.__setstate__ sets it, into
+    a member of the exception (StopIteration.value, AttributeError.obj), not __dict__."""
+    return (b"\x80\x04cbuiltins\n" + cls + b"\n)R}\x8c" + bytes([len(name)]) + name + value
+            + b"sb.")
+
+
+@pytest.mark.parametrize("blob", [
+    pytest.param(_member(b"StopIteration", b"value", b"cbuiltins\nset\n"), id="a constructor"),
+    pytest.param(_member(b"AttributeError", b"obj", b"cbuiltins\nValueError\n"), id="a class"),
+    pytest.param(_member(b"StopIteration", b"value", b"N" + b"\x85" * 1000), id="nested 1000 deep"),
+])
+def test_what_an_exception_holds_in_its_members_is_checked(box: sandlock.Sandbox,
+                                                           blob: bytes) -> None:
+    _refused(box, blob)
+
+
+def _repeated(callable_: bytes, arg: bytes, times: int, padding: int) -> bytes:
+    """``[callable_(arg)] * times``, each made anew (the callable and the argument named
+    once), after ``padding`` bytes."""
+    return (b"\x80\x04B" + padding.to_bytes(4, "little") + b"\0" * padding + b"0]" + callable_
+            + b"q\x000X" + len(arg).to_bytes(4, "little") + arg + b"q\x010("
+            + b"h\x00h\x01\x85R" * times + b"e.")
+
+
+@pytest.mark.parametrize("blob", [
+    # one new one-character string (80 bytes) per element, 8 times what was counted
+    pytest.param(_repeated(b"ccollections\ndeque\n", "\u0100".encode() * 2000, 2000, 100_000),
+                 id="deque of a text"),
+    pytest.param(_repeated(b"cbuiltins\nset\n", "".join(map(chr, range(256, 2256))).encode(),
+                           2000, 100_000), id="set of a text"),
+    # a path of 64 KiB of two-letter parts, 21,000 strings of 51 bytes each time
+    pytest.param(_repeated(b"cpathlib\nPurePosixPath\n", b"ab/" * 21_000, 40, 20_000),
+                 id="paths of many parts"),
+])
+def test_what_a_constructor_makes_of_its_argument_is_counted(box: sandlock.Sandbox,
+                                                             blob: bytes) -> None:
+    import tracemalloc
+
+    tracemalloc.start()  # what this load allocates, whatever ran before it (not ru_maxrss)
+    try:
+        _refused(box, blob)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20

@@ -28,6 +28,7 @@ than ``_FAST_LIMIT``; shorter ones, where neither cost can be large (at most 16 
 from __future__ import annotations
 
 import collections
+import enum as _enum
 import io
 import pickle
 import sys
@@ -139,14 +140,22 @@ def _path(cls: type, args: tuple[Any, ...]) -> Any:
     """A pathlib path of str parts, at most _MAX_PATH_TEXT characters in all (one string
     passed again and again, two bytes a time, was split again each time)."""
     if all(type(a) is str for a in args) and sum(map(len, args)) <= _MAX_PATH_TEXT:
-        return cls(*args)
+        made = cls(*args)
+        _charge(None, made.parts)  # a string for each component: about 25 times the text
+        return made
     raise _Refused(f"a path of more than {_MAX_PATH_TEXT} characters, or of parts that are "
                    "not text")
 
 
+#: What a collection is made of in a pickle: never text, whose characters would each
+#: become an object (80 bytes for one not in Latin-1) from two bytes of the pickle.
+_ITEMS = (list, tuple, dict, set, frozenset)
+
+
 def _collection(cls: type, args: tuple[Any, ...]) -> Any:
-    """set, frozenset, deque, Counter, OrderedDict of what was read (not of a range)."""
-    if len(args) > 2 or (args and not isinstance(args[0], _MATERIALISED)) or (
+    """set, frozenset, deque, Counter, OrderedDict of the items read (not of a range, not
+    of the characters of a text)."""
+    if len(args) > 2 or (args and not isinstance(args[0], _ITEMS)) or (
             len(args) == 2 and not (args[1] is None or type(args[1]) is int)):
         raise _Refused(f"{cls.__name__}{tuple(type(a).__name__ for a in args)}")
     if args and cls is not collections.deque:  # what is hashed: keys, or the items
@@ -161,10 +170,58 @@ def _collection(cls: type, args: tuple[Any, ...]) -> Any:
     return cls(*args)
 
 
+#: A key's values counted through its tuples and frozensets, each time it is reached: its
+#: hash is computed from all of them, again for every key it is part of.
+_MAX_KEY_ITEMS = 256
+
+
+def _small_key(key: Any) -> None:
+    """Refuse a key nested more than _MAX_DEPTH deep (the hash of a tuple recurses in C,
+    without a guard: a million levels crashed the caller) or holding more than
+    _MAX_KEY_ITEMS values, before it is hashed. What was walked is remembered for the
+    load (by id, with the object: an id is not reused while it is held)."""
+    if type(key) in _ATOMS:
+        return
+    walked: dict[int, tuple[Any, int, int]] = getattr(_LOAD, "keys", None) or {}
+    stack: list[list[Any]] = []  # [object, what is left of it, height below, values]
+
+    def enter(item: Any) -> None:
+        if len(stack) >= _MAX_DEPTH:
+            raise _Refused(f"a key nested more than {_MAX_DEPTH} deep")
+        inside = item if type(item) in (tuple, frozenset) else _held(item)
+        stack.append([item, iter(inside), 0, 1])
+
+    enter(key)
+    while stack:
+        top = stack[-1]
+        child = next(top[1], _END)
+        if child is _END:
+            stack.pop()
+            walked[id(top[0])] = (top[0], top[2], top[3])
+            if not stack:
+                return
+            height, values, top = top[2] + 1, top[3], stack[-1]
+        elif type(child) in _ATOMS:
+            height, values = 0, 1
+        elif id(child) in walked:
+            _, below, values = walked[id(child)]
+            height = below + 1
+        else:
+            enter(child)
+            continue
+        top[2], top[3] = max(top[2], height), top[3] + values
+        if len(stack) + top[2] > _MAX_DEPTH:
+            raise _Refused(f"a key nested more than {_MAX_DEPTH} deep")
+        if top[3] > _MAX_KEY_ITEMS:
+            raise _Refused(f"a key of more than {_MAX_KEY_ITEMS} values (each hashed again "
+                           "for every key it is part of)")
+
+
 def _spread(keys: Iterable[Any], seen: dict[int, int]) -> None:
     """Count ``keys`` by hash into ``seen`` (one container's); refuse more than
     ``_MAX_SAME_HASH`` of one hash, before they are put in the container."""
     for key in keys:
+        _small_key(key)
         try:
             mark = hash(key)
         except TypeError:
@@ -298,10 +355,38 @@ def _held(item: Any) -> list[Any]:
             return []
         held = item
     elif isinstance(item, BaseException):
-        held = (item.args, getattr(item, "__dict__", {}), item.__cause__, item.__context__)
+        held = (item.args, getattr(item, "__dict__", {}), item.__cause__, item.__context__,
+                *_member_values(item))
+    elif isinstance(item, _enum.Enum):  # a member the code defined (UUID's is_safe)
+        return []
     else:
-        held = tuple(getattr(item, "__dict__", {}).values())
+        held = (*getattr(item, "__dict__", {}).values(), *_member_values(item))
     return [child for child in held if type(child) not in _ATOMS]
+
+
+#: The member descriptors of each class met: slots, and the fields of exceptions
+#: (StopIteration.value, AttributeError.obj, OSError.filename...), which BUILD sets.
+_MEMBERS: dict[type, tuple[Any, ...]] = {}
+
+
+def _member_values(item: Any) -> list[Any]:
+    """What ``item`` holds outside its ``__dict__``: the values of its members."""
+    cls = type(item)
+    members = _MEMBERS.get(cls)
+    if members is None:
+        found: dict[str, Any] = {}
+        for klass in cls.__mro__:
+            for name, attr in vars(klass).items():
+                if type(attr) is types.MemberDescriptorType and name not in found:
+                    found[name] = attr
+        members = _MEMBERS[cls] = tuple(found.values())
+    values = []
+    for member in members:
+        try:
+            values.append(member.__get__(item, cls))
+        except AttributeError:  # a slot never set
+            pass
+    return values
 
 
 def _check_depth(value: Any) -> None:
@@ -464,13 +549,15 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
 def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
     loader = _Unpickler if len(data) <= _FAST_LIMIT else _Checked
-    outer = getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None)
-    # what its objects may take; the keys' hashes of each set and dict, by its id
-    _LOAD.budget, _LOAD.hashes = _MAX_GROWTH * len(data) + (1 << 20), {}
+    outer = (getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None),
+             getattr(_LOAD, "keys", None))
+    # what its objects may take; the keys' hashes of each set and dict, by its id; the
+    # keys walked (_small_key)
+    _LOAD.budget, _LOAD.hashes, _LOAD.keys = _MAX_GROWTH * len(data) + (1 << 20), {}, {}
     try:
         value = loader(data, trusted).load()
     finally:
-        _LOAD.budget, _LOAD.hashes = outer
+        _LOAD.budget, _LOAD.hashes, _LOAD.keys = outer
     _check_depth(value)
     return value
 
