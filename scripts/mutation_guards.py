@@ -438,6 +438,11 @@ GUARDS: tuple[Guard, ...] = (
           "",
           ("tests/test_call_results.py::test_what_a_constructor_makes_of_its_argument_is_counted"
            "[paths of many parts]",)),
+    Guard("run --keep: the shared copies are never pruned as cache entries",
+          "sandlock/undo/keep.py",
+          "_put(directory, name, marshal.dumps(before), prune=False)",
+          "_put(directory, name, marshal.dumps(before), prune=True)",
+          ("tests/test_keep.py::test_a_kept_paths_shared_copy_outlasts_many_others",)),
     Guard("run --keep: the modes of the directories above a kept path are put back first",
           "sandlock/undo/keep.py",
           "        said += kept.chain.modes_back()\n",

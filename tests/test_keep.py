@@ -555,3 +555,36 @@ def test_a_failed_mend_closes_its_descriptor_once(tmp_path: Path,
         for fd in others:
             os.close(fd)
         kept.close()
+
+
+def test_a_kept_paths_shared_copy_outlasts_many_others(tmp_path: Path) -> None:
+    """The shared copy of what a kept path was, and its locks, are not pruned while a run
+    keeps it: other paths kept meanwhile (more than the cache's bound) made the next run
+    think it was alone, and take the running tool's change for what was there."""
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / "settings.json").write_text(json.dumps(SETTINGS))
+    first = keep_module.keep(str(tmp_path / ".claude"))
+    try:
+        (tmp_path / ".claude" / "settings.json").write_text(EVIL)  # the running tool's change
+        others = tmp_path / "others"
+        others.mkdir()
+        for index in range(300):  # each another kept path: its copy and its two locks
+            (others / f"{index}.json").write_text("{}")
+            keep_module.keep(str(others / f"{index}.json")).close()
+        second = keep_module.keep(str(tmp_path / ".claude"))
+        try:
+            said = keep_module.put_back(second)
+        finally:
+            second.close()
+    finally:
+        first.close()
+    assert said is not None, "the second run took the change for what was there"
+    assert json.loads((tmp_path / ".claude" / "settings.json").read_text()) == SETTINGS
+    # still bounded: the copies no run keeps are removed past the bound
+    from sandlock.compile.cachekey import key_directory
+
+    where = key_directory()
+    assert where is not None
+    copies = [n for n in os.listdir(os.path.join(where, keep_module.KEEP_DIR))
+              if not n.startswith(".") and "." not in n]
+    assert len(copies) <= keep_module.MAX_COPIES + 1

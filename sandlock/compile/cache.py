@@ -495,7 +495,9 @@ def _write(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
     _put(directory, name, MAGIC + _tag(secret, payload) + payload)
 
 
-def _put(directory: int, name: str, data: bytes) -> None:
+def _put(directory: int, name: str, data: bytes, prune: bool = True) -> None:
+    """Write ``data`` as ``name`` whole (read back, then renamed in); then, with ``prune``,
+    keep the directory bounded (:func:`_prune`: only for a directory of entries alone)."""
     tmp = f".{name}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600,
                  dir_fd=directory)
@@ -517,7 +519,8 @@ def _put(directory: int, name: str, data: bytes) -> None:
         except OSError:
             pass
         raise
-    _prune(directory)
+    if prune:
+        _prune(directory)
 
 
 def _prune(directory: int) -> None:

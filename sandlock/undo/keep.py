@@ -384,7 +384,10 @@ def _baseline(parent: tuple[int, int], entry: str, now: Callable[[], tuple[int, 
             try:
                 if alone:  # no run keeps it: what is there now is what was
                     before = now()
-                    _put(directory, name, marshal.dumps(before))
+                    # never the cache's pruning: it took the copies and locks of running
+                    # runs for old entries (see _forget_unheld)
+                    _put(directory, name, marshal.dumps(before), prune=False)
+                    _forget_unheld(directory)
                 else:
                     with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                       dir_fd=directory), "rb") as stored:
@@ -400,6 +403,45 @@ def _baseline(parent: tuple[int, int], entry: str, now: Callable[[], tuple[int, 
     finally:
         os.close(directory)
     return before, held
+
+
+#: Copies of what kept paths were, past which those no run keeps now are removed.
+MAX_COPIES = 256
+
+
+def _forget_unheld(directory: int) -> None:
+    """Past MAX_COPIES, remove the copies no run keeps: each one's lock is taken (a run
+    deciding holds it), then its ``.held`` (a run keeping it holds it shared); a copy is
+    removed only if both are free. The lock files stay (empty): removing one would let
+    two runs each lock a file of that name."""
+    import fcntl
+
+    listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        names = [n for n in os.listdir(listing) if not n.startswith(".") and "." not in n]
+    finally:
+        os.close(listing)
+    if len(names) <= MAX_COPIES:
+        return
+    for name in names:
+        try:
+            mutex = os.open(f"{name}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                            dir_fd=directory)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(mutex, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = os.open(f"{name}.held", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                           dir_fd=directory)
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.unlink(name, dir_fd=directory)
+            finally:
+                os.close(held)
+        except OSError:  # BlockingIOError: a run holds it
+            pass
+        finally:
+            os.close(mutex)
 
 
 def keep(path: str) -> Kept:
