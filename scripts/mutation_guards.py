@@ -1267,6 +1267,12 @@ GUARDS: tuple[Guard, ...] = (
           "        if (idle > 0 && waitpid(idle, NULL, WNOHANG) == idle) idle = 0;",
           "        idle = 0;",
           ("tests/test_mediator.py::test_warm_processes_leave_no_zombie_to_a_subreaper_caller",)),
+    Guard("native server: reaps the supervisors that end within a second of its end",
+          "sandlock/exec/helper/sandlock_exec.c",
+          "    for (int tries = 0; n_supervisors > 0 && tries < 100; tries++) {",
+          "    for (int tries = 0; n_supervisors > 0 && tries < 0; tries++) {",
+          ("tests/test_mediator.py::"
+           "test_a_server_stopped_during_a_call_leaves_no_zombie_to_a_subreaper_caller",)),
     Guard("launcher: a library caller is the subreaper for the run only", "sandlock/exec/launcher.py",
           "        if not was_subreaper:\n            kernel.set_child_subreaper(False)\n",
           "        pass\n",

@@ -364,6 +364,28 @@ print(len(found))
 """
 
 
+SUBREAPER_BUSY = SUBREAPER_CALLER.split("for _ in range(3):")[0] + """
+from sandlock.exec import native
+with sandlock.Sandbox({"extends": ["python"]}) as box:
+    process = box.popen([sys.argv[2], "-c", "import time; time.sleep(0.5)"])
+    native.shutdown()  # its own server stopped while a call runs (the call goes on)
+    assert process.wait() == 0
+""" + "def zombies():" + SUBREAPER_CALLER.split("def zombies():")[1]
+
+
+def test_a_server_stopped_during_a_call_leaves_no_zombie_to_a_subreaper_caller() -> None:
+    """A caller that is a subreaper stops its own sandlock-exec server while a call runs:
+    the call's supervisor, ending after the server, was re-parented to the caller and
+    stayed a zombie there. The server waits for it (a second at most) and reaps it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SUBREAPER_BUSY, str(REPO), PYTHON],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "0", done.stdout
+
+
 def test_warm_processes_leave_no_zombie_to_a_subreaper_caller() -> None:
     """A Sandbox's mediator and recorder each start a sandlock-exec server; at close they
     reap it before they exit. Left to outlive them, it was re-parented to the nearest

@@ -14,7 +14,8 @@
  * supervisors: when one dies by a signal, it kills the orphans re-parented to it. At
  * EOF on fd 3 (the caller closed it, or died) it exits, and its idle supervisor with it
  * (PR_SET_PDEATHSIG); supervisors of running calls go on, each until its call ends
- * (their call sockets reach EOF too if the caller died).
+ * (their call sockets reach EOF too if the caller died); the server waits up to a second
+ * for them first, and reaps those that end.
  *
  * Hello: the server's first message on fd 3 is "V <version> <step> <step> ...": the
  * version of the request wire and of the step language (sandlock/exec/spec.py VERSION)
@@ -657,6 +658,14 @@ int main(void) {
         kill(idle, SIGKILL);
         while (waitpid(idle, NULL, 0) < 0 && errno == EINTR) {}
         idle = 0;
+    }
+    /* Supervisors of calls still running go on, each until its call ends; one that ends
+     * within a second is reaped here too, not left to end after this process and stay a
+     * zombie under a subreaper above it (a caller that stops its server during a call). */
+    for (int tries = 0; n_supervisors > 0 && tries < 100; tries++) {
+        struct pollfd wait[1] = {{sigfd, POLLIN, 0}};
+        poll(wait, 1, 10);
+        reap(sigfd);
     }
     kill_strays();
     return 0;
