@@ -443,6 +443,26 @@ GUARDS: tuple[Guard, ...] = (
           "_put(directory, name, marshal.dumps(before), prune=False)",
           "_put(directory, name, marshal.dumps(before), prune=True)",
           ("tests/test_keep.py::test_a_kept_paths_shared_copy_outlasts_many_others",)),
+    Guard("call(): an OrderedDict's items are (key, value) pairs",
+          "sandlock/api/unpickle.py",
+          "            if not all(type(pair) in (tuple, list) and len(pair) == 2 for pair in given):\n"
+          "                raise _Refused(\"OrderedDict of items that are not (key, value) pairs\")\n"
+          "            given = [pair[0] for pair in given]",
+          "            given = [pair[0] for pair in given if isinstance(pair, (tuple, list)) and pair]",
+          ("tests/test_call_results.py::test_an_ordered_dicts_pairs_are_pairs",
+           "tests/test_call_results.py::test_a_key_nested_a_million_deep_is_refused_before_it_is_hashed"
+           "[OrderedDict of a deque]")),
+    Guard("call(): the integers a constructor is given are counted",
+          "sandlock/api/unpickle.py",
+          "if isinstance(arg, _MATERIALISED) or type(arg) is int)",
+          "if isinstance(arg, _MATERIALISED))",
+          ("tests/test_call_results.py::test_fractions_of_memoized_integers_are_counted",)),
+    Guard("call(): a LIST opcode's items are taken before its list is appended",
+          "sandlock/api/unpickle.py",
+          "        items = self.pop_mark()  # first: it puts back the stack that self.append is of\n"
+          "        self.append(self._made(items))",
+          "        self.append(self._made(self.pop_mark()))",
+          ("tests/test_call_results.py::test_a_result_of_protocol_0_lists_comes_back",)),
     Guard("run --keep: the modes of the directories above a kept path are put back first",
           "sandlock/undo/keep.py",
           "        said += kept.chain.modes_back()\n",
@@ -1569,10 +1589,20 @@ GUARDS: tuple[Guard, ...] = (
           '    return sorted(kept, key=lambda each: -each.path.count("/"))\n',
           "    return list(kept)\n",
           ("tests/test_keep.py::test_a_kept_path_inside_another_is_put_back_first",)),
-    Guard("run --keep: a directory made again stands for the one held", "sandlock/undo/keep.py",
-          "                if _identity(os.fstat(deeper)) != _REPLACED.get(held, held):\n",
-          "                if _identity(os.fstat(deeper)) != held:\n",
-          ("tests/test_keep.py::test_two_kept_paths_under_a_directory_the_tool_removed",)),
+    Guard("run --keep: a directory at the name is taken as it is (another run's put-back stays)",
+          "sandlock/undo/keep.py",
+          "                if (_identity(found) != self.ids[depth + 1]\n"
+          "                        and stat.S_IMODE(found.st_mode) != self.modes[depth + 1]):\n"
+          "                    os.chmod(f\"/proc/self/fd/{deeper}\", self.modes[depth + 1])\n",
+          "                if _identity(found) != self.ids[depth + 1]:\n"
+          "                    os.close(deeper)\n                    break\n",
+          ("tests/test_keep.py::test_a_run_never_undoes_another_runs_put_back",)),
+    Guard("run --keep: a directory at the name of a held one gets its mode",
+          "sandlock/undo/keep.py",
+          "                    os.chmod(f\"/proc/self/fd/{deeper}\", self.modes[depth + 1])\n"
+          "                os.close(fd)",
+          "                    pass\n                os.close(fd)",
+          ("tests/test_keep.py::test_a_directory_made_in_place_of_one_above_and_made_unsearchable",)),
     Guard("hook: what a kept policy file extends is kept too", "sandlock/integrations/shell_rules.py",
           "            named += _layers(choice.policy)\n",
           "            named.append(choice.policy)\n",

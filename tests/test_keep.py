@@ -282,14 +282,17 @@ def test_a_directory_above_the_kept_path_moved_by_the_tool(tmp_path: Path, move:
     kept, command = MOVES[move]
     ran = keep_run(repo, [repo / kept, repo / ".git" / "hooks"], command, workspace=tmp_path)
     assert ran.returncode == 125, ran.stderr
-    assert "a directory above the kept path" in ran.stderr
     assert (repo / ".git").is_dir() and not (repo / ".git").is_symlink()
     assert (repo / ".git" / "config").read_text() == "[core]\n\tbare = false\n"
     assert (repo / ".git" / "hooks").is_dir()
-    if move != "parent removed":  # moved back: the rest of the original is there too
+    if move != "parent removed":  # copied, or moved back: the rest of the original is there
         assert (repo / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
-    # what the tool left, moved aside once (not again by a second look at a new directory)
-    assert len([p for p in repo.iterdir() if ".sandlock-changed-" in p.name]) == 1, ran.stderr
+    # what the tool left, moved aside once: the link, or its config in the directory it
+    # made (a directory at the name is taken as it is, its kept paths put back by name)
+    aside = [p for p in repo.rglob("*") if ".sandlock-changed-" in p.name]
+    assert len(aside) == 1, ran.stderr
+    if move == "parent a link":
+        assert "a directory above the kept path" in ran.stderr
     # the positive control: the same command without --keep leaves the change in place
     control = repository(tmp_path / "control")
     done = keep_run(control, [], command, workspace=tmp_path / "control")
@@ -588,3 +591,45 @@ def test_a_kept_paths_shared_copy_outlasts_many_others(tmp_path: Path) -> None:
     copies = [n for n in os.listdir(os.path.join(where, keep_module.KEEP_DIR))
               if not n.startswith(".") and "." not in n]
     assert len(copies) <= keep_module.MAX_COPIES + 1
+
+
+def test_a_run_never_undoes_another_runs_put_back(tmp_path: Path) -> None:
+    """Two runs at once: one keeps .claude (its tool rewrites the settings), the other a
+    rules file in it. The first puts .claude back as a new directory; the second, ending
+    later, held the old one (the tool's): moved back, it undid the first's put-back. A
+    directory at the name is taken as it is, and the kept paths in it are put back."""
+    project = tmp_path / "project"
+    (project / ".claude").mkdir(parents=True)
+    (project / ".claude" / "settings.json").write_text(json.dumps(SETTINGS))
+    (project / ".claude" / "rules.toml").write_text('[default]\npolicy = "shell"\n')
+    whole = keep_module.keep(str(project / ".claude"))
+    inner = keep_module.keep(str(project / ".claude" / "rules.toml"))
+    try:
+        (project / ".claude" / "settings.json").write_text(EVIL)  # the first run's tool
+        said = keep_module.put_back(whole)
+        assert said is not None and "as it was before the run" in said
+        assert keep_module.put_back(inner) is None  # the rules file is as it was
+    finally:
+        inner.close()
+        whole.close()
+    assert json.loads((project / ".claude" / "settings.json").read_text()) == SETTINGS
+
+
+def test_a_directory_made_in_place_of_one_above_and_made_unsearchable(tmp_path: Path) -> None:
+    """A directory at the name of one held is taken as it is, with the mode of the one
+    held: the tool's own, made unsearchable (chmod 000), would stop the walk down."""
+    ws = tmp_path / "ws"
+    project = ws / "a" / "proj"
+    (project / ".claude").mkdir(parents=True)
+    (project / ".claude" / "settings.json").write_text(json.dumps(SETTINGS))
+    mode = (ws / "a").stat().st_mode & 0o777
+    command = (f"mv a a.old && mkdir -p a/proj/.claude && printf '%s' '{EVIL}' > "
+               "a/proj/.claude/settings.json && chmod 000 a")
+    try:
+        ran = keep_run(ws, [project / ".claude"], command, workspace=ws)
+    finally:
+        now = (ws / "a").stat().st_mode & 0o777
+        (ws / "a").chmod(0o755)
+    assert ran.returncode == 125, ran.stderr
+    assert now == mode, ran.stderr
+    assert json.loads((project / ".claude" / "settings.json").read_text()) == SETTINGS, ran.stderr

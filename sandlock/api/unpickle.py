@@ -97,7 +97,7 @@ def _fraction(cls: type, args: tuple[Any, ...]) -> Any:
     if (all(type(a) is int and _small_int(a) for a in args) and 1 <= len(args) <= 2) or (
             len(args) == 1 and type(args[0]) is str and len(args[0]) <= 4300
             and re.fullmatch(r"\s*[-+]?(\d+(/\d+)?|\d*\.\d+|\d+\.)\s*", args[0], re.ASCII)):
-        return cls(*args)
+        return cls(*args)  # its integers made anew, about the size of those given (counted)
     raise _Refused(f"Fraction{tuple(type(a).__name__ for a in args)} (only integers of up "
                    f"to {_MAX_INT_BITS} bits, or a string without an exponent)")
 
@@ -161,7 +161,10 @@ def _collection(cls: type, args: tuple[Any, ...]) -> Any:
     if args and cls is not collections.deque:  # what is hashed: keys, or the items
         given = args[0]
         if cls is collections.OrderedDict and not isinstance(given, dict):
-            given = [pair[0] for pair in given if isinstance(pair, (tuple, list)) and pair]
+            # OrderedDict takes any two-item iterable as a pair: only those whose key is seen
+            if not all(type(pair) in (tuple, list) and len(pair) == 2 for pair in given):
+                raise _Refused("OrderedDict of items that are not (key, value) pairs")
+            given = [pair[0] for pair in given]
         seen: dict[int, int] = {}
         _spread(given, seen)
         made = cls(*args)
@@ -178,11 +181,12 @@ _MAX_KEY_ITEMS = 256
 def _small_key(key: Any) -> None:
     """Refuse a key nested more than _MAX_DEPTH deep (the hash of a tuple recurses in C,
     without a guard: a million levels crashed the caller) or holding more than
-    _MAX_KEY_ITEMS values, before it is hashed. What was walked is remembered for the
-    load (by id, with the object: an id is not reused while it is held)."""
+    _MAX_KEY_ITEMS values (counted each time they are reached: the walk stops past the
+    bound, whatever is shared), before it is hashed."""
     if type(key) in _ATOMS:
         return
-    walked: dict[int, tuple[Any, int, int]] = getattr(_LOAD, "keys", None) or {}
+    walked: dict[int, tuple[Any, int, int]] = {}  # in this key only: BUILD may change an
+    # object of an earlier key (what its hash reads) after it was walked
     stack: list[list[Any]] = []  # [object, what is left of it, height below, values]
 
     def enter(item: Any) -> None:
@@ -260,7 +264,7 @@ def _charge(made: Any, args: tuple[Any, ...] = ()) -> Any:
     if getattr(_LOAD, "budget", None) is None:  # no load under way (not from a result)
         return made
     cost = sys.getsizeof(made) + sum(sys.getsizeof(arg) for arg in args
-                                     if isinstance(arg, _MATERIALISED))
+                                     if isinstance(arg, _MATERIALISED) or type(arg) is int)
     _LOAD.budget -= cost
     if _LOAD.budget < 0:
         raise _Refused(f"what it builds takes more than {_MAX_GROWTH} times its length in "
@@ -500,7 +504,8 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
         self.append(self._made(set()))
 
     def load_list(self) -> None:
-        self.append(self._made(self.pop_mark()))
+        items = self.pop_mark()  # first: it puts back the stack that self.append is of
+        self.append(self._made(items))
 
     def load_dict(self) -> None:
         items = self.pop_mark()
@@ -549,15 +554,13 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
 def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
     loader = _Unpickler if len(data) <= _FAST_LIMIT else _Checked
-    outer = (getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None),
-             getattr(_LOAD, "keys", None))
-    # what its objects may take; the keys' hashes of each set and dict, by its id; the
-    # keys walked (_small_key)
-    _LOAD.budget, _LOAD.hashes, _LOAD.keys = _MAX_GROWTH * len(data) + (1 << 20), {}, {}
+    outer = getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None)
+    # what its objects may take; the keys' hashes of each set and dict, by its id
+    _LOAD.budget, _LOAD.hashes = _MAX_GROWTH * len(data) + (1 << 20), {}
     try:
         value = loader(data, trusted).load()
     finally:
-        _LOAD.budget, _LOAD.hashes, _LOAD.keys = outer
+        _LOAD.budget, _LOAD.hashes = outer
     _check_depth(value)
     return value
 

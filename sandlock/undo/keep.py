@@ -200,8 +200,6 @@ class _Chain:
             if self.users > 0:
                 return
             _CHAINS.pop(self.real, None)
-            if not _CHAINS:  # identities are the held directories': none is held now (an
-                _REPLACED.clear()  # inode freed may be another directory's in a later run)
             for fd in self.fds:
                 os.close(fd)
             self.fds = []
@@ -221,7 +219,7 @@ class _Chain:
 
     def walk(self) -> tuple[int, int]:
         """Walk the real path again from ``/``: (the descriptor of the deepest directory
-        that is still the one held, opened now; its depth, ``len(names)`` if all are)."""
+        found by name, opened now; its depth, ``len(names)`` if every name is one)."""
         fd = os.open("/", _PATH_DIR)
         if _identity(os.fstat(fd)) != self.ids[0]:
             os.close(fd)
@@ -235,10 +233,14 @@ class _Chain:
                     deeper = os.open(self.names[depth], _PATH_DIR, dir_fd=fd)
                 except OSError:  # gone, or a link or a file in its place
                     break
-                held = self.ids[depth + 1]
-                if _identity(os.fstat(deeper)) != _REPLACED.get(held, held):
-                    os.close(deeper)
-                    break
+                # Another directory than the one held is taken as it is: the paths kept in
+                # it are put back by name. Moved back, the one held would undo another run's
+                # put-back (which makes a kept directory anew) with what that run's tool
+                # left. Its mode is the held one's (the tool may take the search right off).
+                found = os.fstat(deeper)
+                if (_identity(found) != self.ids[depth + 1]
+                        and stat.S_IMODE(found.st_mode) != self.modes[depth + 1]):
+                    os.chmod(f"/proc/self/fd/{deeper}", self.modes[depth + 1])
                 os.close(fd)
                 fd, depth = deeper, depth + 1
         except BaseException:
@@ -247,9 +249,9 @@ class _Chain:
         return fd, depth
 
     def mend(self, fd: int, depth: int) -> tuple[int, int, str]:
-        """The directory below ``fd`` (at ``depth``) is not the one held: move what is in
-        its place aside, and move the one held back, or make it again (and those below
-        it) if it is gone. Consumes ``fd``; returns the next (descriptor, depth) to go on
+        """No directory is at the name below ``fd`` (at ``depth``): move what is in its
+        place aside (a link, a file), and move the one held back, or make it again (and
+        those below it) if it is gone. Consumes ``fd``; returns the next (descriptor, depth) to go on
         from, and what was done."""
         name = self.names[depth]
         aside = f"{name}.sandlock-changed-{os.urandom(4).hex()}"
@@ -268,9 +270,7 @@ class _Chain:
                 part = self.names[depth]
                 os.mkdir(part, 0o700, dir_fd=fd)
                 deeper = os.open(part, _PATH_DIR, dir_fd=fd)
-                os.chmod(f"/proc/self/fd/{deeper}", stat.S_IMODE(os.fstat(self.fds[depth + 1]).st_mode))
-                # the new one stands for the one held, for every path kept below it
-                _REPLACED[self.ids[depth + 1]] = _identity(os.fstat(deeper))
+                os.chmod(f"/proc/self/fd/{deeper}", self.modes[depth + 1])
                 os.close(fd)
                 fd, depth = deeper, depth + 1
             return fd, depth, f"{said}; it is gone, and was made again (empty but for the kept path)"
@@ -281,9 +281,7 @@ class _Chain:
 
 #: The chains held in this process, by real path: paths kept in one directory share one.
 _CHAINS: dict[str, _Chain] = {}
-#: Directories made again in place of a held one that was gone: (held) -> (made).
-_REPLACED: dict[tuple[int, int], tuple[int, int]] = {}
-#: Held by whoever changes the two above or walks a chain: threads of one process (the
+#: Held by whoever changes the chains or walks one: threads of one process (the
 #: calls of `sandlock mcp serve`) keep paths at once, and share the chains.
 _HELD = threading.RLock()
 #: Entries of a directory looked through for a held one the tool moved there.
