@@ -510,3 +510,25 @@ def test_a_relative_command_is_found_in_cwd_as_subprocess_does(tmp_path: Path) -
     with sandlock.Sandbox(policy) as box:
         done = box.run(["./tool"], cwd=str(work), capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout == "from-cwd\n", done.stderr
+
+
+def test_a_result_is_an_immutable_value() -> None:
+    """Result is a value: equal and hashed by its fields, immutable, pickled whole, and
+    matched by position as the dataclass it was."""
+    import copy
+    import pickle
+
+    from sandlock.api.results import Result
+
+    done = Result(("true",), 0, b"out", None, Outcome.EXITED, pid=7)
+    same = Result(("true",), 0, b"out", None, Outcome.EXITED, pid=7)
+    assert done == same and hash(done) == hash(same) and done != Result(("true",), 1)
+    assert pickle.loads(pickle.dumps(done)) == done == copy.copy(done)
+    with pytest.raises(AttributeError):
+        done.returncode = 1
+    assert repr(done).startswith("Result(args=('true',), returncode=0, stdout=b'out'")
+    assert Result.__match_args__[:2] == ("args", "returncode")
+    assert done.ok and done.check() is done
+    import sandlock.api.sandbox as module
+
+    assert module.PolicyLike is not None and module.File is not None  # the type aliases

@@ -13,7 +13,12 @@ import os
 import select
 import socket
 import time
-from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
+
+TYPE_CHECKING = False  # importing typing costs milliseconds on the API's first Sandbox()
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
+else:
+    Protocol = object
 
 #: Bytes read or written per ready fd and turn.
 _CHUNK = 1 << 16

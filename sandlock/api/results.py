@@ -8,13 +8,16 @@ nothing here reads a socket or a pipe.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from ..errors import CommandFailed, SandlockError, TimeoutExpired
 
+TYPE_CHECKING = False  # typing and dataclasses cost ~10 ms on the API's first Sandbox()
 if TYPE_CHECKING:
+    from typing import Any, Optional, Protocol
+
     from ..trace.record import Denial
+else:
+    Protocol = object
 
 
 class Outcome(str, enum.Enum):
@@ -27,24 +30,64 @@ class Outcome(str, enum.Enum):
     #: or denied exec (126), setup failure (125); ``Result.error`` says which
 
 
-@dataclass(frozen=True)
 class Result:
-    """What :meth:`Sandbox.run` returns. ``returncode`` follows the CLI's exit codes."""
+    """What :meth:`Sandbox.run` returns. ``returncode`` follows the CLI's exit codes.
+
+    Immutable; equal to another Result with the same fields (and hashed by them).
+    ``network_events``: under ``[network] allow``, one line per connection the policy
+    refused. ``denials``: with ``trace=True``, each access the policy refused
+    (:class:`sandlock.trace.record.Denial`: right, path or port, interpreter detail, the
+    policy line that grants it), as `sandlock trace --json` lists them; always ``()``
+    without ``trace``. ``error``: why it did not start (``NOT_STARTED`` only)."""
+
+    __slots__ = ("args", "returncode", "stdout", "stderr", "outcome", "signal", "error", "pid",
+                 "network_events", "denials")
+    __match_args__ = ("args", "returncode", "stdout", "stderr", "outcome", "signal", "error",
+                      "pid", "network_events", "denials")
 
     args: tuple[str, ...]
     returncode: int
-    stdout: Any = None
-    stderr: Any = None
-    outcome: Outcome = Outcome.EXITED
-    signal: Optional[int] = None
-    error: Optional[SandlockError] = None  #: why it did not start (NOT_STARTED only)
-    pid: Optional[int] = None
-    #: Under ``[network] allow``: one line per connection the policy refused.
-    network_events: tuple[str, ...] = ()
-    #: With ``trace=True``: each access the policy refused (:class:`sandlock.trace.record.Denial`:
-    #: right, path or port, interpreter detail, the policy line that grants it), as
-    #: `sandlock trace --json` lists them. Always ``()`` without ``trace``.
-    denials: tuple["Denial", ...] = ()
+    stdout: Any
+    stderr: Any
+    outcome: Outcome
+    signal: Optional[int]
+    error: Optional[SandlockError]
+    pid: Optional[int]
+    network_events: tuple[str, ...]
+    denials: tuple["Denial", ...]
+
+    def __init__(self, args: tuple[str, ...], returncode: int, stdout: Any = None,
+                 stderr: Any = None, outcome: Outcome = Outcome.EXITED,
+                 signal: Optional[int] = None, error: Optional[SandlockError] = None,
+                 pid: Optional[int] = None, network_events: tuple[str, ...] = (),
+                 denials: tuple["Denial", ...] = ()) -> None:
+        for name, value in zip(self.__slots__, (args, returncode, stdout, stderr, outcome,
+                                                signal, error, pid, network_events, denials)):
+            object.__setattr__(self, name, value)
+
+    def _fields(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"cannot assign to field {name!r} of a Result")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"cannot delete field {name!r} of a Result")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return "Result(" + ", ".join(f"{name}={getattr(self, name)!r}"
+                                     for name in self.__slots__) + ")"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Result, self._fields())
 
     @property
     def ok(self) -> bool:

@@ -27,8 +27,7 @@ import socket
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from collections.abc import Iterable, Mapping
 
 from ..compile import compiler
 from ..errors import (
@@ -48,7 +47,10 @@ from ..exec.wire import setup_failure
 from .pump import _earliest, _now, _Pump, _wait_readable
 from .results import Outcome, RemoteTraceback, Result, _decode, _denials, _result
 
+TYPE_CHECKING = False  # typing and dataclasses cost ~10 ms on the API's first Sandbox()
 if TYPE_CHECKING:
+    from typing import IO, Any, Callable, Optional, Sequence, Union
+
     from ..compile.cache import Lookup
     from ..net.connect import Mediation
     from ..policy.model import Policy
@@ -62,8 +64,22 @@ PIPE = -1
 STDOUT = -2
 DEVNULL = -3
 
-File = Union[None, int, IO[Any]]
-PolicyLike = Union["Policy", str, "os.PathLike[str]", Mapping[str, Any]]
+if TYPE_CHECKING:
+    File = Union[None, int, IO[Any]]
+    PolicyLike = Union["Policy", str, "os.PathLike[str]", Mapping[str, Any]]
+
+
+def __getattr__(name: str) -> Any:
+    """``File`` and ``PolicyLike`` (type aliases), made on first use: typing costs
+    milliseconds on the API's first Sandbox()."""
+    if name in ("File", "PolicyLike"):
+        from typing import IO, Any, Union
+
+        aliases = {"File": Union[None, int, IO[Any]],
+                   "PolicyLike": Union["Policy", str, "os.PathLike[str]", Mapping[str, Any]]}
+        globals().update(aliases)
+        return aliases[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ----------------------------------------------------------------------------
@@ -1092,18 +1108,14 @@ class Sandbox:
                         self._trusted, self._max_result, self)
 
 
-@dataclass
 class _RunJob:
     """A command under way: its call, its pump, and how to build its Result."""
 
-    call: _Call
-    pump: _Pump
-    args: tuple[str, ...]
-    mine: tuple[int, int, int]
-    decode: bool
-    encoding: Optional[str]
-    errors: Optional[str]
-    sandbox: Optional[Sandbox] = None
+    def __init__(self, call: _Call, pump: _Pump, args: tuple[str, ...],
+                 mine: tuple[int, int, int], decode: bool, encoding: Optional[str],
+                 errors: Optional[str], sandbox: Optional[Sandbox] = None) -> None:
+        self.call, self.pump, self.args, self.mine = call, pump, args, mine
+        self.decode, self.encoding, self.errors, self.sandbox = decode, encoding, errors, sandbox
 
     def result(self) -> Result:
         out = [self.pump.output.get(fd) if fd >= 0 else None for fd in self.mine[1:]]
@@ -1124,16 +1136,14 @@ def _log(sandbox: Optional[Sandbox], result: Result) -> None:
                 [str(d) for d in result.denials], api=True, checked=sandbox._log)
 
 
-@dataclass
 class _CallJob:
     """A ``call()`` under way: its call, its pump, and the pipe of its pickled result."""
 
-    call: _Call
-    pump: _Pump
-    result_fd: int
-    trusted: Mapping[tuple[str, str], type]
-    limit: int
-    sandbox: Optional[Sandbox] = None
+    def __init__(self, call: _Call, pump: _Pump, result_fd: int,
+                 trusted: Mapping[tuple[str, str], type], limit: int,
+                 sandbox: Optional[Sandbox] = None) -> None:
+        self.call, self.pump, self.result_fd = call, pump, result_fd
+        self.trusted, self.limit, self.sandbox = trusted, limit, sandbox
 
     def outcome(self, func: Callable[..., Any]) -> Any:
         name = getattr(func, "__qualname__", repr(func))
