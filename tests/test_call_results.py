@@ -368,6 +368,9 @@ _DEEP_KEYS = {
                                "\\x8c\\x0bcollections\\x8c\\x05deque\\x93](' + %s + "
                                "b'Ne\\x85Re\\x85R.'" % _DEEP),
 }
+# deque((deque((... (),)),)), 250,000 deep, each level padded so the memory bound holds
+_DEEP_KEYS_FREED = ("b'\\x80\\x04\\x8c\\x0bcollections\\x94\\x8c\\x05deque\\x94\\x93\\x94' + "
+                    "b'h\\x02' * 250_000 + b')' + (b'\\x85\\x85R' + b'N0' * 4) * 250_000 + b'.'")
 _DEEP_KEY = """
 import sys
 import sandlock, api_tools
@@ -379,6 +382,39 @@ with sandlock.Sandbox({"extends": ["python"], "filesystem": {"read": [sys.argv[1
     except sandlock.CallError:
         print("refused")
 """
+
+
+def test_deques_nested_deep_are_refused_and_freed_without_recursion() -> None:
+    """A deque is freed by recursion in C (no guard): 250,000 nested deques (3.3 MB,
+    within the memory bound) were built, refused by the depth check, then crashed the
+    caller as they were freed."""
+    out = subprocess.run([sys.executable, "-c", _DEEP_KEY, TESTS, _DEEP_KEYS_FREED],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), TESTS))})
+    assert (out.returncode, out.stdout.split()) == (0, ["refused"]), out.stderr[-2000:]
+
+
+def _shared(levels: int) -> bytes:
+    """(t, l): t = (t', t') and l = [l', l'], ``levels`` deep: each level holds the one
+    below twice, so hash, ==, repr and json.dumps walk 2**levels paths."""
+    def put(i: int) -> bytes:
+        return b"r" + i.to_bytes(4, "little")
+
+    def get(i: int) -> bytes:
+        return b"j" + i.to_bytes(4, "little")
+
+    parts = [b"\x80\x04)", put(0), b"0"]
+    parts += [get(k) + get(k) + b"\x86" + put(k + 1) + b"0" for k in range(levels)]
+    parts += [b"]", put(levels + 1), b"0"]
+    parts += [b"(" + get(k) + get(k) + b"l" + put(k + 1) + b"0"
+              for k in range(levels + 1, 2 * levels + 1)]
+    return b"".join(parts) + get(levels) + get(2 * levels + 1) + b"\x86."
+
+
+def test_a_result_whose_shared_parts_multiply_is_refused(box: sandlock.Sandbox) -> None:
+    """3.5 KB, 100 levels each holding the next twice: within the depth bound, but the
+    caller's hash, ==, repr or json.dumps of it would never end."""
+    assert "times its length" in str(_refused(box, _shared(100)))
 
 
 @pytest.mark.parametrize("kind", sorted(_DEEP_KEYS))

@@ -633,3 +633,36 @@ def test_a_directory_made_in_place_of_one_above_and_made_unsearchable(tmp_path: 
     assert ran.returncode == 125, ran.stderr
     assert now == mode, ran.stderr
     assert json.loads((project / ".claude" / "settings.json").read_text()) == SETTINGS, ran.stderr
+
+
+def test_a_run_started_after_a_tool_replaced_the_parent_shares_what_was_there(
+        tmp_path: Path) -> None:
+    """Two runs keep .claude/settings.json; the first's tool replaces .claude with a
+    directory of its own. The second, started then, found no copy under the new
+    directory's identity and took the tool's file for what was there; it put it back
+    after the first had put the original back. The copy is named by the real path."""
+    project = tmp_path / "w"
+    (project / ".claude").mkdir(parents=True)
+    kept = project / ".claude" / "settings.json"
+    kept.write_text(json.dumps(SETTINGS))
+
+    def start(command: str) -> subprocess.Popen[str]:
+        argv = [sys.executable, "-P", "-m", "sandlock", "run", "--policy", "shell", "--var",
+                f"workspace={tmp_path}", "--keep", str(kept), "--", "/bin/sh", "-c", command]
+        return subprocess.Popen(argv, cwd=project, env=ENV, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def wait_for(name: str) -> None:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / name).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    first = start(f"mv .claude .claude.old && mkdir .claude && printf '%s' '{EVIL}' > "
+                  ".claude/settings.json && touch ../changed && "
+                  "while [ ! -e ../started ]; do sleep 0.05; done")
+    wait_for("changed")
+    second = start("touch ../started; while [ ! -e ../first-done ]; do sleep 0.05; done")
+    first.communicate(timeout=60)
+    (tmp_path / "first-done").touch()
+    _, said = second.communicate(timeout=60)
+    assert json.loads(kept.read_text()) == SETTINGS, said

@@ -34,7 +34,7 @@ import pickle
 import sys
 import threading
 import types
-from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Optional
+from typing import Any, Callable, Iterable, Mapping, NoReturn, Optional
 
 from ..errors import CallError, SandlockError
 from .results import RemoteTraceback
@@ -170,7 +170,10 @@ def _collection(cls: type, args: tuple[Any, ...]) -> Any:
         made = cls(*args)
         _LOAD.hashes[id(made)] = seen  # keys added later count with these
         return made
-    return cls(*args)
+    made = cls(*args)
+    if cls is collections.deque and getattr(_LOAD, "deques", None) is not None:
+        _LOAD.deques.append(made)  # emptied if the load fails (see _load)
+    return made
 
 
 #: A key's values counted through its tuples and frozensets, each time it is reached: its
@@ -393,14 +396,25 @@ def _member_values(item: Any) -> list[Any]:
     return values
 
 
-def _check_depth(value: Any) -> None:
-    """Refuse containers nested deeper than _MAX_DEPTH, and a container that holds itself
-    (nested without end). Each object and each reference is walked once: an object met
-    again is judged by the height found below it the first time (walking it again at
-    each depth it is reached at made a list holding itself 20,000 times, 40 KB, cost
-    about 300 MiB)."""
-    heights: dict[int, int] = {}  # id -> levels of containers below it, once walked
-    path: list[tuple[Any, Iterator[Any], int]] = []  # (object, what is left of it, height)
+def _width(item: Any) -> int:
+    """How many values ``item`` holds itself (a dict: its keys and its values)."""
+    if isinstance(item, dict):
+        return 2 * len(item)
+    if isinstance(item, (list, tuple, set, frozenset, collections.deque)):
+        return len(item)
+    return 1
+
+
+def _check_depth(value: Any, limit: int) -> None:
+    """Refuse containers nested deeper than _MAX_DEPTH, a container that holds itself
+    (nested without end), and a value of more than ``limit`` values when each part it
+    holds more than once is counted each time (the caller's ==, hash, repr and json walk
+    it so: 100 levels, each holding the next twice, are 3.5 KB and 2**100 values). Each
+    object and each reference is walked once: an object met again is judged by what was
+    found below it the first time (walking it again at each depth it is reached at made
+    a list holding itself 20,000 times, 40 KB, cost about 300 MiB)."""
+    found: dict[int, tuple[int, int]] = {}  # id -> (levels below it, values), once walked
+    path: list[list[Any]] = []  # [object, what is left of it, height, values]
     on_path: set[int] = set()
 
     def enter(item: Any) -> None:
@@ -411,27 +425,35 @@ def _check_depth(value: Any) -> None:
         if len(path) > _MAX_DEPTH:
             raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
         on_path.add(id(item))
-        path.append((item, iter(_held(item)), 0))
+        path.append([item, iter(_held(item)), 0, 1 + _width(item)])
+
+    def add(height: int, values: int) -> None:
+        top = path[-1]
+        top[2], top[3] = max(top[2], height), top[3] + values
+        if len(path) + top[2] > _MAX_DEPTH + 1:
+            raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
+        if top[3] > limit:
+            raise _Refused(f"what it holds, a part held twice counted twice, is more than "
+                           f"{_MAX_GROWTH} times its length in values (the caller's ==, "
+                           "hash, repr or json of it would not end)")
 
     if type(value) in _ATOMS:
         return
     enter(value)
     while path:
-        item, rest, height = path[-1]
+        item, rest, height, values = path[-1]
         child = next(rest, _END)
         if child is _END:
             path.pop()
             on_path.discard(id(item))
-            heights[id(item)] = height
+            found[id(item)] = (height, values)
             if path:
-                above, left, tallest = path[-1]
-                path[-1] = (above, left, max(tallest, height + 1))
+                add(height + 1, values)
         elif id(child) in on_path:
             raise _Refused("a container that holds itself (nested without end)")
-        elif id(child) in heights:
-            if len(path) + heights[id(child)] > _MAX_DEPTH:
-                raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
-            path[-1] = (item, rest, max(height, heights[id(child)] + 1))
+        elif id(child) in found:
+            below, inside = found[id(child)]
+            add(below + 1, inside)
         else:
             enter(child)
 
@@ -554,14 +576,26 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
 def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
     loader = _Unpickler if len(data) <= _FAST_LIMIT else _Checked
-    outer = getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None)
-    # what its objects may take; the keys' hashes of each set and dict, by its id
-    _LOAD.budget, _LOAD.hashes = _MAX_GROWTH * len(data) + (1 << 20), {}
+    outer = (getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None),
+             getattr(_LOAD, "deques", None))
+    # what its objects may take; the keys' hashes of each set and dict, by its id; the
+    # deques made (see below)
+    limit = _MAX_GROWTH * len(data) + (1 << 20)
+    deques: list[Any] = []
+    _LOAD.budget, _LOAD.hashes, _LOAD.deques = limit, {}, deques
     try:
-        value = loader(data, trusted).load()
-    finally:
-        _LOAD.budget, _LOAD.hashes = outer
-    _check_depth(value)
+        try:
+            value = loader(data, trusted).load()
+        finally:
+            _LOAD.budget, _LOAD.hashes, _LOAD.deques = outer
+        _check_depth(value, limit)
+    except BaseException:
+        # A deque is freed by recursion in C, without a guard: 250,000 nested ones
+        # crashed the caller as it dropped a refused result. Emptied first, each is
+        # freed on its own.
+        for made in deques:
+            made.clear()
+        raise
     return value
 
 

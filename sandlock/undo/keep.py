@@ -342,12 +342,14 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
 KEEP_DIR = "keep"
 
 
-def _baseline(parent: tuple[int, int], entry: str, now: Callable[[], tuple[int, Optional[Node]]]
+def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Node]]]
               ) -> tuple[tuple[int, Optional[Node]], int]:
-    """What ``entry`` of the directory whose identity is ``parent`` (and that directory's
+    """What ``entry`` of the directory whose real path is ``parent`` (and that directory's
     mode) was before the runs that keep it now, and the descriptor whose shared lock marks
-    this run among them (inherited by its watchdog; closed at exec). By identity, not by
-    name: runs keeping one path under two names (one through a link) share it.
+    this run among them (inherited by its watchdog; closed at exec). By the real path:
+    runs keeping one path under two names (one through a link) share it, and so does a
+    run started after another's tool replaced the directory with one of its own (by its
+    identity, that run found no copy and took the tool's file for what was there).
 
     A run started beside a running one (a server in the background, whose tool may have
     changed the path already) must put back what was there before both, not what it
@@ -366,7 +368,7 @@ def _baseline(parent: tuple[int, int], entry: str, now: Callable[[], tuple[int, 
     if directory is None:
         raise KeepError("there is no private state directory to keep it in (~/.cache/sandlock "
                         "of the home in the password database)")
-    name = hashlib.sha256(b"%d:%d/" % parent + os.fsencode(entry)).hexdigest()[:32]
+    name = hashlib.sha256(os.fsencode(os.path.join(parent, entry))).hexdigest()[:32]
     try:
         mutex = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                         0o600, dir_fd=directory)
@@ -464,7 +466,7 @@ def keep(path: str) -> Kept:
         chain = _chain(os.path.realpath(f"/proc/self/fd/{parent}"))
         if chain.ids[-1] != _identity(os.fstat(parent)):
             raise KeepError("the directory holding it changed while it was read")
-        (mode, before), held = _baseline(chain.ids[-1], name, now)
+        (mode, before), held = _baseline(chain.real, name, now)
     except (KeepError, OSError) as exc:
         os.close(parent)
         if chain is not None:
