@@ -205,7 +205,7 @@ def test_a_checked_constructor_cannot_be_changed(box: sandlock.Sandbox) -> None:
     """BUILD handed a checked constructor: setting what it calls (its ``cls``) would
     make the next call of that name build something else."""
     error = _refused(box, _set_on_class("pathlib", "PurePath", "cls", "/tmp/chosen-by-the-tool"))
-    assert "setting 'cls'" in str(error)
+    assert "setting the state of a _Constructor" in str(error)
 
 
 @pytest.mark.parametrize("cls", [Path, set, slice], ids=["stand-in", "checked", "slice"])
@@ -371,6 +371,8 @@ _DEEP_KEYS = {
 # deque((deque((... (),)),)), 250,000 deep, each level padded so the memory bound holds
 _DEEP_KEYS_FREED = ("b'\\x80\\x04\\x8c\\x0bcollections\\x94\\x8c\\x05deque\\x94\\x93\\x94' + "
                     "b'h\\x02' * 250_000 + b')' + (b'\\x85\\x85R' + b'N0' * 4) * 250_000 + b'.'")
+# the same deques, made and dropped (POP): held by the unpickler's memo only, freed with it
+_DEEP_DEQUES_DROPPED = _DEEP_KEYS_FREED.replace("b'.'", "b'0K\\x01.'")
 _DEEP_KEY = """
 import sys
 import sandlock, api_tools
@@ -392,6 +394,48 @@ def test_deques_nested_deep_are_refused_and_freed_without_recursion() -> None:
                          capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), TESTS))})
     assert (out.returncode, out.stdout.split()) == (0, ["refused"]), out.stderr[-2000:]
+
+
+def test_deques_nested_deep_and_dropped_are_freed_without_recursion() -> None:
+    """The same deques, made and dropped by the pickle, which returns 1: held by the
+    unpickler's memo only, they were freed with it after a load that passed."""
+    out = subprocess.run([sys.executable, "-c", _DEEP_KEY, TESTS, _DEEP_DEQUES_DROPPED],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), TESTS))})
+    assert (out.returncode, out.stdout.split()) == (0, ["rebuilt"]), out.stderr[-2000:]
+
+
+def _built(made: bytes, attribute: bytes, value: bytes) -> bytes:
+    """``made`` (opcodes leaving one object), then BUILD {attribute: value} on it."""
+    return (b"\x80\x04" + made + b"}\x8c" + bytes([len(attribute)]) + attribute + value
+            + b"sb.")
+
+
+@pytest.mark.parametrize("blob", [
+    # a Counter's keys and values hidden by attributes of those names
+    pytest.param(_built(b"ccollections\nCounter\n)R", b"keys", b"cbuiltins\nset\n"),
+                 id="Counter.keys"),
+    pytest.param(_built(b"ccollections\nOrderedDict\n)R", b"x", b"cbuiltins\nset\n"),
+                 id="OrderedDict attribute"),
+    # a path whose parts say one file and whose text opens another
+    pytest.param(_built(b"cpathlib\nPosixPath\nX\x10\x00\x00\x00/workspace/notes\x85R",
+                        b"_str", b"X\x0b\x00\x00\x00/etc/passwd"), id="PosixPath._str"),
+    pytest.param(_built(b"cfractions\nFraction\nK\x01K\x02\x86R", b"_numerator",
+                        b"K\x07"), id="Fraction._numerator"),
+])
+def test_the_state_of_a_checked_object_is_never_set(box: sandlock.Sandbox, blob: bytes) -> None:
+    """BUILD sets an object's attributes: on what a checked constructor made, it undid
+    the check (a path checked to be in the workspace opened /etc/passwd)."""
+    assert "setting the state of a" in str(_refused(box, blob))
+
+
+def test_a_text_held_many_times_counts_its_length_each_time(box: sandlock.Sandbox) -> None:
+    """One 1 MiB text, referenced 200,000 times (1.4 MB): the caller's repr or json of
+    it would write 195 GiB."""
+    text = b"x" * (1 << 20)
+    blob = (b"\x80\x04X" + len(text).to_bytes(4, "little") + text + b"\x940](" + b"h\x00" * 200_000
+            + b"e.")
+    assert "times its length" in str(_refused(box, blob))
 
 
 def _shared(levels: int) -> bytes:

@@ -20,9 +20,10 @@ hashes anyone can make equal (``hash(k * (2**61 - 1) + 5)`` is 5 for every k), a
 set or dict of n keys of one hash costs n * n / 2 comparisons to build (20,000 keys,
 240 KB, took 2.4 s of the caller's CPU); a set or dict may hold at most
 ``_MAX_SAME_HASH`` keys of one hash. Both are checked as each container is built, by
-the pure-Python unpickler (about ten times slower than the C one), for results longer
-than ``_FAST_LIMIT``; shorter ones, where neither cost can be large (at most 16 KiB x
-216 in memory, about 20 ms of CPU), go through the C unpickler.
+the pure-Python unpickler (about ten times slower than the C one, whose opcodes cannot be
+checked), for every result. It also refuses ``BUILD`` (setting an object's state) on all
+but exceptions, ``UUID`` and trusted types: set on a path, ``_str`` made one that its
+parts said was in the workspace open another file.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ _SAFE_GLOBALS = {
     "uuid": {"UUID"},
     "pathlib": {"PurePath", "PurePosixPath", "Path", "PosixPath"},
 }
+#: The safe classes a pickle rebuilds with BUILD (their state: UUID's ``int``).
+_BUILT = {("uuid", "UUID")}
 #: An int given to a number constructor (Fraction's gcd, Decimal's conversion are
 #: quadratic in it): 2^16 bits, ~20,000 decimal digits.
 _MAX_INT_BITS = 1 << 16
@@ -57,9 +60,6 @@ _MAX_INT_BITS = 1 << 16
 _MAX_EXPONENT = 10_000
 #: Containers inside containers (the caller's repr, ==, json, copy recurse on them).
 _MAX_DEPTH = 200
-#: Results at most this long are rebuilt by the C unpickler, longer ones checked as they
-#: are built (see the module's docstring).
-_FAST_LIMIT = 16 << 10
 #: Keys of one hash in one set or dict (or Counter, OrderedDict, frozenset).
 _MAX_SAME_HASH = 64
 #: The memory the containers of a result may take, as a multiple of its length (a list of
@@ -352,11 +352,13 @@ def _imported_exception(module: str, name: str) -> Optional[type]:
 def _held(item: Any) -> list[Any]:
     """What ``item`` holds that is not an atom (none for a container of atoms only)."""
     held: Iterable[Any]
-    if isinstance(item, dict):
-        if _ATOMS.issuperset(map(type, item.values())) and _ATOMS.issuperset(
-                map(type, item.keys())):
+    if isinstance(item, dict):  # dict's own methods: an attribute cannot hide what it holds
+        keys, values = dict.keys(item), dict.values(item)
+        extra = getattr(item, "__dict__", None) if type(item) is not dict else None
+        if not extra and _ATOMS.issuperset(map(type, values)) and _ATOMS.issuperset(
+                map(type, keys)):
             return []  # the common case, at C speed
-        held = (*item.keys(), *item.values())
+        held = (*keys, *values, *(extra.values() if extra else ()))
     elif isinstance(item, (list, tuple, set, frozenset, collections.deque)):
         if _ATOMS.issuperset(map(type, item)):
             return []
@@ -397,16 +399,22 @@ def _member_values(item: Any) -> list[Any]:
 
 
 def _width(item: Any) -> int:
-    """How many values ``item`` holds itself (a dict: its keys and its values)."""
+    """What ``item`` holds itself, in values (a dict: its keys and its values), a text or
+    bytes counting its length: what the caller's repr or json of it writes."""
     if isinstance(item, dict):
-        return 2 * len(item)
-    if isinstance(item, (list, tuple, set, frozenset, collections.deque)):
-        return len(item)
-    return 1
+        held: Any = (*dict.keys(item), *dict.values(item))
+    elif isinstance(item, (list, tuple, set, frozenset, collections.deque)):
+        held = item
+    else:
+        held = getattr(item, "__dict__", None) or ()
+        held = tuple(held.values()) if isinstance(held, dict) else ()
+    return len(held) + 1 + sum(len(value) for value in held
+                               if type(value) in (str, bytes, bytearray))
 
 
-def _check_depth(value: Any, limit: int) -> None:
-    """Refuse containers nested deeper than _MAX_DEPTH, a container that holds itself
+def _check_depth(value: Any, limit: int) -> "set[int]":
+    """The ids of what ``value`` holds, walked. Refuse containers nested deeper than
+    _MAX_DEPTH, a container that holds itself
     (nested without end), and a value of more than ``limit`` values when each part it
     holds more than once is counted each time (the caller's ==, hash, repr and json walk
     it so: 100 levels, each holding the next twice, are 3.5 KB and 2**100 values). Each
@@ -425,7 +433,8 @@ def _check_depth(value: Any, limit: int) -> None:
         if len(path) > _MAX_DEPTH:
             raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
         on_path.add(id(item))
-        path.append([item, iter(_held(item)), 0, 1 + _width(item)])
+        path.append([item, iter(_held(item)), 0, 0])
+        add(0, 1 + _width(item))
 
     def add(height: int, values: int) -> None:
         top = path[-1]
@@ -438,7 +447,7 @@ def _check_depth(value: Any, limit: int) -> None:
                            "hash, repr or json of it would not end)")
 
     if type(value) in _ATOMS:
-        return
+        return set()
     enter(value)
     while path:
         item, rest, height, values = path[-1]
@@ -456,6 +465,7 @@ def _check_depth(value: Any, limit: int) -> None:
             add(below + 1, inside)
         else:
             enter(child)
+    return set(found)
 
 
 #: The end of what an object holds (no value a result can hold).
@@ -472,6 +482,8 @@ class _Restricted:
     """
 
     trusted: Mapping[tuple[str, str], type]
+    #: The classes whose instances BUILD may set the state of (see _Checked.load_build).
+    built: set[type]
 
     def find_class(self, module: str, name: str) -> Any:
         """A stand-in or a checked constructor for the class the bytes name; never the
@@ -482,20 +494,14 @@ class _Restricted:
             import importlib
 
             cls = getattr(importlib.import_module(module), name)
+            if (module, name) in _BUILT:
+                self.built.add(cls)
             check = _CHECKS.get((module, name))
             return _stand_in(cls) if check is None else _Constructor(cls, check)
         found = _imported_exception(module, name)
         if found is not None:
             return _stand_in(found)
         raise _Untrusted(f"{module}.{name}")
-
-
-class _Unpickler(_Restricted, pickle.Unpickler):
-    """The C unpickler, for results of at most ``_FAST_LIMIT`` bytes."""
-
-    def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
-        super().__init__(io.BytesIO(data))
-        self.trusted = trusted
 
 
 #: The pure-Python unpickler (its opcodes are methods, in ``dispatch``).
@@ -509,6 +515,7 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
     def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
         super().__init__(io.BytesIO(data))
         self.trusted = trusted
+        self.built = set(trusted.values())
 
     def _made(self, container: Any) -> Any:
         return _charge(container)
@@ -555,6 +562,17 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
         for index in range(0, len(items), 2):
             target[items[index]] = items[index + 1]
 
+    def load_build(self) -> None:
+        """BUILD (set the state of the object below): exceptions, UUID and trusted types
+        only, whose state is what they are made of. Any other object the checked
+        constructors made is whole already: a path whose ``_str`` the bytes set opened
+        another file than its parts said, a Fraction's ``_numerator`` skipped its check,
+        a Counter's ``keys`` hid what it holds."""
+        made = self.stack[-2]
+        if not (isinstance(made, BaseException) or type(made) in self.built):
+            raise _Refused(f"setting the state of a {type(made).__name__}")
+        super().load_build()
+
     def load_additems(self) -> None:
         items = self.pop_mark()
         target = self.stack[-1]
@@ -570,12 +588,13 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
                      pickle.EMPTY_LIST[0]: load_empty_list, pickle.EMPTY_SET[0]: load_empty_set,
                      pickle.LIST[0]: load_list, pickle.DICT[0]: load_dict,
                      pickle.FROZENSET[0]: load_frozenset, pickle.SETITEM[0]: load_setitem,
-                     pickle.SETITEMS[0]: load_setitems, pickle.ADDITEMS[0]: load_additems})
+                     pickle.SETITEMS[0]: load_setitems, pickle.ADDITEMS[0]: load_additems,
+                     pickle.BUILD[0]: load_build})
 
 
 def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
-    loader = _Unpickler if len(data) <= _FAST_LIMIT else _Checked
+    loader = _Checked
     outer = (getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None),
              getattr(_LOAD, "deques", None))
     # what its objects may take; the keys' hashes of each set and dict, by its id; the
@@ -588,7 +607,7 @@ def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
             value = loader(data, trusted).load()
         finally:
             _LOAD.budget, _LOAD.hashes, _LOAD.deques = outer
-        _check_depth(value, limit)
+        walked = _check_depth(value, limit)
     except BaseException:
         # A deque is freed by recursion in C, without a guard: 250,000 nested ones
         # crashed the caller as it dropped a refused result. Emptied first, each is
@@ -596,6 +615,9 @@ def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
         for made in deques:
             made.clear()
         raise
+    for made in deques:  # those the value does not hold (the memo's) are freed with it
+        if id(made) not in walked:
+            made.clear()
     return value
 
 
