@@ -21,9 +21,10 @@ set or dict of n keys of one hash costs n * n / 2 comparisons to build (20,000 k
 240 KB, took 2.4 s of the caller's CPU); a set or dict may hold at most
 ``_MAX_SAME_HASH`` keys of one hash. Both are checked as each container is built, by
 the pure-Python unpickler (about ten times slower than the C one, whose opcodes cannot be
-checked), for every result. It also refuses ``BUILD`` (setting an object's state) on all
-but exceptions, ``UUID`` and trusted types: set on a path, ``_str`` made one that its
-parts said was in the workspace open another file.
+checked), for every result but those of at most ``_FAST_LIMIT`` bytes of plain data (no
+class named: their cost is bounded by their length). It also refuses ``BUILD`` (setting
+an object's state) on all but exceptions, ``UUID`` and trusted types: set on a path,
+``_str`` made one that its parts said was in the workspace open another file.
 """
 
 from __future__ import annotations
@@ -504,6 +505,26 @@ class _Restricted:
         raise _Untrusted(f"{module}.{name}")
 
 
+class _Names(Exception):
+    """A result names a class (or a function): not one for :class:`_Plain`."""
+
+
+class _Plain(pickle.Unpickler):
+    """The C unpickler, for results of at most ``_FAST_LIMIT`` bytes of plain data only
+    (lists, dicts, tuples, sets, text, bytes, numbers): one that names any class is
+    rebuilt by :class:`_Checked` instead. Without a class, no object is made whose state
+    ``BUILD`` could set (a builtin container has none), and no constructor runs."""
+
+    def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
+        super().__init__(io.BytesIO(data))
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise _Names(f"{module}.{name}")
+
+
+#: Results at most this long, of plain data only, are rebuilt by the C unpickler (about
+#: ten times faster; the memory and hashes of 16 KiB of containers are bounded by it).
+_FAST_LIMIT = 16 << 10
 #: The pure-Python unpickler (its opcodes are methods, in ``dispatch``).
 _Python: Any = pickle._Unpickler
 
@@ -594,7 +615,7 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
 
 def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
-    loader = _Checked
+    loader = _Checked if len(data) > _FAST_LIMIT else _Plain
     outer = (getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None),
              getattr(_LOAD, "deques", None))
     # what its objects may take; the keys' hashes of each set and dict, by its id; the
@@ -604,7 +625,10 @@ def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     _LOAD.budget, _LOAD.hashes, _LOAD.deques = limit, {}, deques
     try:
         try:
-            value = loader(data, trusted).load()
+            try:
+                value = loader(data, trusted).load()
+            except _Names:  # a result that names a class: the checked unpickler, from the start
+                value = _Checked(data, trusted).load()
         finally:
             _LOAD.budget, _LOAD.hashes, _LOAD.deques = outer
         walked = _check_depth(value, limit)
