@@ -635,18 +635,14 @@ def test_a_directory_made_in_place_of_one_above_and_made_unsearchable(tmp_path: 
     assert json.loads((project / ".claude" / "settings.json").read_text()) == SETTINGS, ran.stderr
 
 
-def test_a_run_started_after_a_tool_replaced_the_parent_shares_what_was_there(
-        tmp_path: Path) -> None:
-    """Two runs keep .claude/settings.json; the first's tool replaces .claude with a
-    directory of its own. The second, started then, found no copy under the new
-    directory's identity and took the tool's file for what was there; it put it back
-    after the first had put the original back. The copy is named by the real path."""
+def _two_runs(tmp_path: Path, first_kept: Path, first_tool: str, second_kept: Path
+              ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """Two runs at once in ``tmp_path / "w"``: the first keeps ``first_kept`` and runs
+    ``first_tool`` (then waits for the second to start); the second, started once the
+    first's tool is done, keeps ``second_kept`` and ends after the first."""
     project = tmp_path / "w"
-    (project / ".claude").mkdir(parents=True)
-    kept = project / ".claude" / "settings.json"
-    kept.write_text(json.dumps(SETTINGS))
 
-    def start(command: str) -> subprocess.Popen[str]:
+    def start(kept: Path, command: str) -> subprocess.Popen[str]:
         argv = [sys.executable, "-P", "-m", "sandlock", "run", "--policy", "shell", "--var",
                 f"workspace={tmp_path}", "--keep", str(kept), "--", "/bin/sh", "-c", command]
         return subprocess.Popen(argv, cwd=project, env=ENV, stdout=subprocess.PIPE,
@@ -657,12 +653,50 @@ def test_a_run_started_after_a_tool_replaced_the_parent_shares_what_was_there(
         while not (tmp_path / name).exists() and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    first = start(f"mv .claude .claude.old && mkdir .claude && printf '%s' '{EVIL}' > "
-                  ".claude/settings.json && touch ../changed && "
-                  "while [ ! -e ../started ]; do sleep 0.05; done")
+    first = start(first_kept, f"{first_tool} && touch ../changed && "
+                              "while [ ! -e ../started ]; do sleep 0.05; done")
     wait_for("changed")
-    second = start("touch ../started; while [ ! -e ../first-done ]; do sleep 0.05; done")
-    first.communicate(timeout=60)
+    second = start(second_kept, "touch ../started; while [ ! -e ../first-done ]; do sleep 0.05; done")
+    wait_for("started")
+    if second.poll() is not None:  # refused before its tool ran
+        (tmp_path / "started").touch()
+    out, err = first.communicate(timeout=60)
     (tmp_path / "first-done").touch()
-    _, said = second.communicate(timeout=60)
-    assert json.loads(kept.read_text()) == SETTINGS, said
+    out2, err2 = second.communicate(timeout=60)
+    return (subprocess.CompletedProcess(first.args, first.returncode, out, err),
+            subprocess.CompletedProcess(second.args, second.returncode, out2, err2))
+
+
+def test_a_run_started_after_a_tool_replaced_the_parent_shares_what_was_there(
+        tmp_path: Path) -> None:
+    """Two runs keep .claude/settings.json; the first's tool replaces .claude with a
+    directory of its own. The second, started then, found no copy under the new
+    directory's identity and took the tool's file for what was there; it put it back
+    after the first had put the original back. The copy is named by the real path."""
+    project = tmp_path / "w"
+    (project / ".claude").mkdir(parents=True)
+    kept = project / ".claude" / "settings.json"
+    kept.write_text(json.dumps(SETTINGS))
+    _, second = _two_runs(tmp_path, kept, f"mv .claude .claude.old && mkdir .claude && "
+                                          f"printf '%s' '{EVIL}' > .claude/settings.json", kept)
+    assert json.loads(kept.read_text()) == SETTINGS, second.stderr
+
+
+@pytest.mark.parametrize("order", ["inner second", "outer second"])
+def test_runs_keeping_nested_paths_at_once(tmp_path: Path, order: str) -> None:
+    """One run keeps .claude, another .claude/settings.json, at once; the first's tool
+    writes a hook into the settings. The second took that for what was there, and put
+    it back after the first had put the original back. It is refused now (nothing ran),
+    and the settings are the original's."""
+    project = tmp_path / "w"
+    (project / ".claude").mkdir(parents=True)
+    settings = project / ".claude" / "settings.json"
+    settings.write_text(json.dumps(SETTINGS))
+    outer, inner = project / ".claude", settings
+    first_kept, second_kept = (outer, inner) if order == "inner second" else (inner, outer)
+    first, second = _two_runs(tmp_path, first_kept,
+                              f"printf '%s' '{EVIL}' > .claude/settings.json", second_kept)
+    assert first.returncode == 125, first.stderr
+    assert second.returncode == 125 and "a running sandlock run keeps" in second.stderr, \
+        second.stderr
+    assert json.loads(settings.read_text()) == SETTINGS

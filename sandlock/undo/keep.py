@@ -157,6 +157,7 @@ class Kept:
     before: Optional[Node]
     held: int = -1
     chain: Optional[_Chain] = None
+    real: str = ""  #: its real path, as this process's kept paths are listed
 
     def close(self) -> None:
         for fd in (self.parent, self.held):
@@ -165,6 +166,15 @@ class Kept:
         self.parent = self.held = -1
         if self.chain is not None:
             self.chain.close()
+            self.chain = None
+        if self.real:
+            with _HELD:
+                left = _KEPT_HERE.get(self.real, 0) - 1
+                if left > 0:
+                    _KEPT_HERE[self.real] = left
+                else:
+                    _KEPT_HERE.pop(self.real, None)
+            self.real = ""
 
 
 _PATH_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -356,7 +366,6 @@ def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Nod
     finds: the first of them reads the path (``now``) and stores it; the others read the
     stored copy, as long as one of them holds its lock."""
     import fcntl
-    import hashlib
     import marshal
 
     from ..compile.cache import _put  # written whole, read back, then renamed into place
@@ -368,7 +377,8 @@ def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Nod
     if directory is None:
         raise KeepError("there is no private state directory to keep it in (~/.cache/sandlock "
                         "of the home in the password database)")
-    name = hashlib.sha256(os.fsencode(os.path.join(parent, entry))).hexdigest()[:32]
+    path = os.path.join(parent, entry)
+    name = _copy_name(path)
     try:
         mutex = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                         0o600, dir_fd=directory)
@@ -387,12 +397,21 @@ def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Nod
                     # never the cache's pruning: it took the copies and locks of running
                     # runs for old entries (see _forget_unheld)
                     _put(directory, name, marshal.dumps(before), prune=False)
+                    _put(directory, f"{name}.path", os.fsencode(path), prune=False)
                     _forget_unheld(directory)
                 else:
                     with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                       dir_fd=directory), "rb") as stored:
                         before = marshal.loads(stored.read(MAX_BYTES + (1 << 20)))
                 fcntl.flock(held, fcntl.LOCK_SH)
+                # Held first, then looked for: of two runs keeping nested paths at once,
+                # each holds its own before it looks, so one at least sees the other.
+                other = _kept_around(directory, path)
+                if other is not None:
+                    raise KeepError(f"a running sandlock run keeps {other!r}, "
+                                    f"{'inside' if other.startswith(path + '/') else 'around'} "
+                                    "it (what either kept would be the other's tool's change); "
+                                    "run this when it has ended, or keep the same path")
             except BaseException:
                 os.close(held)
                 raise
@@ -403,6 +422,67 @@ def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Nod
     finally:
         os.close(directory)
     return before, held
+
+
+def _copy_name(path: str) -> str:
+    """The name of a kept path's copy, and of its locks: by its real path."""
+    import hashlib
+
+    return hashlib.sha256(os.fsencode(path)).hexdigest()[:32]
+
+
+#: The paths this process keeps now (a run's paths, or mcp serve's calls at once): a
+#: path kept inside another of them is not another run's.
+_KEPT_HERE: dict[str, int] = {}
+
+
+def _kept_around(directory: int, path: str) -> Optional[str]:
+    """A path above or below ``path`` that another running run keeps (its ``.held`` locked
+    by a process other than this one), or None. Two runs keeping nested paths at once do
+    not share a copy: the second would take the first's tool's change for what was
+    there, and put it back after the first put the original back."""
+    import fcntl
+
+    def held(name: str) -> bool:
+        try:
+            fd = os.open(f"{name}.held", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=directory)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    with _HELD:
+        here = set(_KEPT_HERE)
+    above = os.path.dirname(path)
+    while above not in ("/", ""):
+        if above not in here and held(_copy_name(above)):
+            return above
+        above = os.path.dirname(above)
+    listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        names = [n[:-len(".path")] for n in os.listdir(listing) if n.endswith(".path")
+                 and not n.startswith(".")]
+    finally:
+        os.close(listing)
+    for name in names:
+        try:
+            fd = os.open(f"{name}.path", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=directory)
+            try:
+                below = os.fsdecode(os.read(fd, 65536))
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        if below.startswith(path + "/") and below not in here and held(name):
+            return below
+    return None
 
 
 #: Copies of what kept paths were, past which those no run keeps now are removed.
@@ -466,14 +546,24 @@ def keep(path: str) -> Kept:
         chain = _chain(os.path.realpath(f"/proc/self/fd/{parent}"))
         if chain.ids[-1] != _identity(os.fstat(parent)):
             raise KeepError("the directory holding it changed while it was read")
-        (mode, before), held = _baseline(chain.real, name, now)
+        real = os.path.join(chain.real, name)
+        with _HELD:
+            _KEPT_HERE[real] = _KEPT_HERE.get(real, 0) + 1
+        try:
+            (mode, before), held = _baseline(chain.real, name, now)
+        except BaseException:
+            with _HELD:
+                left = _KEPT_HERE.pop(real) - 1
+                if left > 0:
+                    _KEPT_HERE[real] = left
+            raise
     except (KeepError, OSError) as exc:
         os.close(parent)
         if chain is not None:
             chain.close()
         why = str(exc) if isinstance(exc, KeepError) else (exc.strerror or str(exc))
         raise KeepError(f"--keep {path!r} cannot be kept: {why}") from None
-    return Kept(path, parent, mode, name, before, held, chain)
+    return Kept(path, parent, mode, name, before, held, chain, real)
 
 
 def _remove(parent: int, name: str) -> None:
