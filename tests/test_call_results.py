@@ -562,3 +562,53 @@ def test_a_result_of_protocol_0_lists_comes_back(box: sandlock.Sandbox) -> None:
     blob = pickle.dumps(value, 0)
     assert len(blob) > 16 << 10 and b"(lp" in blob
     assert box.call(api_tools.reply, blob) == value
+
+
+
+# ----------------------------------------------------------------------------
+# An eighth attack round
+
+_UNICODE_ERROR = """
+import pickle, sys
+import sandlock, api_tools
+blob = pickle.dumps(UnicodeDecodeError("utf-8", b"x", -10**12, -10**12 + 1, "bad"))
+with sandlock.Sandbox({"extends": ["python"], "filesystem": {"read": [sys.argv[1]]}}) as box:
+    try:
+        error = box.call(api_tools.reply, blob)
+    except sandlock.CallError:
+        print("refused")
+    else:
+        print("rebuilt", len(str(error)))
+"""
+
+
+def test_a_unicode_error_out_of_range_is_refused() -> None:
+    """str() of a UnicodeDecodeError whose start and end are out of its object crashes
+    CPython before 3.12.6 (gh-123378): the caller, on printing what the tool returned
+    or raised."""
+    out = subprocess.run([sys.executable, "-c", _UNICODE_ERROR, TESTS], capture_output=True,
+                         text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), TESTS))})
+    assert (out.returncode, out.stdout.split()) == (0, ["refused"]), out.stderr[-2000:]
+
+
+def test_a_unicode_error_in_range_still_comes_back(box: sandlock.Sandbox) -> None:
+    error = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+    back = box.call(api_tools.reply, pickle.dumps(error))
+    assert type(back) is UnicodeDecodeError and str(back) == str(error)
+
+
+def test_a_short_result_of_tuples_each_held_twice_is_refused(box: sandlock.Sandbox) -> None:
+    """About 400 bytes of plain tuples, each holding the one before twice, as a set's
+    item: its hash walks 2**depth leaves (the C unpickler took 3.4 s at 28 levels, and
+    would never end at 60)."""
+    blob = bytearray(b"\x80\x04\x8fK\x01\x85\x94")
+    for i in range(60):
+        blob += b"0h" + bytes([i]) + b"h" + bytes([i]) + b"\x86\x94"
+    blob += b"0(h" + bytes([60]) + b"\x90."
+    assert len(blob) < 500
+    _refused(box, bytes(blob))
+
+
+def test_a_memoryview_is_no_result(box: sandlock.Sandbox) -> None:
+    _refused(box, b"\x80\x05\x96" + (3).to_bytes(8, "little") + b"abc\x98.")

@@ -700,3 +700,28 @@ def test_runs_keeping_nested_paths_at_once(tmp_path: Path, order: str) -> None:
     assert second.returncode == 125 and "a running sandlock run keeps" in second.stderr, \
         second.stderr
     assert json.loads(settings.read_text()) == SETTINGS
+
+
+def test_a_nested_probe_never_takes_the_lock_of_a_deciding_run(tmp_path: Path) -> None:
+    """Looking for a run that keeps a path around this one took that path's ``.held``
+    lock for an instant: a run deciding then, for that path, took it for another run's
+    and read a stale copy. A run deciding holds the path's ``.lock``: its path counts as
+    kept, and its ``.held`` is not touched."""
+    import fcntl
+
+    from sandlock.compile.cachekey import key_directory
+
+    outer = tmp_path / ".claude"
+    outer.mkdir()
+    directory = os.open(os.path.join(str(key_directory()), keep_module.KEEP_DIR),
+                        os.O_RDONLY | os.O_DIRECTORY)
+    name = keep_module._copy_name(str(outer))
+    deciding = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=directory)
+    os.close(os.open(f"{name}.held", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=directory))
+    try:
+        fcntl.flock(deciding, fcntl.LOCK_EX)  # another run, deciding about .claude now
+        found = keep_module._kept_around(directory, str(outer / "settings.json"))
+    finally:
+        os.close(deciding)
+        os.close(directory)
+    assert found == str(outer)

@@ -21,8 +21,8 @@ set or dict of n keys of one hash costs n * n / 2 comparisons to build (20,000 k
 240 KB, took 2.4 s of the caller's CPU); a set or dict may hold at most
 ``_MAX_SAME_HASH`` keys of one hash. Both are checked as each container is built, by
 the pure-Python unpickler (about ten times slower than the C one, whose opcodes cannot be
-checked), for every result but those of at most ``_FAST_LIMIT`` bytes of plain data (no
-class named: their cost is bounded by their length). It also refuses ``BUILD`` (setting
+checked: a 200-byte result of plain tuples, each holding the one before twice, took the
+C one's hashes forever), for every result. It also refuses ``BUILD`` (setting
 an object's state) on all but exceptions, ``UUID`` and trusted types: set on a path,
 ``_str`` made one that its parts said was in the workspace open another file.
 """
@@ -399,6 +399,18 @@ def _member_values(item: Any) -> list[Any]:
     return values
 
 
+def _check_unicode_error(error: UnicodeError) -> None:
+    """A Unicode error's fields as its constructor would check them: the caller's str()
+    of one whose ``start`` and ``end`` are out of its object crashes (CPython before 3.12.6,
+    gh-123378), and the bytes may set them (BUILD) or pass them."""
+    text = bytes if isinstance(error, UnicodeDecodeError) else str
+    obj, start, end = (getattr(error, name, None) for name in ("object", "start", "end"))
+    if not (type(obj) is text and type(start) is int and type(end) is int
+            and 0 <= start <= end <= len(obj)
+            and all(type(getattr(error, name, "")) is str for name in ("encoding", "reason"))):
+        raise _Refused(f"a {type(error).__name__} whose fields are out of range")
+
+
 def _width(item: Any) -> int:
     """What ``item`` holds itself, in values (a dict: its keys and its values), a text or
     bytes counting its length: what the caller's repr or json of it writes."""
@@ -431,6 +443,8 @@ def _check_depth(value: Any, limit: int) -> "set[int]":
             raise _Refused(f"the class {item.__qualname__} (a class is not data)")
         if type(item) is _Constructor:
             raise _Refused(f"the class {item.cls.__qualname__} (a class is not data)")
+        if isinstance(item, (UnicodeDecodeError, UnicodeEncodeError, UnicodeTranslateError)):
+            _check_unicode_error(item)
         if len(path) > _MAX_DEPTH:
             raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
         on_path.add(id(item))
@@ -505,26 +519,6 @@ class _Restricted:
         raise _Untrusted(f"{module}.{name}")
 
 
-class _Names(Exception):
-    """A result names a class (or a function): not one for :class:`_Plain`."""
-
-
-class _Plain(pickle.Unpickler):
-    """The C unpickler, for results of at most ``_FAST_LIMIT`` bytes of plain data only
-    (lists, dicts, tuples, sets, text, bytes, numbers): one that names any class is
-    rebuilt by :class:`_Checked` instead. Without a class, no object is made whose state
-    ``BUILD`` could set (a builtin container has none), and no constructor runs."""
-
-    def __init__(self, data: bytes, trusted: Mapping[tuple[str, str], type]) -> None:
-        super().__init__(io.BytesIO(data))
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise _Names(f"{module}.{name}")
-
-
-#: Results at most this long, of plain data only, are rebuilt by the C unpickler (about
-#: ten times faster; the memory and hashes of 16 KiB of containers are bounded by it).
-_FAST_LIMIT = 16 << 10
 #: The pure-Python unpickler (its opcodes are methods, in ``dispatch``).
 _Python: Any = pickle._Unpickler
 
@@ -594,6 +588,10 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
             raise _Refused(f"setting the state of a {type(made).__name__}")
         super().load_build()
 
+    def load_buffer(self) -> None:
+        """READONLY_BUFFER and NEXT_BUFFER (protocol 5): a memoryview is no plain data."""
+        raise _Refused("a buffer (memoryview) is not plain data")
+
     def load_additems(self) -> None:
         items = self.pop_mark()
         target = self.stack[-1]
@@ -610,12 +608,13 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
                      pickle.LIST[0]: load_list, pickle.DICT[0]: load_dict,
                      pickle.FROZENSET[0]: load_frozenset, pickle.SETITEM[0]: load_setitem,
                      pickle.SETITEMS[0]: load_setitems, pickle.ADDITEMS[0]: load_additems,
-                     pickle.BUILD[0]: load_build})
+                     pickle.BUILD[0]: load_build, pickle.READONLY_BUFFER[0]: load_buffer,
+                     pickle.NEXT_BUFFER[0]: load_buffer})
 
 
 def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
-    loader = _Checked if len(data) > _FAST_LIMIT else _Plain
+    loader = _Checked
     outer = (getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None),
              getattr(_LOAD, "deques", None))
     # what its objects may take; the keys' hashes of each set and dict, by its id; the
@@ -625,10 +624,7 @@ def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     _LOAD.budget, _LOAD.hashes, _LOAD.deques = limit, {}, deques
     try:
         try:
-            try:
-                value = loader(data, trusted).load()
-            except _Names:  # a result that names a class: the checked unpickler, from the start
-                value = _Checked(data, trusted).load()
+            value = loader(data, trusted).load()
         finally:
             _LOAD.budget, _LOAD.hashes, _LOAD.deques = outer
         walked = _check_depth(value, limit)

@@ -444,18 +444,24 @@ def _kept_around(directory: int, path: str) -> Optional[str]:
     import fcntl
 
     def held(name: str) -> bool:
+        """Whether a run keeps (or is deciding to keep) the path of the copy ``name``. Its
+        ``.lock`` first: a run deciding holds it, and it would take a ``.held`` probed
+        meanwhile for another run's (and read a stale copy)."""
+        fds = []
         try:
-            fd = os.open(f"{name}.held", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         dir_fd=directory)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            for lock in (f"{name}.lock", f"{name}.held"):
+                try:
+                    fds.append(os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                       dir_fd=directory))
+                except FileNotFoundError:
+                    return False
+                fcntl.flock(fds[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
             return False
         except BlockingIOError:
             return True
         finally:
-            os.close(fd)
+            for fd in reversed(fds):
+                os.close(fd)
 
     with _HELD:
         here = set(_KEPT_HERE)
