@@ -549,7 +549,7 @@ def test_fractions_of_memoized_integers_are_counted(box: sandlock.Sandbox) -> No
 
     tracemalloc.start()
     try:
-        assert "times its length in memory" in str(_refused(box, blob))
+        assert "Fraction('int', 'int')" in str(_refused(box, blob))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -612,3 +612,37 @@ def test_a_short_result_of_tuples_each_held_twice_is_refused(box: sandlock.Sandb
 
 def test_a_memoryview_is_no_result(box: sandlock.Sandbox) -> None:
     _refused(box, b"\x80\x05\x96" + (3).to_bytes(8, "little") + b"abc\x98.")
+
+
+
+# ----------------------------------------------------------------------------
+# A ninth attack round
+
+def test_an_item_is_set_in_a_dict_only(box: sandlock.Sandbox) -> None:
+    """SETITEM on a bytearray with a slice key: ``ba[0:0] = ba``, five bytes, doubled it
+    (1 KB made 256 MiB)."""
+    blob = (b"\x80\x04cbuiltins\nbytearray\nC\x01x\x85R\x94"
+            b"cbuiltins\nslice\nK\x00K\x00\x86R\x940" + b"h\x01h\x00s" * 24 + b".")
+    assert "setting an item of a bytearray" in str(_refused(box, blob))
+
+
+@pytest.mark.parametrize("blob", [
+    pytest.param(pickle.dumps(_As(__import__("decimal").Decimal, (10 ** 9900,)), 4),
+                 id="Decimal(int)"),
+    pytest.param(pickle.dumps(_As(fractions.Fraction, (2 ** 2000 + 1, 3)), 4),
+                 id="Fraction(big int, int)"),
+])
+def test_numbers_are_made_of_small_parts(box: sandlock.Sandbox, blob: bytes) -> None:
+    """Made from a memoized big integer again and again (six bytes a call), Decimal cost
+    2.5 ms a call (it pickles as text: never from an integer) and Fraction 5 ms of gcd
+    (its integers: at most 1,024 bits)."""
+    _refused(box, blob)
+
+
+def test_a_syntax_error_whose_offsets_are_out_of_its_text_is_refused(
+        box: sandlock.Sandbox) -> None:
+    """The caller's traceback draws a caret per column: ``end_offset`` 2**30 was 1 GiB."""
+    error = SyntaxError("bad", ("tool.py", 1, 1, "x = 1", 1, 2 ** 30))
+    assert "SyntaxError whose end_offset" in str(_refused(box, pickle.dumps(error)))
+    fine = SyntaxError("bad", ("tool.py", 1, 1, "x = 1", 1, 3))
+    assert str(box.call(api_tools.reply, pickle.dumps(fine))) == str(fine)

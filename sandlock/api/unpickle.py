@@ -90,22 +90,38 @@ def _numbers(cls: type, args: tuple[Any, ...]) -> Any:
     return cls(*args)
 
 
+#: The longest text a Fraction or a Decimal is made from (Python's own bound on the digits
+#: of an int made from text: its conversion is quadratic).
+_MAX_NUMBER_TEXT = 4300
+
+
+#: The integers a Fraction is made of (as it pickles itself): its gcd is quadratic in
+#: them, and a memoized pair is passed again for six bytes a call (65,536-bit ones cost
+#: 5 ms each time; 1,024-bit ones about what reading their bytes costs).
+_MAX_FRACTION_BITS = 1024
+
+
 def _fraction(cls: type, args: tuple[Any, ...]) -> Any:
-    """Fraction(int, int) or Fraction(str) without an exponent (``1e10000000`` is
-    10**10000000: seconds to minutes of CPU to build)."""
+    """Fraction(int, int) of integers of at most _MAX_FRACTION_BITS, or Fraction(str)
+    without an exponent (``1e10000000`` is 10**10000000: seconds to minutes of CPU)."""
     import re
 
-    if (all(type(a) is int and _small_int(a) for a in args) and 1 <= len(args) <= 2) or (
-            len(args) == 1 and type(args[0]) is str and len(args[0]) <= 4300
+    if (1 <= len(args) <= 2 and all(type(a) is int and a.bit_length() <= _MAX_FRACTION_BITS
+                                    for a in args)) or (
+            len(args) == 1 and type(args[0]) is str and len(args[0]) <= _MAX_NUMBER_TEXT
             and re.fullmatch(r"\s*[-+]?(\d+(/\d+)?|\d*\.\d+|\d+\.)\s*", args[0], re.ASCII)):
-        return cls(*args)  # its integers made anew, about the size of those given (counted)
-    raise _Refused(f"Fraction{tuple(type(a).__name__ for a in args)} (only integers of up "
-                   f"to {_MAX_INT_BITS} bits, or a string without an exponent)")
+        return cls(*args)
+    raise _Refused(f"Fraction{tuple(type(a).__name__ for a in args)} (only of integers of "
+                   f"at most {_MAX_FRACTION_BITS} bits, or of a string of at most "
+                   f"{_MAX_NUMBER_TEXT} characters without an exponent)")
 
 
 def _decimal(cls: type, args: tuple[Any, ...]) -> Any:
-    if len(args) != 1 or type(args[0]) not in (str, int, float, tuple) or not _small_int(args[0]):
-        raise _Refused(f"Decimal{tuple(type(a).__name__ for a in args)}")
+    """Decimal(str), as Decimal pickles itself; never of an integer (a memoized
+    33,000-bit one, converted again and again, cost 2.5 ms a call)."""
+    if len(args) != 1 or type(args[0]) is not str or len(args[0]) > _MAX_NUMBER_TEXT:
+        raise _Refused(f"Decimal{tuple(type(a).__name__ for a in args)} (only of a string "
+                       f"of at most {_MAX_NUMBER_TEXT} characters)")
     value = cls(*args)
     if value.is_finite() and max(abs(value.as_tuple().exponent), abs(value.adjusted())) \
             > _MAX_EXPONENT:
@@ -411,6 +427,19 @@ def _check_unicode_error(error: UnicodeError) -> None:
         raise _Refused(f"a {type(error).__name__} whose fields are out of range")
 
 
+def _check_syntax_error(error: SyntaxError) -> None:
+    """A SyntaxError's offsets within its text (the caller's traceback draws one caret
+    per column between them: ``end_offset`` 2**30 was a 1 GiB string)."""
+    text = error.text
+    if text is not None and type(text) is not str:
+        raise _Refused("a SyntaxError whose text is not text")
+    bound = len(text or "") + 1
+    for name in ("offset", "end_offset"):
+        value = getattr(error, name, None)
+        if value is not None and not (type(value) is int and -bound <= value <= bound):
+            raise _Refused(f"a SyntaxError whose {name} is out of its text")
+
+
 def _width(item: Any) -> int:
     """What ``item`` holds itself, in values (a dict: its keys and its values), a text or
     bytes counting its length: what the caller's repr or json of it writes."""
@@ -445,6 +474,8 @@ def _check_depth(value: Any, limit: int) -> "set[int]":
             raise _Refused(f"the class {item.cls.__qualname__} (a class is not data)")
         if isinstance(item, (UnicodeDecodeError, UnicodeEncodeError, UnicodeTranslateError)):
             _check_unicode_error(item)
+        if isinstance(item, SyntaxError):
+            _check_syntax_error(item)
         if len(path) > _MAX_DEPTH:
             raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
         on_path.add(id(item))
@@ -563,16 +594,24 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
         _spread(items, {})
         self.append(self._made(frozenset(items)))
 
+    @staticmethod
+    def _dict(target: Any) -> Any:
+        """SETITEM and SETITEMS go into a dict only: ``ba[0:0] = ba``, five bytes, doubled a
+        bytearray (a 1 KB result made 256 MiB), and a list the same way."""
+        if not isinstance(target, dict):
+            raise _Refused(f"setting an item of a {type(target).__name__}")
+        return target
+
     def load_setitem(self) -> None:
         stack = self.stack
         value = stack.pop()
         key = stack.pop()
-        self._keys(stack[-1], (key,))
+        self._keys(self._dict(stack[-1]), (key,))
         stack[-1][key] = value
 
     def load_setitems(self) -> None:
         items = self.pop_mark()
-        target = self.stack[-1]
+        target = self._dict(self.stack[-1])
         self._keys(target, items[0::2])
         for index in range(0, len(items), 2):
             target[items[index]] = items[index + 1]
