@@ -62,6 +62,19 @@ def _refused(box: sandlock.Sandbox, blob: bytes) -> sandlock.CallError:
     raise AssertionError("the hostile result was rebuilt")
 
 
+def _peak_of_refusal(box: sandlock.Sandbox, blob: bytes, why: str = "") -> int:
+    """The most memory the refused load of ``blob`` took (tracemalloc: what this load
+    allocates, whatever ran before it, where ru_maxrss keeps the process's peak)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        assert why in str(_refused(box, blob))
+        return int(tracemalloc.get_traced_memory()[1])
+    finally:
+        tracemalloc.stop()
+
+
 def _global(module: str, name: str) -> bytes:
     return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
 
@@ -338,15 +351,7 @@ def test_a_path_of_one_part_passed_again_and_again_is_refused(
 
     blob = pickle.dumps([b"x" * padding, _As(pathlib.PurePosixPath, (part,) * times)], 4)
     assert (len(blob) > 16 << 10) == bool(padding)
-    import tracemalloc
-
-    tracemalloc.start()  # what this load allocates, whatever ran before it (not ru_maxrss)
-    try:
-        _refused(box, blob)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 16 << 20
+    assert _peak_of_refusal(box, blob) < 16 << 20
 
 
 def test_a_path_still_comes_back(box: sandlock.Sandbox) -> None:
@@ -509,15 +514,7 @@ def _repeated(callable_: bytes, arg: bytes, times: int, padding: int) -> bytes:
 ])
 def test_what_a_constructor_makes_of_its_argument_is_counted(box: sandlock.Sandbox,
                                                              blob: bytes) -> None:
-    import tracemalloc
-
-    tracemalloc.start()  # what this load allocates, whatever ran before it (not ru_maxrss)
-    try:
-        _refused(box, blob)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 16 << 20
+    assert _peak_of_refusal(box, blob) < 16 << 20
 
 
 def _odict_pairs(keys: list[int]) -> bytes:
@@ -545,15 +542,7 @@ def test_fractions_of_memoized_integers_are_counted(box: sandlock.Sandbox) -> No
 
     blob = (b"\x80\x04\x8c\tfractions\x8c\x08Fraction\x93q\x000" + long4(a) + b"q\x010"
             + long4(b) + b"q\x020](" + b"h\x00h\x01h\x02\x86R" * 2000 + b"e.")
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        assert "Fraction('int', 'int')" in str(_refused(box, blob))
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 16 << 20
+    assert _peak_of_refusal(box, blob, "Fraction('int', 'int')") < 16 << 20
 
 
 def test_a_result_of_protocol_0_lists_comes_back(box: sandlock.Sandbox) -> None:

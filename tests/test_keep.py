@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from conftest import IS_ROOT, REPO, require_abi
@@ -243,6 +244,15 @@ def test_the_hook_keeps_the_project_not_where_a_command_went(project: Path,
 
 # ----------------------------------------------------------------------------
 # A directory above the kept path moved, a link kept, a restore that cannot be written
+
+
+def _kept_and_put_back(path: Path) -> Optional[str]:
+    """A second run keeping ``path`` (in process), put back at once: what it said."""
+    second = keep_module.keep(str(path))
+    try:
+        return keep_module.put_back(second)
+    finally:
+        second.close()
 
 
 def keep_run(where: Path, keep: list[Path], command: str, *, workspace: Path
@@ -522,11 +532,7 @@ def test_a_run_keeping_a_path_by_another_name_shares_what_was_there(tmp_path: Pa
     first = keep_module.keep(str(real / ".claude"))
     try:
         (real / ".claude" / "settings.json").write_text(EVIL)  # the first run's tool
-        second = keep_module.keep(str(link / ".claude"))
-        try:
-            said = keep_module.put_back(second)
-        finally:
-            second.close()
+        said = _kept_and_put_back(link / ".claude")
     finally:
         first.close()
     assert said is not None and "as it was before the run" in said
@@ -574,11 +580,7 @@ def test_a_kept_paths_shared_copy_outlasts_many_others(tmp_path: Path) -> None:
         for index in range(300):  # each another kept path: its copy and its two locks
             (others / f"{index}.json").write_text("{}")
             keep_module.keep(str(others / f"{index}.json")).close()
-        second = keep_module.keep(str(tmp_path / ".claude"))
-        try:
-            said = keep_module.put_back(second)
-        finally:
-            second.close()
+        said = _kept_and_put_back(tmp_path / ".claude")
     finally:
         first.close()
     assert said is not None, "the second run took the change for what was there"
