@@ -424,6 +424,16 @@ def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Nod
     return before, held
 
 
+def _entries(directory: int) -> list[str]:
+    """The names in the keep directory (held O_PATH: listed through a descriptor of its
+    own), temporary ones (a leading dot) left out."""
+    listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        return [name for name in os.listdir(listing) if not name.startswith(".")]
+    finally:
+        os.close(listing)
+
+
 def _copy_name(path: str) -> str:
     """The name of a kept path's copy, and of its locks: by its real path."""
     import hashlib
@@ -470,12 +480,7 @@ def _kept_around(directory: int, path: str) -> Optional[str]:
         if above not in here and held(_copy_name(above)):
             return above
         above = os.path.dirname(above)
-    listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
-    try:
-        names = [n[:-len(".path")] for n in os.listdir(listing) if n.endswith(".path")
-                 and not n.startswith(".")]
-    finally:
-        os.close(listing)
+    names = [n[:-len(".path")] for n in _entries(directory) if n.endswith(".path")]
     for name in names:
         try:
             fd = os.open(f"{name}.path", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -502,11 +507,7 @@ def _forget_unheld(directory: int) -> None:
     two runs each lock a file of that name."""
     import fcntl
 
-    listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
-    try:
-        names = [n for n in os.listdir(listing) if not n.startswith(".") and "." not in n]
-    finally:
-        os.close(listing)
+    names = [n for n in _entries(directory) if "." not in n]
     if len(names) <= MAX_COPIES:
         return
     for name in names:
