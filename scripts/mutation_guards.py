@@ -102,6 +102,23 @@ GUARDS: tuple[Guard, ...] = (
           "            if (privileged && drop_capabilities() < 0) goto failed;",
           "            if (privileged && (0 && drop_capabilities() < 0)) goto failed;",
           (PLANTS + "test_no_set_id_file_and_no_file_capability[run]",)),
+    Guard("socket families below the first granted one", "sandlock/compile/seccomp.py",
+          "    if granted[0] > 0:\n",
+          "    if False:\n",
+          ("tests/test_confinement.py::test_other_socket_kinds_denied_even_with_every_grant"
+           "[family below every granted one (AF_UNSPEC)]",)),
+    Guard("socket families between granted ones", "sandlock/compile/seccomp.py",
+          "            rules.append(Rule(\"socket\", args=(_eq32(0, family),)))\n            continue",
+          "            continue",
+          ("tests/test_confinement.py::test_other_socket_kinds_denied_even_with_every_grant"
+           "[family between granted ones (AF_AX25)]",)),
+    Guard("socket families above the last granted one", "sandlock/compile/seccomp.py",
+          "    rules = [Rule(\"socket\", args=(Cmp(0, GE, granted[-1] + 1),))]",
+          "    rules = []",
+          ("tests/test_confinement.py::test_other_socket_kinds_denied_even_with_every_grant"
+           "[garbage in the upper bits of a granted family]",
+           "tests/test_confinement.py::test_other_socket_kinds_denied_even_with_every_grant"
+           "[family above AF_MAX]")),
     Guard("keyctl denied by default", "sandlock/compile/seccomp.py",
           '"userfaultfd", "keyctl", "add_key", "request_key",',
           '"userfaultfd",',

@@ -273,12 +273,20 @@ DENIED_SOCKETS = {
     "udplite": "socket.socket(socket.AF_INET, socket.SOCK_DGRAM, 136)",
     "vsock": "socket.socket(40, socket.SOCK_STREAM, 0)",
     "family above AF_MAX": "socket.socket(200, socket.SOCK_STREAM, 0)",
+    "family below every granted one (AF_UNSPEC)": "socket.socket(0, socket.SOCK_STREAM, 0)",
+    "family between granted ones (AF_AX25)": "socket.socket(3, socket.SOCK_SEQPACKET, 0)",
     "tcp fast open": "s = socket.socket(); s.sendto(b'x', 0x20000000, ('127.0.0.1', 9))",
     "tcp fast open via sendmsg":
         "s = socket.socket(); s.sendmsg([b'x'], [], 0x20000000, ('127.0.0.1', 9))",
     "garbage in the upper bits of the family": (
         "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
         "r = libc.syscall(ctypes.c_long(41), ctypes.c_long((1 << 32) | 17), ctypes.c_long(3), "
+        "ctypes.c_long(0)); "
+        "e = ctypes.get_errno(); "
+        "assert r < 0, 'created'; raise OSError(e, os.strerror(e))"),
+    "garbage in the upper bits of a granted family": (
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+        "r = libc.syscall(ctypes.c_long(41), ctypes.c_long((1 << 32) | 1), ctypes.c_long(1), "
         "ctypes.c_long(0)); "
         "e = ctypes.get_errno(); "
         "assert r < 0, 'created'; raise OSError(e, os.strerror(e))"),

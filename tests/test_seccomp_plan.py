@@ -217,17 +217,23 @@ def allowed_pair(rules: tuple[S.Rule, ...], family: int) -> bool:
     return verdict(rules, "socketpair", family, S.SOCK_STREAM, 0) is None
 
 
+ALL = Network(connect=TCP.connect, udp=True, unix=True)
+
+
 def test_family_compares_use_the_low_32_bits() -> None:
-    """Equality on the family uses MASKED_EQ 0xffffffff; the one range check (>= AF_MAX)
-    is unmasked, which can only refuse more (any high bit makes the value larger)."""
-    for network in (NONE, TCP, UDP, UNIX):
+    """Equality on the family uses MASKED_EQ 0xffffffff; the two range checks are
+    unmasked: a ``>=`` can only refuse more (any high bit makes the value larger), and a
+    ``<=`` below the first granted family refuses only values whose high bits are clear."""
+    for network in (NONE, TCP, UDP, UNIX, ALL):
+        granted = sorted(S.socket_grants(network))
         for rule in rules_for(network):
             if rule.syscall != "socket":
                 continue
             for cmp in rule.args:
                 if cmp.arg == 0:
                     assert (cmp.op, cmp.mask) == (S.MASKED_EQ, S.LOW32) or (
-                        (cmp.op, cmp.value) == (S.GE, S.AF_MAX)), cmp
+                        (cmp.op, cmp.value) == (S.GE, granted[-1] + 1)) or (
+                        (cmp.op, cmp.value) == (S.LE, granted[0] - 1)), cmp
                 elif cmp.arg == 2 and cmp.op != S.GT:
                     assert (cmp.op, cmp.mask) == (S.MASKED_EQ, S.LOW32), cmp
                 elif cmp.arg == 1:
@@ -246,7 +252,20 @@ ARG = st.one_of(st.integers(0, 64), st.integers(0, U64),
                           st.sampled_from([1, 2, 6, 10, 17, 0])))
 
 
-@pytest.mark.parametrize("network", [NONE, TCP, UDP, UNIX], ids=["none", "tcp", "udp", "unix"])
+def test_socket_refusals_are_few() -> None:
+    """Each comparison costs the filter's load on every run: with no socket granted,
+    socket(2) is one refusal; with some, the families outside the granted ones' span are
+    two ranges, not one rule each."""
+    assert [r for r in rules_for(NONE) if r.syscall == "socket"] == [S.Rule("socket")]
+    for network in (TCP, UNIX, ALL):
+        granted = sorted(S.socket_grants(network))
+        families = [r for r in rules_for(network) if r.syscall == "socket" and len(r.args) == 1]
+        assert len(families) == 1 + (granted[0] > 0) + sum(
+            f not in granted for f in range(granted[0], granted[-1] + 1))
+
+
+@pytest.mark.parametrize("network", [NONE, TCP, UDP, UNIX, ALL],
+                         ids=["none", "tcp", "udp", "unix", "all"])
 @given(family=ARG, kind=st.one_of(ARG, st.sampled_from([1, 2, 1 | SOCK_CLOEXEC])),
        protocol=st.one_of(ARG, st.sampled_from([0, 6, 17])))
 def test_no_socket_outside_the_grants(network: Network, family: int, kind: int,

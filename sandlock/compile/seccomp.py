@@ -278,8 +278,19 @@ def refusal(rules: tuple[Rule, ...], syscall: str, args: tuple[int, ...]) -> int
 
 
 def _socket_rules(grants: dict[int, dict[int, tuple[int, ...]]]) -> list[Rule]:
-    rules = [Rule("socket", args=(Cmp(0, GE, AF_MAX),))]
-    for family in range(AF_MAX):
+    """The refusals of every socket ``grants`` does not name, in as few comparisons as
+    libseccomp allows (each costs the filter's load, on every run): no granted family, no
+    socket at all; otherwise the families below the first granted one by one ``LE`` and
+    those above the last by one ``GE``, both on all 64 bits (a value with a high bit set is
+    above every family: refused by the ``GE``, never allowed by the ``LE``), and the
+    families between them one by one on their low 32 bits (one comparison per argument)."""
+    granted = sorted(family for family in grants if family < AF_MAX)
+    if not granted:
+        return [Rule("socket"), *_socketpair_rules()]
+    rules = [Rule("socket", args=(Cmp(0, GE, granted[-1] + 1),))]
+    if granted[0] > 0:
+        rules.append(Rule("socket", args=(Cmp(0, LE, granted[0] - 1),)))
+    for family in range(granted[0], granted[-1] + 1):
         types = grants.get(family)
         if types is None:
             rules.append(Rule("socket", args=(_eq32(0, family),)))
@@ -294,9 +305,12 @@ def _socket_rules(grants: dict[int, dict[int, tuple[int, ...]]]) -> list[Rule]:
             rules.append(Rule("socket", args=(_eq32(0, family), type_cmp, Cmp(2, GT, top))))
             rules += [Rule("socket", args=(_eq32(0, family), type_cmp, _eq32(2, proto)))
                       for proto in range(top) if proto not in protocols]
+    return rules + _socketpair_rules()
+
+
+def _socketpair_rules() -> list[Rule]:
     # socketpair(2) only ever makes connected AF_UNIX pairs: harmless, used by many tools.
-    rules.append(Rule("socketpair", args=(Cmp(0, NE, AF_UNIX),)))
-    return rules
+    return [Rule("socketpair", args=(Cmp(0, NE, AF_UNIX),))]
 
 
 def _plant_rules() -> list[Rule]:
