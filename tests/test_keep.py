@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -727,3 +728,89 @@ def test_a_nested_probe_never_takes_the_lock_of_a_deciding_run(tmp_path: Path) -
         os.close(deciding)
         os.close(directory)
     assert found == str(outer)
+
+
+# ----------------------------------------------------------------------------
+# A tenth attack round: what the tool sets beside a file's bytes and mode
+
+USER, GROUP, OTHER, NAMED, MASK = 0x01, 0x04, 0x20, 0x02, 0x10
+
+
+def _acl(*entries: tuple[int, int, int]) -> bytes:
+    """A POSIX ACL as the kernel stores it (``system.posix_acl_*``): (tag, perms, id)."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *entry) for entry in entries)
+
+
+ANYONE = 0xFFFFFFFF
+#: Every local user may write what the user later makes in the directory (a file made
+#: with umask 022 came out -rw-rw-rw-+).
+WIDE_DEFAULT = _acl((USER, 7, ANYONE), (GROUP, 7, ANYONE), (OTHER, 7, ANYONE))
+#: uid 54321 may write the file (an access ACL equal to a mode would be only a mode).
+NAMED_WRITER = _acl((USER, 6, ANYONE), (NAMED, 6, 54321), (GROUP, 4, ANYONE), (MASK, 6, ANYONE),
+                    (OTHER, 4, ANYONE))
+SET_ATTRIBUTES = {
+    "a default ACL on the kept directory": (".claude", "system.posix_acl_default", WIDE_DEFAULT),
+    "an ACL on a kept file": (".claude/settings.json", "system.posix_acl_access", NAMED_WRITER),
+    "an attribute of a kept file": (".claude/settings.json", "user.note", b"x"),
+}
+PYTHON3 = "/usr/bin/python3"
+
+
+def attributes(path: Path) -> dict[str, bytes]:
+    return {name: os.getxattr(path, name) for name in os.listxattr(path)
+            if name.startswith(("user.", "system.posix_acl_"))}
+
+
+def _setting(where: str, name: str, value: bytes) -> str:
+    """A command that gives ``where`` the attribute ``name`` (Landlock does not govern it)."""
+    return (f"{PYTHON3} -c \"import os; os.setxattr('{where}', '{name}', "
+            f"bytes.fromhex('{value.hex()}'))\"")
+
+
+def _attributes_or_skip(project: Path) -> None:
+    if not os.path.exists(PYTHON3):
+        pytest.skip(f"{PYTHON3} is not installed")
+    probe = project / "notes.md"
+    try:
+        os.setxattr(probe, "user.probe", b"1")
+        os.setxattr(project / ".claude", "system.posix_acl_default", WIDE_DEFAULT)
+    except OSError as exc:
+        pytest.skip(f"no extended attributes or ACLs here: {exc}")
+    os.removexattr(probe, "user.probe")
+    os.removexattr(project / ".claude", "system.posix_acl_default")
+
+
+@pytest.mark.parametrize("attack", sorted(SET_ATTRIBUTES))
+def test_an_acl_or_attribute_the_tool_set_is_taken_back(project: Path, attack: str) -> None:
+    """setxattr is no Landlock right either: a default ACL on .claude made every file the
+    user wrote there later writable by every local user, and the run said nothing."""
+    _attributes_or_skip(project)
+    where, name, value = SET_ATTRIBUTES[attack]
+    target = project / where
+    before = attributes(target)
+    argv = hooked(project, _setting(where, name, value))
+    ran = subprocess.run(argv, cwd=project, env=ENV, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 125, ran.stderr
+    assert "a path kept for this run" in ran.stderr
+    assert attributes(target) == before == {}
+    # the positive control: without --keep, the same command sets it
+    control = subprocess.run(unkept(argv), cwd=project, env=ENV, capture_output=True,
+                             text=True, timeout=60)
+    assert control.returncode == 0, control.stderr
+    assert attributes(target) == {name: value}
+
+
+def test_a_kept_path_put_back_takes_no_acl_from_the_directory_around_it(project: Path) -> None:
+    """What is put back is made anew in the project, whose default ACL (the tool's) a new
+    file and directory take: they are given what was kept instead."""
+    _attributes_or_skip(project)
+    command = (_setting(".", "system.posix_acl_default", WIDE_DEFAULT)
+               + f" && printf '%s' '{EVIL}' > .claude/settings.json")
+    argv = hooked(project, command)
+    ran = subprocess.run(argv, cwd=project, env=ENV, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 125, ran.stderr
+    assert json.loads((project / ".claude" / "settings.json").read_text()) == SETTINGS
+    assert attributes(project / ".claude") == attributes(project / ".claude" / "settings.json") == {}
+    # the positive control: a directory made there now takes the tool's ACL
+    (project / "made").mkdir()
+    assert "system.posix_acl_default" in attributes(project / "made")

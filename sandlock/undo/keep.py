@@ -6,8 +6,8 @@ may write the files in it that later decide what runs unconfined: the Claude Cod
 own configuration (``.claude/settings.json``: a hook there runs at the next session,
 outside any sandbox; or no sandlock hook at all). Such a path is kept: the run's
 watchdog, which outlives the launcher, compares it once the tool's tree is reaped and,
-if anything differs (a byte, a mode, a link, a new or missing entry), moves what the
-tool left aside (``NAME.sandlock-changed-XXXXXXXX``: nothing is lost) and makes the path what
+if anything differs (a byte, a mode, an ACL or another extended attribute a tool
+may set, a link, a new or missing entry), moves what the tool left aside (``NAME.sandlock-changed-XXXXXXXX``: nothing is lost) and makes the path what
 it was. The run then fails (exit 125) and says so.
 
 Everything is reached from the parent directory's descriptor, opened before the tool
@@ -27,6 +27,7 @@ unkept. What is kept is bounded (:data:`MAX_ENTRIES`, :data:`MAX_BYTES`,
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -43,8 +44,15 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
-#: A kept object: ("f", mode, content), ("l", 0, target) or ("d", mode, {name: Node}).
-Node = tuple[str, int, Any]
+#: A kept object: ("f", mode, content, attributes), ("l", 0, target, ()) or
+#: ("d", mode, {name: Node}, attributes), attributes as sorted (name, value) pairs.
+Node = tuple[str, int, Any, tuple[tuple[str, bytes], ...]]
+#: The extended attributes kept: those a tool of the user's uid may set on the user's
+#: files (security.* and trusted.* need capabilities no tool has). A default ACL on a
+#: kept directory made every file the user later wrote there writable by anyone; a
+#: ``user.`` attribute is data that programs read.
+ATTRIBUTES = ("user.", "system.posix_acl_access", "system.posix_acl_default")
+_UNSUPPORTED = (errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
 class KeepError(SandlockError):
@@ -80,7 +88,7 @@ def _read(parent: int, name: str, budget: _Budget, depth: int = 0) -> Optional[N
             raise KeepError(f"{name!r} is a symbolic link to {target!r}, outside the kept "
                             "path: what it points to would not be kept")
         budget.take(1, len(target))
-        return ("l", 0, target)
+        return ("l", 0, target, ())
     if stat.S_ISREG(info.st_mode):
         fd = os.open(name, _FILE, dir_fd=parent)
         try:
@@ -95,7 +103,7 @@ def _read(parent: int, name: str, budget: _Budget, depth: int = 0) -> Optional[N
             while chunk := os.read(fd, 1 << 20):
                 budget.take(0, len(chunk))
                 chunks.append(chunk)
-            return ("f", mode, b"".join(chunks))
+            return ("f", mode, b"".join(chunks), _attributes(fd, budget))
         finally:
             os.close(fd)
     if stat.S_ISDIR(info.st_mode):
@@ -112,15 +120,48 @@ def _read(parent: int, name: str, budget: _Budget, depth: int = 0) -> Optional[N
                 node = _read(fd, child, budget, depth + 1)
                 if node is not None:
                     children[child] = node
-            return ("d", mode, children)
+            return ("d", mode, children, _attributes(fd, budget))
         finally:
             os.close(fd)
     raise KeepError(f"{name!r} is neither a file, a directory nor a symbolic link")
 
 
+def _attributes(fd: int, budget: _Budget) -> tuple[tuple[str, bytes], ...]:
+    """The kept extended attributes of the file or directory open at ``fd``."""
+    try:
+        names = os.listxattr(fd)
+    except OSError as exc:
+        if exc.errno in _UNSUPPORTED:  # a file system without them: none can be set
+            return ()
+        raise
+    out = []
+    for name in sorted(names):
+        if name.startswith(ATTRIBUTES):
+            value = os.getxattr(fd, name)
+            budget.take(0, len(name) + len(value))
+            out.append((name, value))
+    return tuple(out)
+
+
+def _set_attributes(fd: int, attributes: tuple[tuple[str, bytes], ...]) -> None:
+    """Give the file or directory open at ``fd`` exactly the kept ``attributes``: one just
+    made took its directory's default ACL, which was not what was kept."""
+    try:
+        present = os.listxattr(fd)
+    except OSError as exc:
+        if exc.errno in _UNSUPPORTED and not attributes:
+            return
+        raise
+    for name in present:
+        if name.startswith(ATTRIBUTES) and name not in dict(attributes):
+            os.removexattr(fd, name)
+    for name, value in attributes:
+        os.setxattr(fd, name, value)
+
+
 def _write(parent: int, name: str, node: Node) -> None:
     """Make ``name`` in ``parent`` (where nothing is) what ``node`` says."""
-    kind, mode, content = node
+    kind, mode, content, attributes = node
     if kind == "l":
         os.symlink(content, name, dir_fd=parent)
         return
@@ -130,7 +171,8 @@ def _write(parent: int, name: str, node: Node) -> None:
             view = memoryview(content)
             while view:
                 view = view[os.write(fd, view):]
-            os.fchmod(fd, mode)
+            _set_attributes(fd, attributes)
+            os.fchmod(fd, mode)  # last: it sets an access ACL's mask to the group bits
         finally:
             os.close(fd)
         return
@@ -139,6 +181,7 @@ def _write(parent: int, name: str, node: Node) -> None:
     try:
         for child, sub in content.items():
             _write(fd, child, sub)
+        _set_attributes(fd, attributes)
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
@@ -634,7 +677,7 @@ def _put_back(kept: Kept) -> Optional[str]:
         try:
             now = _read(parent, kept.name, _Budget())
         except (KeepError, OSError):
-            now = ("?", 0, None)  # unreadable, too large or a link out now: it changed
+            now = ("?", 0, None, ())  # unreadable, too large or a link out now: it changed
         if now != kept.before:
             said.append(_swap(parent, kept))
     except OSError as exc:
