@@ -7,8 +7,9 @@ own configuration (``.claude/settings.json``: a hook there runs at the next sess
 outside any sandbox; or no sandlock hook at all). Such a path is kept: the run's
 watchdog, which outlives the launcher, compares it once the tool's tree is reaped and,
 if anything differs (a byte, a mode, an ACL or another extended attribute a tool
-may set, a link, a new or missing entry), moves what the tool left aside (``NAME.sandlock-changed-XXXXXXXX``: nothing is lost) and makes the path what
-it was. The run then fails (exit 125) and says so.
+may set, a link, a new or missing entry), moves what the tool left aside
+(``NAME.sandlock-changed-XXXXXXXX``: nothing is lost) and makes the path what it was.
+The run then fails (exit 125) and says so.
 
 Everything is reached from the parent directory's descriptor, opened before the tool
 starts, one component at a time with ``O_NOFOLLOW``: a link the tool put in the way is
