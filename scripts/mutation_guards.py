@@ -1174,6 +1174,12 @@ GUARDS: tuple[Guard, ...] = (
           '    if (0)\n        fall_back',
           ('tests/test_native_run.py::test_a_forged_entry_is_not_trusted[forged]',
            'tests/test_native_run.py::test_a_record_is_used_only_as_its_python_cli_wrote_it[forged]')),
+    Guard('front end: the key names the directory as the caller reached it',
+          'sandlock/exec/helper/sandlock_run.c',
+          '    text(b, same ? pwd : cwd);',
+          '    text(b, same && 0 ? pwd : cwd);',
+          ('tests/test_native_run.py::'
+           'test_a_policy_named_through_a_link_the_tool_may_write_is_not_the_same_hit',)),
     Guard('front end: the key in full', 'sandlock/exec/helper/sandlock_run.c',
           'if (!p || stored != key.len || memcmp(p, key.data, key.len))',
           'if (!p)',

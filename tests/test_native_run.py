@@ -230,7 +230,7 @@ def test_the_front_ends_copies_are_the_python_tables() -> None:
 @pytest.mark.any_user
 @pytest.mark.parametrize(("old", "new"), [
     ('"sandlock:policy-cache:v1"', '"sandlock:policy-cache:v2"'),
-    ('#define NATIVE_FORMAT 2', '#define NATIVE_FORMAT 3'),
+    ('#define NATIVE_FORMAT 3', '#define NATIVE_FORMAT 4'),
     ('"XDG_CACHE_HOME",', ""),
     ('"PYTHONPYCACHEPREFIX",', ""),
     ('#define ENV_LOG "SANDLOCK_LOG"', '#define ENV_LOG "SANDLOCK_LOGS"'),
@@ -706,6 +706,32 @@ def test_what_the_grant_checks_saw_is_seen_again(change: str, tmp_path: Path,
         assert done.returncode == 125 and "2 hard links" in done.stderr, done.stderr
     else:
         assert done.returncode == 0, done.stderr
+
+
+def test_a_policy_named_through_a_link_the_tool_may_write_is_not_the_same_hit(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """A relative policy name is walked from ``$PWD`` where that names the working
+    directory (grants.named_directory), and the links on that way are protected: a write
+    grant on one is refused, since the tool could point it at a policy of its own for the
+    caller's next ``cd``. Attack: the plan stored when the caller came in by the real path
+    was the hit of a caller that came in through a link in the write grant (the tool had
+    made it): the front end ran it, the Python CLI refused it. The native key names the
+    directory as the caller reached it: another way in is another entry, checked afresh.
+    Control: by the real path again, the stored plan is the hit."""
+    pols, out = tmp_path / "pols", tmp_path / "out"
+    pols.mkdir()
+    out.mkdir()
+    write_policy(pols, f'extends = ["base"]\n{POLICY}write = ["{out}"]\n', "p.toml")
+    args = ["run", "--policy", "p.toml", "--", "true"]
+    done, notes = front(args, {**env, "PWD": str(pols)}, pols)
+    assert done.returncode == 0, done.stderr
+    assert notes["fallback"] in ("no entry", "no private cache directory"), notes
+    (out / "lnk").symlink_to(pols)  # what the tool may make in its grant
+    done, notes = front(args, {**env, "PWD": str(out / "lnk")}, pols)
+    assert (notes["fallback"], done.returncode) == ("no entry", 125), (done.stderr, notes)
+    assert "symbolic link the policy file" in done.stderr
+    done, notes = front(args, {**env, "PWD": str(pols)}, pols)
+    assert (notes["fallback"], done.returncode) == (RAN, 0), (done.stderr, notes)
 
 
 @pytest.mark.any_user

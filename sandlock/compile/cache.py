@@ -555,7 +555,7 @@ def _prune(directory: int) -> None:
 # NATIVE_PREFIX and the hex unkeyed BLAKE2b (NATIVE_NAME_BYTES) of the key bytes: the C front end
 # (exec/helper/sandlock_run.c) computes both from what it sees and compares the key in full.
 
-NATIVE_FORMAT = 2
+NATIVE_FORMAT = 3
 #: Set by the front end when it hands a run over because its entry is stale.
 ENV_NATIVE_STALE = "SANDLOCK_NATIVE_STALE"
 #: The interpreter's variables that change what the grant checks protect (its import
@@ -709,7 +709,10 @@ def native_key(policy_file: str, text: bytes, variables: Mapping[str, str],
               *(_number(hard) for hard in hard_limits()),
               _number(kernel.landlock_abi())]
     fields += [_optional(env.get(name)) for name in NATIVE_ENV]
-    fields += [_field(os.fsencode(os.getcwd())), _field(os.fsencode(policy_file)),
+    from .grants import named_directory
+
+    fields += [_field(os.fsencode(os.getcwd())), _field(os.fsencode(named_directory())),
+               _field(os.fsencode(policy_file)),
                _field(os.fsencode(os.path.realpath(policy_file))), _field(text)]
     pairs = sorted((os.fsencode(name), os.fsencode(value)) for name, value in variables.items())
     fields.append(_number(len(pairs)))

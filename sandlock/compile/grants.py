@@ -753,19 +753,27 @@ class WriteCheck:
                     "mount. Unmount it, or grant a directory without such a mount"))
 
 
-def _as_named(name: str) -> str:
-    """``name`` as the caller reaches it, for a walk: made absolute from ``$PWD`` where that
-    names the working directory (a directory the caller entered through a link is reached
-    through it again next time), else from the working directory's real path; never
-    normalised (``link/..`` is the link's target's parent, as the kernel walks it)."""
-    if name.startswith("/"):
-        return name
+def named_directory() -> str:
+    """The working directory as the caller reaches it: ``$PWD`` where that names it (a
+    directory the caller entered through a link is reached through it again next time),
+    else its real path. The native key holds it too (cache.native_key): the links it goes
+    through are protected for a relative policy name, so a plan checked for one way in is
+    not the plan of another."""
     here = os.environ.get("PWD", "")
     try:
         same = here.startswith("/") and os.path.samestat(os.stat(here), os.stat("."))
     except OSError:
         same = False
-    return f"{here if same else os.getcwd()}/{name}"
+    return here if same else os.getcwd()
+
+
+def _as_named(name: str) -> str:
+    """``name`` as the caller reaches it, for a walk: made absolute from
+    :func:`named_directory`; never normalised (``link/..`` is the link's target's parent, as
+    the kernel walks it)."""
+    if name.startswith("/"):
+        return name
+    return f"{named_directory()}/{name}"
 
 
 def _hard_links(policy_files: Iterable[str]) -> str:

@@ -90,7 +90,7 @@
 #define KEY_BYTES 32                         /* cachekey.KEY_BYTES */
 #define KEY_FILE "key"                       /* cachekey.KEY_FILE */
 #define TAG_BYTES 32                         /* cache.TAG_BYTES */
-#define NATIVE_FORMAT 2                      /* cache.NATIVE_FORMAT */
+#define NATIVE_FORMAT 3                      /* cache.NATIVE_FORMAT */
 #define NATIVE_PREFIX "n-"                   /* cache.NATIVE_PREFIX */
 #define NATIVE_DIR "native"                  /* cache.NATIVE_DIR */
 #define NATIVE_NAME_BYTES 20                 /* cache.NATIVE_NAME_BYTES */
@@ -418,6 +418,13 @@ static void key_bytes(struct buf *b, const char *policy, const uint8_t *policy_t
     if (!getcwd(cwd, sizeof cwd))
         fall_back("no working directory");
     text(b, cwd);
+    /* grants.named_directory: $PWD where it names ".", else the real path (the links a
+     * relative policy name is walked through from it are what the checks protected) */
+    const char *pwd = getenv("PWD");
+    struct stat named, dot;
+    int same = pwd && pwd[0] == '/' && stat(pwd, &named) == 0 && stat(".", &dot) == 0 &&
+               named.st_dev == dot.st_dev && named.st_ino == dot.st_ino;
+    text(b, same ? pwd : cwd);
     text(b, policy);
     if (!realpath(policy, real))
         fall_back("no real path of the policy");
