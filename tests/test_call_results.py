@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import types
+import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -635,3 +636,73 @@ def test_a_syntax_error_whose_offsets_are_out_of_its_text_is_refused(
     assert "SyntaxError whose end_offset" in str(_refused(box, pickle.dumps(error)))
     fine = SyntaxError("bad", ("tool.py", 1, 1, "x = 1", 1, 3))
     assert str(box.call(api_tools.reply, pickle.dumps(fine))) == str(fine)
+
+
+# ----------------------------------------------------------------------------
+# A tenth attack round
+
+#: OSError(1, "s", previous), a million deep through its filename (a field of its own,
+#: freed by recursion in C: OSError has no guard); then the chain, or None (the chain
+#: left in the unpickler's memo, freed with it after a load that passed).
+_OSERROR_CHAIN = ("b'\\x80\\x04\\x8c\\x08builtins\\x8c\\x07OSError\\x93\\x94N\\x94' + "
+                  "b'h\\x00(K\\x01\\x8c\\x01sh\\x01tRq\\x010' * 1_000_000 + %s")
+
+
+@pytest.mark.parametrize("end, verdict", [("b'h\\x01.'", "refused"), ("b'N.'", "rebuilt")],
+                         ids=["refused", "dropped"])
+def test_exceptions_nested_deep_are_freed_without_recursion(end: str, verdict: str) -> None:
+    """The caller crashed (SIGSEGV) as it freed the million OSErrors of a refused result,
+    or of one that passed and had dropped them."""
+    out = subprocess.run([sys.executable, "-c", _DEEP_KEY, TESTS, _OSERROR_CHAIN % end],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), TESTS))})
+    assert (out.returncode, out.stdout.split()) == (0, [verdict]), out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("link", ["__context__", "__cause__"])
+def test_an_exception_is_never_linked_to_another(box: sandlock.Sandbox, link: str) -> None:
+    """BUILD set ``__context__``, a link an exception never pickles: a million of them,
+    each the context of the next, crashed the caller as they were freed."""
+    blob = _member(b"OSError", link.encode(), b"cbuiltins\nValueError\n)R")
+    assert "cause, context or traceback" in str(_refused(box, blob))
+
+
+def test_a_key_counts_what_its_parts_hold(box: sandlock.Sandbox) -> None:
+    """A list of 200,000 Nones in an exception used as 20,000 keys (261 KB) was looked
+    through for each key: 75 s of the caller's CPU. What a key's parts hold counts
+    against its 256 values."""
+    blob = (b"\x80\x04cbuiltins\nValueError\n](" + b"N" * 1000 + b"e\x85R\x94}h\x00Ns.")
+    assert "a key of more than 256 values" in str(_refused(box, blob))
+
+
+def _date(name: bytes, state: bytes) -> bytes:
+    return b"\x80\x03cdatetime\n" + name + b"\nC" + bytes([len(state)]) + state + b"\x85R."
+
+
+@pytest.mark.parametrize("name, state", [
+    (b"date", bytes([0, 0, 1, 200])),  # year 0, day 200: ctime() crashed the caller
+    (b"datetime", bytes([0x07, 0xE4, 2, 31, 255, 255, 255, 0xFF, 0xFF, 0xFF])),
+    (b"time", bytes([23, 255, 255, 0xFF, 0xFF, 0xFF])),
+], ids=["date", "datetime", "time"])
+def test_a_date_out_of_range_is_refused(box: sandlock.Sandbox, name: bytes, state: bytes) -> None:
+    """From their pickled bytes, CPython checks a date's month (a time's hour) only."""
+    assert "out of range" in str(_refused(box, _date(name, state)))
+
+
+def test_dates_in_range_still_come_back(box: sandlock.Sandbox) -> None:
+    import datetime
+
+    value = [datetime.date(2020, 2, 29), datetime.time(23, 59, 59, 999999, fold=1),
+             datetime.datetime(1, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=-23)))]
+    assert box.call(api_tools.reply, pickle.dumps(value)) == value
+
+
+@pytest.mark.parametrize("number", [b"\x8a\x11" + b"\xff" * 16 + b"\x7f", b"\x8c\x05hello",
+                                    b"J\xff\xff\xff\xff"], ids=["136 bits", "text", "negative"])
+def test_a_uuid_is_a_128_bit_number(box: sandlock.Sandbox, number: bytes) -> None:
+    """UUID sets its ``int`` from its state as it is: a 136-bit one had a 38-character
+    str() and no bytes."""
+    blob = b"\x80\x04\x8c\x04uuid\x8c\x04UUID\x93)\x81}\x8c\x03int" + number + b"sb."
+    assert "UUID whose number" in str(_refused(box, blob))
+    good = uuid.uuid4()
+    assert box.call(api_tools.reply, pickle.dumps(good)) == good

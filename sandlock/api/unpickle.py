@@ -54,6 +54,9 @@ _SAFE_GLOBALS = {
 }
 #: The safe classes a pickle rebuilds with BUILD (their state: UUID's ``int``).
 _BUILT = {("uuid", "UUID")}
+#: What BUILD never sets on an exception: its links to others (an exception pickles its
+#: arguments and ``__dict__`` only).
+_LINKS = frozenset({"__context__", "__cause__", "__traceback__", "__suppress_context__"})
 #: An int given to a number constructor (Fraction's gcd, Decimal's conversion are
 #: quadratic in it): 2^16 bits, ~20,000 decimal digits.
 _MAX_INT_BITS = 1 << 16
@@ -148,6 +151,28 @@ def _slice(cls: type, args: tuple[Any, ...]) -> Any:
                    "or None)")
 
 
+def _date(cls: type, args: tuple[Any, ...]) -> Any:
+    """A date, time or datetime, as it pickles itself (its bytes, and a tzinfo) or from its
+    fields, whose ranges are then checked as the constructor of fields checks them: from
+    bytes CPython checks only the month (a time, its hour), and ``date(0, 1, 200).ctime()``
+    read a day name before its table (the caller crashed)."""
+    made = cls(*args)
+    import datetime
+
+    try:
+        if cls is datetime.date:
+            cls(made.year, made.month, made.day)
+        elif cls is datetime.time:
+            cls(made.hour, made.minute, made.second, made.microsecond, made.tzinfo,
+                fold=made.fold)
+        else:
+            cls(made.year, made.month, made.day, made.hour, made.minute, made.second,
+                made.microsecond, made.tzinfo, fold=made.fold)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _Refused(f"a {cls.__name__} out of range ({exc})") from None
+    return made
+
+
 #: A path's parts, all told (16 times PATH_MAX): a path pickles as its parts, one
 #: argument each, and each is split into components again as the path is made.
 _MAX_PATH_TEXT = 16 * 4096
@@ -187,10 +212,7 @@ def _collection(cls: type, args: tuple[Any, ...]) -> Any:
         made = cls(*args)
         _LOAD.hashes[id(made)] = seen  # keys added later count with these
         return made
-    made = cls(*args)
-    if cls is collections.deque and getattr(_LOAD, "deques", None) is not None:
-        _LOAD.deques.append(made)  # emptied if the load fails (see _load)
-    return made
+    return _unguarded(cls(*args))
 
 
 #: A key's values counted through its tuples and frozensets, each time it is reached: its
@@ -212,8 +234,15 @@ def _small_key(key: Any) -> None:
     def enter(item: Any) -> None:
         if len(stack) >= _MAX_DEPTH:
             raise _Refused(f"a key nested more than {_MAX_DEPTH} deep")
-        inside = item if type(item) in (tuple, frozenset) else _held(item)
-        stack.append([item, iter(inside), 0, 1])
+        if type(item) in (tuple, frozenset):
+            inside, looked_at = item, 1
+        else:  # what _held looks at counts, atoms too: a list of 200,000 Nones inside an
+            # exception used as 20,000 keys was looked through for each (75 s of CPU)
+            inside, looked_at = _held(item), _width(item)
+        stack.append([item, iter(inside), 0, looked_at])
+        if looked_at > _MAX_KEY_ITEMS:
+            raise _Refused(f"a key of more than {_MAX_KEY_ITEMS} values (each hashed again "
+                           "for every key it is part of)")
 
     enter(key)
     while stack:
@@ -268,11 +297,47 @@ _CHECKS: dict[tuple[str, str], Callable[[type, tuple[Any, ...]], Any]] = {
     ("collections", "OrderedDict"): _collection, ("collections", "deque"): _collection,
     ("collections", "Counter"): _collection,
     ("decimal", "Decimal"): _decimal, ("fractions", "Fraction"): _fraction,
+    **{("datetime", name): _date for name in ("date", "time", "datetime")},
 }
 
 
 #: The load under way in this thread: what its objects may still take (see _charge).
 _LOAD = threading.local()
+
+
+def _unguarded(made: Any) -> Any:
+    """Note ``made`` if CPython frees it by recursion in C, without the guard (the
+    "trashcan") that containers have: a deque, an exception whose type has fields of its
+    own (OSError, ImportError, StopIteration...), each holding the next. A million of them
+    nested crashed the caller as they were freed; :func:`_defuse` lets go of what each
+    holds first (see _load)."""
+    if isinstance(made, (collections.deque, BaseException)) and getattr(
+            _LOAD, "unguarded", None) is not None:
+        _LOAD.unguarded.append(made)
+    return made
+
+
+def _defuse(made: Any) -> None:
+    """Make ``made`` (see :func:`_unguarded`) hold nothing, so that it is freed on its own."""
+    if isinstance(made, collections.deque):
+        made.clear()
+        return
+    for name in ("__context__", "__cause__", "__traceback__", "args"):
+        try:
+            BaseException.__dict__[name].__set__(made, () if name == "args" else None)
+        except (AttributeError, TypeError):
+            pass
+    for member in _members(type(made)):
+        try:
+            member.__set__(made, None)
+        except (AttributeError, TypeError):  # read-only, or a number
+            pass
+    try:
+        namespace = BaseException.__dict__["__dict__"].__get__(made)
+    except (AttributeError, TypeError):
+        return
+    if type(namespace) is dict:
+        namespace.clear()
 
 
 def _charge(made: Any, args: tuple[Any, ...] = ()) -> Any:
@@ -319,7 +384,7 @@ class _Sealed(type):
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:  # REDUCE: the class called
         _charge(None, args)
-        return _charge(type.__getattribute__(cls, "_real")(*args, **kwargs))
+        return _unguarded(_charge(type.__getattribute__(cls, "_real")(*args, **kwargs)))
 
     def __setattr__(cls, name: str, value: Any) -> None:
         raise _Refused(f"setting {name!r} on the class {cls.__qualname__}")
@@ -343,7 +408,7 @@ def _stand_in(cls: type) -> type:
 
     def __new__(stand_in: type, *args: Any, **kwargs: Any) -> Any:  # NEWOBJ
         _charge(None, args)
-        return _charge(cls.__new__(cls, *args, **kwargs))
+        return _unguarded(_charge(cls.__new__(cls, *args, **kwargs)))
 
     made = _Sealed(cls.__name__, (), {"__new__": __new__, "_real": cls,
                                       "__module__": cls.__module__,
@@ -395,9 +460,8 @@ def _held(item: Any) -> list[Any]:
 _MEMBERS: dict[type, tuple[Any, ...]] = {}
 
 
-def _member_values(item: Any) -> list[Any]:
-    """What ``item`` holds outside its ``__dict__``: the values of its members."""
-    cls = type(item)
+def _members(cls: type) -> tuple[Any, ...]:
+    """The member descriptors of ``cls`` and of the classes it derives from."""
     members = _MEMBERS.get(cls)
     if members is None:
         found: dict[str, Any] = {}
@@ -406,8 +470,14 @@ def _member_values(item: Any) -> list[Any]:
                 if type(attr) is types.MemberDescriptorType and name not in found:
                     found[name] = attr
         members = _MEMBERS[cls] = tuple(found.values())
+    return members
+
+
+def _member_values(item: Any) -> list[Any]:
+    """What ``item`` holds outside its ``__dict__``: the values of its members."""
+    cls = type(item)
     values = []
-    for member in members:
+    for member in _members(cls):
         try:
             values.append(member.__get__(item, cls))
         except AttributeError:  # a slot never set
@@ -622,10 +692,19 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
         constructors made is whole already: a path whose ``_str`` the bytes set opened
         another file than its parts said, a Fraction's ``_numerator`` skipped its check,
         a Counter's ``keys`` hid what it holds."""
-        made = self.stack[-2]
+        made, state = self.stack[-2], self.stack[-1]
         if not (isinstance(made, BaseException) or type(made) in self.built):
             raise _Refused(f"setting the state of a {type(made).__name__}")
+        if isinstance(made, BaseException) and isinstance(state, dict) and not _LINKS.isdisjoint(
+                dict.keys(state)):
+            raise _Refused("setting the cause, context or traceback of an exception (an "
+                           "exception pickles none)")
         super().load_build()
+        uuid = sys.modules.get("uuid")
+        if uuid is not None and type(made) is uuid.UUID and not (
+                type(made.int) is int and 0 <= made.int < 1 << 128):
+            raise _Refused("a UUID whose number is not of 128 bits (its str() and bytes "
+                           "would not be a UUID's)")
 
     def load_buffer(self) -> None:
         """READONLY_BUFFER and NEXT_BUFFER (protocol 5): a memoryview is no plain data."""
@@ -655,28 +734,28 @@ def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
     loader = _Checked
     outer = (getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None),
-             getattr(_LOAD, "deques", None))
+             getattr(_LOAD, "unguarded", None))
     # what its objects may take; the keys' hashes of each set and dict, by its id; the
-    # deques made (see below)
+    # objects made that are freed without a guard (see below)
     limit = _MAX_GROWTH * len(data) + (1 << 20)
-    deques: list[Any] = []
-    _LOAD.budget, _LOAD.hashes, _LOAD.deques = limit, {}, deques
+    unguarded: list[Any] = []
+    _LOAD.budget, _LOAD.hashes, _LOAD.unguarded = limit, {}, unguarded
     try:
         try:
             value = loader(data, trusted).load()
         finally:
-            _LOAD.budget, _LOAD.hashes, _LOAD.deques = outer
+            _LOAD.budget, _LOAD.hashes, _LOAD.unguarded = outer
         walked = _check_depth(value, limit)
     except BaseException:
-        # A deque is freed by recursion in C, without a guard: 250,000 nested ones
-        # crashed the caller as it dropped a refused result. Emptied first, each is
-        # freed on its own.
-        for made in deques:
-            made.clear()
+        # 250,000 nested deques, or a million OSErrors each the __context__ of the next,
+        # crashed the caller as it dropped a refused result. Each let go of what it holds
+        # first is freed on its own.
+        for made in unguarded:
+            _defuse(made)
         raise
-    for made in deques:  # those the value does not hold (the memo's) are freed with it
+    for made in unguarded:  # those the value does not hold (the memo's) are freed with it
         if id(made) not in walked:
-            made.clear()
+            _defuse(made)
     return value
 
 
