@@ -706,3 +706,15 @@ def test_a_uuid_is_a_128_bit_number(box: sandlock.Sandbox, number: bytes) -> Non
     assert "UUID whose number" in str(_refused(box, blob))
     good = uuid.uuid4()
     assert box.call(api_tools.reply, pickle.dumps(good)) == good
+
+
+@pytest.mark.parametrize("kind", ["StopIteration", "StopAsyncIteration", "_Refused"])
+def test_what_means_something_to_the_caller_is_raised_as_a_call_error(box: sandlock.Sandbox,
+                                                                      kind: str) -> None:
+    """A StopIteration raised again by call() in a map() ended the caller's loop early, and
+    nothing said so; an exception of sandlock's own is sandlock's word, not the tool's."""
+    done = []
+    with pytest.raises(sandlock.CallError, match=kind):
+        for value in map(lambda each: box.call(api_tools.stop, each), [kind, kind]):
+            done.append(value)
+    assert done == []

@@ -817,10 +817,17 @@ def _reraise(name: str, what: Any, message: Any, text: Any, blob: Any,
             exc_obj = _load(blob, trusted)
         except Exception:  # noqa: BLE001 - fall back to the text
             exc_obj = None
-    if isinstance(exc_obj, Exception) and not isinstance(exc_obj, SandlockError):
+    if isinstance(exc_obj, Exception) and not isinstance(exc_obj, _NOT_RAISED) and (
+            type(exc_obj).__module__.partition(".")[0] != "sandlock"):
         raise exc_obj from RemoteTraceback(text)
     # SystemExit, KeyboardInterrupt, GeneratorExit...: would pass the caller's
     # ``except Exception`` and end it; the tool's exit is the tool's. A sandlock
     # error is the caller's word about the sandbox (SetupError: "could not start"),
-    # never the tool's: what the function says it raised is a CallError.
+    # never the tool's; StopIteration ends the loop of a caller whose iterator calls
+    # (a map() over call() stopped early, and said nothing): what the function says it
+    # raised is a CallError.
     raise CallError(f"{name} raised {what}: {message}", remote_traceback=text)
+
+
+#: Exceptions raised again as a CallError: their meaning is the caller's, not the tool's.
+_NOT_RAISED = (SandlockError, StopIteration, StopAsyncIteration)
