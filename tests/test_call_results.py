@@ -718,3 +718,27 @@ def test_what_means_something_to_the_caller_is_raised_as_a_call_error(box: sandl
         for value in map(lambda each: box.call(api_tools.stop, each), [kind, kind]):
             done.append(value)
     assert done == []
+
+
+def test_a_key_that_cannot_change_is_walked_once_a_load() -> None:
+    """A tuple of 255 numbers used as a key again and again, five bytes a time, was walked
+    each time (a 64 MiB result: about 400 s of the caller's CPU); a tuple or frozenset of
+    atoms and of such is walked once a load. One that holds what can change (BUILD may
+    change an exception after it was walked) is walked for each key."""
+    from sandlock.api import unpickle
+
+    numbers = tuple(range(255))
+    nested = (tuple(range(10)), frozenset({1, 2}), "text")
+    error = ValueError("x")
+    changing, inner = (error, 1), (error,)  # inner: its exception met before, in this key
+    unpickle._LOAD.frozen = {}
+    try:
+        for key in (numbers, nested, changing, (error, inner)):
+            unpickle._small_key(key)
+        assert {id(numbers), id(nested)} <= set(unpickle._LOAD.frozen)
+        assert not {id(changing), id(inner)} & set(unpickle._LOAD.frozen)
+    finally:
+        unpickle._LOAD.frozen = None
+    # each use still counts what it holds: twice the 255 numbers are too many for one key
+    with pytest.raises(unpickle._Refused, match="256 values"):
+        unpickle._small_key((numbers, numbers))

@@ -224,12 +224,20 @@ def _small_key(key: Any) -> None:
     """Refuse a key nested more than _MAX_DEPTH deep (the hash of a tuple recurses in C,
     without a guard: a million levels crashed the caller) or holding more than
     _MAX_KEY_ITEMS values (counted each time they are reached: the walk stops past the
-    bound, whatever is shared), before it is hashed."""
+    bound, whatever is shared), before it is hashed. A tuple or frozenset of atoms and of
+    such (which cannot change) is walked once a load: one of 255 numbers used as a key
+    again and again, five bytes a time, was walked each time (a 64 MiB result: 400 s)."""
     if type(key) in _ATOMS:
+        return
+    frozen: Optional[dict[int, tuple[Any, int, int]]] = getattr(_LOAD, "frozen", None)
+    if frozen is None:  # no load under way
+        frozen = {}
+    if id(key) in frozen:
         return
     walked: dict[int, tuple[Any, int, int]] = {}  # in this key only: BUILD may change an
     # object of an earlier key (what its hash reads) after it was walked
-    stack: list[list[Any]] = []  # [object, what is left of it, height below, values]
+    stack: list[list[Any]] = []  # [object, what is left of it, height below, values,
+    # whether it cannot change]
 
     def enter(item: Any) -> None:
         if len(stack) >= _MAX_DEPTH:
@@ -239,7 +247,7 @@ def _small_key(key: Any) -> None:
         else:  # what _held looks at counts, atoms too: a list of 200,000 Nones inside an
             # exception used as 20,000 keys was looked through for each (75 s of CPU)
             inside, looked_at = _held(item), _width(item)
-        stack.append([item, iter(inside), 0, looked_at])
+        stack.append([item, iter(inside), 0, looked_at, type(item) in (tuple, frozenset)])
         if looked_at > _MAX_KEY_ITEMS:
             raise _Refused(f"a key of more than {_MAX_KEY_ITEMS} values (each hashed again "
                            "for every key it is part of)")
@@ -250,15 +258,17 @@ def _small_key(key: Any) -> None:
         child = next(top[1], _END)
         if child is _END:
             stack.pop()
-            walked[id(top[0])] = (top[0], top[2], top[3])
+            (frozen if top[4] else walked)[id(top[0])] = (top[0], top[2], top[3])
             if not stack:
                 return
-            height, values, top = top[2] + 1, top[3], stack[-1]
+            height, values, fixed, top = top[2] + 1, top[3], top[4], stack[-1]
+            top[4] = top[4] and fixed
         elif type(child) in _ATOMS:
             height, values = 0, 1
-        elif id(child) in walked:
-            _, below, values = walked[id(child)]
+        elif id(child) in frozen or id(child) in walked:
+            _, below, values = frozen.get(id(child)) or walked[id(child)]
             height = below + 1
+            top[4] = top[4] and id(child) in frozen
         else:
             enter(child)
             continue
@@ -734,17 +744,17 @@ def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
     loader = _Checked
     outer = (getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None),
-             getattr(_LOAD, "unguarded", None))
+             getattr(_LOAD, "unguarded", None), getattr(_LOAD, "frozen", None))
     # what its objects may take; the keys' hashes of each set and dict, by its id; the
     # objects made that are freed without a guard (see below)
     limit = _MAX_GROWTH * len(data) + (1 << 20)
     unguarded: list[Any] = []
-    _LOAD.budget, _LOAD.hashes, _LOAD.unguarded = limit, {}, unguarded
+    _LOAD.budget, _LOAD.hashes, _LOAD.unguarded, _LOAD.frozen = limit, {}, unguarded, {}
     try:
         try:
             value = loader(data, trusted).load()
         finally:
-            _LOAD.budget, _LOAD.hashes, _LOAD.unguarded = outer
+            _LOAD.budget, _LOAD.hashes, _LOAD.unguarded, _LOAD.frozen = outer
         walked = _check_depth(value, limit)
     except BaseException:
         # 250,000 nested deques, or a million OSErrors each the __context__ of the next,
