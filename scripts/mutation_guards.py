@@ -141,6 +141,12 @@ GUARDS: tuple[Guard, ...] = (
           "        pass",
           (PLANTS + "test_terminal_ioctls_on_an_inherited_pty",
            PLANTS + "test_terminal_ioctls_through_the_api")),
+    Guard("credential route: its port reached at 127.0.0.1 only, through the connect gate",
+          "sandlock/policy/model.py",
+          "    if network.allow or not (network.connect or network.udp):",
+          "    if False:",
+          (ATTACKS + "test_the_route_port_reaches_the_route_only[no-network-section]",
+           ATTACKS + "test_the_route_port_reaches_the_route_only[host-allowlist]")),
     Guard("credential route: placeholder", "sandlock/net/routes.py",
           "        raise self._refuse(f\"{where}: the request does not carry this run's "
           "placeholder of \"",

@@ -449,11 +449,17 @@ def test_the_api_grants_the_route_before_compiling(
     policy = llm_policy(tmp_path, upstream, certificate[0], network, other)
     with Sandbox(str(policy), credentials={"api": SECRET}) as box:
         result = box.run([PYTHON, "-c", CHAT], capture_output=True, text=True, timeout=120)
-        granted = box.grants()["connect"]
+        granted = box.grants()
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [200, "ok POST /v1/chat/completions\n"]
     assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {SECRET}"
-    assert str(box._routes.server.port) in granted  # what the Sandbox says it grants
+    port = box._routes.server.port  # what the Sandbox says it grants: that address only,
+    # unless the policy reaches every host on its connect ports already
+    if network is True:
+        assert str(port) in granted["connect"]
+    else:
+        assert str(port) not in granted["connect"]
+        assert f"credential routes 127.0.0.1:{port}" in granted["allow"]
 
 
 def test_explain_shows_the_route_port_and_tcp_sockets(tmp_path: Path) -> None:
@@ -462,8 +468,9 @@ def test_explain_shows_the_route_port_and_tcp_sockets(tmp_path: Path) -> None:
     out = sandlock("explain", "--policy", str(policy), "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["network"]["connect"] == ["the credential route's port (chosen when the run "
-                                            "starts)"]
+    assert report["network"]["connect"] == []  # a port on every address: never
+    assert report["network"]["allow"] == ["127.0.0.1:the credential route's port (chosen when "
+                                          "the run starts)"]
     from sandlock.compile import seccomp
     from sandlock.policy.model import effective
 
@@ -823,3 +830,38 @@ def test_positive_control_a_route_waiting_for_its_answer_is_cut(
     stopped, got = stop_during_handshake(certificate, go_first=True)
     assert stopped
     assert len(got) == 1 and f"Bearer {SECRET}".encode() in got[0], got
+
+
+ELSEWHERE = CLIENT + textwrap.dedent("""
+    import errno, socket
+    port = urllib.parse.urlsplit(BASE).port
+    out = {}
+    for family, address in ((socket.AF_INET, "127.0.0.2"), (socket.AF_INET6, "::1"),
+                            (socket.AF_INET, "127.0.0.1")):
+        sock = socket.socket(family)
+        try:
+            sock.connect((address, port))
+            out[address] = "connected"
+        except OSError as exc:
+            out[address] = errno.errorcode.get(exc.errno, str(exc.errno))
+        sock.close()
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("network", [False, "allow"], ids=["no-network-section", "host-allowlist"])
+def test_the_route_port_reaches_the_route_only(tmp_path: Path, upstream: Server, other: Server,
+                                               certificate: tuple[Path, Path],
+                                               network: bool | str) -> None:
+    """The route's port was a ``connect`` entry, a Landlock rule of a port on every address:
+    the tool reached any host listening on it (an exfiltration server listening on every
+    port got what it sent), under ``[network] allow`` too, whose gate took the port for
+    one the policy grants. Only ``127.0.0.1:PORT`` is reachable now. A connection refused
+    (nothing listens there) means it was let through; ``EACCES``, that it was refused."""
+    require_abi(4, "the route's TCP port grant")
+    policy = llm_policy(tmp_path, upstream, certificate[0], network, other)
+    env = {**os.environ, "TEST_API_KEY": SECRET}
+    out = run_confined(policy, [PYTHON, "-c", ELSEWHERE], env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"127.0.0.2": "EACCES", "::1": "EACCES",
+                                      "127.0.0.1": "connected"}, out.stderr

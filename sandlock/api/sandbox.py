@@ -490,8 +490,10 @@ class Sandbox:
             elif self._dict is not None:
                 text, variables, mode = self._dict
                 self._dict = (text, {**builtin_vars(), **variables}, mode)
-        #: Host allowlists: never in a plan the cache holds (it does not store them).
-        self._allow = loaded is not None and bool(loaded.network.allow)
+        #: Host allowlists: never in a plan the cache holds (it does not store them); a
+        #: credential route's is in the policy as compiled (policy.model.with_loopback_port).
+        compiled_policy = self._compiled.policy or loaded
+        self._allow = compiled_policy is not None and bool(compiled_policy.network.allow)
         self._trusted = trusted
         self._max_result = max_result_size
         from ..policy.environment import matcher
@@ -567,6 +569,7 @@ class Sandbox:
             "connect": [str(r) for r in p.network.connect],
             "bind": [str(r) for r in p.network.bind],
             "udp": p.network.udp, "unix": p.network.unix,
+            "allow": [rule.text for rule in p.network.allow],
             "scope": {"signals": p.scope.signals, "abstract_unix": p.scope.abstract_unix},
             "env": {"pass": list(p.env.passed), "set": dict(p.env.set)},
             "limits": {k: getattr(p.limits, k) for k in
@@ -665,9 +668,10 @@ class Sandbox:
 
             why = supported()
             if self._allow:  # has_duplicate_listener() in kernel/seccomp.c
-                why = ("not available with [network] allow: the kernel lets a process's "
-                       "filters have one notification listener, and the host allowlist's "
-                       "connect gate holds it")
+                why = ("not available with [network] allow (a credential route's address is "
+                       "one when the policy reaches no other host): the kernel lets a "
+                       "process's filters have one notification listener, and the host "
+                       "allowlist's connect gate holds it")
             if why:
                 raise KernelSupportError(f"trace=True: {why}")
             judge = Judge.for_policy(self.policy, self._compiled.abi)

@@ -169,7 +169,7 @@ def trace(policy: Optional[str], tool: Optional[str], policies: Optional[str],
         # The network the filter was compiled from ([credentials] adds its route's port).
         sockets = socket_rules((compiled.policy or loaded).network)
         log_ready()
-        with compiled, Recorder(network_mediated=bool(loaded.network.allow),
+        with compiled, Recorder(network_mediated=bool((compiled.policy or loaded).network.allow),
                                 sockets=sockets) as recorder:
             try:
                 child = launcher.run(compiled, cmd, report=say, recorder=recorder)

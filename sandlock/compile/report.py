@@ -186,6 +186,8 @@ def _user_tasks(uid: int) -> int:
 
 #: How `explain` shows the port a credential route gets when a run starts.
 ROUTE_PORT = "the credential route's port (chosen when the run starts)"
+#: The same, where the connect gate decides by address (policy.model.with_loopback_port).
+ROUTE_ALLOW = "127.0.0.1:the credential route's port (chosen when the run starts)"
 
 
 def explain_policy(policy: Policy) -> dict[str, Any]:
@@ -215,10 +217,11 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         "paths": [{"access": r.access.value, "path": r.path, "optional": r.optional,
                    "origin": r.origin} for r in policy.paths],
         "network": {"connect": [str(p) for p in policy.network.connect]
-                    + ([ROUTE_PORT] if policy.credentials else []),
+                    + ([ROUTE_PORT] if run.network.connect != policy.network.connect else []),
                     "bind": [str(p) for p in policy.network.bind],
                     "udp": policy.network.udp, "unix": policy.network.unix,
-                    "allow": [rule.text for rule in policy.network.allow],
+                    "allow": [rule.text for rule in policy.network.allow]
+                    + ([ROUTE_ALLOW] if run.network.allow != policy.network.allow else []),
                     "deny": [rule.text for rule in policy.network.deny],
                     "hosts": dict(policy.network.hosts)},
         "scope": {"signals": policy.scope.signals, "abstract_unix": policy.scope.abstract_unix},

@@ -583,10 +583,8 @@ def effective(policy: Policy, port: int) -> Policy:
     routes add, for every executor (`sandlock run`, `trace`, the API, `sandlock probe`),
     applied before compiling so the Landlock rules and the seccomp filter agree on it.
 
-    - TCP connect to ``port`` (a ``connect`` entry: Landlock grants the port, and the
-      seccomp filter then allows inet stream sockets at all);
-    - with ``[network] allow``, ``127.0.0.1:PORT`` among the allowed hosts, since the
-      tool's HTTP clients send the route's requests through the proxy.
+    - TCP connect to ``127.0.0.1:PORT`` (:func:`with_loopback_port`): that address only,
+      decided by the connect gate, unless the policy reaches other hosts by port anyway.
 
     The credentials stay in the policy (the executor serves them; a policy holding them
     is never stored in the compiled-policy cache, so no run's port outlives the run)."""
@@ -594,17 +592,27 @@ def effective(policy: Policy, port: int) -> Policy:
 
 
 def with_loopback_port(policy: Policy, port: int, why: str) -> Policy:
-    """``policy`` granting TCP connect to ``port`` on loopback: a ``connect`` entry and,
-    under ``[network] allow``, an allowed ``127.0.0.1:PORT`` whose text names ``why``."""
+    """``policy`` granting TCP connect to ``127.0.0.1:PORT``, whose text names ``why``.
+
+    A Landlock port rule is a port on every address: as a ``connect`` entry the route's
+    port reached any host listening on it (an exfiltration server listening on every
+    port). So it is an allowed ``127.0.0.1:PORT`` of the host allowlist, whose connect gate
+    decides by address: under ``[network] allow`` beside the policy's rules, and for a
+    policy that reaches no other host (no ``connect``, no ``udp``) as its one rule (the gate
+    and proxy then run for it). A policy that already reaches every host on its
+    ``connect`` ports, or by UDP, gets a ``connect`` entry as those are (it adds no host
+    the policy cannot reach already)."""
     from dataclasses import replace
 
-    network = replace(policy.network, connect=(*policy.network.connect, PortRange(port, port)))
-    if network.allow:
+    network = policy.network
+    if network.allow or not (network.connect or network.udp):
         from .netrules import parse_rules
 
         extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]
         network = replace(network, allow=(*network.allow, replace(
             extra, where=f"allow[{len(network.allow)}]", text=f"{why} {extra.text}")))
+    else:
+        network = replace(network, connect=(*network.connect, PortRange(port, port)))
     return replace(policy, network=network)
 
 
