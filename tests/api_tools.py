@@ -202,13 +202,36 @@ def reply(blob: bytes) -> None:
 
 def stop(kind: str) -> None:
     """Raise what ends the caller's loop, or say it raised an exception of sandlock's own
-    (the caller's internal one, which the tool cannot import: its envelope forged)."""
-    if kind != "_Refused":
+    (the caller's, which the tool cannot import: its envelope forged), alone or in a group."""
+    if kind in ("StopIteration", "StopAsyncIteration"):
         raise {"StopIteration": StopIteration("early"), "StopAsyncIteration": StopAsyncIteration()}[kind]
     import pickle
 
-    blob = b"\x80\x04\x8c\x15sandlock.api.unpickle\x8c\x08_Refused\x93\x8c\x06forged\x85R."
+    def named(module: bytes, name: bytes) -> bytes:
+        return b"c" + module + b"\n" + name + b"\n"
+
+    inner = {"_Refused": named(b"sandlock.api.unpickle", b"_Refused"),
+             "SetupError in a group": named(b"sandlock.errors", b"SetupError"),
+             "StopIteration in a group": named(b"builtins", b"StopIteration")}[kind]
+    inner += b"\x8c\x06forged\x85R"
+    if "group" in kind:
+        inner = named(b"builtins", b"ExceptionGroup") + b"\x8c\x01g(" + inner + b"l\x86R"
+    blob = b"\x80\x04" + inner + b"."
     os.write(3, pickle.dumps(("raise", kind, "forged", "Traceback: the tool's", blob)))
+    os._exit(0)
+
+
+def raise_groups(depth: int, size: int) -> None:
+    """Say it raised groups of groups, 15 wide and ``depth`` deep, of one OSError whose
+    filename (a field of its own, not its args) is ``size`` characters (its traceback text
+    forged short: the real one would be the size of what the caller's would be)."""
+    import pickle
+
+    error: Exception = OSError(2, "x", "A" * size)
+    for _ in range(depth):
+        error = ExceptionGroup("m", [error] * 15)  # noqa: F821 - Python 3.11
+    os.write(3, pickle.dumps(("raise", "ExceptionGroup", "m", "Traceback: the tool's",
+                              pickle.dumps(error))))
     os._exit(0)
 
 

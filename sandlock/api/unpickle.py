@@ -285,6 +285,9 @@ def _spread(keys: Iterable[Any], seen: dict[int, int]) -> None:
     ``_MAX_SAME_HASH`` of one hash, before they are put in the container."""
     for key in keys:
         _small_key(key)
+        hashed = getattr(_LOAD, "hashed", None)
+        if hashed is not None and type(key) not in _ATOMS:  # BUILD would change what its
+            hashed[id(key)] = key  # hash read (a UUID's hash in a frozenset, after it)
         try:
             mark = hash(key)
         except TypeError:
@@ -507,6 +510,19 @@ def _check_unicode_error(error: UnicodeError) -> None:
         raise _Refused(f"a {type(error).__name__} whose fields are out of range")
 
 
+def _uuid_class() -> Optional[type]:
+    uuid = sys.modules.get("uuid")  # imported once a result names it (find_class)
+    return None if uuid is None else uuid.UUID
+
+
+def _check_uuid(made: Any) -> None:
+    """A UUID's number of 128 bits (NEWOBJ makes one with none, BUILD sets any)."""
+    number = getattr(made, "int", None)
+    if not (type(number) is int and 0 <= number < 1 << 128):
+        raise _Refused("a UUID whose number is not of 128 bits (its str(), hash and bytes "
+                       "would not be a UUID's)")
+
+
 def _check_syntax_error(error: SyntaxError) -> None:
     """A SyntaxError's offsets within its text (the caller's traceback draws one caret
     per column between them: ``end_offset`` 2**30 was a 1 GiB string)."""
@@ -521,15 +537,18 @@ def _check_syntax_error(error: SyntaxError) -> None:
 
 
 def _width(item: Any) -> int:
-    """What ``item`` holds itself, in values (a dict: its keys and its values), a text or
-    bytes counting its length: what the caller's repr or json of it writes."""
+    """What ``item`` holds itself, in values (a dict: its keys and its values; an object:
+    its ``__dict__`` and its members, an exception's fields among them), a text or bytes
+    counting its length: what the caller's repr, json or traceback of it writes (a 200 KB
+    filename of an OSError held 15**3 times in exception groups was 1.35 GB of traceback)."""
     if isinstance(item, dict):
         held: Any = (*dict.keys(item), *dict.values(item))
     elif isinstance(item, (list, tuple, set, frozenset, collections.deque)):
         held = item
     else:
-        held = getattr(item, "__dict__", None) or ()
-        held = tuple(held.values()) if isinstance(held, dict) else ()
+        namespace = getattr(item, "__dict__", None)
+        held = (*(namespace.values() if isinstance(namespace, dict) else ()),
+                *_member_values(item))
     return len(held) + 1 + sum(len(value) for value in held
                                if type(value) in (str, bytes, bytearray))
 
@@ -543,6 +562,7 @@ def _check_depth(value: Any, limit: int) -> "set[int]":
     object and each reference is walked once: an object met again is judged by what was
     found below it the first time (walking it again at each depth it is reached at made
     a list holding itself 20,000 times, 40 KB, cost about 300 MiB)."""
+    uuid_class = _uuid_class()
     found: dict[int, tuple[int, int]] = {}  # id -> (levels below it, values), once walked
     path: list[list[Any]] = []  # [object, what is left of it, height, values]
     on_path: set[int] = set()
@@ -556,6 +576,8 @@ def _check_depth(value: Any, limit: int) -> "set[int]":
             _check_unicode_error(item)
         if isinstance(item, SyntaxError):
             _check_syntax_error(item)
+        if type(item) is uuid_class:
+            _check_uuid(item)
         if len(path) > _MAX_DEPTH:
             raise _Refused(f"containers nested more than {_MAX_DEPTH} deep")
         on_path.add(id(item))
@@ -705,16 +727,13 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
         made, state = self.stack[-2], self.stack[-1]
         if not (isinstance(made, BaseException) or type(made) in self.built):
             raise _Refused(f"setting the state of a {type(made).__name__}")
+        if id(made) in getattr(_LOAD, "hashed", ()):  # a set or dict holds it by its hash
+            raise _Refused(f"setting the state of a {type(made).__name__} used as a key")
         if isinstance(made, BaseException) and isinstance(state, dict) and not _LINKS.isdisjoint(
                 dict.keys(state)):
             raise _Refused("setting the cause, context or traceback of an exception (an "
                            "exception pickles none)")
         super().load_build()
-        uuid = sys.modules.get("uuid")
-        if uuid is not None and type(made) is uuid.UUID and not (
-                type(made.int) is int and 0 <= made.int < 1 << 128):
-            raise _Refused("a UUID whose number is not of 128 bits (its str() and bytes "
-                           "would not be a UUID's)")
 
     def load_buffer(self) -> None:
         """READONLY_BUFFER and NEXT_BUFFER (protocol 5): a memoryview is no plain data."""
@@ -744,17 +763,19 @@ def _load(data: bytes, trusted: Mapping[tuple[str, str], type]) -> Any:
     """The value ``data`` (a pickle the tool wrote) holds, rebuilt under the checks above."""
     loader = _Checked
     outer = (getattr(_LOAD, "budget", None), getattr(_LOAD, "hashes", None),
-             getattr(_LOAD, "unguarded", None), getattr(_LOAD, "frozen", None))
+             getattr(_LOAD, "unguarded", None), getattr(_LOAD, "frozen", None),
+             getattr(_LOAD, "hashed", None))
     # what its objects may take; the keys' hashes of each set and dict, by its id; the
     # objects made that are freed without a guard (see below)
     limit = _MAX_GROWTH * len(data) + (1 << 20)
     unguarded: list[Any] = []
-    _LOAD.budget, _LOAD.hashes, _LOAD.unguarded, _LOAD.frozen = limit, {}, unguarded, {}
+    _LOAD.budget, _LOAD.hashes, _LOAD.unguarded, _LOAD.frozen, _LOAD.hashed = (
+        limit, {}, unguarded, {}, {})
     try:
         try:
             value = loader(data, trusted).load()
         finally:
-            _LOAD.budget, _LOAD.hashes, _LOAD.unguarded, _LOAD.frozen = outer
+            _LOAD.budget, _LOAD.hashes, _LOAD.unguarded, _LOAD.frozen, _LOAD.hashed = outer
         walked = _check_depth(value, limit)
     except BaseException:
         # 250,000 nested deques, or a million OSErrors each the __context__ of the next,
@@ -827,8 +848,7 @@ def _reraise(name: str, what: Any, message: Any, text: Any, blob: Any,
             exc_obj = _load(blob, trusted)
         except Exception:  # noqa: BLE001 - fall back to the text
             exc_obj = None
-    if isinstance(exc_obj, Exception) and not isinstance(exc_obj, _NOT_RAISED) and (
-            type(exc_obj).__module__.partition(".")[0] != "sandlock"):
+    if isinstance(exc_obj, Exception) and _raised_again(exc_obj):
         raise exc_obj from RemoteTraceback(text)
     # SystemExit, KeyboardInterrupt, GeneratorExit...: would pass the caller's
     # ``except Exception`` and end it; the tool's exit is the tool's. A sandlock
@@ -839,5 +859,19 @@ def _reraise(name: str, what: Any, message: Any, text: Any, blob: Any,
     raise CallError(f"{name} raised {what}: {message}", remote_traceback=text)
 
 
+#: Exception groups (Python 3.11: a group's exceptions are judged one by one).
+_GROUPS: Any = getattr(__import__("builtins"), "BaseExceptionGroup", ())
 #: Exceptions raised again as a CallError: their meaning is the caller's, not the tool's.
 _NOT_RAISED = (SandlockError, StopIteration, StopAsyncIteration)
+
+
+def _raised_again(error: BaseException) -> bool:
+    """Whether ``error`` is the tool's to raise in the caller: an ``Exception`` of none of
+    :data:`_NOT_RAISED` and of no sandlock module, and so is each one an exception group
+    holds (``except* SandlockError`` caught a SetupError the tool made). A result is at
+    most _MAX_DEPTH deep: so is the walk."""
+    if not isinstance(error, Exception) or isinstance(error, _NOT_RAISED) or (
+            type(error).__module__.partition(".")[0] == "sandlock"):
+        return False
+    inside = error.exceptions if isinstance(error, _GROUPS) else ()
+    return all(_raised_again(each) for each in inside)
