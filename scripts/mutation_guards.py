@@ -715,6 +715,12 @@ GUARDS: tuple[Guard, ...] = (
           "run = shell_command(draft.run_command(output, command))",
           "run = \" \".join(draft.run_command(output, command))",
           (LEARN + "test_learn_suggests_a_quoted_command",)),
+    Guard("learn: a path walked from no directory is no access", "sandlock/trace/record.py",
+          '            if not walked_from.startswith("/") or (dirfd != AT_FDCWD and not '
+          'os.path.isdir(base)):',
+          "            if False:",
+          (LEARN + "test_a_path_walked_from_no_directory_is_no_access[a pipe]",
+           LEARN + "test_a_path_walked_from_no_directory_is_no_access[a file]")),
     Guard("learn: no Unix sockets in the recorded run", "sandlock/trace/learn.py",
           "lines += [f\"unix = {'true' if allow_unix else 'false'}\", ",
           "lines += [\"unix = true\", ",

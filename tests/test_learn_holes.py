@@ -584,3 +584,33 @@ def test_the_output_replaces_a_file_of_its_own(work: Path, home: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert (work / "draft.toml").read_text().startswith("#")
     assert not [p for p in work.iterdir() if p.name.startswith(".sandlock-output-")]
+
+
+@pytest.mark.parametrize("walked_from", ["a pipe", "a file"])
+def test_a_path_walked_from_no_directory_is_no_access(work: Path, home: Path, tmp_path: Path,
+                                                      walked_from: str) -> None:
+    """``openat(pipe, "../../x")`` fails in the kernel (ENOTDIR), but the recorder joined the
+    path to its own working directory, and the draft granted read of files the command never
+    read (a thirteenth attack round). Control: the same file read by its name is granted."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    never, read = outside / "never.txt", outside / "read.txt"
+    never.write_text("never\n")
+    read.write_text("read\n")
+    up = "../" * 20
+    tool = textwrap.dedent(f"""
+        import os
+        base = os.pipe()[0] if {walked_from == "a pipe"} else os.open({str(read)!r}, os.O_RDONLY)
+        try:
+            os.open({(up + str(never)[1:])!r}, os.O_RDONLY, dir_fd=base)
+        except OSError as exc:
+            print(exc.errno)
+        print(open({str(read)!r}).read(), end="")
+    """)
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", sys.executable, "-c", tool], work, home)
+    assert learned.returncode == 0, learned.stderr
+    fs = grants(out.read_text())["filesystem"]
+    assert isinstance(fs, dict)
+    assert str(read) in fs["read"]
+    assert str(never) not in fs["read"], out.read_text()

@@ -252,7 +252,10 @@ class Recorder(Listener):
         targets = []
         for dirfd, path in raw:
             follow = self._follows(name, flags, path)
-            targets.append(self._resolve(tid, dirfd, path, follow, name == "execveat" and not path))
+            target = self._resolve(tid, dirfd, path, follow, name == "execveat" and not path)
+            if target is None:  # walked from no directory: the kernel fails the call
+                return None
+            targets.append(target)
         if name in ("rename", "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "symlink",
                     "symlinkat", "unlink", "unlinkat"):
             self._dirs.clear()
@@ -264,7 +267,12 @@ class Recorder(Listener):
             return not flags & O_NOFOLLOW
         return name in ("execve", "execveat", "truncate")
 
-    def _resolve(self, tid: int, dirfd: int, path: str, follow: bool, empty: bool) -> Target:
+    def _resolve(self, tid: int, dirfd: int, path: str, follow: bool, empty: bool
+                 ) -> Optional[Target]:
+        """What ``path`` names for thread ``tid``; None for a relative one whose ``dirfd`` is
+        no directory (a pipe, a socket, a file, nothing), which the kernel refuses (ENOTDIR,
+        EBADF): joined to the recorder's working directory, it named a
+        file the tool never read, and learn granted it."""
         if empty or not path:
             base = f"/proc/{tid}/fd/{dirfd}" if dirfd != AT_FDCWD else f"/proc/{tid}/cwd"
             real = _readlink(base)
@@ -273,7 +281,10 @@ class Recorder(Listener):
             given = path
         else:
             base = f"/proc/{tid}/cwd" if dirfd == AT_FDCWD else f"/proc/{tid}/fd/{dirfd}"
-            given = os.path.join(_readlink(base), path)
+            walked_from = _readlink(base)
+            if not walked_from.startswith("/") or (dirfd != AT_FDCWD and not os.path.isdir(base)):
+                return None  # a file as dirfd: ENOTDIR, though its link is a path
+            given = os.path.join(walked_from, path)
         for self_link in ("/proc/self", "/proc/thread-self"):
             if given == self_link or given.startswith(self_link + "/"):
                 given = f"/proc/{tid}" + given[len(self_link):]
