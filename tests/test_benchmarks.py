@@ -146,3 +146,15 @@ def test_api_series_reports_every_series_and_its_targets() -> None:
                 "| `import sandlock` + first `Sandbox()` of a dict, its plan cached |",
                 "| `import sandlock` + first `Sandbox()` of a dict, compiled (`SANDLOCK_NO_CACHE=1`) |"):
         assert row in text
+
+
+def test_the_confinement_cost_reports_each_step() -> None:
+    """``benchmarks/confine_cost.py``: one round of a few starts per row, for its shape."""
+    from benchmarks import confine_cost
+
+    data = confine_cost.measure(runs=3, rounds=1, profile="python")
+    if "skipped" in data:
+        pytest.skip(data["skipped"])
+    assert list(data["us"]) == list(confine_cost.ROWS)
+    assert data["instructions"] > 1 and all(value > 0 for value in data["us"].values())
+    assert len(confine_cost.table(data)) == 2 + 2 + len(confine_cost.ROWS)
