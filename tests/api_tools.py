@@ -205,6 +205,10 @@ def stop(kind: str) -> None:
     (the caller's, which the tool cannot import: its envelope forged), alone or in a group."""
     if kind in ("StopIteration", "StopAsyncIteration"):
         raise {"StopIteration": StopIteration("early"), "StopAsyncIteration": StopAsyncIteration()}[kind]
+    if kind == "CancelledError":
+        import concurrent.futures
+
+        raise concurrent.futures.CancelledError()
     import pickle
 
     def named(module: bytes, name: bytes) -> bytes:

@@ -709,7 +709,8 @@ def test_a_uuid_is_a_128_bit_number(box: sandlock.Sandbox, number: bytes) -> Non
 
 
 @pytest.mark.parametrize("kind", ["StopIteration", "StopAsyncIteration", "_Refused",
-                                  "SetupError in a group", "StopIteration in a group"])
+                                  "SetupError in a group", "StopIteration in a group",
+                                  "CancelledError"])
 def test_what_means_something_to_the_caller_is_raised_as_a_call_error(box: sandlock.Sandbox,
                                                                       kind: str) -> None:
     """A StopIteration raised again by call() in a map() ended the caller's loop early, and
@@ -717,6 +718,8 @@ def test_what_means_something_to_the_caller_is_raised_as_a_call_error(box: sandl
     an exception group too: the caller's ``except* SandlockError`` took the tool's)."""
     if "group" in kind and sys.version_info < (3, 11):
         pytest.skip("exception groups are Python 3.11's")
+    import concurrent.futures  # noqa: F401 - imported: its CancelledError can be rebuilt
+
     done = []
     with pytest.raises(sandlock.CallError, match=kind):
         for value in map(lambda each: box.call(api_tools.stop, each), [kind, kind]):
@@ -771,3 +774,44 @@ def test_a_uuid_has_a_number_and_a_key_keeps_its_hash(box: sandlock.Sandbox) -> 
     blob = (uuid_class + b"\x94)\x81" + state(1) + b"\x94h\x00)\x81" + state(2)
             + b"\x94(h\x01h\x02\x91\x94h\x01" + state(5) + b"0h\x03.")
     assert "used as a key" in str(_refused(box, blob))
+
+
+
+# ----------------------------------------------------------------------------
+# A fourteenth attack round
+
+def test_an_integer_in_a_key_counts_its_size(box: sandlock.Sandbox) -> None:
+    """An integer's hash is computed from all its digits on every insert: a 1 MB one 255
+    times in a tuple key cost 13 s of the caller's CPU for each dict of 64 such keys."""
+    assert "256 values" in str(_refused(box, pickle.dumps({(2 ** 70_000,): 1}, 4)))
+    assert "256 values" in str(_refused(box, pickle.dumps({2 ** 70_000: 1}, 4)))
+    fine = {(2 ** 1000, 3): 1, 2 ** 5000: 2}
+    assert box.call(api_tools.reply, pickle.dumps(fine, 4)) == fine
+
+
+def test_nothing_inside_a_key_changes_after_it(box: sandlock.Sandbox) -> None:
+    """BUILD on a UUID inside a tuple already in a set: ``(u,) in s`` was False for the set's
+    own member."""
+    uuid_class = b"\x80\x04\x8c\x04uuid\x8c\x04UUID\x93\x94"
+    state = b"}\x8c\x03int\x8a\x01%bsb"
+    blob = (uuid_class + b")\x81" + state % b"\x01" + b"\x94h\x01\x85\x94(h\x02\x91\x94"
+            + b"h\x01" + state % b"\x05" + b"0h\x03.")
+    assert "used as a key" in str(_refused(box, blob))
+
+
+def test_a_syntax_error_without_its_line_comes_back(box: sandlock.Sandbox) -> None:
+    """The compiler's "'return' outside function" has no text: no caret is drawn, so its
+    offsets need no bound (it was refused)."""
+    try:
+        compile("def f():\n    pass\nreturn 1\n", "tool.py", "exec")
+    except SyntaxError as error:
+        made = error
+    back = box.call(api_tools.reply, pickle.dumps(made))
+    assert (type(back), str(back)) == (SyntaxError, str(made))
+
+
+def test_the_memo_counts(box: sandlock.Sandbox) -> None:
+    """Ten million one-byte MEMOIZE opcodes took 652 MiB for 9.5 MiB: the unpickler's memo
+    is counted against the same memory as what it builds."""
+    blob = b"\x80\x04N" + b"\x94" * 2_000_000 + b"."
+    assert "times its length in memory" in str(_refused(box, blob))

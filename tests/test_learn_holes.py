@@ -614,3 +614,25 @@ def test_a_path_walked_from_no_directory_is_no_access(work: Path, home: Path, tm
     assert isinstance(fs, dict)
     assert str(read) in fs["read"]
     assert str(never) not in fs["read"], out.read_text()
+
+
+def test_a_dot_dot_after_a_link_is_walked_from_the_links_target(work: Path, home: Path,
+                                                                tmp_path: Path) -> None:
+    """``d/../../notes.txt``, ``d`` a link into another tree: the kernel opens the file two
+    levels above the link's target; the recorder normalised the path as text first and the
+    draft granted a file beside the working directory the tool never read (a fourteenth
+    attack round: any path could be granted so)."""
+    far = tmp_path / "far" / "p1" / "p2"
+    (far / "p3" / "p4").mkdir(parents=True)
+    (far / "notes.txt").write_text("read\n")
+    beside = tmp_path / "notes.txt"  # where the text d/../../notes.txt from work/ lands
+    beside.write_text("never read\n")
+    tool = f"ln -s {shlex.quote(str(far / 'p3' / 'p4'))} d && cat d/../../notes.txt"
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", "/bin/sh", "-c", tool], work, home)
+    assert learned.returncode == 0, learned.stderr
+    assert learned.stdout == "read\n"
+    fs = grants(out.read_text())["filesystem"]
+    assert isinstance(fs, dict)
+    assert str(far / "notes.txt") in fs["read"], out.read_text()
+    assert str(beside) not in fs["read"], out.read_text()

@@ -220,6 +220,13 @@ def _collection(cls: type, args: tuple[Any, ...]) -> Any:
 _MAX_KEY_ITEMS = 256
 
 
+def _hash_cost(atom: Any) -> int:
+    """What hashing ``atom`` costs, in values: an int's hash is computed from every digit,
+    on every insert (never cached, as a text's is): a 1 MB integer 255 times in a tuple
+    key cost 13 s of the caller's CPU per dict of 64 such keys."""
+    return 1 + atom.bit_length() // 64 if type(atom) is int else 1
+
+
 def _small_key(key: Any) -> None:
     """Refuse a key nested more than _MAX_DEPTH deep (the hash of a tuple recurses in C,
     without a guard: a million levels crashed the caller) or holding more than
@@ -228,6 +235,9 @@ def _small_key(key: Any) -> None:
     such (which cannot change) is walked once a load: one of 255 numbers used as a key
     again and again, five bytes a time, was walked each time (a 64 MiB result: 400 s)."""
     if type(key) in _ATOMS:
+        if _hash_cost(key) > _MAX_KEY_ITEMS:
+            raise _Refused(f"a key of more than {_MAX_KEY_ITEMS} values (an integer of "
+                           f"{key.bit_length()} bits, hashed again for every insert)")
         return
     frozen: Optional[dict[int, tuple[Any, int, int]]] = getattr(_LOAD, "frozen", None)
     if frozen is None:  # no load under way
@@ -242,6 +252,9 @@ def _small_key(key: Any) -> None:
     def enter(item: Any) -> None:
         if len(stack) >= _MAX_DEPTH:
             raise _Refused(f"a key nested more than {_MAX_DEPTH} deep")
+        hashed = getattr(_LOAD, "hashed", None)
+        if hashed is not None:  # BUILD would change what the key's hash read
+            hashed[id(item)] = item
         if type(item) in (tuple, frozenset):
             inside, looked_at = item, 1
         else:  # what _held looks at counts, atoms too: a list of 200,000 Nones inside an
@@ -264,7 +277,7 @@ def _small_key(key: Any) -> None:
             height, values, fixed, top = top[2] + 1, top[3], top[4], stack[-1]
             top[4] = top[4] and fixed
         elif type(child) in _ATOMS:
-            height, values = 0, 1
+            height, values = 0, _hash_cost(child)
         elif id(child) in frozen or id(child) in walked:
             _, below, values = frozen.get(id(child)) or walked[id(child)]
             height = below + 1
@@ -285,9 +298,6 @@ def _spread(keys: Iterable[Any], seen: dict[int, int]) -> None:
     ``_MAX_SAME_HASH`` of one hash, before they are put in the container."""
     for key in keys:
         _small_key(key)
-        hashed = getattr(_LOAD, "hashed", None)
-        if hashed is not None and type(key) not in _ATOMS:  # BUILD would change what its
-            hashed[id(key)] = key  # hash read (a UUID's hash in a frozenset, after it)
         try:
             mark = hash(key)
         except TypeError:
@@ -527,9 +537,11 @@ def _check_syntax_error(error: SyntaxError) -> None:
     """A SyntaxError's offsets within its text (the caller's traceback draws one caret
     per column between them: ``end_offset`` 2**30 was a 1 GiB string)."""
     text = error.text
-    if text is not None and type(text) is not str:
+    if text is None:  # no line, no caret: the compiler's "'return' outside function"
+        return
+    if type(text) is not str:
         raise _Refused("a SyntaxError whose text is not text")
-    bound = len(text or "") + 1
+    bound = len(text) + 1
     for name in ("offset", "end_offset"):
         value = getattr(error, name, None)
         if value is not None and not (type(value) is int and -bound <= value <= bound):
@@ -652,6 +664,23 @@ class _Restricted:
         raise _Untrusted(f"{module}.{name}")
 
 
+class _Memo(dict):  # type: ignore[type-arg]
+    """The unpickler's memo, each new entry counted against the load's memory (ten million
+    one-byte MEMOIZE opcodes took 652 MiB for 9.5 MiB)."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if key not in self and getattr(_LOAD, "budget", None) is not None:
+            _LOAD.budget -= _MEMO_ENTRY + sys.getsizeof(key)
+            if _LOAD.budget < 0:
+                raise _Refused(f"what it builds takes more than {_MAX_GROWTH} times its "
+                               "length in memory")
+        dict.__setitem__(self, key, value)
+
+
+#: What a memo entry takes besides its index: the dict's slot and index, about.
+_MEMO_ENTRY = 72
+
+
 #: The pure-Python unpickler (its opcodes are methods, in ``dispatch``).
 _Python: Any = pickle._Unpickler
 
@@ -664,6 +693,7 @@ class _Checked(_Restricted, _Python):  # type: ignore[misc]
         super().__init__(io.BytesIO(data))
         self.trusted = trusted
         self.built = set(trusted.values())
+        self.memo = _Memo()
 
     def _made(self, container: Any) -> Any:
         return _charge(container)
@@ -871,7 +901,9 @@ def _raised_again(error: BaseException) -> bool:
     holds (``except* SandlockError`` caught a SetupError the tool made). A result is at
     most _MAX_DEPTH deep: so is the walk."""
     if not isinstance(error, Exception) or isinstance(error, _NOT_RAISED) or (
-            type(error).__module__.partition(".")[0] == "sandlock"):
+            type(error).__module__.partition(".")[0] == "sandlock") or (
+            type(error).__qualname__ == "CancelledError"):  # concurrent.futures': asyncio
+        # takes it for the cancellation of the task that awaited the call
         return False
     inside = error.exceptions if isinstance(error, _GROUPS) else ()
     return all(_raised_again(each) for each in inside)

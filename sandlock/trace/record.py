@@ -288,13 +288,18 @@ class Recorder(Listener):
         for self_link in ("/proc/self", "/proc/thread-self"):
             if given == self_link or given.startswith(self_link + "/"):
                 given = f"/proc/{tid}" + given[len(self_link):]
-        given = os.path.normpath(given)
+        # Never normalised as text: ``link/..`` is the parent of the link's target, as the
+        # kernel walks it (normalised, ``d/../../notes.txt`` named a file beside the
+        # working directory, and learn granted it instead of the one the tool read).
         parent, leaf = os.path.split(given)
-        real_parent = self._dirs.get(parent)
-        if real_parent is None:
-            real_parent = os.path.realpath(parent)
-            if len(self._dirs) < 4096:
-                self._dirs[parent] = real_parent
+        if leaf in ("", ".", ".."):
+            real_parent, leaf = os.path.realpath(given), ""
+        else:
+            real_parent = self._dirs.get(parent) or ""
+            if not real_parent:
+                real_parent = os.path.realpath(parent)
+                if len(self._dirs) < 4096:
+                    self._dirs[parent] = real_parent
         real = os.path.join(real_parent, leaf) if leaf else real_parent
         if follow and os.path.islink(real):
             real = os.path.realpath(real)
