@@ -727,28 +727,55 @@ def test_what_means_something_to_the_caller_is_raised_as_a_call_error(box: sandl
     assert done == []
 
 
-def test_a_key_that_cannot_change_is_walked_once_a_load() -> None:
-    """A tuple of 255 numbers used as a key again and again, five bytes a time, was walked
-    each time (a 64 MiB result: about 400 s of the caller's CPU); a tuple or frozenset of
-    atoms and of such is walked once a load. One that holds what can change (BUILD may
-    change an exception after it was walked) is walked for each key."""
+def test_a_key_is_walked_once_a_load() -> None:
+    """A tuple of 255 numbers (or a date and 200 numbers) used as a key again and again, five
+    bytes a time, was walked each time (a 64 MiB result: about 400 s of the caller's CPU);
+    each object in a key is walked once a load (nothing in it may change after: BUILD is
+    refused on it)."""
+    import datetime
+
     from sandlock.api import unpickle
 
     numbers = tuple(range(255))
     nested = (tuple(range(10)), frozenset({1, 2}), "text")
+    dated = (datetime.date(2020, 1, 1), *range(200))
     error = ValueError("x")
-    changing, inner = (error, 1), (error,)  # inner: its exception met before, in this key
-    unpickle._LOAD.frozen = {}
+    changing = (error, 1)
+    unpickle._LOAD.frozen, unpickle._LOAD.hashed = {}, {}
     try:
-        for key in (numbers, nested, changing, (error, inner)):
+        for key in (numbers, nested, dated, changing):
             unpickle._small_key(key)
-        assert {id(numbers), id(nested)} <= set(unpickle._LOAD.frozen)
-        assert not {id(changing), id(inner)} & set(unpickle._LOAD.frozen)
+        walked = set(unpickle._LOAD.frozen)
+        assert {id(numbers), id(nested), id(dated), id(changing), id(error)} <= walked
+        assert id(error) in unpickle._LOAD.hashed  # so BUILD may not change it now
     finally:
-        unpickle._LOAD.frozen = None
+        unpickle._LOAD.frozen = unpickle._LOAD.hashed = None
     # each use still counts what it holds: twice the 255 numbers are too many for one key
     with pytest.raises(unpickle._Refused, match="256 values"):
         unpickle._small_key((numbers, numbers))
+
+
+def _same_hash_keys(text: int, dicts: int) -> bytes:
+    """64 keys ``(its own copy of a text, 5 + k * (2**61 - 1))`` of one hash, memoized, then
+    ``dicts`` dicts of all of them (197 bytes each)."""
+    out = [b"\x80\x04]"]
+    for k in range(64):
+        number = 5 + k * ((1 << 61) - 1)
+        raw = number.to_bytes((number.bit_length() + 8) // 8, "little", signed=True)
+        out.append(b"\x8d" + struct.pack("<Q", text) + b"A" * text + b"\x8a"
+                   + bytes([len(raw)]) + raw + b"\x86\x940")
+    out.append(b"(")
+    out += [b"}(" + b"".join(b"h" + bytes([k]) + b"N" for k in range(64)) + b"u"] * dicts
+    return b"".join(out + [b"e."])
+
+
+def test_comparing_keys_of_one_hash_counts(box: sandlock.Sandbox) -> None:
+    """64 keys of one hash (the most a dict may have), each holding its own 256 KB text, in
+    a thousand dicts of 197 bytes each: each insert compared the whole texts, 23 s of the
+    caller's CPU for 17 MB. What the comparisons read counts against 64 times the length."""
+    assert "comparing its keys of one hash" in str(_refused(box, _same_hash_keys(20_000, 40)))
+    fine = {(5 + k * ((1 << 61) - 1)): k for k in range(64)}  # the same hash, small keys
+    assert box.call(api_tools.reply, pickle.dumps(fine, 4)) == fine
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="exception groups are Python 3.11's")

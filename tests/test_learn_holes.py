@@ -636,3 +636,41 @@ def test_a_dot_dot_after_a_link_is_walked_from_the_links_target(work: Path, home
     assert isinstance(fs, dict)
     assert str(far / "notes.txt") in fs["read"], out.read_text()
     assert str(beside) not in fs["read"], out.read_text()
+
+
+def test_a_descriptor_or_directory_reused_is_walked_anew(work: Path, home: Path,
+                                                         tmp_path: Path) -> None:
+    """The recorder remembered the directory ``/proc/TID/fd/50`` named, and a ``dup2`` (or a
+    ``chdir``, for ``/proc/self/cwd``), which it does not see, made it another: the draft
+    missed the files read and named others (a fifteenth attack round). ``/dev/fd/N`` was
+    resolved through the recorder's own ``/proc/self``."""
+    a, b = tmp_path / "L" / "a", tmp_path / "L" / "b"
+    a.mkdir(parents=True)
+    b.mkdir()
+    for where, name in ((a, "f1"), (b, "f2"), (b, "f3"), (b, "f4")):
+        (where / name).write_text(name)
+    tool = textwrap.dedent(f"""
+        import os
+        first = os.open({str(a)!r}, os.O_PATH | os.O_DIRECTORY)
+        then = os.open({str(b)!r}, os.O_PATH | os.O_DIRECTORY)
+        os.dup2(first, 50)
+        open("/proc/self/fd/50/f1").read()
+        os.dup2(then, 50)
+        open("/proc/self/fd/50/f2").read()
+        os.chdir({str(a)!r})
+        open("/proc/self/cwd/f1").read()
+        os.chdir({str(b)!r})
+        open("/proc/self/cwd/f3").read()
+        open("/dev/fd/50/f4").read()
+    """)
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", sys.executable, "-c", tool], work, home)
+    assert learned.returncode == 0, learned.stderr
+    fs = grants(out.read_text())["filesystem"]
+    assert isinstance(fs, dict)
+    reads = fs["read"]
+    assert isinstance(reads, list)
+    for read in (a / "f1", b / "f2", b / "f3", b / "f4"):  # each file, or its directory
+        assert any(str(read) == grant or str(read).startswith(grant + "/") for grant in reads), \
+            (read, out.read_text())
+    assert not any(grant == str(a) or grant.startswith(str(a / "f2")) for grant in reads)

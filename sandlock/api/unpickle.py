@@ -227,32 +227,36 @@ def _hash_cost(atom: Any) -> int:
     return 1 + atom.bit_length() // 64 if type(atom) is int else 1
 
 
-def _small_key(key: Any) -> None:
+def _weight(atom: Any) -> int:
+    """What comparing ``atom`` with an equal one reads, in values (a text: its length)."""
+    return 1 + len(atom) if type(atom) in (str, bytes, bytearray) else _hash_cost(atom)
+
+
+def _small_key(key: Any) -> int:
     """Refuse a key nested more than _MAX_DEPTH deep (the hash of a tuple recurses in C,
     without a guard: a million levels crashed the caller) or holding more than
     _MAX_KEY_ITEMS values (counted each time they are reached: the walk stops past the
-    bound, whatever is shared), before it is hashed. A tuple or frozenset of atoms and of
-    such (which cannot change) is walked once a load: one of 255 numbers used as a key
-    again and again, five bytes a time, was walked each time (a 64 MiB result: 400 s)."""
+    bound, whatever is shared), before it is hashed; its weight, what comparing it with an
+    equal key reads (its values and the length of its texts). Each object is walked once a
+    load: nothing in a key changes after it is walked (BUILD is refused on it, see
+    ``_LOAD.hashed``), and one of 255 numbers (or a date and 200 numbers) used as a key again
+    and again, five bytes a time, was walked each time (a 64 MiB result: 400 s)."""
     if type(key) in _ATOMS:
         if _hash_cost(key) > _MAX_KEY_ITEMS:
             raise _Refused(f"a key of more than {_MAX_KEY_ITEMS} values (an integer of "
                            f"{key.bit_length()} bits, hashed again for every insert)")
-        return
-    frozen: Optional[dict[int, tuple[Any, int, int]]] = getattr(_LOAD, "frozen", None)
-    if frozen is None:  # no load under way
-        frozen = {}
-    if id(key) in frozen:
-        return
-    walked: dict[int, tuple[Any, int, int]] = {}  # in this key only: BUILD may change an
-    # object of an earlier key (what its hash reads) after it was walked
-    stack: list[list[Any]] = []  # [object, what is left of it, height below, values,
-    # whether it cannot change]
+        return _weight(key)
+    walked: Optional[dict[int, tuple[Any, int, int, int]]] = getattr(_LOAD, "frozen", None)
+    if walked is None:  # no load under way
+        walked = {}
+    if id(key) in walked:
+        return walked[id(key)][3]
+    hashed = getattr(_LOAD, "hashed", None)
+    stack: list[list[Any]] = []  # [object, what is left of it, height below, values, weight]
 
     def enter(item: Any) -> None:
         if len(stack) >= _MAX_DEPTH:
             raise _Refused(f"a key nested more than {_MAX_DEPTH} deep")
-        hashed = getattr(_LOAD, "hashed", None)
         if hashed is not None:  # BUILD would change what the key's hash read
             hashed[id(item)] = item
         if type(item) in (tuple, frozenset):
@@ -260,7 +264,7 @@ def _small_key(key: Any) -> None:
         else:  # what _held looks at counts, atoms too: a list of 200,000 Nones inside an
             # exception used as 20,000 keys was looked through for each (75 s of CPU)
             inside, looked_at = _held(item), _width(item)
-        stack.append([item, iter(inside), 0, looked_at, type(item) in (tuple, frozenset)])
+        stack.append([item, iter(inside), 0, looked_at, looked_at])
         if looked_at > _MAX_KEY_ITEMS:
             raise _Refused(f"a key of more than {_MAX_KEY_ITEMS} values (each hashed again "
                            "for every key it is part of)")
@@ -271,33 +275,35 @@ def _small_key(key: Any) -> None:
         child = next(top[1], _END)
         if child is _END:
             stack.pop()
-            (frozen if top[4] else walked)[id(top[0])] = (top[0], top[2], top[3])
+            walked[id(top[0])] = (top[0], top[2], top[3], top[4])
             if not stack:
-                return
-            height, values, fixed, top = top[2] + 1, top[3], top[4], stack[-1]
-            top[4] = top[4] and fixed
+                return int(top[4])
+            height, values, weight, top = top[2] + 1, top[3], top[4], stack[-1]
         elif type(child) in _ATOMS:
-            height, values = 0, _hash_cost(child)
-        elif id(child) in frozen or id(child) in walked:
-            _, below, values = frozen.get(id(child)) or walked[id(child)]
+            height, values, weight = 0, _hash_cost(child), _weight(child)
+        elif id(child) in walked:
+            _, below, values, weight = walked[id(child)]
             height = below + 1
-            top[4] = top[4] and id(child) in frozen
         else:
             enter(child)
             continue
-        top[2], top[3] = max(top[2], height), top[3] + values
+        top[2], top[3], top[4] = max(top[2], height), top[3] + values, top[4] + weight
         if len(stack) + top[2] > _MAX_DEPTH:
             raise _Refused(f"a key nested more than {_MAX_DEPTH} deep")
         if top[3] > _MAX_KEY_ITEMS:
             raise _Refused(f"a key of more than {_MAX_KEY_ITEMS} values (each hashed again "
                            "for every key it is part of)")
+    return 1
 
 
 def _spread(keys: Iterable[Any], seen: dict[int, int]) -> None:
     """Count ``keys`` by hash into ``seen`` (one container's); refuse more than
-    ``_MAX_SAME_HASH`` of one hash, before they are put in the container."""
+    ``_MAX_SAME_HASH`` of one hash, before they are put in the container. A key is compared
+    with each key of its hash already there: what those comparisons read counts against
+    the load's memory (64 keys of one hash, each holding its own 256 KB text, shared by a
+    thousand dicts of 197 bytes each: 23 s of the caller's CPU for 17 MB)."""
     for key in keys:
-        _small_key(key)
+        weight = _small_key(key)
         try:
             mark = hash(key)
         except TypeError:
@@ -306,6 +312,11 @@ def _spread(keys: Iterable[Any], seen: dict[int, int]) -> None:
         if count > _MAX_SAME_HASH:
             raise _Refused(f"more than {_MAX_SAME_HASH} keys of one hash in one set or dict "
                            "(each would be compared with all the others: quadratic time)")
+        if count > 1 and getattr(_LOAD, "budget", None) is not None:
+            _LOAD.budget -= (count - 1) * weight
+            if _LOAD.budget < 0:
+                raise _Refused(f"comparing its keys of one hash reads more than {_MAX_GROWTH} "
+                               "times its length")
         seen[mark] = count
 
 

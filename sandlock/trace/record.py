@@ -285,9 +285,12 @@ class Recorder(Listener):
             if not walked_from.startswith("/") or (dirfd != AT_FDCWD and not os.path.isdir(base)):
                 return None  # a file as dirfd: ENOTDIR, though its link is a path
             given = os.path.join(walked_from, path)
-        for self_link in ("/proc/self", "/proc/thread-self"):
+        for self_link, own in (("/proc/self", ""), ("/proc/thread-self", ""), ("/dev/fd", "/fd"),
+                               ("/dev/stdin", "/fd/0"), ("/dev/stdout", "/fd/1"),
+                               ("/dev/stderr", "/fd/2")):
             if given == self_link or given.startswith(self_link + "/"):
-                given = f"/proc/{tid}" + given[len(self_link):]
+                # the tool's own, never the recorder's: realpath here reads this process's
+                given = f"/proc/{tid}{own}" + given[len(self_link):]
         # Never normalised as text: ``link/..`` is the parent of the link's target, as the
         # kernel walks it (normalised, ``d/../../notes.txt`` named a file beside the
         # working directory, and learn granted it instead of the one the tool read).
@@ -298,9 +301,13 @@ class Recorder(Listener):
             real_parent = self._dirs.get(parent) or ""
             if not real_parent:
                 real_parent = os.path.realpath(parent)
-                if len(self._dirs) < 4096:
+                # not under /proc: a descriptor or working directory there changes with no
+                # call the recorder sees (dup2, chdir), and the memo named the old one
+                if len(self._dirs) < 4096 and not parent.startswith("/proc/"):
                     self._dirs[parent] = real_parent
         real = os.path.join(real_parent, leaf) if leaf else real_parent
+        if real == f"/proc/{os.getpid()}" or real.startswith(f"/proc/{os.getpid()}/"):
+            return None  # a link to /proc/self the tool made, read as the recorder's own
         if follow and os.path.islink(real):
             real = os.path.realpath(real)
         return Target(given, real, _kind(real, follow))
