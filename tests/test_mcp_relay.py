@@ -179,3 +179,49 @@ def test_a_client_notification_reaches_the_listing_server_rebuilt(relay: Relay) 
     relay.send({"jsonrpc": "2.0", "id": 9, "method": "ping"})
     assert "result" in relay.answer(9)
     assert [note["params"]["data"] for note in relay.notes] == [["jsonrpc", "method", "params"]]
+
+
+#: A server that answers ``initialize``, then asks the client 3,000 questions (the gateway
+#: answers each: "relays no requests") and never reads its input again.
+DEAF = r"""
+import json, sys
+
+line = sys.stdin.readline()
+message = json.loads(line)
+sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": {
+    "protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+    "serverInfo": {"name": "deaf", "version": "1"}}}) + "\n")
+for n in range(3000):
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": n + 100, "method": "roots/list"}) + "\n")
+sys.stdout.flush()
+import time
+time.sleep(600)
+"""
+
+
+class Deaf(Driver):
+    def __init__(self, registry: Path) -> None:
+        self._start(registry, [sys.executable, "-c", DEAF], "deaf")
+
+
+def test_a_server_that_stops_reading_stops_no_one_else(registry: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's answers to the server's requests filled its stdin pipe: the write held
+    the write lock for ever, and a client's notification for that server blocked the one
+    thread reading the client: the gateway answered nothing more (a sixteenth attack round).
+    A write waits :data:`WRITE_TIMEOUT` at most, then the server is stopped."""
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "WRITE_TIMEOUT", 1.0, raising=False)
+    deaf = Deaf(registry)
+    try:
+        import time
+
+        time.sleep(3)  # the gateway's answers to the 3,000 questions fill the server's stdin
+        deaf.send({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})
+        deaf.send({"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "again", "version": "1"}}})
+        assert "error" in deaf.answer(3, timeout=30)  # "already initialized", from the gateway
+    finally:
+        deaf.close()

@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import sys
 import threading
-from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Sequence
+import time
+from typing import IO, TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence
 
 from ...errors import SandlockError
 from ...trace.emit import printable
@@ -58,6 +60,10 @@ MAX_STDERR_LINE = 2000
 START_TIMEOUT = 120.0
 #: How long a stopped instance gets to exit after its stdin closes, before it is killed.
 STOP_GRACE = 0.5
+#: How long a write to a server may wait for it to read (its stdin pipe full): past it the
+#: server is stopped. A server that never read its input held the write lock for ever, and
+#: the gateway's one thread reading the client blocked behind it (a notification for it).
+WRITE_TIMEOUT = 10.0
 #: The prefix of every notification MCP defines; a notification without it is dropped,
 #: either way: a server that dispatches on the method alone would run a client's
 #: ``tools/call`` sent as one, in the listing instance, under the listing policy; a client
@@ -100,16 +106,41 @@ class Instance:
     # -- to the server
 
     def _send(self, message: dict[str, Any]) -> None:
+        """Write ``message`` to the server, waiting at most :data:`WRITE_TIMEOUT` for the lock
+        and as long for the server to read: past it the server is stopped (ServerFailed)."""
         data = wire.encode(message)
-        with self._write_lock:  # not the state's lock: the reader must go on while this blocks
+        # not the state's lock: the reader must go on while this waits
+        if not self._write_lock.acquire(timeout=WRITE_TIMEOUT):
+            self._stuck()
+        try:
             stdin = self.process.stdin
             if stdin is None or stdin.closed:
                 raise ServerFailed(self.failed or "was stopped")
             try:
-                stdin.write(data)
-                stdin.flush()
+                stdin.flush()  # nothing is buffered: every write is flushed
+                fd = stdin.fileno()
+                os.set_blocking(fd, False)
+                view, deadline = memoryview(data), time.monotonic() + WRITE_TIMEOUT
+                while view:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not select.select([], [fd], [], left)[1]:
+                        self._stuck()
+                    try:
+                        view = view[os.write(fd, view):]
+                    except BlockingIOError:
+                        continue
             except (OSError, ValueError):
                 raise ServerFailed(self.failed or "stopped reading its input") from None
+        finally:
+            self._write_lock.release()
+
+    def _stuck(self) -> NoReturn:
+        """A server that read nothing for :data:`WRITE_TIMEOUT`: stopped, and said so."""
+        with self._lock:
+            if self.failed is None:
+                self.failed = f"read none of its input for {WRITE_TIMEOUT:g} s"
+        self.process.kill()
+        raise ServerFailed(self.failed or "stopped reading its input")
 
     def start(self, method: str, params: Optional[dict[str, Any]]) -> tuple[int, _Slot]:
         """Send a request; its id on this instance, and the slot its response arrives in."""
