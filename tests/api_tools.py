@@ -209,6 +209,10 @@ def stop(kind: str) -> None:
         import concurrent.futures
 
         raise concurrent.futures.CancelledError()
+    if kind == "SkipTest":
+        import unittest
+
+        raise unittest.SkipTest("the caller's test would pass")
     import pickle
 
     def named(module: bytes, name: bytes) -> bytes:

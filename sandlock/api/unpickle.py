@@ -207,7 +207,7 @@ def _collection(cls: type, args: tuple[Any, ...]) -> Any:
             if not all(type(pair) in (tuple, list) and len(pair) == 2 for pair in given):
                 raise _Refused("OrderedDict of items that are not (key, value) pairs")
             given = [pair[0] for pair in given]
-        seen: dict[int, int] = {}
+        seen: dict[int, tuple[int, int]] = {}
         _spread(given, seen)
         made = cls(*args)
         _LOAD.hashes[id(made)] = seen  # keys added later count with these
@@ -228,8 +228,11 @@ def _hash_cost(atom: Any) -> int:
 
 
 def _weight(atom: Any) -> int:
-    """What comparing ``atom`` with an equal one reads, in values (a text: its length)."""
-    return 1 + len(atom) if type(atom) in (str, bytes, bytearray) else _hash_cost(atom)
+    """What comparing ``atom`` with a key of its hash costs, in values: a text its length; an
+    integer the square of its words (a Decimal compared with it converts it, quadratic)."""
+    if type(atom) in (str, bytes, bytearray):
+        return 1 + len(atom)
+    return 1 + (atom.bit_length() // 64) ** 2 if type(atom) is int else 1
 
 
 def _small_key(key: Any) -> int:
@@ -296,28 +299,31 @@ def _small_key(key: Any) -> int:
     return 1
 
 
-def _spread(keys: Iterable[Any], seen: dict[int, int]) -> None:
+def _spread(keys: Iterable[Any], seen: dict[int, tuple[int, int]]) -> None:
     """Count ``keys`` by hash into ``seen`` (one container's); refuse more than
     ``_MAX_SAME_HASH`` of one hash, before they are put in the container. A key is compared
     with each key of its hash already there: what those comparisons read counts against
     the load's memory (64 keys of one hash, each holding its own 256 KB text, shared by a
-    thousand dicts of 197 bytes each: 23 s of the caller's CPU for 17 MB)."""
+    thousand dicts of 197 bytes each: 23 s of the caller's CPU for 17 MB). A comparison costs
+    what the heavier of its two keys does (a Decimal compared with an integer of one hash
+    converts the integer, quadratic in its digits: 24 KB took 11.5 s)."""
     for key in keys:
         weight = _small_key(key)
         try:
             mark = hash(key)
         except TypeError:
             continue  # the container refuses it itself
-        count = seen.get(mark, 0) + 1
+        count, heaviest = seen.get(mark, (0, 0))
+        count, heaviest = count + 1, max(heaviest, weight)
         if count > _MAX_SAME_HASH:
             raise _Refused(f"more than {_MAX_SAME_HASH} keys of one hash in one set or dict "
                            "(each would be compared with all the others: quadratic time)")
         if count > 1 and getattr(_LOAD, "budget", None) is not None:
-            _LOAD.budget -= (count - 1) * weight
+            _LOAD.budget -= (count - 1) * heaviest
             if _LOAD.budget < 0:
                 raise _Refused(f"comparing its keys of one hash reads more than {_MAX_GROWTH} "
                                "times its length")
-        seen[mark] = count
+        seen[mark] = (count, heaviest)
 
 
 #: The checked constructors; classes not named here are handed out as they are (their
@@ -902,6 +908,10 @@ def _reraise(name: str, what: Any, message: Any, text: Any, blob: Any,
 
 #: Exception groups (Python 3.11: a group's exceptions are judged one by one).
 _GROUPS: Any = getattr(__import__("builtins"), "BaseExceptionGroup", ())
+#: Exceptions of libraries the caller's own code gives a meaning: concurrent.futures'
+#: CancelledError (asyncio takes it for the cancellation of the task that awaited the call),
+#: unittest's SkipTest (the caller's failing test reported skipped, and CI passed).
+_OUTCOMES = frozenset({"CancelledError", "SkipTest"})
 #: Exceptions raised again as a CallError: their meaning is the caller's, not the tool's.
 _NOT_RAISED = (SandlockError, StopIteration, StopAsyncIteration)
 
@@ -913,8 +923,7 @@ def _raised_again(error: BaseException) -> bool:
     most _MAX_DEPTH deep: so is the walk."""
     if not isinstance(error, Exception) or isinstance(error, _NOT_RAISED) or (
             type(error).__module__.partition(".")[0] == "sandlock") or (
-            type(error).__qualname__ == "CancelledError"):  # concurrent.futures': asyncio
-        # takes it for the cancellation of the task that awaited the call
+            type(error).__qualname__ in _OUTCOMES):
         return False
     inside = error.exceptions if isinstance(error, _GROUPS) else ()
     return all(_raised_again(each) for each in inside)
