@@ -780,8 +780,12 @@ GUARDS: tuple[Guard, ...] = (
           "        given = os.path.normpath(given)\n        parent, leaf = os.path.split(given)\n"
           "        if leaf in",
           (LEARN + "test_a_dot_dot_after_a_link_is_walked_from_the_links_target",)),
+    Guard("learn: a link to /proc/self is the tool's", "sandlock/trace/record.py",
+          "        if here in _SELF:\n",
+          "        if False:\n",
+          (LEARN + "test_a_link_to_proc_self_is_the_tools",)),
     Guard("learn: a directory under /proc is walked anew each time", "sandlock/trace/record.py",
-          '                if len(self._dirs) < 4096 and not parent.startswith("/proc/"):',
+          "                if len(self._dirs) < 4096 and not through_proc:",
           "                if len(self._dirs) < 4096:",
           (LEARN + "test_a_descriptor_or_directory_reused_is_walked_anew",)),
     Guard("learn: a path walked from no directory is no access", "sandlock/trace/record.py",

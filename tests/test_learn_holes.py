@@ -674,3 +674,24 @@ def test_a_descriptor_or_directory_reused_is_walked_anew(work: Path, home: Path,
         assert any(str(read) == grant or str(read).startswith(grant + "/") for grant in reads), \
             (read, out.read_text())
     assert not any(grant == str(a) or grant.startswith(str(a / "f2")) for grant in reads)
+
+
+def test_a_link_to_proc_self_is_the_tools(work: Path, home: Path, tmp_path: Path) -> None:
+    """A link the tool made to ``/proc/self/cwd``, followed by the recorder's realpath, named
+    the recorder's working directory: the draft missed the file read and named one never
+    read there (a sixteenth attack round)."""
+    there = tmp_path / "there"
+    there.mkdir()
+    (there / "data.txt").write_text("data\n")
+    (work / "data.txt").write_text("the recorder's, never read\n")
+    tool = f"ln -s /proc/self/cwd selfcwd && cd {shlex.quote(str(there))} && " \
+           f"cat {shlex.quote(str(work))}/selfcwd/data.txt"
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", "/bin/sh", "-c", tool], work, home)
+    assert learned.returncode == 0, learned.stderr
+    assert learned.stdout == "data\n"
+    reads = grants(out.read_text())["filesystem"]["read"]  # type: ignore[index]
+    assert isinstance(reads, list)
+    assert any(str(there / "data.txt") == grant or str(there / "data.txt").startswith(grant + "/")
+               for grant in reads), out.read_text()
+    assert str(work / "data.txt") not in reads

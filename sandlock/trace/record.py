@@ -296,20 +296,20 @@ class Recorder(Listener):
         # working directory, and learn granted it instead of the one the tool read).
         parent, leaf = os.path.split(given)
         if leaf in ("", ".", ".."):
-            real_parent, leaf = os.path.realpath(given), ""
+            real_parent, leaf = _walk(tid, given)[0], ""
         else:
             real_parent = self._dirs.get(parent) or ""
             if not real_parent:
-                real_parent = os.path.realpath(parent)
-                # not under /proc: a descriptor or working directory there changes with no
+                real_parent, through_proc = _walk(tid, parent)
+                # not through /proc: a descriptor or working directory there changes with no
                 # call the recorder sees (dup2, chdir), and the memo named the old one
-                if len(self._dirs) < 4096 and not parent.startswith("/proc/"):
+                if len(self._dirs) < 4096 and not through_proc:
                     self._dirs[parent] = real_parent
         real = os.path.join(real_parent, leaf) if leaf else real_parent
         if real == f"/proc/{os.getpid()}" or real.startswith(f"/proc/{os.getpid()}/"):
-            return None  # a link to /proc/self the tool made, read as the recorder's own
+            return None  # this process's own: never what the tool reached
         if follow and os.path.islink(real):
-            real = os.path.realpath(real)
+            real = _walk(tid, real)[0]
         return Target(given, real, _kind(real, follow))
 
     def _address(self, tid: int, name: str, args: Sequence[int], program: str) -> Optional[Event]:
@@ -325,6 +325,44 @@ class Recorder(Listener):
         sock_type = _socket_type(tid, args[0] & 0xFFFFFFFF)
         return Event(name, port=struct.unpack_from("!H", raw, 2)[0], family=family,
                      sock_type=sock_type, program=program)
+
+
+#: What the kernel resolves for the process that walks: read as the tool's, never this one's.
+_SELF = ("/proc/self", "/proc/thread-self")
+_MAX_LINKS = 40  #: the kernel's bound on the links of one walk (ELOOP past it)
+
+
+def _walk(tid: int, path: str) -> tuple[str, bool]:
+    """``path`` (absolute) with every link followed as the kernel follows it for thread
+    ``tid``: :func:`os.path.realpath`, but ``/proc/self`` is the tool's, wherever it comes
+    (a link the tool made to ``/proc/self/cwd``, read by realpath here, named the recorder's
+    working directory); and whether the walk went through /proc, whose links change with
+    calls the recorder does not see (dup2, chdir)."""
+    done, todo, links, through_proc = "/", path.split("/")[::-1], 0, False
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, part)
+        if here in _SELF:
+            done, through_proc = f"/proc/{tid}", True
+            continue
+        through_proc = through_proc or here.startswith("/proc/")
+        try:
+            target = os.readlink(here)
+        except OSError:  # no link, or nothing there: as named
+            done = here
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            return here, through_proc  # ELOOP: the kernel reads nothing
+        if target.startswith("/"):
+            done = "/"
+        todo.extend(target.split("/")[::-1])
+    return done, through_proc
 
 
 def _readlink(path: str) -> str:
