@@ -106,13 +106,12 @@ class Instance:
     # -- to the server
 
     def _send(self, message: dict[str, Any]) -> None:
-        """Write ``message`` to the server, waiting at most :data:`WRITE_TIMEOUT` for the lock
-        and as long for the server to read: past it the server is stopped (ServerFailed)."""
+        """Write ``message`` to the server, waiting at most :data:`WRITE_TIMEOUT` for it to
+        read: past it the server is stopped (ServerFailed)."""
         data = wire.encode(message)
-        # not the state's lock: the reader must go on while this waits
-        if not self._write_lock.acquire(timeout=WRITE_TIMEOUT):
-            self._stuck()
-        try:
+        # not the state's lock: the reader must go on while this waits; whoever holds it
+        # gives up within WRITE_TIMEOUT, so a writer waits for it that long at most more
+        with self._write_lock:
             stdin = self.process.stdin
             if stdin is None or stdin.closed:
                 raise ServerFailed(self.failed or "was stopped")
@@ -131,8 +130,6 @@ class Instance:
                         continue
             except (OSError, ValueError):
                 raise ServerFailed(self.failed or "stopped reading its input") from None
-        finally:
-            self._write_lock.release()
 
     def _stuck(self) -> NoReturn:
         """A server that read nothing for :data:`WRITE_TIMEOUT`: stopped, and said so."""
