@@ -695,3 +695,45 @@ def test_a_link_to_proc_self_is_the_tools(work: Path, home: Path, tmp_path: Path
     assert any(str(there / "data.txt") == grant or str(there / "data.txt").startswith(grant + "/")
                for grant in reads), out.read_text()
     assert str(work / "data.txt") not in reads
+
+
+
+def test_the_links_of_one_walk_count_together(work: Path, home: Path, tmp_path: Path) -> None:
+    """A directory reached through 30 links, and in it a file reached through 30 more: the
+    kernel refuses the open (ELOOP: 40 links a walk), but the recorder counted each half
+    apart and the draft granted the file at the end (a seventeenth attack round)."""
+    secret = tmp_path / "far" / "data.txt"
+    secret.parent.mkdir()
+    secret.write_text("far\n")
+    chain = tmp_path / "chain"
+    chain.mkdir()
+    for n in range(30):
+        (work / f"d{n}").symlink_to(work / f"d{n + 1}" if n < 29 else chain)
+        (chain / f"f{n}").symlink_to(chain / f"f{n + 1}" if n < 29 else secret)
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", "/bin/sh", "-c", "cat d0/f0; cat d0/f29"],
+                  work, home)
+    assert "far" in learned.stdout  # the second: 31 links, read
+    reads = grants(out.read_text())["filesystem"]["read"]  # type: ignore[index]
+    assert isinstance(reads, list) and str(secret) in reads, out.read_text()
+    learned = cli(["learn", "-o", str(out), "--", "/bin/sh", "-c", "cat d0/f0"], work, home)
+    assert "far" not in learned.stdout  # ELOOP
+    assert str(secret) not in out.read_text(), out.read_text()
+
+
+def test_a_hard_link_of_a_link_is_walked_anew(work: Path, home: Path, tmp_path: Path) -> None:
+    """``d2`` looked up while it was not there, then made a hard link of a symbolic link
+    (``ln -P``): the recorder's memo named ``d2`` as it had been, and the read through it was
+    recorded in the working directory, not where it went (a seventeenth attack round)."""
+    there = tmp_path / "there"
+    there.mkdir()
+    (there / "data.txt").write_text("there\n")
+    tool = (f"ln -s {shlex.quote(str(there))} s; cat d2/data.txt 2>/dev/null; "
+            "ln -P s d2 && cat d2/data.txt")
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", "/bin/sh", "-c", tool], work, home)
+    assert learned.stdout == "there\n", learned.stderr
+    reads = grants(out.read_text())["filesystem"]["read"]  # type: ignore[index]
+    assert isinstance(reads, list)
+    assert any(str(there / "data.txt") == grant or str(there / "data.txt").startswith(grant + "/")
+               for grant in reads), out.read_text()

@@ -167,7 +167,8 @@ class Recorder(Listener):
         #: filter was compiled without them (``sockets_recorded``): this recorder enforces
         #: them. None: the policy's filter does, and socket(2) is CONTINUEd.
         self.sockets = sockets
-        self._dirs: dict[str, str] = {}  #: realpath of directories, cleared on any change
+        self._dirs: dict[str, tuple[str, int]] = {}  #: directories walked (real path, links),
+        # cleared on any change
         self.events: list[Event] = []
         self.lost = 0  #: notifications that could not be read (the caller went away)
 
@@ -257,8 +258,8 @@ class Recorder(Listener):
                 return None
             targets.append(target)
         if name in ("rename", "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "symlink",
-                    "symlinkat", "unlink", "unlinkat"):
-            self._dirs.clear()
+                    "symlinkat", "unlink", "unlinkat", "link", "linkat"):
+            self._dirs.clear()  # a hard link of a symbolic link makes a name a link too
         return Event(name, tuple(targets), flags, program=program)
 
     @staticmethod
@@ -295,21 +296,25 @@ class Recorder(Listener):
         # kernel walks it (normalised, ``d/../../notes.txt`` named a file beside the
         # working directory, and learn granted it instead of the one the tool read).
         parent, leaf = os.path.split(given)
-        if leaf in ("", ".", ".."):
-            real_parent, leaf = _walk(tid, given)[0], ""
-        else:
-            real_parent = self._dirs.get(parent) or ""
-            if not real_parent:
-                real_parent, through_proc = _walk(tid, parent)
-                # not through /proc: a descriptor or working directory there changes with no
-                # call the recorder sees (dup2, chdir), and the memo named the old one
-                if len(self._dirs) < 4096 and not through_proc:
-                    self._dirs[parent] = real_parent
-        real = os.path.join(real_parent, leaf) if leaf else real_parent
+        try:
+            if leaf in ("", ".", ".."):
+                (real_parent, _, links), leaf = _walk(tid, given), ""
+            else:
+                real_parent, links = self._dirs.get(parent) or ("", 0)
+                if not real_parent:
+                    real_parent, through_proc, links = _walk(tid, parent)
+                    # not through /proc: a descriptor or working directory there changes
+                    # with no call the recorder sees (dup2, chdir), and the memo named the old
+                    # one (every call that makes or moves a name clears it)
+                    if len(self._dirs) < 4096 and not through_proc:
+                        self._dirs[parent] = (real_parent, links)
+            real = os.path.join(real_parent, leaf) if leaf else real_parent
+            if follow and os.path.islink(real):
+                real = _walk(tid, real, links)[0]  # the links of one walk, all told
+        except _TooManyLinks:
+            return None  # ELOOP: the kernel read nothing
         if real == f"/proc/{os.getpid()}" or real.startswith(f"/proc/{os.getpid()}/"):
             return None  # this process's own: never what the tool reached
-        if follow and os.path.islink(real):
-            real = _walk(tid, real)[0]
         return Target(given, real, _kind(real, follow))
 
     def _address(self, tid: int, name: str, args: Sequence[int], program: str) -> Optional[Event]:
@@ -332,13 +337,18 @@ _SELF = ("/proc/self", "/proc/thread-self")
 _MAX_LINKS = 40  #: the kernel's bound on the links of one walk (ELOOP past it)
 
 
-def _walk(tid: int, path: str) -> tuple[str, bool]:
+class _TooManyLinks(Exception):
+    """A walk past :data:`_MAX_LINKS` links: the kernel answers ELOOP and reads nothing."""
+
+
+def _walk(tid: int, path: str, links: int = 0) -> tuple[str, bool, int]:
     """``path`` (absolute) with every link followed as the kernel follows it for thread
     ``tid``: :func:`os.path.realpath`, but ``/proc/self`` is the tool's, wherever it comes
     (a link the tool made to ``/proc/self/cwd``, read by realpath here, named the recorder's
     working directory); and whether the walk went through /proc, whose links change with
-    calls the recorder does not see (dup2, chdir)."""
-    done, todo, links, through_proc = "/", path.split("/")[::-1], 0, False
+    calls the recorder does not see (dup2, chdir); the links followed, ``links`` before it
+    included (:class:`_TooManyLinks` past :data:`_MAX_LINKS`: one walk, all told)."""
+    done, todo, through_proc = "/", path.split("/")[::-1], False
     while todo:
         part = todo.pop()
         if part in ("", "."):
@@ -358,11 +368,11 @@ def _walk(tid: int, path: str) -> tuple[str, bool]:
             continue
         links += 1
         if links > _MAX_LINKS:
-            return here, through_proc  # ELOOP: the kernel reads nothing
+            raise _TooManyLinks(here)
         if target.startswith("/"):
             done = "/"
         todo.extend(target.split("/")[::-1])
-    return done, through_proc
+    return done, through_proc, links
 
 
 def _readlink(path: str) -> str:
