@@ -118,6 +118,7 @@ def _fraction(cls: type, args: tuple[Any, ...]) -> Any:
         # comparison, 64 keys of one hash in 132-byte sets: 0.56 s of CPU a set)
         if max(made.numerator.bit_length(), made.denominator.bit_length()) <= _MAX_FRACTION_BITS:
             return made
+        raise _Refused(f"a Fraction of integers of more than {_MAX_FRACTION_BITS} bits")
     raise _Refused(f"Fraction{tuple(type(a).__name__ for a in args)} (only of integers of "
                    f"at most {_MAX_FRACTION_BITS} bits, or of a string of at most "
                    f"{_MAX_NUMBER_TEXT} characters without an exponent that makes such integers)")
