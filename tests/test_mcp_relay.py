@@ -222,6 +222,9 @@ def test_a_server_that_stops_reading_stops_no_one_else(registry: Path,
         deaf.send({"jsonrpc": "2.0", "id": 3, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
             "clientInfo": {"name": "again", "version": "1"}}})
-        assert "error" in deaf.answer(3, timeout=30)  # "already initialized", from the gateway
+        # answered (by the gateway, "already initialized", or by a new instance of the
+        # server once the deaf one is stopped): never frozen
+        answer = deaf.answer(3, timeout=30)
+        assert "error" in answer or "result" in answer, answer
     finally:
         deaf.close()
