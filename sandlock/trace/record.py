@@ -286,15 +286,10 @@ class Recorder(Listener):
             if not walked_from.startswith("/") or (dirfd != AT_FDCWD and not os.path.isdir(base)):
                 return None  # a file as dirfd: ENOTDIR, though its link is a path
             given = os.path.join(walked_from, path)
-        for self_link, own in (("/proc/self", ""), ("/proc/thread-self", ""), ("/dev/fd", "/fd"),
-                               ("/dev/stdin", "/fd/0"), ("/dev/stdout", "/fd/1"),
-                               ("/dev/stderr", "/fd/2")):
-            if given == self_link or given.startswith(self_link + "/"):
-                # the tool's own, never the recorder's: realpath here reads this process's
-                given = f"/proc/{tid}{own}" + given[len(self_link):]
         # Never normalised as text: ``link/..`` is the parent of the link's target, as the
         # kernel walks it (normalised, ``d/../../notes.txt`` named a file beside the
-        # working directory, and learn granted it instead of the one the tool read).
+        # working directory, and learn granted it instead of the one the tool read); and
+        # walked by _walk, which reads /proc/self (and /dev/fd, a link to it) as the tool's.
         parent, leaf = os.path.split(given)
         try:
             if leaf in ("", ".", ".."):
