@@ -1258,6 +1258,8 @@ def test_a_caller_that_ignores_sigchld_gets_the_tools_exit_code(native: str, tmp
     done = wrapped("signal.signal(signal.SIGCHLD, signal.SIG_IGN)", policy,
                    ["sh", "-c", "exit 3"], env, native, ws)
     assert done.returncode == 3, done.stderr
+    # The native front end's own wait, not a fallback's (the Python CLI resets SIGCHLD too).
+    assert ("sandlock-run: hit: running it" in done.stderr) is (native == "1"), done.stderr
 
 
 @pytest.mark.parametrize("case", ["warning", "hint"])
