@@ -737,3 +737,49 @@ def test_a_hard_link_of_a_link_is_walked_anew(work: Path, home: Path, tmp_path: 
     assert isinstance(reads, list)
     assert any(str(there / "data.txt") == grant or str(there / "data.txt").startswith(grant + "/")
                for grant in reads), out.read_text()
+
+
+def test_another_processs_proc_links_are_not_the_tools(work: Path, home: Path,
+                                                       tmp_path: Path) -> None:
+    """The tool opened ``/proc/PID/cwd`` and ``/proc/PID/fd/N`` of a process not its own:
+    the kernel refused each (Landlock scopes ptrace), but the recorder followed the links
+    itself and the draft granted where the user's process stood and the file it held open
+    (an eighteenth attack round). Only the tool's own process's links are followed."""
+    private = tmp_path / "private-notes"
+    private.mkdir()
+    (private / "note.txt").write_text("private\n")
+    vault = tmp_path / "vault.kdbx"
+    vault.write_text("secret\n")
+    with open(vault) as held:
+        os.dup2(held.fileno(), 57)
+        try:
+            bystander = subprocess.Popen(["sleep", "60"], cwd=private, pass_fds=(57,))
+        finally:
+            os.close(57)
+    tool = textwrap.dedent(f"""
+        import os
+        for path in ("/proc/{bystander.pid}/cwd/note.txt", "/proc/{bystander.pid}/fd/57",
+                     "/proc/{bystander.pid}/cwd"):
+            try:
+                os.close(os.open(path, os.O_RDONLY))
+                print("read", path)
+            except OSError as exc:
+                print("refused", exc.errno)
+        print(open("/proc/self/cwd/mine.txt").read(), end="")
+    """)
+    (work / "mine.txt").write_text("mine\n")
+    out = tmp_path / "draft.toml"
+    try:
+        learned = cli(["learn", "-o", str(out), "--", sys.executable, "-c", tool], work, home)
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert learned.returncode == 0, learned.stderr
+    assert learned.stdout == "refused 13\n" * 3 + "mine\n", learned.stdout
+    text = out.read_text()
+    for never in ("private-notes", "vault.kdbx"):
+        assert never not in text, text
+    reads = grants(text)["filesystem"]["read"]  # type: ignore[index]
+    assert isinstance(reads, list)
+    assert any(str(work / "mine.txt") == grant or str(work / "mine.txt").startswith(grant + "/")
+               or grant == "${workspace}" for grant in reads), text

@@ -536,3 +536,56 @@ def test_a_tree_nested_past_the_limit_is_not_applied_and_is_discarded(ws: Path) 
     assert cli("discard", name).returncode == 0
     assert not scratch_of(name).parent.exists()
     assert state(ws) == before
+
+
+#: A second run of the tool, writing the same tree while the rollback removes what the
+#: first made: once the remover has begun emptying ``zz/proj/x`` (its first file gone), it
+#: moves that directory up to the tree's root.
+RACER = """
+import os, sys
+root, chain = sys.argv[1], sys.argv[2]
+top = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+inner = os.open(chain + "/x", os.O_RDONLY | os.O_DIRECTORY)
+print("armed", flush=True)
+while True:
+    try:
+        os.stat("f00000", dir_fd=inner)
+    except FileNotFoundError:
+        os.rename(chain + "/x", "x", dst_dir_fd=top)
+        print("moved", flush=True)
+        break
+"""
+
+
+def test_removing_a_tree_never_climbs_out_of_it(tmp_path: Path) -> None:
+    """The remover of a tool's (deep) tree walked back up with "..", which is wherever the
+    directory is now: moved by a concurrent run of the tool to the tree's root, the climb
+    went on above the root, emptied and removed it, and deleted what was beside it (a chain
+    named like the root, ``d/zz/proj/x``, keeps each extra step's rmdir succeeding). Each
+    step up must reach the directory it came down from."""
+    outside = tmp_path / "v"
+    root = outside / "proj"
+    chain = root / "d" / "zz" / "proj"
+    (chain / "x").mkdir(parents=True)
+    for index in range(20000):
+        (chain / "x" / f"f{index:05}").touch()
+    (root / "a.txt").write_text("the user's\n")
+    (outside / "outside.txt").write_text("never granted\n")
+    (outside / "other").mkdir()
+    (outside / "other" / "keep.txt").write_text("never granted\n")
+    racer = subprocess.Popen([sys.executable, "-c", RACER, str(root), str(chain)],
+                             stdout=subprocess.PIPE, text=True)
+    assert racer.stdout is not None and racer.stdout.readline() == "armed\n"
+    parent = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(tree.UndoError, match="moved while it was removed"):
+            tree.remove_tree(parent, "d")
+    finally:
+        os.close(parent)
+        racer.kill()
+        out = racer.communicate()[0]
+    assert out == "moved\n"  # the race was run as meant: the directory moved mid-removal
+    assert (outside / "outside.txt").read_text() == "never granted\n"
+    assert (outside / "other" / "keep.txt").read_text() == "never granted\n"
+    assert (root / "a.txt").read_text() == "the user's\n"
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o755

@@ -308,6 +308,9 @@ class Recorder(Listener):
                 real = _walk(tid, real, links)[0]  # the links of one walk, all told
         except _TooManyLinks:
             return None  # ELOOP: the kernel read nothing
+        except _NotTheTools:
+            return None  # EACCES: another process's (the tool's own children's too: the
+            # recorder cannot tell which processes share the tool's Landlock domain)
         if real == f"/proc/{os.getpid()}" or real.startswith(f"/proc/{os.getpid()}/"):
             return None  # this process's own: never what the tool reached
         return Target(given, real, _kind(real, follow))
@@ -336,31 +339,56 @@ class _TooManyLinks(Exception):
     """A walk past :data:`_MAX_LINKS` links: the kernel answers ELOOP and reads nothing."""
 
 
+class _NotTheTools(Exception):
+    """A link under ``/proc/PID`` of a process other than the tool's: what it names is
+    that process's (its working directory, its descriptors), which Landlock's ptrace
+    scope refuses the tool, and the recorder must never read for it."""
+
+
+def _process(tid: int) -> int:
+    """The process (thread group) of thread ``tid``; 0 if it is gone."""
+    try:
+        with open(f"/proc/{tid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _walk(tid: int, path: str, links: int = 0) -> tuple[str, bool, int]:
     """``path`` (absolute) with every link followed as the kernel follows it for thread
     ``tid``: :func:`os.path.realpath`, but ``/proc/self`` is the tool's, wherever it comes
     (a link the tool made to ``/proc/self/cwd``, read by realpath here, named the recorder's
     working directory); and whether the walk went through /proc, whose links change with
     calls the recorder does not see (dup2, chdir); the links followed, ``links`` before it
-    included (:class:`_TooManyLinks` past :data:`_MAX_LINKS`: one walk, all told)."""
+    included (:class:`_TooManyLinks` past :data:`_MAX_LINKS`: one walk, all told). A link
+    under ``/proc/PID`` of another process is never followed (:class:`_NotTheTools`)."""
     done, todo, through_proc = "/", path.split("/")[::-1], False
+    foreign = False  # under /proc/PID of a process not the tool's
     while todo:
         part = todo.pop()
         if part in ("", "."):
             continue
         if part == "..":
             done = os.path.dirname(done)
+            foreign = foreign and done.startswith("/proc/")
             continue
         here = os.path.join(done, part)
         if here in _SELF:
-            done, through_proc = f"/proc/{tid}", True
+            done, through_proc, foreign = f"/proc/{tid}", True, False
             continue
+        if done == "/proc" and part.isdigit():
+            foreign = int(part) != tid and _process(int(part)) != _process(tid)
         through_proc = through_proc or here.startswith("/proc/")
         try:
             target = os.readlink(here)
         except OSError:  # no link, or nothing there: as named
             done = here
             continue
+        if foreign:
+            raise _NotTheTools(here)
         links += 1
         if links > _MAX_LINKS:
             raise _TooManyLinks(here)

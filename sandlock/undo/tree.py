@@ -719,7 +719,12 @@ def _quietly(call: Any, *args: Any, **named: Any) -> None:
 
 def remove_tree(parent: int, name: str) -> None:
     """Remove ``name`` in ``parent`` and everything below it, never following a link; one
-    directory open at a time and no recursion (a tool's tree may be nested any depth)."""
+    directory open at a time and no recursion (a tool's tree may be nested any depth).
+
+    Each step back up opens "..", which is wherever the directory is now: a tool writing
+    the tree meanwhile (another run of it) may have moved it, and the climb would go on
+    above ``parent``. So each step up must reach the directory it came down from (its
+    device and inode, noted on the way down), or the removal stops (UndoError)."""
     try:
         info = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
@@ -729,6 +734,7 @@ def remove_tree(parent: int, name: str) -> None:
         return
     below = [name]  # the names from ``parent`` down to the directory ``fd`` is
     fd, _ = _open_owned(parent, name, _DIR, 0o700)
+    came_from = [_identity(fd)]  # each directory of ``below``, as it was entered
     try:
         while True:
             os.fchmod(fd, 0o700)  # a tool may leave a directory unwritable
@@ -743,17 +749,27 @@ def remove_tree(parent: int, name: str) -> None:
                 os.close(fd)
                 fd = sub
                 below.append(inner)
+                came_from.append(_identity(fd))
                 continue
             done = below.pop()
+            came_from.pop()
             if not below:
                 break
             up = os.open("..", _DIR, dir_fd=fd)
             os.close(fd)
             fd = up
+            if _identity(fd) != came_from[-1]:
+                raise UndoError(f"{'/'.join([*below, done])!r} moved while it was removed (something "
+                                "else writes the tree): the removal stopped there")
             os.rmdir(done, dir_fd=fd)
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    info = os.fstat(fd)
+    return info.st_dev, info.st_ino
 
 
 def _open_file(root: int, rel: str, cache: dict[str, int]) -> Optional[int]:
