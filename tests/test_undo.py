@@ -589,3 +589,93 @@ def test_removing_a_tree_never_climbs_out_of_it(tmp_path: Path) -> None:
     assert (outside / "other" / "keep.txt").read_text() == "never granted\n"
     assert (root / "a.txt").read_text() == "the user's\n"
     assert stat.S_IMODE(outside.stat().st_mode) == 0o755
+
+
+def _acl_attack_or_skip(ws: Path) -> None:
+    from test_keep import PYTHON3, WIDE_DEFAULT
+
+    if not os.path.exists(PYTHON3):
+        pytest.skip(f"{PYTHON3} is not installed")
+    try:
+        os.setxattr(ws / "a.txt", "user.probe", b"1")
+        os.setxattr(ws, "system.posix_acl_default", WIDE_DEFAULT)
+    except OSError as exc:
+        pytest.skip(f"no extended attributes or ACLs here: {exc}")
+    os.removexattr(ws / "a.txt", "user.probe")
+    os.removexattr(ws, "system.posix_acl_default")
+
+
+def _set_by_the_tool() -> str:
+    """A command that gives the workspace a default ACL letting anyone write what is made
+    there later, and ``a.txt`` an attribute (setxattr: no Landlock right governs it)."""
+    from test_keep import WIDE_DEFAULT, _setting
+
+    return (_setting(".", "system.posix_acl_default", WIDE_DEFAULT) + " && "
+            + _setting("a.txt", "user.note", b"tool"))
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint", "--dry-run"])
+def test_an_acl_or_attribute_the_tool_set_is_a_change(ws: Path, flag: str) -> None:
+    """A checkpointed tool gave its workspace a default ACL: the review said "0 change(s)",
+    rollback "rolled back 0 path(s)", and every file the user made there later was
+    writable by anyone (an eighteenth attack round). The attributes ``--keep`` keeps
+    (``user.*`` and the POSIX ACLs) are part of what undo records, shows and puts back."""
+    from test_keep import WIDE_DEFAULT, attributes
+
+    _acl_attack_or_skip(ws)
+    done, name = reviewed(ws, flag, _set_by_the_tool())
+    assert done.returncode == 0, done.stderr
+    for line in (f"a {ws}/ extended attributes: system.posix_acl_default set",
+                 f"a {ws}/a.txt extended attributes: user.note set"):
+        assert f"sandlock: {line}\n" in done.stderr, (line, done.stderr)
+    if flag == "--checkpoint":
+        back = cli("rollback", name)
+        assert back.returncode == 0, back.stderr
+        assert attributes(ws) == attributes(ws / "a.txt") == {}
+        (ws / "later.txt").write_text("the user's\n")
+        assert attributes(ws / "later.txt") == {}
+    else:
+        assert attributes(ws) == attributes(ws / "a.txt") == {}  # the tool worked in a copy
+        applied = cli("apply", name)
+        assert applied.returncode == 0, applied.stderr
+        assert attributes(ws) == {"system.posix_acl_default": WIDE_DEFAULT}
+        assert attributes(ws / "a.txt") == {"user.note": b"tool"}
+
+
+def test_what_rollback_makes_again_takes_no_acl_from_around_it(ws: Path) -> None:
+    """A file the tool removed is made again by rollback in a directory whose default ACL
+    the tool set (one naming another user, who may then write it): it gets the attributes
+    it had (none), not the directory's."""
+    from test_keep import NAMED_WRITER, _setting, attributes
+
+    _acl_attack_or_skip(ws)
+    done, name = reviewed(ws, "--checkpoint",
+                          _setting(".", "system.posix_acl_default", NAMED_WRITER) + " && rm b.txt")
+    assert done.returncode == 0, done.stderr
+    back = cli("rollback", name)
+    assert back.returncode == 0, back.stderr
+    assert attributes(ws / "b.txt") == {} and stat.S_IMODE((ws / "b.txt").stat().st_mode) == 0o640
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint", "--dry-run"])
+def test_the_users_own_attributes_survive(ws: Path, flag: str) -> None:
+    """The user's attribute on a file the tool appends to: a dry run's copy carries it (or
+    applying would drop it from the original), and a rollback puts it back on a file the
+    tool replaced (``sed -i`` makes a new file, without it)."""
+    from test_keep import attributes
+
+    _acl_attack_or_skip(ws)
+    os.setxattr(ws / "a.txt", "user.mine", b"the user's")
+    os.setxattr(ws / "sub" / "c.txt", "user.mine", b"the user's")
+    before = state(ws)
+    done, name = reviewed(ws, flag, "echo more >> a.txt && sed -i s/binary/bin/ sub/c.txt")
+    assert done.returncode == 0, done.stderr
+    back = cli("rollback" if flag == "--checkpoint" else "apply", name)
+    assert back.returncode == 0, back.stderr
+    assert attributes(ws / "a.txt") == {"user.mine": b"the user's"}
+    if flag == "--checkpoint":
+        assert state(ws) == before
+        assert attributes(ws / "sub" / "c.txt") == {"user.mine": b"the user's"}
+    else:
+        assert (ws / "a.txt").read_text() == "hello\nworld\nmore\n"
+        assert attributes(ws / "sub" / "c.txt") == {}  # as the tool left it

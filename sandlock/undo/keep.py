@@ -28,7 +28,6 @@ unkept. What is kept is bounded (:data:`MAX_ENTRIES`, :data:`MAX_BYTES`,
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 import threading
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SandlockError
+from . import xattrs
 
 MAX_ENTRIES = 4096
 MAX_BYTES = 16 << 20
@@ -52,8 +52,6 @@ Node = tuple[str, int, Any, tuple[tuple[str, bytes], ...]]
 #: files (security.* and trusted.* need capabilities no tool has). A default ACL on a
 #: kept directory made every file the user later wrote there writable by anyone; a
 #: ``user.`` attribute is data that programs read.
-ATTRIBUTES = ("user.", "system.posix_acl_access", "system.posix_acl_default")
-_UNSUPPORTED = (errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
 class KeepError(SandlockError):
@@ -127,37 +125,9 @@ def _read(parent: int, name: str, budget: _Budget, depth: int = 0) -> Optional[N
     raise KeepError(f"{name!r} is neither a file, a directory nor a symbolic link")
 
 
-def _attributes(fd: int, budget: _Budget) -> tuple[tuple[str, bytes], ...]:
+def _attributes(fd: int, budget: _Budget) -> xattrs.Attributes:
     """The kept extended attributes of the file or directory open at ``fd``."""
-    try:
-        names = os.listxattr(fd)
-    except OSError as exc:
-        if exc.errno in _UNSUPPORTED:  # a file system without them: none can be set
-            return ()
-        raise
-    out = []
-    for name in sorted(names):
-        if name.startswith(ATTRIBUTES):
-            value = os.getxattr(fd, name)
-            budget.take(0, len(name) + len(value))
-            out.append((name, value))
-    return tuple(out)
-
-
-def _set_attributes(fd: int, attributes: tuple[tuple[str, bytes], ...]) -> None:
-    """Give the file or directory open at ``fd`` exactly the kept ``attributes``: one just
-    made took its directory's default ACL, which was not what was kept."""
-    try:
-        present = os.listxattr(fd)
-    except OSError as exc:
-        if exc.errno in _UNSUPPORTED and not attributes:
-            return
-        raise
-    for name in present:
-        if name.startswith(ATTRIBUTES) and name not in dict(attributes):
-            os.removexattr(fd, name)
-    for name, value in attributes:
-        os.setxattr(fd, name, value)
+    return xattrs.read(fd, lambda size: budget.take(0, size))
 
 
 def _write(parent: int, name: str, node: Node) -> None:
@@ -172,7 +142,7 @@ def _write(parent: int, name: str, node: Node) -> None:
             view = memoryview(content)
             while view:
                 view = view[os.write(fd, view):]
-            _set_attributes(fd, attributes)
+            xattrs.write(fd, attributes)
             os.fchmod(fd, mode)  # last: it sets an access ACL's mask to the group bits
         finally:
             os.close(fd)
@@ -182,7 +152,7 @@ def _write(parent: int, name: str, node: Node) -> None:
     try:
         for child, sub in content.items():
             _write(fd, child, sub)
-        _set_attributes(fd, attributes)
+        xattrs.write(fd, attributes)
         os.fchmod(fd, mode)
     finally:
         os.close(fd)

@@ -283,7 +283,8 @@ def load(name: str) -> dict[str, Any]:
 def changes(value: Mapping[str, Any]) -> list[tuple[int, str, str, Optional[tree.Entry],
                                                     Optional[tree.Entry]]]:
     """(tree index, path, what, before, after) of every change of a finished run; what is
-    ``added``, ``removed``, ``modified`` (content or type), ``mode`` or ``times``."""
+    ``added``, ``removed``, ``modified`` (content or type), ``mode``, ``attributes`` (the
+    extended attributes of :mod:`sandlock.undo.xattrs`) or ``times``."""
     out: list[tuple[int, str, str, Optional[tree.Entry], Optional[tree.Entry]]] = []
     for index, (before, after) in enumerate(zip(value["before"], value["after"])):
         for rel in sorted(set(before) | set(after)):
@@ -298,6 +299,8 @@ def changes(value: Mapping[str, Any]) -> list[tuple[int, str, str, Optional[tree
                 out.append((index, rel, _how(old, new), old, new))
             elif not new["same"] and new["m"] != old["m"]:
                 out.append((index, rel, "mode", old, new))
+            elif not new["same"] and new.get("x") != old.get("x"):
+                out.append((index, rel, "attributes", old, new))
     return out
 
 
@@ -306,7 +309,9 @@ def _how(old: tree.Entry, new: tree.Entry) -> str:
         return "modified"
     if old["k"] == "f" and (old.get("h") is None or old.get("h") != new.get("h")):
         return "modified"
-    return "mode" if old["m"] != new["m"] else "times"
+    if old["m"] != new["m"]:
+        return "mode"
+    return "attributes" if old.get("x") != new.get("x") else "times"
 
 
 def apply(name: str) -> int:

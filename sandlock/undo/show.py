@@ -17,7 +17,8 @@ from .session import _scratch as scratch_of
 from .session import _snapshot as snapshot_of
 
 DIFF_LIMIT = 256 << 10
-MARK = {"added": "A", "removed": "D", "modified": "M", "mode": "m", "times": "t"}
+MARK = {"added": "A", "removed": "D", "modified": "M", "mode": "m", "attributes": "a",
+        "times": "t"}
 
 
 def _what(item: Optional[tree.Entry]) -> str:
@@ -48,11 +49,13 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
     try:
         for index, rel, what, old, new in found:
             top = value["trees"][index]
-            path = printable(os.path.join(top, rel))
+            path = printable(os.path.join(top, rel) if rel else top.rstrip("/") or "/")
             item = new if new is not None else old
             extra = _what(item)
             if what == "mode" and old is not None and new is not None:
                 extra += f" mode {old['m']:04o} -> {new['m']:04o}"
+            if what == "attributes" and old is not None and new is not None:
+                extra += f" extended attributes: {_attributes_changed(old, new)}"
             if value["mode"] != CHECKPOINT and new is not None and what != "removed":
                 why = tree.refusal(rel, new, links[index])
                 if why is not None:
@@ -64,6 +67,14 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
         for fd in roots.values():
             os.close(fd)
     return out
+
+
+def _attributes_changed(old: tree.Entry, new: tree.Entry) -> str:
+    """The names of the attributes set, changed or removed (the tool chose them)."""
+    before, after = dict(tree.attributes_of(old)), dict(tree.attributes_of(new))
+    names = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+    return ", ".join(f"{printable(name)} {'removed' if name not in after else 'set'}"
+                     for name in names)
 
 
 def _root(value: Mapping[str, Any], name: str, index: int, which: str,

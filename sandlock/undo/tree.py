@@ -31,6 +31,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from ..errors import SandlockError
 from ..trace.emit import printable
+from . import xattrs
 
 Entry = dict[str, Any]
 Manifest = dict[str, Entry]
@@ -83,6 +84,36 @@ def entry(info: os.stat_result) -> Entry:
     return {"k": kind(info.st_mode), "m": stat.S_IMODE(info.st_mode),
             "s": info.st_size if stat.S_ISREG(info.st_mode) else 0,
             "t": [info.st_atime_ns, info.st_mtime_ns], "key": key(info)}
+
+
+def attributes_of(item: Entry) -> xattrs.Attributes:
+    """The extended attributes recorded for an entry (:mod:`sandlock.undo.xattrs`)."""
+    return xattrs.decoded(item.get("x"))
+
+
+def _note_attributes(item: Entry, target: xattrs.Target) -> xattrs.Attributes:
+    """Record in ``item`` the attributes of the file or directory ``target``; them."""
+    found = xattrs.read(target)
+    if found:
+        item["x"] = xattrs.encoded(found)
+    return found
+
+
+def _note_directory(item: Entry, parent: int, name: str, info: os.stat_result,
+                    rel: str) -> None:
+    """:func:`_note_attributes` for the directory ``name`` in ``parent`` (the root when
+    ``rel`` is empty), held by a descriptor that needs no permission on it."""
+    if not rel:
+        _note_attributes(item, parent)
+        return
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        got = os.fstat(fd)
+        if (got.st_dev, got.st_ino) != (info.st_dev, info.st_ino):
+            raise UndoError(f"{rel!r} changed while it was read")
+        _note_attributes(item, xattrs.held(fd))
+    finally:
+        os.close(fd)
 
 
 def open_root(path: str) -> int:
@@ -253,6 +284,7 @@ def copy_tree(src: int, dst: int, hashing: bool, prefix: str = "") -> tuple[Mani
     newest = 0
     if not prefix:
         out[""] = entry(os.fstat(src))
+        _note_attributes(out[""], src)
     device = os.fstat(src).st_dev
     for name in _names(src):
         info = os.stat(name, dir_fd=src, follow_symlinks=False)
@@ -270,6 +302,9 @@ def copy_tree(src: int, dst: int, hashing: bool, prefix: str = "") -> tuple[Mani
                     inner, last = copy_tree(sub_src, sub_dst, hashing, rel + "/")
                     out.update(inner)
                     newest = max(newest, last)
+                    _put_back(sub_src, mode)
+                    mode = None
+                    xattrs.write(sub_dst, _note_attributes(item, sub_src))
                     os.fchmod(sub_dst, item["m"])
                     os.utime(sub_dst, ns=tuple(item["t"]))
                     item["c"] = key(os.fstat(sub_dst))
@@ -281,7 +316,7 @@ def copy_tree(src: int, dst: int, hashing: bool, prefix: str = "") -> tuple[Mani
                 finally:
                     os.close(sub_src)
         elif what == "f":
-            item["h"], item["c"] = _copy_file(src, dst, name, info, hashing, rel)
+            item["h"], item["c"] = _copy_file(src, dst, name, info, hashing, rel, item)
         elif what == "l":
             item["l"] = os.readlink(name, dir_fd=src)
             os.symlink(item["l"], name, dir_fd=dst)
@@ -297,6 +332,7 @@ def copy_tree(src: int, dst: int, hashing: bool, prefix: str = "") -> tuple[Mani
             continue
         newest = max(newest, item["c"][1])
     if not prefix:  # the root last: copying into it changed its times
+        xattrs.write(dst, attributes_of(out[""]))
         os.fchmod(dst, out[""]["m"])
         os.utime(dst, ns=tuple(out[""]["t"]))
         out[""]["c"] = key(os.fstat(dst))
@@ -305,7 +341,7 @@ def copy_tree(src: int, dst: int, hashing: bool, prefix: str = "") -> tuple[Mani
 
 
 def _copy_file(src: int, dst: int, name: str, info: os.stat_result, hashing: bool,
-               rel: str) -> tuple[Optional[str], list[int]]:
+               rel: str, item: Entry) -> tuple[Optional[str], list[int]]:
     fd, mode = _open_owned(src, name, _FILE, 0o400)
     try:
         _put_back(fd, mode)
@@ -315,6 +351,7 @@ def _copy_file(src: int, dst: int, name: str, info: os.stat_result, hashing: boo
         out = os.open(name, _NEW, 0o600, dir_fd=dst)
         try:
             digest = _transfer(fd, out, hashing)
+            xattrs.write(out, _note_attributes(item, fd))
             os.fchmod(out, stat.S_IMODE(got.st_mode))
             os.utime(out, ns=(got.st_atime_ns, got.st_mtime_ns))
             return digest, key(os.fstat(out))
@@ -345,6 +382,8 @@ def scan(root: int, reference: Manifest, field: str) -> Manifest:
             item["same"] = False
         if item["k"] == "l":
             item["l"] = os.readlink(name, dir_fd=parent) if rel else ""
+        elif item["k"] == "d" and not item["same"]:
+            _note_directory(item, parent, name, info, rel)
         elif item["k"] == "f" and not item["same"]:
             fd, mode = _open_owned(parent, name, _FILE, 0o400)
             try:
@@ -357,6 +396,7 @@ def scan(root: int, reference: Manifest, field: str) -> Manifest:
                 if key(os.fstat(fd)) != item["key"]:
                     raise UndoError(f"{rel!r} changed while it was read")
                 item["h"] = digest_of(fd)
+                _note_attributes(item, fd)
             finally:
                 os.close(fd)
     return out
@@ -652,6 +692,7 @@ def _stage(source: int, rel: str, want: Entry, parent: int,
             if not same_content(_transfer(fd, out, hashing=True), want):
                 raise UndoError(f"{rel!r}: its content is not what was recorded (changed "
                                 "since the run, or tampered with)")
+            xattrs.write(out, attributes_of(want))  # none taken from the directory's ACL
             os.fchmod(out, want["m"])
             os.utime(out, ns=tuple(want["t"]))
         except BaseException:
@@ -694,6 +735,7 @@ def _commit(target: int, cache: dict[str, int], staged: list[tuple[int, str, str
         else:
             fd = os.dup(target)
         try:
+            xattrs.write(fd, attributes_of(want))
             os.fchmod(fd, want["m"])
             os.utime(fd, ns=tuple(want["t"]))
         finally:
