@@ -640,7 +640,7 @@ def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
     _close(src_cache, source)
     try:
         _commit(target, dst_cache, staged, writes, deletes, expect)
-    except OSError as exc:
+    except (OSError, UndoError) as exc:
         raise UndoError(f"partly written back ({exc}); the rest of the tree is as it was") from None
     finally:
         _close(dst_cache, target)
