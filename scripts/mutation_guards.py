@@ -1880,4 +1880,9 @@ GUARDS: tuple[Guard, ...] = (
           "            xattrs.write(out, _note_attributes(item, fd))\n",
           "            _note_attributes(item, fd)\n",
           ("tests/test_undo.py::test_the_users_own_attributes_survive[--dry-run]",)),
+    Guard("learn: /proc/self is the tool's process, not the thread that named it",
+          "sandlock/trace/record.py",
+          "            process = _process(tid) or tid\n",
+          "            process = tid\n",
+          ("tests/test_learn_holes.py::test_proc_self_is_the_process_not_the_thread",)),
 )

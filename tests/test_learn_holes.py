@@ -25,7 +25,7 @@ from typing import Iterator, Optional, Sequence
 
 import pytest
 import tomllib
-from conftest import PLANTED_KEY
+from conftest import PLANTED_KEY, require_tool
 
 from sandlock.compile import abi as A
 from sandlock.trace import emit
@@ -783,3 +783,71 @@ def test_another_processs_proc_links_are_not_the_tools(work: Path, home: Path,
     assert isinstance(reads, list)
     assert any(str(work / "mine.txt") == grant or str(work / "mine.txt").startswith(grant + "/")
                or grant == "${workspace}" for grant in reads), text
+
+
+#: A thread of its own working directory (cloned without CLONE_FS): it changes into
+#: argv[1] and reads /proc/self/cwd/argv[2], which the kernel resolves through the
+#: process (the thread group's leader), not the thread.
+UNSHARED_THREAD = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static char **args;
+static volatile int finished;
+static int thread(void *unused) {
+    char path[4096], got[64] = {0};
+    (void)unused;
+    if (chdir(args[1]) == 0) {
+        snprintf(path, sizeof path, "/proc/self/cwd/%s", args[2]);
+        int fd = open(path, O_RDONLY);
+        if (fd >= 0 && read(fd, got, sizeof got - 1) > 0)
+            printf("%s", got);
+        fflush(stdout);
+    }
+    finished = 1;
+    syscall(SYS_exit, 0);
+    return 0;
+}
+int main(int argc, char **argv) {
+    (void)argc;
+    args = argv;
+    char *stack = malloc(1 << 20);
+    if (!stack || clone(thread, stack + (1 << 20), CLONE_VM | CLONE_SIGHAND | CLONE_THREAD |
+                        CLONE_FILES | CLONE_SYSVSEM, NULL) < 0)
+        return 1;
+    while (!finished)
+        usleep(1000);
+    return 0;
+}
+"""
+
+
+def test_proc_self_is_the_process_not_the_thread(work: Path, home: Path, tmp_path: Path) -> None:
+    """``/proc/self`` is the thread group's: a thread with a working directory of its own
+    read ``/proc/self/cwd/notes``, the kernel opened the process's, and the draft granted
+    the thread's instead (a nineteenth attack round)."""
+    require_tool("cc")
+    source = tmp_path / "thread.c"
+    source.write_text(UNSHARED_THREAD)
+    program = tmp_path / "thread"
+    subprocess.run(["cc", "-O", "-o", str(program), str(source)], check=True)
+    private = tmp_path / "private"
+    private.mkdir()
+    (private / "notes").write_text("never read\n")
+    (work / "notes").write_text("read\n")
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", str(program), str(private), "notes"], work, home)
+    assert learned.returncode == 0, learned.stderr
+    assert learned.stdout == "read\n"  # the kernel's answer: the process's working directory
+    text = out.read_text()
+    fs = grants(text)["filesystem"]
+    assert isinstance(fs, dict)
+    everything = [grant for right in fs.values() if isinstance(right, list) for grant in right]
+    assert not any(grant == str(private) or grant.startswith(f"{private}/")
+                   for grant in everything), text
+    assert any(str(work / "notes") == grant or str(work / "notes").startswith(grant + "/")
+               or grant == "${workspace}" for grant in fs["read"]), text

@@ -359,7 +359,8 @@ def _process(tid: int) -> int:
 
 def _walk(tid: int, path: str, links: int = 0) -> tuple[str, bool, int]:
     """``path`` (absolute) with every link followed as the kernel follows it for thread
-    ``tid``: :func:`os.path.realpath`, but ``/proc/self`` is the tool's, wherever it comes
+    ``tid``: :func:`os.path.realpath`, but ``/proc/self`` is the tool's (its process, and
+    ``/proc/thread-self`` its thread), wherever it comes
     (a link the tool made to ``/proc/self/cwd``, read by realpath here, named the recorder's
     working directory); and whether the walk went through /proc, whose links change with
     calls the recorder does not see (dup2, chdir); the links followed, ``links`` before it
@@ -376,8 +377,10 @@ def _walk(tid: int, path: str, links: int = 0) -> tuple[str, bool, int]:
             foreign = foreign and done.startswith("/proc/")
             continue
         here = os.path.join(done, part)
-        if here in _SELF:
-            done, through_proc, foreign = f"/proc/{tid}", True, False
+        if here in _SELF:  # the thread group's, as the kernel reads it for the tool
+            process = _process(tid) or tid
+            done = f"/proc/{process}" if here == "/proc/self" else f"/proc/{process}/task/{tid}"
+            through_proc, foreign = True, False
             continue
         if done == "/proc" and part.isdigit():
             foreign = int(part) != tid and _process(int(part)) != _process(tid)
