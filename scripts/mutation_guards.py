@@ -1885,4 +1885,9 @@ GUARDS: tuple[Guard, ...] = (
           "            process = _process(tid) or tid\n",
           "            process = tid\n",
           ("tests/test_learn_holes.py::test_proc_self_is_the_process_not_the_thread",)),
+    Guard("review: a mode or ACL change is shown whatever else changed", "sandlock/undo/show.py",
+          "            extra = _what(item) + _permissions(what, old, new)\n",
+          "            extra = _what(item) + (_permissions(what, old, new) if what in (\"mode\", "
+          "\"attributes\") else \"\")\n",
+          ("tests/test_undo.py::test_the_review_shows_every_mode_and_acl_apply_would_write",)),
 )

@@ -679,3 +679,26 @@ def test_the_users_own_attributes_survive(ws: Path, flag: str) -> None:
     else:
         assert (ws / "a.txt").read_text() == "hello\nworld\nmore\n"
         assert attributes(ws / "sub" / "c.txt") == {}  # as the tool left it
+
+
+def test_the_review_shows_every_mode_and_acl_apply_would_write(ws: Path) -> None:
+    """A mode or ACL change beside a content change, or on an added file or directory, was
+    not shown: the review was a one-line diff, and apply gave another user the user's
+    private file (a nineteenth attack round)."""
+    from test_keep import NAMED_WRITER, WIDE_DEFAULT, _setting
+
+    _acl_attack_or_skip(ws)
+    command = ("echo more >> b.txt && " + _setting("b.txt", "system.posix_acl_access", NAMED_WRITER)
+               + " && chmod 666 b.txt && echo x > open.txt && chmod 666 open.txt && mkdir shared"
+               + " && " + _setting("shared", "system.posix_acl_default", WIDE_DEFAULT)
+               + " && " + _setting("sub/c.txt", "user.x", b"1") + " && chmod 600 sub/c.txt")
+    done, name = reviewed(ws, "--dry-run", command)
+    assert done.returncode == 0, done.stderr
+    listed = cli("changes", "--no-diff", name)
+    assert listed.returncode == 0, listed.stderr
+    for line in (f"M {ws}/b.txt mode 0640 -> 0666 extended attributes: system.posix_acl_access set",
+                 f"A {ws}/open.txt mode 0666",
+                 f"A {ws}/shared/ extended attributes: system.posix_acl_default set",
+                 f"m {ws}/sub/c.txt mode 0644 -> 0600 extended attributes: user.x set"):
+        assert f"{line}\n" in listed.stdout, (line, listed.stdout)
+        assert f"sandlock: {line}\n" in done.stderr, (line, done.stderr)

@@ -51,11 +51,7 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
             top = value["trees"][index]
             path = printable(os.path.join(top, rel) if rel else top.rstrip("/") or "/")
             item = new if new is not None else old
-            extra = _what(item)
-            if what == "mode" and old is not None and new is not None:
-                extra += f" mode {old['m']:04o} -> {new['m']:04o}"
-            if what == "attributes" and old is not None and new is not None:
-                extra += f" extended attributes: {_attributes_changed(old, new)}"
+            extra = _what(item) + _permissions(what, old, new)
             if value["mode"] != CHECKPOINT and new is not None and what != "removed":
                 why = tree.refusal(rel, new, links[index])
                 if why is not None:
@@ -66,6 +62,27 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
     finally:
         for fd in roots.values():
             os.close(fd)
+    return out
+
+
+#: Mode bits an added file or directory is shown with: others may write it, or it is
+#: set-user-ID, set-group-ID or sticky (any mode change of an existing one is shown).
+NOTABLE_MODE = 0o7002
+
+
+def _permissions(what: str, old: Optional[tree.Entry], new: Optional[tree.Entry]) -> str:
+    """Every mode and attribute change that apply or rollback writes, whatever else changed
+    (a content change beside them hid them): of an added entry, a notable mode and its
+    attributes."""
+    if new is None or new["k"] == "l":
+        return ""
+    if old is None:
+        mode = f" mode {new['m']:04o}" if new["m"] & NOTABLE_MODE else ""
+        made = f" extended attributes: {_attributes_changed({}, new)}" if new.get("x") else ""
+        return mode + made
+    out = f" mode {old['m']:04o} -> {new['m']:04o}" if old["m"] != new["m"] else ""
+    if old.get("x") != new.get("x"):
+        out += f" extended attributes: {_attributes_changed(old, new)}"
     return out
 
 
