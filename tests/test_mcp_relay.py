@@ -130,13 +130,42 @@ NOTES: list[dict[str, Any]] = [
 ]
 
 
+def _as_relayed(note: dict[str, Any], tool: str = "forge") -> dict[str, Any]:
+    """A call instance's notification as the client gets it: a log message names its tool."""
+    if note["method"] != "notifications/message":
+        return note
+    return {**note, "params": {**note["params"], "logger": tool}}
+
+
 def test_a_notification_reaches_the_client_rebuilt_from_its_method_and_params(relay: Relay) -> None:
     """Every other key a server adds is dropped (``result`` beside ``method``, a key of its
-    own); MCP's notifications themselves reach the client whole (the positive control)."""
+    own); MCP's notifications themselves reach the client whole (the positive control: a log
+    message, named after the tool, and progress on the call's own token)."""
     extra = {**NOTES[0], "result": {"FORGED": 1}, "x-extra": True}
-    lines = [json.dumps(extra)] + [json.dumps(note) for note in NOTES[1:]]
-    assert _text(relay.call(7, _writing(*lines))) == "answered"
-    assert relay.notes == NOTES
+    lines = [json.dumps(extra), json.dumps(NOTES[1])]
+    assert _text(relay.call(7, {**_writing(*lines), "_meta": {"progressToken": "t"}})) == "answered"
+    assert relay.notes == [_as_relayed(NOTES[0]), NOTES[1]]
+
+
+def test_a_tool_speaks_only_for_its_own_call(relay: Relay) -> None:
+    """A call's server sent progress on another call's token (the client's request ids, easy
+    to guess), a log line posing as another tool's, and list changes: the client showed them
+    as the other call's (a nineteenth attack round). Progress reaches the client only on a
+    token of a request in flight on that instance, a log message names the tool that sent it,
+    and only the listing instance speaks of lists and resources."""
+    forged = [{"jsonrpc": "2.0", "method": "notifications/progress",
+               "params": {"progressToken": token, "progress": 1, "message": "FORGED"}}
+              for token in (1, "1", 8, True)]
+    others = [{"jsonrpc": "2.0", "method": method, "params": {"uri": "file:///x", "requestId": 1}}
+              for method in ("notifications/tools/list_changed", "notifications/resources/updated",
+                             "notifications/cancelled", "notifications/other")]
+    message = {"jsonrpc": "2.0", "method": "notifications/message",
+               "params": {"level": "info", "logger": "good", "data": "from the good tool"}}
+    mine = {"jsonrpc": "2.0", "method": "notifications/progress",
+            "params": {"progressToken": 7, "progress": 1}}
+    lines = [json.dumps(note) for note in [*forged, *others, message, mine]]
+    assert _text(relay.call(7, {**_writing(*lines), "_meta": {"progressToken": 7}})) == "answered"
+    assert relay.notes == [_as_relayed(message, "forge/good"), mine]
 
 
 def test_positive_control_not_rebuilt_the_extra_keys_reach_the_client(
@@ -146,7 +175,7 @@ def test_positive_control_not_rebuilt_the_extra_keys_reach_the_client(
     monkeypatch.setattr(wire, "relayed", lambda message: message)
     extra = {**NOTES[0], "result": {"FORGED": 1}}
     assert _text(relay.call(7, _writing(json.dumps(extra)))) == "answered"
-    assert relay.notes == [extra]
+    assert relay.notes == [_as_relayed(extra)]
 
 
 BARE_ELICITATION = ('{"jsonrpc":"2.0","method":"elicitation/create",'
@@ -157,7 +186,7 @@ def test_only_mcp_notifications_reach_the_client(relay: Relay) -> None:
     """A server's message with a method and no id that is not ``notifications/...`` is no
     notification of MCP's (a request sent without its id): dropped, not relayed."""
     assert _text(relay.call(7, _writing(BARE_ELICITATION, json.dumps(NOTES[0])))) == "answered"
-    assert relay.notes == NOTES[:1]
+    assert relay.notes == [_as_relayed(NOTES[0])]
 
 
 def test_positive_control_without_the_prefix_check_the_request_reaches_the_client(

@@ -25,7 +25,9 @@ client decoding keys that way (Go's encoding/json) reads another message than th
 does. Its stderr reaches the gateway's stderr one escaped line at a time. A message is
 relayed rebuilt from its own members, re-encoded: a response from its ``result`` or
 ``error``, under the client's id; a notification from its ``method`` and ``params``, in
-either direction; nothing else its sender added. Requests from a server to the client
+either direction; nothing else its sender added. A server speaks for its own requests
+only (:meth:`Instance._accepted`): progress on a token of a request in flight on it, log
+messages named after it, list changes and resource updates from the listing instance. Requests from a server to the client
 (sampling, roots, elicitation) are answered "method not found" and not relayed, and a
 server's message with a method and no id that is no MCP notification (``notifications/...``)
 is dropped.
@@ -75,6 +77,14 @@ class ServerFailed(Exception):
     """The instance cannot answer (it exited, or broke the protocol): the reason."""
 
 
+def _token(value: Any) -> Optional[tuple[str, Any]]:
+    """A progress token as it is compared (MCP's are strings or integers; ``1`` and ``"1"``
+    and ``true`` are three things), or None if it is none."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return type(value).__name__, value
+    return None
+
+
 class _Slot:
     def __init__(self) -> None:
         self.done = threading.Event()
@@ -86,10 +96,12 @@ class Instance:
     """One confined server process and the requests waiting on it."""
 
     def __init__(self, box: Sandbox, argv: Sequence[str], label: str,
-                 notify_client: Callable[[dict[str, Any]], None], stderr: IO[str]) -> None:
+                 notify_client: Callable[[dict[str, Any]], None], stderr: IO[str],
+                 listing: bool = False) -> None:
         from ...api.sandbox import PIPE
 
         self.label = label
+        self.listing = listing  #: the listing instance: it alone speaks of lists and resources
         self._notify_client = notify_client
         self._stderr = stderr
         self.process: Process = box.popen(list(argv), stdin=PIPE, stdout=PIPE, stderr=PIPE)
@@ -97,6 +109,8 @@ class Instance:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._waiting: dict[int, _Slot] = {}
+        #: the progress tokens of the requests in flight here (their ids on this instance)
+        self._tokens: dict[int, tuple[str, Any]] = {}
         self.failed: Optional[str] = None
         self._threads = [threading.Thread(target=self._read, daemon=True),
                          threading.Thread(target=self._relay_stderr, daemon=True)]
@@ -147,6 +161,10 @@ class Instance:
                 raise ServerFailed(self.failed)
             id = next(self._ids)
             self._waiting[id] = slot
+            meta = params.get("_meta") if isinstance(params, dict) else None
+            token = _token(meta.get("progressToken")) if isinstance(meta, dict) else None
+            if token is not None:
+                self._tokens[id] = token
         self._send(wire.request(id, method, params))
         return id, slot
 
@@ -163,6 +181,7 @@ class Instance:
         own instance is stopped as the call ends, a warm one keeps serving."""
         with self._lock:
             slot = self._waiting.pop(id, None)
+            self._tokens.pop(id, None)
         if slot is not None:
             slot.why = "was cancelled by the client"
             slot.done.set()
@@ -199,12 +218,15 @@ class Instance:
                 if kind == "response":
                     with self._lock:
                         slot = self._waiting.pop(message["id"], None)
+                        self._tokens.pop(message["id"], None)
                     if slot is not None:  # an id the gateway never sent: dropped
                         slot.response = message
                         slot.done.set()
                 elif kind == "notification":
                     if message["method"].startswith(NOTIFICATION):
-                        self._notify_client(wire.relayed(message))
+                        note = self._accepted(message)
+                        if note is not None:
+                            self._notify_client(note)
                 elif kind == "request":
                     self._send(wire.error(message["id"], wire.METHOD_NOT_FOUND,
                                           "the sandlock gateway relays no requests from a server"))
@@ -221,6 +243,32 @@ class Instance:
             pass
         self._fail(reason)
 
+    def _accepted(self, message: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """A server's notification as the client gets it, or None: dropped. A server speaks
+        for its own requests only: progress on a token of a request in flight here; a log
+        message named after this instance (its own logger name after it); list changes and
+        resource updates from the listing instance alone; no other notification of MCP's
+        (a server's ``cancelled`` names a request of its own to the client, which the
+        gateway never relays)."""
+        method, params = message["method"], message.get("params")
+        note = wire.relayed(message)
+        if method == "notifications/progress":
+            token = _token(params.get("progressToken")) if isinstance(params, dict) else None
+            with self._lock:
+                ours = token is not None and token in self._tokens.values()
+            return note if ours else None
+        if method == "notifications/message":
+            if isinstance(params, dict):
+                logger = params.get("logger")
+                named = f"{self.label}/{logger}" if isinstance(logger, str) and logger else self.label
+                note = {**note, "params": {**params, "logger": named}}
+            return note
+        if method.startswith("notifications/") and not (
+                self.listing and (method.endswith("/list_changed")
+                                  or method == "notifications/resources/updated")):
+            return None
+        return note
+
     def _fail(self, reason: Optional[str]) -> None:
         if reason is not None:
             self.process.kill()
@@ -233,6 +281,7 @@ class Instance:
             if self.failed is None:
                 self.failed = reason or f"exited (status {status})"
             waiting, self._waiting = self._waiting, {}
+            self._tokens.clear()
         for slot in waiting.values():
             slot.done.set()
 
@@ -409,10 +458,10 @@ class Gateway:
 
     # -- instances
 
-    def _instance(self, entry: str, label: str) -> Instance:
+    def _instance(self, entry: str, label: str, listing: bool = False) -> Instance:
         box = self.registry.sandbox(entry, self.variables)
         self._warn(entry, box)
-        return Instance(box, self.argv, label, self.send, self._err)
+        return Instance(box, self.argv, label, self.send, self._err, listing)
 
     def _warn(self, entry: str, box: Sandbox) -> None:
         """Say, once per entry, what its policy relies on and this kernel does not enforce
@@ -438,7 +487,7 @@ class Gateway:
             return
         self._init = params
         try:
-            self._listing = self._instance(self.listing_entry, LISTING)
+            self._listing = self._instance(self.listing_entry, LISTING, listing=True)
             self.send(wire.answer(id, self._listing.request("initialize", params, START_TIMEOUT)))
             self._listing.notify(wire.notification("notifications/initialized"))
         except (SandlockError, ServerFailed) as exc:
