@@ -530,8 +530,9 @@ def test_positive_control_a_cancelled_call_left_running_keeps_its_slot(
         _hang_and_cancel(driver, range(1, 3), "hang-warm")
         with pytest.raises(AssertionError, match="no answer"):
             driver.call(3, {"name": "narrow", "arguments": {}}, timeout=3)
-        for instance, _ in list(driver.gateway._inflight.values()):
-            instance.process.kill()  # (the test's own clean-up)
+        for pending in list(driver.gateway._inflight.values()):
+            if pending.target is not None:
+                pending.target[0].process.kill()  # (the test's own clean-up)
     finally:
         driver.close()
 

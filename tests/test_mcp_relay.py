@@ -257,3 +257,91 @@ def test_a_server_that_stops_reading_stops_no_one_else(registry: Path,
         assert "error" in answer or "result" in answer, answer
     finally:
         deaf.close()
+
+
+#: A server that never answers ``initialize`` when its policy sets STALL (the tool's
+#: server "coming back": it knows its entry by what its policy gives it), else answers
+#: every call "answered".
+STALLING = r"""
+import json, os, sys, time
+
+for line in sys.stdin:
+    message = json.loads(line)
+    id, method = message.get("id"), message.get("method")
+    if id is None:
+        continue
+    if method == "initialize":
+        if os.environ.get("STALL"):
+            time.sleep(600)
+        result = {"protocolVersion": message["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "stalling", "version": "1"}}
+    elif method == "tools/call":
+        result = {"content": [{"type": "text", "text": "answered"}]}
+    else:
+        result = {}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": id, "result": result}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class Stalling(Driver):
+    def __init__(self, registry: Path) -> None:
+        self._start(registry, [sys.executable, "-c", STALLING], "stalling")
+
+
+@pytest.fixture(scope="module")
+def stalling_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``stall`` (its server never starts) and ``good``, each with a warm instance, and
+    ``stall-call`` (a fresh instance per call)."""
+    root = tmp_path_factory.mktemp("mcp-stalling")
+    os.chmod(root, 0o755)
+    (root / "listing.toml").write_text(_policy())
+    stall = '[env]\nset = { STALL = "1" }\n'
+    (root / "stall.toml").write_text(_policy(isolation="tool") + stall)
+    (root / "stall-call.toml").write_text(_policy() + stall)
+    (root / "good.toml").write_text(_policy(isolation="tool"))
+    return root
+
+
+def test_a_server_that_never_starts_holds_up_no_other_tool(
+        stalling_registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm tool's server that never answered ``initialize`` held the lock every warm
+    tool's start takes, for START_TIMEOUT (120 s), on each call (a nineteenth attack round):
+    another tool's start does not wait for it."""
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "START_TIMEOUT", 25.0)
+    driver = Stalling(stalling_registry)
+    try:
+        driver.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "stall", "arguments": {}}})
+        import time
+
+        time.sleep(1)
+        assert _text(driver.call(2, {"name": "good", "arguments": {}}, timeout=15)) == "answered"
+    finally:
+        driver.close()
+
+
+@pytest.mark.parametrize("tool", ["stall", "stall-call"])
+def test_a_call_whose_server_never_starts_can_be_cancelled(
+        stalling_registry: Path, monkeypatch: pytest.MonkeyPatch, tool: str) -> None:
+    """Its call was not in flight until the server had started, so the client's
+    cancellation was dropped and the call held one of the 16 slots for START_TIMEOUT: the
+    call is the client's to cancel from the start, and its slot comes back."""
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "START_TIMEOUT", 25.0)
+    driver = Stalling(stalling_registry)
+    try:
+        driver.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": tool, "arguments": {}}})
+        import time
+
+        time.sleep(1)
+        driver.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                     "params": {"requestId": 1, "reason": "too slow"}})
+        answer = driver.answer(1, timeout=15)
+        assert "cancelled" in answer["error"]["message"], answer
+    finally:
+        driver.close()

@@ -27,10 +27,10 @@ relayed rebuilt from its own members, re-encoded: a response from its ``result``
 ``error``, under the client's id; a notification from its ``method`` and ``params``, in
 either direction; nothing else its sender added. A server speaks for its own requests
 only (:meth:`Instance._accepted`): progress on a token of a request in flight on it, log
-messages named after it, list changes and resource updates from the listing instance. Requests from a server to the client
-(sampling, roots, elicitation) are answered "method not found" and not relayed, and a
-server's message with a method and no id that is no MCP notification (``notifications/...``)
-is dropped.
+messages named after it, list changes and resource updates from the listing instance.
+Requests from a server to the client (sampling, roots, elicitation) are answered "method
+not found" and not relayed, and a server's message with a method and no id that is no MCP
+notification (``notifications/...``) is dropped.
 """
 
 from __future__ import annotations
@@ -83,6 +83,16 @@ def _token(value: Any) -> Optional[tuple[str, Any]]:
     if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
         return type(value).__name__, value
     return None
+
+
+class _Pending:
+    """A client's request in flight, for its cancellation: ``cancelled`` once the client
+    cancels it; ``target``, the instance and id its request has there, once it has one
+    (a call's ``initialize`` first, then the call itself)."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.target: Optional[tuple["Instance", int]] = None
 
 
 class _Slot:
@@ -193,9 +203,14 @@ class Instance:
     def notify(self, message: dict[str, Any]) -> None:
         self._send(message)
 
-    def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The handshake: ``initialize`` then ``notifications/initialized``; its response."""
-        response = self.request("initialize", params, START_TIMEOUT)
+    def initialize(self, params: dict[str, Any],
+                   started: Optional[Callable[[int], None]] = None) -> dict[str, Any]:
+        """The handshake: ``initialize`` then ``notifications/initialized``; its response.
+        ``started`` is told the id of ``initialize`` here (so that it can be cancelled)."""
+        id, slot = self.start("initialize", params)
+        if started is not None:
+            started(id)
+        response = self.wait(slot, START_TIMEOUT)
         if "error" in response:
             raise ServerFailed(f"refused to initialize: {printable(str(response['error']))[:200]}")
         self.notify(wire.notification("notifications/initialized"))
@@ -362,14 +377,16 @@ class Gateway:
         self._err = stderr if stderr is not None else sys.stderr
         self._out_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._warm_lock = threading.Lock()
+        self._warm_lock = threading.Lock()  #: held to read or change ``_warm``
+        #: one per entry, held while its warm instance starts (only its own calls wait)
+        self._warm_starts: dict[str, threading.Lock] = {}
         self._calls = threading.BoundedSemaphore(MAX_CALLS)
         self._init: Optional[dict[str, Any]] = None
         self._listing: Optional[Instance] = None
         self._warm: dict[str, Instance] = {}
         self._warned: set[str] = set()  #: entries whose unenforced protections were said
-        #: client id -> (instance, its id there) of a request in flight (for cancellation)
-        self._inflight: dict[wire.Id, tuple[Instance, int]] = {}
+        #: client id -> a request in flight (for cancellation)
+        self._inflight: dict[wire.Id, _Pending] = {}
         self._workers: list[threading.Thread] = []
         self.listing_entry = LISTING if LISTING in registry else DEFAULT
         if self.listing_entry not in registry:
@@ -437,7 +454,11 @@ class Gateway:
             params = message.get("params") or {}
             request = params.get("requestId")
             with self._lock:
-                target = self._inflight.get(request) if wire.valid_id(request) else None
+                pending = self._inflight.get(request) if wire.valid_id(request) else None
+                target = None
+                if pending is not None:
+                    pending.cancelled.set()
+                    target = pending.target
             if target is not None:
                 instance, id = target
                 self._quietly(instance.notify, wire.notification(
@@ -502,18 +523,48 @@ class Gateway:
         self._relay(self._listing, id, method, params, "the server")
 
     def _relay(self, instance: Instance, id: wire.Id, method: str,
-               params: Optional[dict[str, Any]], who: str) -> None:
+               params: Optional[dict[str, Any]], who: str,
+               pending: Optional[_Pending] = None) -> None:
+        own = pending is None
+        pending = self._track(id) if pending is None else pending
         try:
             mine, slot = instance.start(method, params)
-            with self._lock:
-                self._inflight[id] = (instance, mine)
-            try:
-                self.send(wire.answer(id, instance.wait(slot)))
-            finally:
-                with self._lock:
-                    self._inflight.pop(id, None)
+            self._aim(pending, instance, mine)
+            self.send(wire.answer(id, instance.wait(slot)))
         except ServerFailed as exc:
             self.send(wire.error(id, wire.SERVER_FAILED, f"{who} {exc}"))
+        finally:
+            if own:
+                self._untrack(id, pending)
+
+    def _track(self, id: wire.Id) -> _Pending:
+        """A client's request, cancellable from now on."""
+        pending = _Pending()
+        with self._lock:
+            self._inflight[id] = pending
+        return pending
+
+    def _untrack(self, id: wire.Id, pending: _Pending) -> None:
+        with self._lock:
+            if self._inflight.get(id) is pending:
+                del self._inflight[id]
+
+    def _aim(self, pending: _Pending, instance: Instance, mine: int) -> None:
+        """The request is ``mine`` on ``instance`` now: a cancellation goes there (one that
+        came before is passed on at once)."""
+        with self._lock:
+            pending.target = (instance, mine)
+            cancelled = pending.cancelled.is_set()
+        if cancelled:
+            instance.cancel(mine)
+
+    @staticmethod
+    def _wait_for(lock: Any, pending: _Pending) -> None:
+        """``lock`` acquired, or ServerFailed once the client cancels the request: no wait
+        of a call (for a slot, for its tool's start) is beyond the client's reach."""
+        while not lock.acquire(timeout=0.2):
+            if pending.cancelled.is_set():
+                raise ServerFailed("was cancelled by the client")
 
     def _look_alike(self, tool: str) -> Optional[str]:
         """The registry entry ``tool`` is not but reads as (:func:`_folded`), or None: a
@@ -555,30 +606,50 @@ class Gateway:
                                  "that ignores case, spaces or Unicode forms: refused"))
             return
         who = f"the server of tool {name!r}"
-        with self._calls:
-            try:
-                isolation = self.registry.sandbox(entry, self.variables).policy.mcp_isolation
-                instance = self._warm_instance(entry) if isolation == "tool" else None
-                fresh = instance is None
-                if instance is None:
-                    instance = self._instance(entry, name)
-            except (SandlockError, ServerFailed) as exc:
-                self.send(wire.error(id, wire.SERVER_FAILED, f"{who} could not start: {exc}"))
-                return
-            try:
-                if fresh:
-                    assert self._init is not None
-                    instance.initialize(self._init)
-                self._relay(instance, id, method, params, who)
-            except ServerFailed as exc:
-                self.send(wire.error(id, wire.SERVER_FAILED, f"{who} {exc}"))
-            finally:
-                if fresh:
-                    instance.stop()
+        pending = self._track(id)
+        try:
+            self._wait_for(self._calls, pending)
+        except ServerFailed as exc:
+            self._untrack(id, pending)
+            self.send(wire.error(id, wire.SERVER_FAILED, f"{who} {exc}"))
+            return
+        try:
+            self._serve_call(entry, name, id, method, params, who, pending)
+        finally:
+            self._calls.release()
+            self._untrack(id, pending)
 
-    def _warm_instance(self, entry: str) -> Instance:
+    def _serve_call(self, entry: str, name: str, id: wire.Id, method: str,
+                    params: Optional[dict[str, Any]], who: str, pending: _Pending) -> None:
+        try:
+            isolation = self.registry.sandbox(entry, self.variables).policy.mcp_isolation
+            instance = self._warm_instance(entry, pending) if isolation == "tool" else None
+            fresh = instance is None
+            if instance is None:
+                instance = self._instance(entry, name)
+        except (SandlockError, ServerFailed) as exc:
+            self.send(wire.error(id, wire.SERVER_FAILED, f"{who} could not start: {exc}"))
+            return
+        try:
+            if fresh:
+                assert self._init is not None
+                instance.initialize(self._init, lambda mine: self._aim(pending, instance, mine))
+            self._relay(instance, id, method, params, who, pending)
+        except ServerFailed as exc:
+            self.send(wire.error(id, wire.SERVER_FAILED, f"{who} {exc}"))
+        finally:
+            if fresh:
+                instance.stop()
+
+    def _warm_instance(self, entry: str, pending: _Pending) -> Instance:
+        """The entry's warm instance, started if need be: while it starts, only the calls of
+        the same entry wait (each as long as its client lets it)."""
         with self._warm_lock:
-            instance = self._warm.get(entry)
+            starting = self._warm_starts.setdefault(entry, threading.Lock())
+        self._wait_for(starting, pending)
+        try:
+            with self._warm_lock:
+                instance = self._warm.get(entry)
             if instance is not None and instance.failed is None:
                 return instance
             if instance is not None:
@@ -586,12 +657,15 @@ class Gateway:
             instance = self._instance(entry, f"{entry} (warm)")
             try:
                 assert self._init is not None
-                instance.initialize(self._init)
+                instance.initialize(self._init, lambda mine: self._aim(pending, instance, mine))
             except ServerFailed:
                 instance.stop()
                 raise
-            self._warm[entry] = instance
+            with self._warm_lock:
+                self._warm[entry] = instance
             return instance
+        finally:
+            starting.release()
 
     def _say(self, text: str) -> None:
         try:
