@@ -130,11 +130,11 @@ NOTES: list[dict[str, Any]] = [
 ]
 
 
-def _as_relayed(note: dict[str, Any], tool: str = "forge") -> dict[str, Any]:
+def _as_relayed(note: dict[str, Any], logger: str = 'tool "forge"') -> dict[str, Any]:
     """A call instance's notification as the client gets it: a log message names its tool."""
     if note["method"] != "notifications/message":
         return note
-    return {**note, "params": {**note["params"], "logger": tool}}
+    return {**note, "params": {**note["params"], "logger": logger}}
 
 
 def test_a_notification_reaches_the_client_rebuilt_from_its_method_and_params(relay: Relay) -> None:
@@ -165,7 +165,7 @@ def test_a_tool_speaks_only_for_its_own_call(relay: Relay) -> None:
             "params": {"progressToken": 7, "progress": 1}}
     lines = [json.dumps(note) for note in [*forged, *others, message, mine]]
     assert _text(relay.call(7, {**_writing(*lines), "_meta": {"progressToken": 7}})) == "answered"
-    assert relay.notes == [_as_relayed(message, "forge/good"), mine]
+    assert relay.notes == [_as_relayed(message, 'tool "forge": "good"'), mine]
 
 
 def test_positive_control_not_rebuilt_the_extra_keys_reach_the_client(
@@ -255,6 +255,9 @@ def test_a_server_that_stops_reading_stops_no_one_else(registry: Path,
         # server once the deaf one is stopped): never frozen
         answer = deaf.answer(3, timeout=30)
         assert "error" in answer or "result" in answer, answer
+        # a request for the deaf server itself: its write gives up, the server is stopped
+        deaf.send({"jsonrpc": "2.0", "id": 4, "method": "tools/list"})
+        assert "error" in deaf.answer(4, timeout=30)
     finally:
         deaf.close()
 
@@ -345,3 +348,80 @@ def test_a_call_whose_server_never_starts_can_be_cancelled(
         assert "cancelled" in answer["error"]["message"], answer
     finally:
         driver.close()
+
+
+#: A server whose tool ``fill`` fills the server's own stdin pipe (reopened through
+#: /proc/self/fd/0: Landlock does not govern pipes) and then never reads or answers;
+#: any other call is answered.
+FILLING = r"""
+import json, os, sys, time
+
+for line in sys.stdin:
+    message = json.loads(line)
+    id, method = message.get("id"), message.get("method")
+    if id is None:
+        continue
+    if method == "tools/call" and message["params"]["name"] == "fill":
+        fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                os.write(fd, b" " * 4096)
+        except BlockingIOError:
+            pass
+        time.sleep(600)
+    if method == "initialize":
+        result = {"protocolVersion": message["params"]["protocolVersion"],
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "filling", "version": "1"}}
+    elif method == "tools/call":
+        result = {"content": [{"type": "text", "text": "answered"}]}
+    else:
+        result = {}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": id, "result": result}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class Filling(Driver):
+    def __init__(self, registry: Path) -> None:
+        self._start(registry, [sys.executable, "-c", FILLING], "filling")
+
+
+def test_a_cancellation_for_a_server_that_reads_nothing_holds_up_no_one(
+        registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's cancellation was written to the server by the one thread reading the
+    client: a server that filled its own stdin and read nothing more held that thread for
+    WRITE_TIMEOUT (10 s), and every other call with it (a twentieth attack round). What the
+    client sends a server that is not a request is queued for it, never waited for."""
+    import time
+
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "WRITE_TIMEOUT", 120.0)  # beyond the answers' 30 s
+    driver = Filling(registry)
+    try:
+        driver.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                     "params": {"name": "fill", "arguments": {}}})
+        time.sleep(2)  # its stdin is full
+        driver.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                     "params": {"requestId": 1, "reason": "too slow"}})
+        assert "cancelled" in driver.answer(1, timeout=30)["error"]["message"]
+        assert _text(driver.call(2, {"name": "other", "arguments": {}}, timeout=30)) == "answered"
+    finally:
+        driver.close()
+
+
+def test_a_log_message_names_its_tool_as_no_other(relay: Relay) -> None:
+    """The log name was the tool's name, then a slash and the server's logger name: the tool
+    ``listing`` read as the listing instance, ``good/status`` as tool ``good`` logging as
+    ``status``, and control characters reached the client (a twentieth attack round). The
+    names are JSON strings."""
+    message = {"jsonrpc": "2.0", "method": "notifications/message",
+               "params": {"level": "info", "logger": "status\x1b[2K\u202e", "data": "x"}}
+    bare = {"jsonrpc": "2.0", "method": "notifications/message",
+            "params": {"level": "info", "data": "y"}}
+    for tool in ("listing", "good/status"):
+        relay.notes.clear()
+        answer = relay.call(7, {**_writing(json.dumps(message), json.dumps(bare)), "name": tool})
+        assert _text(answer) == "answered"
+        assert [note["params"]["logger"] for note in relay.notes] == [
+            f'tool "{tool}": "status\\u001b[2K\\u202e"', f'tool "{tool}"']

@@ -690,6 +690,7 @@ def test_the_review_shows_every_mode_and_acl_apply_would_write(ws: Path) -> None
     _acl_attack_or_skip(ws)
     command = ("echo more >> b.txt && " + _setting("b.txt", "system.posix_acl_access", NAMED_WRITER)
                + " && chmod 666 b.txt && echo x > open.txt && chmod 666 open.txt && mkdir shared"
+               + " && echo x > run.sh && chmod 750 run.sh && echo x > team.txt && chmod 664 team.txt"
                + " && " + _setting("shared", "system.posix_acl_default", WIDE_DEFAULT)
                + " && " + _setting("sub/c.txt", "user.x", b"1") + " && chmod 600 sub/c.txt")
     done, name = reviewed(ws, "--dry-run", command)
@@ -697,8 +698,21 @@ def test_the_review_shows_every_mode_and_acl_apply_would_write(ws: Path) -> None
     listed = cli("changes", "--no-diff", name)
     assert listed.returncode == 0, listed.stderr
     for line in (f"M {ws}/b.txt mode 0640 -> 0666 extended attributes: system.posix_acl_access set",
-                 f"A {ws}/open.txt mode 0666",
+                 f"A {ws}/open.txt mode 0666", f"A {ws}/run.sh mode 0750",
+                 f"A {ws}/team.txt mode 0664",
                  f"A {ws}/shared/ extended attributes: system.posix_acl_default set",
                  f"m {ws}/sub/c.txt mode 0644 -> 0600 extended attributes: user.x set"):
         assert f"{line}\n" in listed.stdout, (line, listed.stdout)
         assert f"sandlock: {line}\n" in done.stderr, (line, done.stderr)
+
+
+@pytest.mark.parametrize("mode", ["644", "755"])
+def test_a_file_replaced_by_a_directory_is_a_change(ws: Path, mode: str) -> None:
+    """A checkpointed tool replaced a file with a directory of the same mode: the review
+    listed nothing for it (or, with another mode, a mode change), and rollback refused the
+    whole run (a twentieth attack round). The review names the change and the refusal."""
+    done, name = reviewed(ws, "--checkpoint", f"rm a.txt && mkdir a.txt && chmod {mode} a.txt")
+    assert done.returncode == 0, done.stderr
+    listed = cli("changes", "--no-diff", name)
+    (line,) = [line for line in listed.stdout.splitlines() if line.startswith(f"M {ws}/a.txt")]
+    assert "was a file" in line and "rollback refuses it" in line, line

@@ -295,6 +295,8 @@ def changes(value: Mapping[str, Any]) -> list[tuple[int, str, str, Optional[tree
                 out.append((index, rel, "removed", old, None))
             elif old is None:
                 out.append((index, rel, "added", None, new))
+            elif old["k"] != new["k"]:  # a file made a directory too (no mode need differ)
+                out.append((index, rel, "modified", old, new))
             elif not new["same"] and new["k"] != "d":
                 out.append((index, rel, _how(old, new), old, new))
             elif not new["same"] and new["m"] != old["m"]:

@@ -51,7 +51,7 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
             top = value["trees"][index]
             path = printable(os.path.join(top, rel) if rel else top.rstrip("/") or "/")
             item = new if new is not None else old
-            extra = _what(item) + _permissions(what, old, new)
+            extra = _what(item) + _kind_change(value, old, new) + _permissions(what, old, new)
             if value["mode"] != CHECKPOINT and new is not None and what != "removed":
                 why = tree.refusal(rel, new, links[index])
                 if why is not None:
@@ -65,9 +65,28 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
     return out
 
 
-#: Mode bits an added file or directory is shown with: others may write it, or it is
-#: set-user-ID, set-group-ID or sticky (any mode change of an existing one is shown).
-NOTABLE_MODE = 0o7002
+KINDS = {"d": "a directory", "f": "a file", "l": "a symbolic link", "p": "a FIFO",
+         "o": "a device or socket"}
+
+
+def _kind_change(value: Mapping[str, Any], old: Optional[tree.Entry],
+                 new: Optional[tree.Entry]) -> str:
+    """What it was, when it is now another kind; and that apply or rollback refuses a
+    change between a directory and anything else (it refuses the whole run)."""
+    if old is None or new is None or old["k"] == new["k"]:
+        return ""
+    out = f" (was {KINDS.get(old['k'], old['k'])})"
+    if "d" in (old["k"], new["k"]):
+        step = "rollback" if value["mode"] == CHECKPOINT else "apply"
+        out += f" [{step} refuses it: changed between a directory and a file (not supported)]"
+    return out
+
+
+#: Mode bits an added file or directory is shown with: its group or others may write it,
+#: it is set-user-ID, set-group-ID or sticky, or (a file) it may be run. Any mode change
+#: of an existing one is shown. (Ownership is not recorded: a file made in a set-group-ID
+#: directory takes the directory's group.)
+NOTABLE_MODE = {"f": 0o7133, "d": 0o7022}
 
 
 def _permissions(what: str, old: Optional[tree.Entry], new: Optional[tree.Entry]) -> str:
@@ -77,7 +96,7 @@ def _permissions(what: str, old: Optional[tree.Entry], new: Optional[tree.Entry]
     if new is None or new["k"] == "l":
         return ""
     if old is None:
-        mode = f" mode {new['m']:04o}" if new["m"] & NOTABLE_MODE else ""
+        mode = f" mode {new['m']:04o}" if new["m"] & NOTABLE_MODE.get(new["k"], 0o7022) else ""
         made = f" extended attributes: {_attributes_changed({}, new)}" if new.get("x") else ""
         return mode + made
     out = f" mode {old['m']:04o} -> {new['m']:04o}" if old["m"] != new["m"] else ""

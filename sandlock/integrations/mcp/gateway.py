@@ -36,7 +36,9 @@ notification (``notifications/...``) is dropped.
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import queue
 import select
 import sys
 import threading
@@ -66,6 +68,10 @@ STOP_GRACE = 0.5
 #: server is stopped. A server that never read its input held the write lock for ever, and
 #: the gateway's one thread reading the client blocked behind it (a notification for it).
 WRITE_TIMEOUT = 10.0
+#: Notifications from the client queued for one server (beyond, they are dropped): they
+#: are written by a thread of the instance's, never by the one reading the client.
+NOTIFY_QUEUE = 256
+F_GETPIPE_SZ = 1032  #: fcntl(2): a pipe's capacity
 #: The prefix of every notification MCP defines; a notification without it is dropped,
 #: either way: a server that dispatches on the method alone would run a client's
 #: ``tools/call`` sent as one, in the listing instance, under the listing policy; a client
@@ -107,10 +113,12 @@ class Instance:
 
     def __init__(self, box: Sandbox, argv: Sequence[str], label: str,
                  notify_client: Callable[[dict[str, Any]], None], stderr: IO[str],
-                 listing: bool = False) -> None:
+                 listing: bool = False, logger: Optional[str] = None) -> None:
         from ...api.sandbox import PIPE
 
         self.label = label
+        #: who its log messages are from, in a form no tool or logger name can take
+        self.logger = logger or json.dumps(label)
         self.listing = listing  #: the listing instance: it alone speaks of lists and resources
         self._notify_client = notify_client
         self._stderr = stderr
@@ -121,6 +129,8 @@ class Instance:
         self._waiting: dict[int, _Slot] = {}
         #: the progress tokens of the requests in flight here (their ids on this instance)
         self._tokens: dict[int, tuple[str, Any]] = {}
+        self._outbox: Optional[queue.Queue[Optional[bytes]]] = None
+        self._queued = 0  #: notifications queued and not yet written (under _lock)
         self.failed: Optional[str] = None
         self._threads = [threading.Thread(target=self._read, daemon=True),
                          threading.Thread(target=self._relay_stderr, daemon=True)]
@@ -136,24 +146,30 @@ class Instance:
         # not the state's lock: the reader must go on while this waits; whoever holds it
         # gives up within WRITE_TIMEOUT, so a writer waits for it that long at most more
         with self._write_lock:
-            stdin = self.process.stdin
-            if stdin is None or stdin.closed:
-                raise ServerFailed(self.failed or "was stopped")
-            try:
-                stdin.flush()  # nothing is buffered: every write is flushed
-                fd = stdin.fileno()
-                os.set_blocking(fd, False)
-                view, deadline = memoryview(data), time.monotonic() + WRITE_TIMEOUT
-                while view:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not select.select([], [fd], [], left)[1]:
-                        self._stuck()
-                    try:
-                        view = view[os.write(fd, view):]
-                    except BlockingIOError:
-                        continue
-            except (OSError, ValueError):
-                raise ServerFailed(self.failed or "stopped reading its input") from None
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        """:meth:`_send`'s write, the write lock held."""
+        stdin = self.process.stdin
+        if stdin is None or stdin.closed:
+            raise ServerFailed(self.failed or "was stopped")
+        try:
+            stdin.flush()  # nothing is buffered: every write is flushed
+            fd = stdin.fileno()
+            os.set_blocking(fd, False)
+            writable = select.poll()  # not select(): the gateway may hold 1024 descriptors
+            writable.register(fd, select.POLLOUT)
+            view, deadline = memoryview(data), time.monotonic() + WRITE_TIMEOUT
+            while view:
+                left = deadline - time.monotonic()
+                if left <= 0 or not writable.poll(int(left * 1000) + 1):
+                    self._stuck()
+                try:
+                    view = view[os.write(fd, view):]
+                except BlockingIOError:
+                    continue
+        except (OSError, ValueError):
+            raise ServerFailed(self.failed or "stopped reading its input") from None
 
     def _stuck(self) -> NoReturn:
         """A server that read nothing for :data:`WRITE_TIMEOUT`: stopped, and said so."""
@@ -202,6 +218,63 @@ class Instance:
 
     def notify(self, message: dict[str, Any]) -> None:
         self._send(message)
+
+    def notify_soon(self, message: dict[str, Any]) -> None:
+        """Send a notification without waiting for the server to read it (the thread that
+        reads the client waited up to WRITE_TIMEOUT on a server that read nothing): written
+        now if its pipe has room for it and nothing is queued before it (so it keeps its
+        place before the client's next request), else queued for a thread of this
+        instance's, in order; dropped past NOTIFY_QUEUE."""
+        data = wire.encode(message)
+        with self._lock:
+            if self.failed is not None:
+                return
+            now = self._queued == 0 and self._write_lock.acquire(blocking=False)
+        if now:
+            try:
+                if self._room(len(data)):
+                    self._write(data)
+                    return
+            except ServerFailed:
+                return
+            finally:
+                self._write_lock.release()
+        with self._lock:
+            if self._outbox is None:
+                self._outbox = queue.Queue(NOTIFY_QUEUE)
+                writer = threading.Thread(target=self._post, args=(self._outbox,), daemon=True)
+                self._threads.append(writer)
+                writer.start()
+            try:
+                self._outbox.put_nowait(data)
+                self._queued += 1
+            except queue.Full:
+                pass
+
+    def _room(self, size: int) -> bool:
+        """Whether the server's stdin pipe holds ``size`` more bytes now (the write lock
+        held: no one else writes meanwhile)."""
+        import fcntl
+        import termios
+
+        stdin = self.process.stdin
+        try:
+            fd = stdin.fileno() if stdin is not None and not stdin.closed else -1
+            used = int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4), sys.byteorder)
+            return size <= fcntl.fcntl(fd, F_GETPIPE_SZ) - used
+        except (OSError, ValueError):
+            return False
+
+    def _post(self, outbox: "queue.Queue[Optional[bytes]]") -> None:
+        while (data := outbox.get()) is not None:
+            try:
+                with self._write_lock:
+                    self._write(data)
+            except ServerFailed:
+                return
+            finally:
+                with self._lock:
+                    self._queued -= 1
 
     def initialize(self, params: dict[str, Any],
                    started: Optional[Callable[[int], None]] = None) -> dict[str, Any]:
@@ -275,7 +348,8 @@ class Instance:
         if method == "notifications/message":
             if isinstance(params, dict):
                 logger = params.get("logger")
-                named = f"{self.label}/{logger}" if isinstance(logger, str) and logger else self.label
+                named = f"{self.logger}: {json.dumps(logger)}" if isinstance(logger, str) \
+                    and logger else self.logger
                 note = {**note, "params": {**params, "logger": named}}
             return note
         if method.startswith("notifications/") and not (
@@ -332,6 +406,13 @@ class Instance:
     def stop(self) -> None:
         """Close its stdin (MCP's stdio shutdown), then kill its tree if it is still there.
         (Only the reader thread waits for the process: one waiter on its supervisor.)"""
+        with self._lock:
+            outbox = self._outbox
+        if outbox is not None:
+            try:
+                outbox.put_nowait(None)  # the writer's end (once what is queued is sent)
+            except queue.Full:
+                pass  # it ends when a write fails, with the stdin closed below
         if self._write_lock.acquire(timeout=STOP_GRACE):
             try:
                 stdin = self.process.stdin
@@ -461,14 +542,14 @@ class Gateway:
                     target = pending.target
             if target is not None:
                 instance, id = target
-                self._quietly(instance.notify, wire.notification(
-                    "notifications/cancelled", {**params, "requestId": id}))
                 instance.cancel(id)
+                instance.notify_soon(wire.notification(
+                    "notifications/cancelled", {**params, "requestId": id}))
             return
         if message["method"] == "notifications/initialized":
             return  # each instance gets its own from the gateway's handshake
         if self._listing is not None:
-            self._quietly(self._listing.notify, wire.relayed(message))
+            self._listing.notify_soon(wire.relayed(message))
 
     @staticmethod
     def _quietly(send: Callable[[dict[str, Any]], None], message: dict[str, Any]) -> None:
@@ -479,10 +560,14 @@ class Gateway:
 
     # -- instances
 
-    def _instance(self, entry: str, label: str, listing: bool = False) -> Instance:
+    def _instance(self, entry: str, label: str, listing: bool = False,
+                  logger: Optional[str] = None) -> Instance:
+        """A new instance under ``entry``; ``logger`` names its log messages (JSON strings
+        quote the names a client or server chose: a tool named ``good/status`` or
+        ``listing``, a logger name with control characters, read as no other)."""
         box = self.registry.sandbox(entry, self.variables)
         self._warn(entry, box)
-        return Instance(box, self.argv, label, self.send, self._err, listing)
+        return Instance(box, self.argv, label, self.send, self._err, listing, logger)
 
     def _warn(self, entry: str, box: Sandbox) -> None:
         """Say, once per entry, what its policy relies on and this kernel does not enforce
@@ -508,7 +593,8 @@ class Gateway:
             return
         self._init = params
         try:
-            self._listing = self._instance(self.listing_entry, LISTING, listing=True)
+            self._listing = self._instance(self.listing_entry, LISTING, listing=True,
+                                           logger="listing")
             self.send(wire.answer(id, self._listing.request("initialize", params, START_TIMEOUT)))
             self._listing.notify(wire.notification("notifications/initialized"))
         except (SandlockError, ServerFailed) as exc:
@@ -626,7 +712,7 @@ class Gateway:
             instance = self._warm_instance(entry, pending) if isolation == "tool" else None
             fresh = instance is None
             if instance is None:
-                instance = self._instance(entry, name)
+                instance = self._instance(entry, name, logger=f"tool {json.dumps(name)}")
         except (SandlockError, ServerFailed) as exc:
             self.send(wire.error(id, wire.SERVER_FAILED, f"{who} could not start: {exc}"))
             return
@@ -654,7 +740,8 @@ class Gateway:
                 return instance
             if instance is not None:
                 instance.stop()
-            instance = self._instance(entry, f"{entry} (warm)")
+            instance = self._instance(entry, f"{entry} (warm)",
+                                      logger=f"entry {json.dumps(entry)}")
             try:
                 assert self._init is not None
                 instance.initialize(self._init, lambda mine: self._aim(pending, instance, mine))
