@@ -369,6 +369,13 @@ for line in sys.stdin:
         except BlockingIOError:
             pass
         time.sleep(600)
+    if method == "resources/list":  # 16 pages of a pipe taken, though their bytes leave room
+        fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b" " * 4095)
+        os.read(0, 3000)
+        for _ in range(15):
+            os.write(fd, b" " * 4095)
+        time.sleep(600)
     if method == "initialize":
         result = {"protocolVersion": message["params"]["protocolVersion"],
                   "capabilities": {"tools": {}}, "serverInfo": {"name": "filling", "version": "1"}}
@@ -425,3 +432,24 @@ def test_a_log_message_names_its_tool_as_no_other(relay: Relay) -> None:
         assert _text(answer) == "answered"
         assert [note["params"]["logger"] for note in relay.notes] == [
             f'tool "{tool}": "status\\u001b[2K\\u202e"', f'tool "{tool}"']
+
+
+def test_a_notification_for_a_listing_server_that_reads_nothing_holds_up_no_one(
+        registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client notification was written at once when the listing server's stdin pipe
+    seemed to have room by its byte count; a server that left 16 pages of it taken (a pipe
+    fills by pages) held the thread reading the client for WRITE_TIMEOUT (a twenty-first
+    attack round). Every write to a server goes through its own queue."""
+    import time
+
+    from sandlock.integrations.mcp import gateway
+
+    monkeypatch.setattr(gateway, "WRITE_TIMEOUT", 120.0)  # beyond the answers' 30 s
+    driver = Filling(registry)
+    try:
+        driver.send({"jsonrpc": "2.0", "id": 1, "method": "resources/list"})
+        time.sleep(2)  # its stdin is shaped
+        driver.send({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})
+        assert _text(driver.call(2, {"name": "other", "arguments": {}}, timeout=30)) == "answered"
+    finally:
+        driver.close()

@@ -716,3 +716,52 @@ def test_a_file_replaced_by_a_directory_is_a_change(ws: Path, mode: str) -> None
     listed = cli("changes", "--no-diff", name)
     (line,) = [line for line in listed.stdout.splitlines() if line.startswith(f"M {ws}/a.txt")]
     assert "was a file" in line and "rollback refuses it" in line, line
+
+
+def test_what_the_tool_puts_where_a_socket_was_is_shown_and_refused(ws: Path) -> None:
+    """A socket in the tree is not copied into a dry run's copy: the tool wrote a script
+    at its name, the review listed nothing for it, and apply replaced the socket with the
+    script (a twenty-first attack round). It is listed, and apply refuses it."""
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(ws / "agent.sock"))
+    try:
+        done, name = reviewed(ws, "--dry-run", "printf '#!/bin/sh\\n' > agent.sock && "
+                                               "chmod 755 agent.sock && echo x >> a.txt")
+        assert done.returncode == 0, done.stderr
+        listed = cli("changes", "--no-diff", name)
+        (line,) = [line for line in listed.stdout.splitlines() if "agent.sock" in line]
+        assert line.startswith(f"M {ws}/agent.sock") and "was a device or socket" in line, line
+        assert "apply refuses it" in line, line
+        applied = cli("apply", name)
+        assert applied.returncode == 125, applied.stderr
+        assert stat.S_ISSOCK((ws / "agent.sock").lstat().st_mode)
+        assert (ws / "a.txt").read_text() == "hello\nworld\n"  # nothing half-applied
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_socket_the_checkpointed_tool_removed_is_listed(ws: Path, replaced: bool) -> None:
+    """Rollback does not make a socket again: its removal is listed, saying so; a file the
+    tool put in its place is listed, and rollback removes it."""
+    import socket
+
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(ws / "agent.sock"))
+    try:
+        command = "rm agent.sock" + (" && echo x > agent.sock" if replaced else "")
+        done, name = reviewed(ws, "--checkpoint", command)
+        assert done.returncode == 0, done.stderr
+        listed = cli("changes", "--no-diff", name)
+        (line,) = [line for line in listed.stdout.splitlines() if "agent.sock" in line]
+        if replaced:
+            assert line.startswith(f"M {ws}/agent.sock") and "rollback removes it" in line, line
+        else:
+            assert line.startswith(f"D {ws}/agent.sock") and "not made again" in line, line
+        back = cli("rollback", name)
+        assert back.returncode == 0, back.stderr
+        assert not os.path.lexists(ws / "agent.sock")
+    finally:
+        listener.close()

@@ -289,7 +289,11 @@ def changes(value: Mapping[str, Any]) -> list[tuple[int, str, str, Optional[tree
     for index, (before, after) in enumerate(zip(value["before"], value["after"])):
         for rel in sorted(set(before) | set(after)):
             old, new = before.get(rel), after.get(rel)
-            if old is not None and old.get("skip"):
+            if old is not None and old.get("skip"):  # a device or socket: never copied
+                if new is None and value["mode"] == CHECKPOINT:  # rollback cannot make it
+                    out.append((index, rel, "removed", old, None))
+                elif new is not None and not (new.get("skip") and new["same"]):
+                    out.append((index, rel, "modified", old, new))  # apply refuses it
                 continue
             if new is None:
                 out.append((index, rel, "removed", old, None))
@@ -342,7 +346,8 @@ def rollback(name: str) -> int:
         before, after = value["before"][index], value["after"][index]
         writes = [(rel, e) for rel, e in before.items() if not e.get("skip") and (
             e["k"] == "d" or rel not in after or not after[rel]["same"])]
-        deletes = [rel for rel in after if rel not in before]
+        deletes = [rel for rel in after if rel not in before or (  # and what the tool put
+            before[rel].get("skip") and not (after[rel].get("skip") and after[rel]["same"]))]
         _sync(top, after, writes, deletes, _snapshot(name, index), "c", False)
     forget(name)
     return len(changes(value))

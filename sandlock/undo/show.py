@@ -72,12 +72,21 @@ KINDS = {"d": "a directory", "f": "a file", "l": "a symbolic link", "p": "a FIFO
 def _kind_change(value: Mapping[str, Any], old: Optional[tree.Entry],
                  new: Optional[tree.Entry]) -> str:
     """What it was, when it is now another kind; and that apply or rollback refuses a
-    change between a directory and anything else (it refuses the whole run)."""
+    change between a directory and anything else (it refuses the whole run), and apply
+    anything put where a socket or device was (never copied to a dry run's copy)."""
+    checkpoint = value["mode"] == CHECKPOINT
+    if old is not None and old.get("skip"):  # never copied: a socket or device
+        if new is None:
+            return " [not made again by rollback]" if checkpoint else ""
+        out = f" (was {KINDS['o']})"
+        return out + (" [rollback removes it, and does not make the device or socket again]"
+                      if checkpoint else " [apply refuses it: a device or socket in the "
+                      "tree, not copied to the dry run]")
     if old is None or new is None or old["k"] == new["k"]:
         return ""
     out = f" (was {KINDS.get(old['k'], old['k'])})"
     if "d" in (old["k"], new["k"]):
-        step = "rollback" if value["mode"] == CHECKPOINT else "apply"
+        step = "rollback" if checkpoint else "apply"
         out += f" [{step} refuses it: changed between a directory and a file (not supported)]"
     return out
 

@@ -610,6 +610,9 @@ def sync(target: int, expect: Manifest, writes: Sequence[tuple[str, Entry]],
             if why is not None:
                 refused.append(f"{printable(rel)}: {printable(why)}")
             old = expect.get(rel)
+            if tool_made and old is not None and old.get("skip"):
+                refused.append(f"{printable(rel)}: a device or socket in the tree, not copied "
+                               "to the dry run: not replaced")
             if rel and old is not None and old["k"] != want["k"] and "d" in (old["k"], want["k"]):
                 refused.append(f"{printable(rel)}: changed between a directory and a file "
                                "(not supported)")

@@ -71,7 +71,6 @@ WRITE_TIMEOUT = 10.0
 #: Notifications from the client queued for one server (beyond, they are dropped): they
 #: are written by a thread of the instance's, never by the one reading the client.
 NOTIFY_QUEUE = 256
-F_GETPIPE_SZ = 1032  #: fcntl(2): a pipe's capacity
 #: The prefix of every notification MCP defines; a notification without it is dropped,
 #: either way: a server that dispatches on the method alone would run a client's
 #: ``tools/call`` sent as one, in the listing instance, under the listing policy; a client
@@ -99,6 +98,15 @@ class _Pending:
     def __init__(self) -> None:
         self.cancelled = threading.Event()
         self.target: Optional[tuple["Instance", int]] = None
+
+
+class _Write:
+    """Bytes for a server, queued: ``done`` once written or given up (``error``)."""
+
+    def __init__(self, data: bytes, note: bool) -> None:
+        self.data, self.note = data, note
+        self.done = threading.Event()
+        self.error: Optional[str] = None
 
 
 class _Slot:
@@ -129,8 +137,9 @@ class Instance:
         self._waiting: dict[int, _Slot] = {}
         #: the progress tokens of the requests in flight here (their ids on this instance)
         self._tokens: dict[int, tuple[str, Any]] = {}
-        self._outbox: Optional[queue.Queue[Optional[bytes]]] = None
+        self._outbox: Optional[queue.Queue[Optional[_Write]]] = None
         self._queued = 0  #: notifications queued and not yet written (under _lock)
+        self._closing = False  #: stop() began: nothing more is queued
         self.failed: Optional[str] = None
         self._threads = [threading.Thread(target=self._read, daemon=True),
                          threading.Thread(target=self._relay_stderr, daemon=True)]
@@ -140,13 +149,54 @@ class Instance:
     # -- to the server
 
     def _send(self, message: dict[str, Any]) -> None:
-        """Write ``message`` to the server, waiting at most :data:`WRITE_TIMEOUT` for it to
-        read: past it the server is stopped (ServerFailed)."""
-        data = wire.encode(message)
-        # not the state's lock: the reader must go on while this waits; whoever holds it
-        # gives up within WRITE_TIMEOUT, so a writer waits for it that long at most more
-        with self._write_lock:
-            self._write(data)
+        """Write ``message`` to the server, in turn after everything sent before it, and
+        wait until it is written: at most :data:`WRITE_TIMEOUT` for the server to read,
+        past which it is stopped (ServerFailed)."""
+        item = self._queue(wire.encode(message), note=False)
+        item.done.wait()
+        if item.error is not None:
+            raise ServerFailed(item.error)
+
+    def notify_soon(self, message: dict[str, Any]) -> None:
+        """Send a notification in turn, without waiting for the server to read it (the
+        thread that reads the client waited up to WRITE_TIMEOUT on a server that read
+        nothing); dropped when NOTIFY_QUEUE of them wait already, or the server is gone."""
+        try:
+            self._queue(wire.encode(message), note=True)
+        except ServerFailed:
+            pass
+
+    def _queue(self, data: bytes, note: bool) -> "_Write":
+        """Everything written to the server goes through one queue and one writer thread,
+        in the order it was sent: a notification never waits, and never overtakes or is
+        overtaken by a request."""
+        item = _Write(data, note)
+        with self._lock:
+            if self.failed is not None or self._closing:
+                raise ServerFailed(self.failed or "was stopped")
+            if note and self._queued >= NOTIFY_QUEUE:
+                item.done.set()
+                return item
+            if self._outbox is None:
+                self._outbox = queue.Queue()
+                writer = threading.Thread(target=self._post, args=(self._outbox,), daemon=True)
+                self._threads.append(writer)
+                writer.start()
+            self._queued += note
+            self._outbox.put(item)
+        return item
+
+    def _post(self, outbox: "queue.Queue[Optional[_Write]]") -> None:
+        while (item := outbox.get()) is not None:
+            try:
+                with self._write_lock:
+                    self._write(item.data)
+            except ServerFailed as exc:
+                item.error = str(exc)
+            finally:
+                with self._lock:
+                    self._queued -= item.note
+                item.done.set()
 
     def _write(self, data: bytes) -> None:
         """:meth:`_send`'s write, the write lock held."""
@@ -218,63 +268,6 @@ class Instance:
 
     def notify(self, message: dict[str, Any]) -> None:
         self._send(message)
-
-    def notify_soon(self, message: dict[str, Any]) -> None:
-        """Send a notification without waiting for the server to read it (the thread that
-        reads the client waited up to WRITE_TIMEOUT on a server that read nothing): written
-        now if its pipe has room for it and nothing is queued before it (so it keeps its
-        place before the client's next request), else queued for a thread of this
-        instance's, in order; dropped past NOTIFY_QUEUE."""
-        data = wire.encode(message)
-        with self._lock:
-            if self.failed is not None:
-                return
-            now = self._queued == 0 and self._write_lock.acquire(blocking=False)
-        if now:
-            try:
-                if self._room(len(data)):
-                    self._write(data)
-                    return
-            except ServerFailed:
-                return
-            finally:
-                self._write_lock.release()
-        with self._lock:
-            if self._outbox is None:
-                self._outbox = queue.Queue(NOTIFY_QUEUE)
-                writer = threading.Thread(target=self._post, args=(self._outbox,), daemon=True)
-                self._threads.append(writer)
-                writer.start()
-            try:
-                self._outbox.put_nowait(data)
-                self._queued += 1
-            except queue.Full:
-                pass
-
-    def _room(self, size: int) -> bool:
-        """Whether the server's stdin pipe holds ``size`` more bytes now (the write lock
-        held: no one else writes meanwhile)."""
-        import fcntl
-        import termios
-
-        stdin = self.process.stdin
-        try:
-            fd = stdin.fileno() if stdin is not None and not stdin.closed else -1
-            used = int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4), sys.byteorder)
-            return size <= fcntl.fcntl(fd, F_GETPIPE_SZ) - used
-        except (OSError, ValueError):
-            return False
-
-    def _post(self, outbox: "queue.Queue[Optional[bytes]]") -> None:
-        while (data := outbox.get()) is not None:
-            try:
-                with self._write_lock:
-                    self._write(data)
-            except ServerFailed:
-                return
-            finally:
-                with self._lock:
-                    self._queued -= 1
 
     def initialize(self, params: dict[str, Any],
                    started: Optional[Callable[[int], None]] = None) -> dict[str, Any]:
@@ -407,12 +400,9 @@ class Instance:
         """Close its stdin (MCP's stdio shutdown), then kill its tree if it is still there.
         (Only the reader thread waits for the process: one waiter on its supervisor.)"""
         with self._lock:
-            outbox = self._outbox
-        if outbox is not None:
-            try:
-                outbox.put_nowait(None)  # the writer's end (once what is queued is sent)
-            except queue.Full:
-                pass  # it ends when a write fails, with the stdin closed below
+            self._closing = True
+            if self._outbox is not None:
+                self._outbox.put(None)  # the writer's end, once what is queued is written
         if self._write_lock.acquire(timeout=STOP_GRACE):
             try:
                 stdin = self.process.stdin
