@@ -262,10 +262,13 @@ def test_a_server_that_stops_reading_stops_no_one_else(registry: Path,
         deaf.close()
 
 
-#: A server that never answers ``initialize`` when its policy sets STALL (the tool's
-#: server "coming back": it knows its entry by what its policy gives it), else answers
-#: every call "answered".
-STALLING = r"""
+#: A server that misbehaves on cue, else answers every call "answered": it never answers
+#: ``initialize`` when its policy sets STALL (the tool's server "coming back": it knows
+#: its entry by what its policy gives it); its tool ``fill`` fills the server's own stdin
+#: pipe (reopened through /proc/self/fd/0: Landlock does not govern pipes); ``resources/
+#: list`` leaves all 16 pages of that pipe taken though their bytes leave room; after
+#: either it never reads or answers again.
+MISBEHAVING = r"""
 import json, os, sys, time
 
 for line in sys.stdin:
@@ -273,11 +276,26 @@ for line in sys.stdin:
     id, method = message.get("id"), message.get("method")
     if id is None:
         continue
+    if method == "tools/call" and message["params"]["name"] == "fill":
+        fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                os.write(fd, b" " * 4096)
+        except BlockingIOError:
+            pass
+        time.sleep(600)
+    if method == "resources/list":
+        fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b" " * 4095)
+        os.read(0, 3000)
+        for _ in range(15):
+            os.write(fd, b" " * 4095)
+        time.sleep(600)
     if method == "initialize":
         if os.environ.get("STALL"):
             time.sleep(600)
         result = {"protocolVersion": message["params"]["protocolVersion"],
-                  "capabilities": {"tools": {}}, "serverInfo": {"name": "stalling", "version": "1"}}
+                  "capabilities": {"tools": {}}, "serverInfo": {"name": "misbehaving", "version": "1"}}
     elif method == "tools/call":
         result = {"content": [{"type": "text", "text": "answered"}]}
     else:
@@ -287,9 +305,9 @@ for line in sys.stdin:
 """
 
 
-class Stalling(Driver):
+class Misbehaving(Driver):
     def __init__(self, registry: Path) -> None:
-        self._start(registry, [sys.executable, "-c", STALLING], "stalling")
+        self._start(registry, [sys.executable, "-c", MISBEHAVING], "misbehaving")
 
 
 @pytest.fixture(scope="module")
@@ -314,7 +332,7 @@ def test_a_server_that_never_starts_holds_up_no_other_tool(
     from sandlock.integrations.mcp import gateway
 
     monkeypatch.setattr(gateway, "START_TIMEOUT", 25.0)
-    driver = Stalling(stalling_registry)
+    driver = Misbehaving(stalling_registry)
     try:
         driver.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                      "params": {"name": "stall", "arguments": {}}})
@@ -335,7 +353,7 @@ def test_a_call_whose_server_never_starts_can_be_cancelled(
     from sandlock.integrations.mcp import gateway
 
     monkeypatch.setattr(gateway, "START_TIMEOUT", 25.0)
-    driver = Stalling(stalling_registry)
+    driver = Misbehaving(stalling_registry)
     try:
         driver.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                      "params": {"name": tool, "arguments": {}}})
@@ -350,49 +368,6 @@ def test_a_call_whose_server_never_starts_can_be_cancelled(
         driver.close()
 
 
-#: A server whose tool ``fill`` fills the server's own stdin pipe (reopened through
-#: /proc/self/fd/0: Landlock does not govern pipes) and then never reads or answers;
-#: any other call is answered.
-FILLING = r"""
-import json, os, sys, time
-
-for line in sys.stdin:
-    message = json.loads(line)
-    id, method = message.get("id"), message.get("method")
-    if id is None:
-        continue
-    if method == "tools/call" and message["params"]["name"] == "fill":
-        fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
-        try:
-            while True:
-                os.write(fd, b" " * 4096)
-        except BlockingIOError:
-            pass
-        time.sleep(600)
-    if method == "resources/list":  # 16 pages of a pipe taken, though their bytes leave room
-        fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
-        os.write(fd, b" " * 4095)
-        os.read(0, 3000)
-        for _ in range(15):
-            os.write(fd, b" " * 4095)
-        time.sleep(600)
-    if method == "initialize":
-        result = {"protocolVersion": message["params"]["protocolVersion"],
-                  "capabilities": {"tools": {}}, "serverInfo": {"name": "filling", "version": "1"}}
-    elif method == "tools/call":
-        result = {"content": [{"type": "text", "text": "answered"}]}
-    else:
-        result = {}
-    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": id, "result": result}) + "\n")
-    sys.stdout.flush()
-"""
-
-
-class Filling(Driver):
-    def __init__(self, registry: Path) -> None:
-        self._start(registry, [sys.executable, "-c", FILLING], "filling")
-
-
 def test_a_cancellation_for_a_server_that_reads_nothing_holds_up_no_one(
         registry: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The client's cancellation was written to the server by the one thread reading the
@@ -404,7 +379,7 @@ def test_a_cancellation_for_a_server_that_reads_nothing_holds_up_no_one(
     from sandlock.integrations.mcp import gateway
 
     monkeypatch.setattr(gateway, "WRITE_TIMEOUT", 120.0)  # beyond the answers' 30 s
-    driver = Filling(registry)
+    driver = Misbehaving(registry)
     try:
         driver.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                      "params": {"name": "fill", "arguments": {}}})
@@ -445,7 +420,7 @@ def test_a_notification_for_a_listing_server_that_reads_nothing_holds_up_no_one(
     from sandlock.integrations.mcp import gateway
 
     monkeypatch.setattr(gateway, "WRITE_TIMEOUT", 120.0)  # beyond the answers' 30 s
-    driver = Filling(registry)
+    driver = Misbehaving(registry)
     try:
         driver.send({"jsonrpc": "2.0", "id": 1, "method": "resources/list"})
         time.sleep(2)  # its stdin is shaped
