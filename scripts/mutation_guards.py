@@ -1955,4 +1955,14 @@ GUARDS: tuple[Guard, ...] = (
           "        deletes = [rel for rel in after if rel not in before or False and (  "
           "# and what the tool put\n",
           ("tests/test_undo.py::test_a_socket_the_checkpointed_tool_removed_is_listed[True]",)),
+    Guard("learn: a /proc link to a deleted object is no path", "sandlock/trace/record.py",
+          "        if here.startswith(\"/proc/\") and target.endswith(DELETED):\n"
+          "            raise _NoPath(here)\n",
+          "",
+          ("tests/test_learn_holes.py::test_a_deleted_directory_or_file_is_no_path",)),
+    Guard("learn: nothing is reached through a deleted working directory", "sandlock/trace/record.py",
+          "            if walked_from.endswith(DELETED):\n"
+          "                return None  # a removed directory holds nothing, and its text is no path\n",
+          "",
+          ("tests/test_learn_holes.py::test_a_deleted_directory_or_file_is_no_path",)),
 )

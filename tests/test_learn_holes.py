@@ -851,3 +851,38 @@ def test_proc_self_is_the_process_not_the_thread(work: Path, home: Path, tmp_pat
                    for grant in everything), text
     assert any(str(work / "notes") == grant or str(work / "notes").startswith(grant + "/")
                or grant == "${workspace}" for grant in fs["read"]), text
+
+
+def test_a_deleted_directory_or_file_is_no_path(work: Path, home: Path, tmp_path: Path) -> None:
+    """The kernel names a deleted working directory or file in /proc as its old path and
+    `` (deleted)``: the recorder walked that text, and a link the tool made by that name
+    sent the draft anywhere (a twenty-second attack round). What is reached through a
+    deleted directory is no access; a deleted file reopened is no path."""
+    other = tmp_path / "other"
+    (other / "private").mkdir(parents=True)
+    (other / "private" / "data.txt").write_text("private\n")
+    tool = textwrap.dedent(f"""
+        import os
+        os.mkdir("d"); os.chdir("d"); os.rmdir("../d")
+        os.symlink({str(other)!r}, "../d (deleted)")
+        for name in ("notes.txt", "."):
+            try:
+                os.close(os.open(name, os.O_RDONLY))
+            except OSError:
+                pass
+        os.chdir({str(work)!r})
+        fd = os.open("gone.txt", os.O_RDWR | os.O_CREAT, 0o600)
+        os.unlink("gone.txt")
+        os.symlink({str(other / "private" / "data.txt")!r}, "gone.txt (deleted)")
+        os.close(os.open(f"/proc/self/fd/{{fd}}", os.O_RDONLY))
+        print("done")
+    """)
+    out = tmp_path / "draft.toml"
+    learned = cli(["learn", "-o", str(out), "--", sys.executable, "-c", tool], work, home)
+    assert learned.returncode == 0, learned.stderr
+    assert learned.stdout == "done\n"
+    fs = grants(out.read_text())["filesystem"]
+    assert isinstance(fs, dict)
+    everything = [grant for right in fs.values() if isinstance(right, list) for grant in right]
+    assert not any(grant == str(other) or grant.startswith(f"{other}/") for grant in everything), \
+        out.read_text()

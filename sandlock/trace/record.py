@@ -277,6 +277,8 @@ class Recorder(Listener):
         if empty or not path:
             base = f"/proc/{tid}/fd/{dirfd}" if dirfd != AT_FDCWD else f"/proc/{tid}/cwd"
             real = _readlink(base)
+            if real.endswith(DELETED):
+                return None  # an object with no name: no path was walked
             return Target(real, real, _kind(real, True))
         if path.startswith("/"):
             given = path
@@ -285,6 +287,8 @@ class Recorder(Listener):
             walked_from = _readlink(base)
             if not walked_from.startswith("/") or (dirfd != AT_FDCWD and not os.path.isdir(base)):
                 return None  # a file as dirfd: ENOTDIR, though its link is a path
+            if walked_from.endswith(DELETED):
+                return None  # a removed directory holds nothing, and its text is no path
             given = os.path.join(walked_from, path)
         # Never normalised as text: ``link/..`` is the parent of the link's target, as the
         # kernel walks it (normalised, ``d/../../notes.txt`` named a file beside the
@@ -308,6 +312,8 @@ class Recorder(Listener):
                 real = _walk(tid, real, links)[0]  # the links of one walk, all told
         except _TooManyLinks:
             return None  # ELOOP: the kernel read nothing
+        except _NoPath:
+            return None  # a deleted object: its /proc link's text names no path
         except _NotTheTools:
             return None  # EACCES: another process's (the tool's own children's too: the
             # recorder cannot tell which processes share the tool's Landlock domain)
@@ -337,6 +343,15 @@ _MAX_LINKS = 40  #: the kernel's bound on the links of one walk (ELOOP past it)
 
 class _TooManyLinks(Exception):
     """A walk past :data:`_MAX_LINKS` links: the kernel answers ELOOP and reads nothing."""
+
+
+#: How the kernel ends the text of a /proc link to a deleted object (d_path): the text
+#: is then no path (the tool may have made a link by that very name).
+DELETED = " (deleted)"
+
+
+class _NoPath(Exception):
+    """A link under /proc to a deleted object: it names no path to walk."""
 
 
 class _NotTheTools(Exception):
@@ -392,6 +407,8 @@ def _walk(tid: int, path: str, links: int = 0) -> tuple[str, bool, int]:
             continue
         if foreign:
             raise _NotTheTools(here)
+        if here.startswith("/proc/") and target.endswith(DELETED):
+            raise _NoPath(here)
         links += 1
         if links > _MAX_LINKS:
             raise _TooManyLinks(here)
