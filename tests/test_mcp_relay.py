@@ -296,6 +296,16 @@ for line in sys.stdin:
             time.sleep(600)
         result = {"protocolVersion": message["params"]["protocolVersion"],
                   "capabilities": {"tools": {}}, "serverInfo": {"name": "misbehaving", "version": "1"}}
+        if os.environ.get("FILL"):  # its stdin full, then answered: nothing after it is read
+            fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                while True:
+                    os.write(fd, b" " * 4096)
+            except BlockingIOError:
+                pass
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": id, "result": result}) + "\n")
+            sys.stdout.flush()
+            time.sleep(600)
     elif method == "tools/call":
         result = {"content": [{"type": "text", "text": "answered"}]}
     else:
@@ -321,6 +331,7 @@ def stalling_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "stall.toml").write_text(_policy(isolation="tool") + stall)
     (root / "stall-call.toml").write_text(_policy() + stall)
     (root / "good.toml").write_text(_policy(isolation="tool"))
+    (root / "fill.toml").write_text(_policy() + '[env]\nset = { FILL = "1" }\n')
     return root
 
 
@@ -344,15 +355,18 @@ def test_a_server_that_never_starts_holds_up_no_other_tool(
         driver.close()
 
 
-@pytest.mark.parametrize("tool", ["stall", "stall-call"])
+@pytest.mark.parametrize("tool", ["stall", "stall-call", "fill"])
 def test_a_call_whose_server_never_starts_can_be_cancelled(
         stalling_registry: Path, monkeypatch: pytest.MonkeyPatch, tool: str) -> None:
     """Its call was not in flight until the server had started, so the client's
     cancellation was dropped and the call held one of the 16 slots for START_TIMEOUT: the
-    call is the client's to cancel from the start, and its slot comes back."""
+    call is the client's to cancel from the start, and its slot comes back. So is a call
+    whose request waits to be written to a server that reads nothing (``fill``: it held
+    its slot for WRITE_TIMEOUT, a twenty-second attack round)."""
     from sandlock.integrations.mcp import gateway
 
     monkeypatch.setattr(gateway, "START_TIMEOUT", 25.0)
+    monkeypatch.setattr(gateway, "WRITE_TIMEOUT", 120.0)  # beyond the answer's 15 s
     driver = Misbehaving(stalling_registry)
     try:
         driver.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",

@@ -101,10 +101,12 @@ class _Pending:
 
 
 class _Write:
-    """Bytes for a server, queued: ``done`` once written or given up (``error``)."""
+    """Bytes for a server, queued: ``done`` once written or given up (``error``); a
+    request's id and slot, which a write given up ends."""
 
-    def __init__(self, data: bytes, note: bool) -> None:
-        self.data, self.note = data, note
+    def __init__(self, data: bytes, note: bool,
+                 request: Optional[tuple[int, "_Slot"]] = None) -> None:
+        self.data, self.note, self.request = data, note, request
         self.done = threading.Event()
         self.error: Optional[str] = None
 
@@ -166,11 +168,12 @@ class Instance:
         except ServerFailed:
             pass
 
-    def _queue(self, data: bytes, note: bool) -> "_Write":
+    def _queue(self, data: bytes, note: bool,
+               request: Optional[tuple[int, _Slot]] = None) -> "_Write":
         """Everything written to the server goes through one queue and one writer thread,
         in the order it was sent: a notification never waits, and never overtakes or is
         overtaken by a request."""
-        item = _Write(data, note)
+        item = _Write(data, note, request)
         with self._lock:
             if self.failed is not None or self._closing:
                 raise ServerFailed(self.failed or "was stopped")
@@ -196,6 +199,12 @@ class Instance:
             finally:
                 with self._lock:
                     self._queued -= item.note
+                    if item.error is not None and item.request is not None:
+                        id, slot = item.request  # its call ends (unless it ended already)
+                        if self._waiting.pop(id, None) is slot:
+                            self._tokens.pop(id, None)
+                            slot.why = item.error
+                            slot.done.set()
                 item.done.set()
 
     def _write(self, data: bytes) -> None:
@@ -230,7 +239,10 @@ class Instance:
         raise ServerFailed(self.failed or "stopped reading its input")
 
     def start(self, method: str, params: Optional[dict[str, Any]]) -> tuple[int, _Slot]:
-        """Send a request; its id on this instance, and the slot its response arrives in."""
+        """Send a request; its id on this instance, and the slot its response arrives in.
+        Queued, not waited for: a write the server does not read in time ends the slot,
+        and so does the client's cancellation meanwhile (a call waiting on the write could
+        not be cancelled for WRITE_TIMEOUT)."""
         slot = _Slot()
         with self._lock:
             if self.failed is not None:
@@ -241,7 +253,13 @@ class Instance:
             token = _token(meta.get("progressToken")) if isinstance(meta, dict) else None
             if token is not None:
                 self._tokens[id] = token
-        self._send(wire.request(id, method, params))
+        try:
+            self._queue(wire.encode(wire.request(id, method, params)), False, (id, slot))
+        except ServerFailed:
+            with self._lock:
+                self._waiting.pop(id, None)
+                self._tokens.pop(id, None)
+            raise
         return id, slot
 
     def wait(self, slot: _Slot, timeout: Optional[float] = None) -> dict[str, Any]:
@@ -266,9 +284,6 @@ class Instance:
                 timeout: Optional[float] = None) -> dict[str, Any]:
         return self.wait(self.start(method, params)[1], timeout)
 
-    def notify(self, message: dict[str, Any]) -> None:
-        self._send(message)
-
     def initialize(self, params: dict[str, Any],
                    started: Optional[Callable[[int], None]] = None) -> dict[str, Any]:
         """The handshake: ``initialize`` then ``notifications/initialized``; its response.
@@ -279,7 +294,7 @@ class Instance:
         response = self.wait(slot, START_TIMEOUT)
         if "error" in response:
             raise ServerFailed(f"refused to initialize: {printable(str(response['error']))[:200]}")
-        self.notify(wire.notification("notifications/initialized"))
+        self.notify_soon(wire.notification("notifications/initialized"))
         return response
 
     # -- from the server
@@ -586,7 +601,7 @@ class Gateway:
             self._listing = self._instance(self.listing_entry, LISTING, listing=True,
                                            logger="listing")
             self.send(wire.answer(id, self._listing.request("initialize", params, START_TIMEOUT)))
-            self._listing.notify(wire.notification("notifications/initialized"))
+            self._listing.notify_soon(wire.notification("notifications/initialized"))
         except (SandlockError, ServerFailed) as exc:
             self._init = None
             if self._listing is not None:
