@@ -492,8 +492,14 @@ def _hang_and_cancel(driver: Driver, ids: range, tool: str) -> None:
     for id in ids:
         driver.send({"jsonrpc": "2.0", "id": id, "method": "tools/call",
                      "params": {"name": tool, "arguments": {}}})
+    def running(id: int) -> bool:
+        """Its tools/call is sent to the server (after the ``initialize`` a new instance
+        gets, id 1 there): cancelled earlier, it would end as the server starts."""
+        pending = driver.gateway._inflight.get(id)
+        return pending is not None and pending.target is not None and pending.target[1] >= 2
+
     deadline = time.monotonic() + ANSWER
-    while time.monotonic() < deadline and set(ids) - set(driver.gateway._inflight):
+    while time.monotonic() < deadline and not all(running(id) for id in ids):
         time.sleep(0.05)
     for id in ids:
         driver.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
