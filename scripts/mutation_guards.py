@@ -1882,12 +1882,12 @@ GUARDS: tuple[Guard, ...] = (
           ("tests/test_undo.py::test_the_users_own_attributes_survive[--dry-run]",)),
     Guard("learn: /proc/self is the tool's process, not the thread that named it",
           "sandlock/trace/record.py",
-          "            process = _process(tid) or tid\n",
+          "            process = tools() or tid\n",
           "            process = tid\n",
           ("tests/test_learn_holes.py::test_proc_self_is_the_process_not_the_thread",)),
     Guard("review: a mode or ACL change is shown whatever else changed", "sandlock/undo/show.py",
-          "            extra = _what(item) + _kind_change(value, old, new) + _permissions(what, old, new)\n",
-          "            extra = _what(item) + _kind_change(value, old, new) + (_permissions(what, old, new)"
+          "            extra = _what(item) + _kind_change(value, old, new) + _permissions(old, new)\n",
+          "            extra = _what(item) + _kind_change(value, old, new) + (_permissions(old, new)"
           " if what in (\"mode\", \"attributes\") else \"\")\n",
           ("tests/test_undo.py::test_the_review_shows_every_mode_and_acl_apply_would_write",)),
     Guard("mcp: progress reaches the client only on a token of the instance's own requests",
@@ -1947,13 +1947,12 @@ GUARDS: tuple[Guard, ...] = (
           "            if False:\n",
           ("tests/test_undo.py::test_what_the_tool_puts_where_a_socket_was_is_shown_and_refused",)),
     Guard("review: what the tool put where a socket was is listed", "sandlock/undo/session.py",
-          "                elif new is not None and not (new.get(\"skip\") and new[\"same\"]):\n",
+          "                elif new is not None and replaces_skipped(old, new):\n",
           "                elif False:\n",
           ("tests/test_undo.py::test_what_the_tool_puts_where_a_socket_was_is_shown_and_refused",)),
     Guard("rollback: what the tool put where a socket was is removed", "sandlock/undo/session.py",
-          "        deletes = [rel for rel in after if rel not in before or (  # and what the tool put\n",
-          "        deletes = [rel for rel in after if rel not in before or False and (  "
-          "# and what the tool put\n",
+          "                   if rel not in before or replaces_skipped(before[rel], after[rel])]\n",
+          "                   if rel not in before]\n",
           ("tests/test_undo.py::test_a_socket_the_checkpointed_tool_removed_is_listed[True]",)),
     Guard("learn: a /proc link to a deleted object is no path", "sandlock/trace/record.py",
           "        if here.startswith(\"/proc/\") and target.endswith(DELETED):\n"

@@ -271,18 +271,21 @@ def test_a_server_that_stops_reading_stops_no_one_else(registry: Path,
 MISBEHAVING = r"""
 import json, os, sys, time
 
+def fill():
+    fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            os.write(fd, b" " * 4096)
+    except BlockingIOError:
+        pass
+
 for line in sys.stdin:
     message = json.loads(line)
     id, method = message.get("id"), message.get("method")
     if id is None:
         continue
     if method == "tools/call" and message["params"]["name"] == "fill":
-        fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
-        try:
-            while True:
-                os.write(fd, b" " * 4096)
-        except BlockingIOError:
-            pass
+        fill()
         time.sleep(600)
     if method == "resources/list":
         fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
@@ -297,12 +300,7 @@ for line in sys.stdin:
         result = {"protocolVersion": message["params"]["protocolVersion"],
                   "capabilities": {"tools": {}}, "serverInfo": {"name": "misbehaving", "version": "1"}}
         if os.environ.get("FILL"):  # its stdin full, then answered: nothing after it is read
-            fd = os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NONBLOCK)
-            try:
-                while True:
-                    os.write(fd, b" " * 4096)
-            except BlockingIOError:
-                pass
+            fill()
             sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": id, "result": result}) + "\n")
             sys.stdout.flush()
             time.sleep(600)

@@ -383,6 +383,13 @@ def _walk(tid: int, path: str, links: int = 0) -> tuple[str, bool, int]:
     under ``/proc/PID`` of another process is never followed (:class:`_NotTheTools`)."""
     done, todo, through_proc = "/", path.split("/")[::-1], False
     foreign = False  # under /proc/PID of a process not the tool's
+    known: list[int] = []
+
+    def tools() -> int:  # the tool's process, read once a walk (when it is needed)
+        if not known:
+            known.append(_process(tid))
+        return known[0]
+
     while todo:
         part = todo.pop()
         if part in ("", "."):
@@ -393,12 +400,12 @@ def _walk(tid: int, path: str, links: int = 0) -> tuple[str, bool, int]:
             continue
         here = os.path.join(done, part)
         if here in _SELF:  # the thread group's, as the kernel reads it for the tool
-            process = _process(tid) or tid
+            process = tools() or tid
             done = f"/proc/{process}" if here == "/proc/self" else f"/proc/{process}/task/{tid}"
             through_proc, foreign = True, False
             continue
         if done == "/proc" and part.isdigit():
-            foreign = int(part) != tid and _process(int(part)) != _process(tid)
+            foreign = int(part) != tid and _process(int(part)) != tools()
         through_proc = through_proc or here.startswith("/proc/")
         try:
             target = os.readlink(here)

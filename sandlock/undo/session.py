@@ -292,7 +292,7 @@ def changes(value: Mapping[str, Any]) -> list[tuple[int, str, str, Optional[tree
             if old is not None and old.get("skip"):  # a device or socket: never copied
                 if new is None and value["mode"] == CHECKPOINT:  # rollback cannot make it
                     out.append((index, rel, "removed", old, None))
-                elif new is not None and not (new.get("skip") and new["same"]):
+                elif new is not None and replaces_skipped(old, new):
                     out.append((index, rel, "modified", old, new))  # apply refuses it
                 continue
             if new is None:
@@ -308,6 +308,12 @@ def changes(value: Mapping[str, Any]) -> list[tuple[int, str, str, Optional[tree
             elif not new["same"] and new.get("x") != old.get("x"):
                 out.append((index, rel, "attributes", old, new))
     return out
+
+
+def replaces_skipped(old: tree.Entry, new: tree.Entry) -> bool:
+    """Whether ``new`` is something the tool put where ``old``, a device or socket (never
+    copied, ``skip``), was: anything but that same object still there."""
+    return bool(old.get("skip")) and not (new.get("skip") and new["same"])
 
 
 def _how(old: tree.Entry, new: tree.Entry) -> str:
@@ -346,8 +352,8 @@ def rollback(name: str) -> int:
         before, after = value["before"][index], value["after"][index]
         writes = [(rel, e) for rel, e in before.items() if not e.get("skip") and (
             e["k"] == "d" or rel not in after or not after[rel]["same"])]
-        deletes = [rel for rel in after if rel not in before or (  # and what the tool put
-            before[rel].get("skip") and not (after[rel].get("skip") and after[rel]["same"]))]
+        deletes = [rel for rel in after  # and what the tool put where a socket or device was
+                   if rel not in before or replaces_skipped(before[rel], after[rel])]
         _sync(top, after, writes, deletes, _snapshot(name, index), "c", False)
     forget(name)
     return len(changes(value))

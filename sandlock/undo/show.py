@@ -51,7 +51,7 @@ def lines(name: str, value: Mapping[str, Any], diffs: bool = True) -> list[str]:
             top = value["trees"][index]
             path = printable(os.path.join(top, rel) if rel else top.rstrip("/") or "/")
             item = new if new is not None else old
-            extra = _what(item) + _kind_change(value, old, new) + _permissions(what, old, new)
+            extra = _what(item) + _kind_change(value, old, new) + _permissions(old, new)
             if value["mode"] != CHECKPOINT and new is not None and what != "removed":
                 why = tree.refusal(rel, new, links[index])
                 if why is not None:
@@ -98,7 +98,7 @@ def _kind_change(value: Mapping[str, Any], old: Optional[tree.Entry],
 NOTABLE_MODE = {"f": 0o7133, "d": 0o7022}
 
 
-def _permissions(what: str, old: Optional[tree.Entry], new: Optional[tree.Entry]) -> str:
+def _permissions(old: Optional[tree.Entry], new: Optional[tree.Entry]) -> str:
     """Every mode and attribute change that apply or rollback writes, whatever else changed
     (a content change beside them hid them): of an added entry, a notable mode and its
     attributes."""
