@@ -9,6 +9,7 @@ import json
 import os
 import re
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -625,7 +626,8 @@ def test_an_acl_or_attribute_the_tool_set_is_a_change(ws: Path, flag: str) -> No
     _acl_attack_or_skip(ws)
     done, name = reviewed(ws, flag, _set_by_the_tool())
     assert done.returncode == 0, done.stderr
-    for line in (f"a {ws}/ extended attributes: system.posix_acl_default set",
+    for line in (f"a {ws}/ extended attributes: system.posix_acl_default set "
+                 "(user::rwx,group::rwx,other::rwx)",
                  f"a {ws}/a.txt extended attributes: user.note set"):
         assert f"sandlock: {line}\n" in done.stderr, (line, done.stderr)
     if flag == "--checkpoint":
@@ -697,13 +699,39 @@ def test_the_review_shows_every_mode_and_acl_apply_would_write(ws: Path) -> None
     assert done.returncode == 0, done.stderr
     listed = cli("changes", "--no-diff", name)
     assert listed.returncode == 0, listed.stderr
-    for line in (f"M {ws}/b.txt mode 0640 -> 0666 extended attributes: system.posix_acl_access set",
+    # what each ACL grants: uid 54321 may write b.txt (chmod 666 widened its mask and
+    # others), anyone may write what is made in shared/
+    for line in (f"M {ws}/b.txt mode 0640 -> 0666 extended attributes: system.posix_acl_access set "
+                 "(user::rw-,user:54321:rw-,group::r--,mask::rw-,other::rw-)",
                  f"A {ws}/open.txt mode 0666", f"A {ws}/run.sh mode 0750",
                  f"A {ws}/team.txt mode 0664",
-                 f"A {ws}/shared/ extended attributes: system.posix_acl_default set",
+                 f"A {ws}/shared/ extended attributes: system.posix_acl_default set "
+                 "(user::rwx,group::rwx,other::rwx)",
                  f"m {ws}/sub/c.txt mode 0644 -> 0600 extended attributes: user.x set"):
         assert f"{line}\n" in listed.stdout, (line, listed.stdout)
         assert f"sandlock: {line}\n" in done.stderr, (line, done.stderr)
+
+
+@pytest.mark.parametrize("flag", ["--checkpoint", "--dry-run"])
+def test_a_directory_whose_times_alone_changed_is_listed(ws: Path, flag: str) -> None:
+    """A tool made and removed a file in ``sub/`` and set ``old/``'s times: apply (or
+    rollback) writes both directories' times back, yet the review listed "0 change(s)" (a
+    twenty-first attack round). Such a directory is listed; one that holds a listed change
+    is not listed again for its times (its change explains them)."""
+    (ws / "old").mkdir()
+    done, name = reviewed(ws, flag, "echo x > sub/gone && rm sub/gone && touch -d 2001-01-01 old"
+                          " && echo x > new.txt")
+    assert done.returncode == 0, done.stderr
+    listed = cli("changes", "--no-diff", name)
+    assert listed.returncode == 0, listed.stderr
+    assert f"t {ws}/sub/\n" in listed.stdout and f"t {ws}/old/\n" in listed.stdout, listed.stdout
+    assert f"A {ws}/new.txt\n" in listed.stdout, listed.stdout
+    assert f"t {ws}/\n" not in listed.stdout, listed.stdout  # new.txt's change is in it
+    assert "3 change(s)" in listed.stdout, listed.stdout
+    back = cli("rollback" if flag == "--checkpoint" else "apply", name)
+    assert back.returncode == 0, back.stderr
+    in_2001 = (ws / "old").stat().st_mtime < 1_000_000_000  # the tool's times, or the user's back
+    assert in_2001 == (flag == "--dry-run")
 
 
 @pytest.mark.parametrize("mode", ["644", "755"])
@@ -765,3 +793,17 @@ def test_a_socket_the_checkpointed_tool_removed_is_listed(ws: Path, replaced: bo
         assert not os.path.lexists(ws / "agent.sock")
     finally:
         listener.close()
+
+
+def test_an_acl_is_shown_as_what_it_grants() -> None:
+    """The review names who an ACL lets in (ids as numbers); anything else is unreadable."""
+    from test_keep import NAMED_WRITER, WIDE_DEFAULT
+
+    from sandlock.undo.xattrs import acl_text
+
+    assert acl_text(NAMED_WRITER) == "user::rw-,user:54321:rw-,group::r--,mask::rw-,other::r--"
+    assert acl_text(WIDE_DEFAULT) == "user::rwx,group::rwx,other::rwx"
+    assert acl_text(struct.pack("<IHHI", 2, 0x08, 5, 100)) == "group:100:r-x"
+    for bad in (b"", b"\x02\0\0", struct.pack("<IHHI", 1, 1, 7, 0), struct.pack("<IHHI", 2, 0x40, 7, 0),
+                struct.pack("<IHHI", 2, 1, 8, 0), NAMED_WRITER[:-1]):
+        assert acl_text(bad) == "unreadable", bad

@@ -287,26 +287,36 @@ def changes(value: Mapping[str, Any]) -> list[tuple[int, str, str, Optional[tree
     extended attributes of :mod:`sandlock.undo.xattrs`) or ``times``."""
     out: list[tuple[int, str, str, Optional[tree.Entry], Optional[tree.Entry]]] = []
     for index, (before, after) in enumerate(zip(value["before"], value["after"])):
+        found: list[tuple[int, str, str, Optional[tree.Entry], Optional[tree.Entry]]] = []
+        touched: list[str] = []  # directories written back for their times alone
         for rel in sorted(set(before) | set(after)):
             old, new = before.get(rel), after.get(rel)
             if old is not None and old.get("skip"):  # a device or socket: never copied
                 if new is None and value["mode"] == CHECKPOINT:  # rollback cannot make it
-                    out.append((index, rel, "removed", old, None))
+                    found.append((index, rel, "removed", old, None))
                 elif new is not None and replaces_skipped(old, new):
-                    out.append((index, rel, "modified", old, new))  # apply refuses it
+                    found.append((index, rel, "modified", old, new))  # apply refuses it
                 continue
             if new is None:
-                out.append((index, rel, "removed", old, None))
+                found.append((index, rel, "removed", old, None))
             elif old is None:
-                out.append((index, rel, "added", None, new))
+                found.append((index, rel, "added", None, new))
             elif old["k"] != new["k"]:  # a file made a directory too (no mode need differ)
-                out.append((index, rel, "modified", old, new))
+                found.append((index, rel, "modified", old, new))
             elif not new["same"] and new["k"] != "d":
-                out.append((index, rel, _how(old, new), old, new))
+                found.append((index, rel, _how(old, new), old, new))
             elif not new["same"] and new["m"] != old["m"]:
-                out.append((index, rel, "mode", old, new))
+                found.append((index, rel, "mode", old, new))
             elif not new["same"] and new.get("x") != old.get("x"):
-                out.append((index, rel, "attributes", old, new))
+                found.append((index, rel, "attributes", old, new))
+            elif not new["same"]:
+                touched.append(rel)
+        # A directory's times are written back with it. Listed when nothing listed lies in
+        # it (what changed them is otherwise gone: a file made and removed, a touch).
+        holding = {os.path.dirname(rel) for _, rel, *_ in found if rel}
+        found += [(index, rel, "times", before[rel], after[rel]) for rel in touched
+                  if rel not in holding]
+        out += sorted(found, key=lambda change: change[1])
     return out
 
 

@@ -11,7 +11,7 @@ import os
 from typing import Any, Mapping, Optional
 
 from ..trace.emit import printable
-from . import tree
+from . import tree, xattrs
 from .session import CHECKPOINT, changes
 from .session import _scratch as scratch_of
 from .session import _snapshot as snapshot_of
@@ -115,10 +115,13 @@ def _permissions(old: Optional[tree.Entry], new: Optional[tree.Entry]) -> str:
 
 
 def _attributes_changed(old: tree.Entry, new: tree.Entry) -> str:
-    """The names of the attributes set, changed or removed (the tool chose them)."""
+    """The names of the attributes set, changed or removed (the tool chose them), and what
+    an ACL set grants."""
     before, after = dict(tree.attributes_of(old)), dict(tree.attributes_of(new))
     names = sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
-    return ", ".join(f"{printable(name)} {'removed' if name not in after else 'set'}"
+    return ", ".join(f"{printable(name)} removed" if name not in after else
+                     f"{printable(name)} set" + (f" ({xattrs.acl_text(after[name])})"
+                                                 if name.startswith(xattrs.ACLS) else "")
                      for name in names)
 
 

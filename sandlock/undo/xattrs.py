@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 from typing import Callable, Optional, Sequence, Union
 
-KEPT = ("user.", "system.posix_acl_access", "system.posix_acl_default")
+ACLS = ("system.posix_acl_access", "system.posix_acl_default")
+KEPT = ("user.", *ACLS)
 _UNSUPPORTED = (errno.ENOTSUP, errno.EOPNOTSUPP)
 
 #: (name, value) pairs, sorted by name.
@@ -66,3 +68,29 @@ def held(fd: int) -> str:
     """The path of the object an O_PATH descriptor holds (its attributes cannot be read
     through such a descriptor itself)."""
     return f"/proc/self/fd/{fd}"
+
+
+#: acl_xattr.h: a POSIX ACL as the kernel stores it, a version then (tag, perms, id) entries.
+ACL_VERSION = 2
+_ACL_HEAD, _ACL_ENTRY = struct.Struct("<I"), struct.Struct("<HHI")
+#: The tags, as getfacl(1) names them; the owner, owning group, mask and others have no id.
+_ACL_TAGS = {0x01: "user:", 0x02: "user:{}", 0x04: "group:", 0x08: "group:{}", 0x10: "mask:",
+             0x20: "other:"}
+
+
+def acl_text(value: bytes) -> str:
+    """A ``system.posix_acl_*`` value as getfacl's short form names what it grants
+    (``user::rwx,user:54321:rw-,group::r--,mask::rw-,other::r--``: ids as numbers, which
+    no one can rename); ``unreadable`` for what is not such an ACL."""
+    size = _ACL_ENTRY.size
+    if len(value) < _ACL_HEAD.size or (len(value) - _ACL_HEAD.size) % size \
+            or _ACL_HEAD.unpack_from(value)[0] != ACL_VERSION:
+        return "unreadable"
+    out = []
+    for offset in range(_ACL_HEAD.size, len(value), size):
+        tag, perms, ident = _ACL_ENTRY.unpack_from(value, offset)
+        if tag not in _ACL_TAGS or perms > 7:
+            return "unreadable"
+        rights = "".join(letter if perms & bit else "-" for letter, bit in (("r", 4), ("w", 2), ("x", 1)))
+        out.append(f"{_ACL_TAGS[tag].format(ident)}:{rights}")
+    return ",".join(out)
