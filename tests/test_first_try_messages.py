@@ -293,7 +293,7 @@ def test_learn_draft_grants_proc_whole_or_not_at_all(tmp_path: Path, work: Path,
                          work, home)
     assert learned.returncode == 0, learned.stderr
     text = out.read_text()
-    assert '"/proc",' in text  # granted whole (its own /proc/self entries), with a WARNING
+    assert '"/proc",' in text  # granted whole (the /proc entries of processes), with a WARNING
     assert "listed /proc" not in text and '"/proc/filesystems"' not in text, text
 
 

@@ -446,8 +446,8 @@ def _filesystem(grants: _Grants, paths: _Paths, cwd: str, env_set: Optional[Entr
     if grants.cwd_read and not grants.cwd_written:
         reads.append(Entry(_WORKSPACE, f"the working directory ({cwd}), read"))
     if grants.proc:
-        reads.append(Entry(emit.toml_string("/proc"), "the tool read its own /proc/self "
-                           "entries, whose number changes every run",
+        reads.append(Entry(emit.toml_string("/proc"), "the tool read the /proc entries of "
+                           "processes (its own, or others'), whose numbers change every run",
                            f"broader than used: {EXPOSES['proc']}"))
     reads += [paths.entry(p, _why(g.why), g.warning) for p, g in sorted(grants.reads.items())]
     writes: list[Optional[Entry]] = []
