@@ -263,7 +263,8 @@ def test_gap_messages_say_what_is_lost() -> None:
                         network=Network(connect=(PortRange(1, 1),), unix=True))
     assert [str(gap) for gap in gaps(everything, 0)] == [
         ("filesystem confinement (needs Landlock ABI 1): Landlock is unavailable: every file the "
-         "user can reach is reachable"),
+         "user can reach is reachable, including sandlock's own code and state directory "
+         "(~/.cache/sandlock: cached plans, key): a tool can change what later runs do"),
         ("TCP port restriction (needs Landlock ABI 4): TCP connect/bind is possible to and on any "
          "port, not only the granted ones"),
         ("device ioctl restriction (needs Landlock ABI 5): ioctl(2) on granted devices is not "

@@ -146,7 +146,7 @@ class Scene:
         plan[4] = (*plan[4], (str(self.outside), rights))
         value["plan"] = tuple(plan)
         payload = marshal.dumps((stored_key, value))
-        path.write_bytes(cache.MAGIC + cache._tag(key, payload) + payload)
+        path.write_bytes(cache.MAGIC + cache._tag(key, cache.MAGIC, payload) + payload)
 
 
 @pytest.fixture

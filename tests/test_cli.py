@@ -520,7 +520,14 @@ def test_best_effort_warns_and_still_confines(workspace: Path, outside: Path, ab
     assert any("Permission denied" in line for line in err)
 
 
+#: What the no-Landlock gap says a best-effort run leaves open beyond the user's files.
+LATER_RUNS = ("including sandlock's own code and state directory (~/.cache/sandlock: cached "
+              "plans, key): a tool can change what later runs do")
+
+
 def test_strict_refuses_without_landlock(workspace: Path) -> None:
+    """Strict refuses; best-effort runs and warns, as `explain` says, that without Landlock
+    sandlock's own code and state are the tool's to change, and with them later runs."""
     code, _, err = run_read_file(workspace, workspace / "notes.md", 0)
     assert code == 125
     assert err[0] == (f"sandlock: this kernel (Landlock ABI 0) cannot enforce what {READ_FILE} "
@@ -528,6 +535,14 @@ def test_strict_refuses_without_landlock(workspace: Path) -> None:
     assert any(line.startswith("  - filesystem confinement (needs Landlock ABI 1): SANDLOCK_ABI=0 "
                                "pretends a kernel without Landlock") and "every file the user can "
                "reach is reachable" in line and "--best-effort" in line for line in err), err
+    code, out, err = run_read_file(workspace, workspace / "notes.md", 0, "--best-effort")
+    explained = invoke("explain", "--policy", str(READ_FILE), "--var", f"workspace={workspace}",
+                       env={ENV_ABI: "0"})
+    assert (code, out, explained.exit_code) == (0, "hello from the workspace\n", 0), err
+    assert any(line.startswith("sandlock: warning:   - filesystem confinement (needs Landlock "
+                               "ABI 1): ") and LATER_RUNS in line for line in err), err
+    assert "filesystem confinement (needs Landlock ABI 1): SANDLOCK_ABI=0 pretends a kernel " \
+           "without Landlock" in explained.stdout and LATER_RUNS in explained.stdout, explained.stdout
 
 
 def test_best_effort_in_the_policy_file(workspace: Path, tmp_path: Path) -> None:

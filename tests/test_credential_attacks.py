@@ -169,9 +169,18 @@ def route(upstream: Server, certificate: tuple[Path, Path]) -> Iterator[Any]:
         server.stop()
 
 
+def dial(server: R.RouteServer, timeout: float) -> socket.socket:
+    """A connection to the route as a confined tool's is, made through its connect gate:
+    admitted for the server's one session (:meth:`R.RouteServer.admit`)."""
+    sock = socket.create_connection(server.address, timeout=timeout)
+    (sid,) = set(server._sid_of.values())
+    server.admit(sock.getsockname()[:2], sid)
+    return sock
+
+
 def ask(server: R.RouteServer, request: bytes) -> tuple[int, str]:
     """Send raw bytes to the route (as a tool can); (status, the whole response)."""
-    with socket.create_connection(server.address, timeout=30) as sock:
+    with dial(server, 30) as sock:
         sock.sendall(request)
         data = b""
         while chunk := sock.recv(65536):
@@ -295,6 +304,7 @@ ATTACKS = [
     ("double-encoded letter", "/api/v1/chat/%2561dmin", ""),
     ("encoded slash", "/api/v1/chat%2fadmin", ""),
     ("encoded dot segment", "/api/v1/chat/x/%2e%2e/admin", ""),
+    ("space-padded dot segment", "/api/v1/chat/x/..%20/admin", ""),
     ("encoded semicolon", "/api/v1/chat%3bx/admin", ""),
     ("encoded NUL", "/api/v1/chat/admin%00", ""),
     ("non-ASCII", "/api/v1/chat/\u00e4dmin", ""),
@@ -357,6 +367,19 @@ def test_positive_control_each_disguise_reaches_the_upstream_unguarded(
     status, response = ask(server, _request(target, extra, placeholder))
     assert status == 200, (what, response)
     assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {SECRET}"
+
+
+@pytest.mark.parametrize("path", ["/v1/admin%20", "/v1/admin.", "/v1/%20admin", "/v1/x/..%20/admin",
+                                  "/v1/x/%20../admin", "/v1/admin%20%20"])
+def test_a_segment_an_upstream_may_trim_is_refused(path: str) -> None:
+    """An upstream that trims decoded segments (Spring's trimTokens, IIS's trailing dots and
+    spaces) reads "admin%20" or "admin." as "admin", past a deny rule of "/v1/admin", and
+    "..%20" as ".." (a twenty-fourth attack round). Control: spaces inside a segment, a dot
+    inside or leading one, pass."""
+    with pytest.raises(R.BadRequest, match="an upstream may trim it"):
+        R._checked_target("/api" + path)
+    for fine in ("/v1/a%20b", "/v1/x.json", "/v1/.well-known/x", "/v1/v1.2/models"):
+        assert R._checked_target("/api" + fine)[1] == fine
 
 
 def test_deny_rules_read_the_path_in_any_case_and_get_covers_head() -> None:
@@ -454,12 +477,10 @@ def test_the_api_grants_the_route_before_compiling(
     assert json.loads(result.stdout) == [200, "ok POST /v1/chat/completions\n"]
     assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {SECRET}"
     port = box._routes.server.port  # what the Sandbox says it grants: that address only,
-    # unless the policy reaches every host on its connect ports already
-    if network is True:
-        assert str(port) in granted["connect"]
-    else:
-        assert str(port) not in granted["connect"]
-        assert f"credential routes 127.0.0.1:{port}" in granted["allow"]
+    # through the connect gate, which admits the route's connections for their call (also
+    # where the policy reaches every host on its connect ports)
+    assert str(port) not in granted["connect"]
+    assert f"credential routes 127.0.0.1:{port}" in granted["allow"]
 
 
 def test_explain_shows_the_route_port_and_tcp_sockets(tmp_path: Path) -> None:
@@ -529,7 +550,7 @@ BODY_SMUGGLING = [
 def ask_half_closed(server: R.RouteServer, request: bytes) -> tuple[int, str]:
     """Send ``request``, shut the sending side (the tool has nothing more), read the answer:
     (status, whole answer); status 0 when the route closed without one."""
-    with socket.create_connection(server.address, timeout=40) as sock:
+    with dial(server, 40) as sock:
         sock.sendall(request)
         sock.shutdown(socket.SHUT_WR)
         data = b""
@@ -639,7 +660,7 @@ def test_a_body_larger_than_memory_held_goes_through_whole_after_100_continue(
     body = bytes(range(256)) * ((3 * H.BODY_IN_MEMORY) // 256 + 7)
     head = (ALLOWED.format(placeholder=placeholder) + "Expect: 100-continue\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
-    with socket.create_connection(server.address, timeout=30) as sock:
+    with dial(server, 30) as sock:
         sock.sendall(head)
         assert sock.recv(65536).startswith(b"HTTP/1.1 100 ")
         sock.sendall(body)
@@ -689,7 +710,7 @@ def test_positive_control_h11_alone_forwards_them_with_the_secret(
     server, placeholder = route()
     accepted = count_connections(upstream, monkeypatch)
     request = (ALLOWED.format(placeholder=placeholder) + extra + "\r\n" + body).encode("latin-1")
-    with socket.create_connection(server.address, timeout=30) as sock:
+    with dial(server, 30) as sock:
         sock.sendall(request)
         deadline = time.monotonic() + 20
         while not accepted and time.monotonic() < deadline:
@@ -787,7 +808,7 @@ def stop_during_handshake(certificate: tuple[Path, Path], go_first: bool) -> tup
     placeholder = server.session({"api": SECRET}).placeholders["api"]
     server.start()
     stopper = threading.Thread(target=server.stop, daemon=True)
-    client = socket.create_connection(server.address, timeout=60)
+    client = dial(server, 60)
     try:
         client.sendall((ALLOWED.format(placeholder=placeholder)
                         + "Content-Length: 0\r\n\r\n").encode())

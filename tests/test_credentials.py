@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -751,9 +752,9 @@ def test_probe_rows_catch_a_route_that_leaks(tmp_path: Path,
         shown.extend(secrets_.values())
         return {**real_env(credentials, env, secrets_, *rest), "LEAKED": secrets_["api"]}
 
-    def no_check(self: Any, item: Any, headers: Any, query: str, where: str) -> Any:
+    def no_check(self: Any, item: Any, headers: Any, query: str, where: str, peer: Any) -> Any:
         try:
-            return real_secret(self, item, headers, query, where)
+            return real_secret(self, item, headers, query, where, peer)
         except routes.BadRequest:
             with self._lock:
                 return next((s, p) for p, (i, s) in self._sessions.items() if i is item)
@@ -887,4 +888,142 @@ def test_one_call_cannot_starve_another_calls_route(
         assert attacker.stdout is not None and attacker.stdout.readline().startswith("holding")
         during = box.run([PYTHON, "-c", victim], capture_output=True, text=True, timeout=120)
         attacker.communicate("x", timeout=120)
+    assert during.stdout.strip() == "200", during.stderr[-300:]
+
+
+# ----------------------------------------------------------------------------
+# A placeholder alone is no key to the route (a twenty-fourth attack round)
+
+
+def _outside(base: str, placeholder: str) -> tuple[int, str]:
+    """A request to the route from this process, outside any sandbox, with ``placeholder``:
+    (status, body)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(base + "/models", headers={"Authorization": f"Bearer {placeholder}"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_another_calls_placeholder_is_no_key_to_the_route(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    """One Sandbox, two calls with their own secrets: Bob's tool leaves its placeholder where
+    Alice's tool reads it (a command line in /proc, here its output), and Alice's tool sent
+    requests with it, under Bob's key (the route chose the secret by the placeholder alone).
+    The route serves a placeholder only on a connection the call's own gate or proxy made
+    and admitted for that call. Control: Bob's own request with it goes through."""
+    needs_kernel()
+    from sandlock import Sandbox
+
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    alice, bob = (f"sk-{who}-{secrets.token_hex(8)}" for who in ("alice", "bob"))
+    waiting = CLIENT + textwrap.dedent("""
+        print(KEY, flush=True)
+        sys.stdin.readline()
+        print(json.dumps(call('GET', BASE + '/models?who=bob')[:2]), flush=True)
+    """)
+    borrow = CLIENT + "print(json.dumps(call('GET', BASE + '/models?who=alice', auth=sys.argv[1])[:2]))"
+    with Sandbox(str(policy), credentials={"api": "sk-" + secrets.token_hex(8)}) as box:
+        victim = box.popen([PYTHON, "-c", waiting], stdin=-1, stdout=-1, stderr=-1, text=True,
+                           credentials={"api": bob})
+        assert victim.stdin is not None and victim.stdout is not None
+        placeholder = victim.stdout.readline().strip()
+        assert placeholder.startswith("sandlock-placeholder-api-"), placeholder
+        thief = box.run([PYTHON, "-c", borrow, placeholder], capture_output=True, text=True,
+                        timeout=120, credentials={"api": alice})
+        victim.stdin.write("go\n")
+        victim.stdin.flush()
+        own = json.loads(victim.stdout.readline())
+        victim.communicate(timeout=120)
+    assert thief.returncode == 0, thief.stderr
+    status, body = json.loads(thief.stdout)
+    assert status == 403 and "not of the run whose tool made this connection" in body, body
+    assert own[0] == 200, own  # control: the placeholder is a live one, of Bob's call
+    assert [seen["headers"]["Authorization"] for seen in upstream.seen] == [f"Bearer {bob}"]
+    assert all("who=alice" not in seen["path"] for seen in upstream.seen)
+
+
+def test_a_local_process_cannot_borrow_a_runs_route(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    """`sandlock run`: a process outside the sandbox (another local user would do the same)
+    that reads the tool's placeholder, from its command line in /proc, connects to the
+    route's port itself: refused, the connection was not made through the run's connect
+    gate. Control: the tool's own request with it goes through; the policy reaches other
+    hosts on a connect port, where the route used to be a Landlock port rule (no gate)."""
+    needs_kernel()
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    waiting = CLIENT + textwrap.dedent("""
+        print(KEY, BASE, flush=True)
+        sys.stdin.readline()
+        print(json.dumps(call('GET', BASE + '/models?who=tool')[:2]), flush=True)
+    """)
+    env = {**os.environ, "TEST_API_KEY": SECRET, "TEST_OTHER": "x"}
+    run = subprocess.Popen([sys.executable, "-m", "sandlock", "run", "--policy", str(policy), "--",
+                            PYTHON, "-c", waiting], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert run.stdin is not None and run.stdout is not None
+        placeholder, base = run.stdout.readline().split()
+        status, body = _outside(base, placeholder)
+        run.stdin.write("go\n")
+        run.stdin.flush()
+        own = json.loads(run.stdout.readline())
+        _, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert status == 403 and "not made by a confined tool through its connect gate" in body, body
+    assert own[0] == 200, (own, err)  # control: the placeholder is the run's, live
+    assert [seen["path"] for seen in upstream.seen] == ["/v1/models?who=tool"]
+
+
+def test_one_call_cannot_hold_every_slot_with_requests_under_way(
+        tmp_path: Path, upstream: Server, other: Server,
+        certificate: tuple[Path, Path]) -> None:
+    """A call that sends more complete requests than the shared route server serves at
+    once, each to an endpoint that answers slowly (a stream), held every slot: another
+    call's request timed out (a twenty-fourth attack round). A run has at most
+    MAX_PER_SESSION requests under way (503 beyond); the other call is served."""
+    needs_kernel()
+    from sandlock import Sandbox
+    from sandlock.net import listener, routes
+
+    policy = route_policy(tmp_path, upstream, other, certificate[0])
+    hog = CLIENT + textwrap.dedent(f"""
+        import resource, socket
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        host, port = BASE.split("/")[2].split(":")
+        head = ("GET /api/v1/sse HTTP/1.1\\r\\nHost: x\\r\\nAuthorization: Bearer " + KEY
+                + "\\r\\n\\r\\n").encode()
+        held, statuses = [], {{}}
+        for _ in range({listener.MAX_CLIENTS + 5}):
+            s = socket.create_connection((host, int(port)))
+            s.sendall(head)
+            held.append(s)
+        for s in held:
+            s.settimeout(30)
+            status = s.recv(12)[9:12].decode()
+            statuses[status] = statuses.get(status, 0) + 1
+        print(json.dumps(statuses), flush=True)
+        sys.stdin.read(1)
+    """)
+    victim = CLIENT + "print(call('GET', BASE + '/models')[0])"
+    with Sandbox(str(policy), credentials={"api": "sk-" + secrets.token_hex(8)}) as box:
+        attacker = box.popen([PYTHON, "-c", hog], stdin=-1, stdout=-1, stderr=-1, text=True)
+        assert attacker.stdout is not None
+        statuses = json.loads(attacker.stdout.readline())
+        during = box.run([PYTHON, "-c", victim], capture_output=True, text=True, timeout=120)
+        upstream.ack.set()
+        attacker.communicate("x", timeout=120)
+    assert statuses == {"200": routes.MAX_PER_SESSION,
+                        "503": listener.MAX_CLIENTS + 5 - routes.MAX_PER_SESSION}, statuses
     assert during.stdout.strip() == "200", during.stderr[-300:]

@@ -403,7 +403,7 @@ def signed(data: bytes) -> bytes:
     assert secret is not None, "no user keyring: the cache is off, nothing to forge"
     head = len(cache.MAGIC) + cache.TAG_BYTES
     assert data.startswith(cache.MAGIC), data[:40]
-    return cache.MAGIC + cache._tag(secret, data[head:]) + data[head:]
+    return cache.MAGIC + cache._tag(secret, cache.MAGIC, data[head:]) + data[head:]
 
 
 def test_forged_cache_entry_does_not_widen_the_next_run(scene: Scene) -> None:

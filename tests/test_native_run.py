@@ -230,7 +230,7 @@ def test_the_front_ends_copies_are_the_python_tables() -> None:
 @pytest.mark.any_user
 @pytest.mark.parametrize(("old", "new"), [
     ('"sandlock:policy-cache:v1"', '"sandlock:policy-cache:v2"'),
-    ('#define NATIVE_FORMAT 3', '#define NATIVE_FORMAT 4'),
+    ('#define NATIVE_FORMAT 4', '#define NATIVE_FORMAT 5'),
     ('"XDG_CACHE_HOME",', ""),
     ('"PYTHONPYCACHEPREFIX",', ""),
     ('#define ENV_LOG "SANDLOCK_LOG"', '#define ENV_LOG "SANDLOCK_LOGS"'),
@@ -312,7 +312,29 @@ def forge(entry: Path, key: bytes) -> None:
     old = cache._field(os.fsencode(path)) + cache._number(rights)
     assert payload.count(old) == 1
     payload = payload.replace(old, cache._field(os.fsencode(path)) + cache._number(2**16 - 1))
-    entry.write_bytes(cache.NATIVE_MAGIC + cache._tag(key, payload) + payload)
+    entry.write_bytes(cache.NATIVE_MAGIC + cache._tag(key, cache.NATIVE_MAGIC, payload) + payload)
+
+
+@pytest.mark.parametrize("kind", ["record", "plan", "entry"], ids=["as-record", "as-plan", "control"])
+def test_a_payload_tagged_as_another_kind_of_file_is_not_trusted(
+        kind: str, tmp_path: Path, env: dict[str, str]) -> None:
+    """One key tags compiled plans, native entries and front-end records: the tag covers
+    the magic, so a payload tagged as one kind never verifies as another (a twenty-third
+    attack round; no payload that parses as two kinds was found, this is depth). Control:
+    the same payload tagged as an entry is one, in Python and in the front end."""
+    policy = write_policy(tmp_path, POLICY)
+    entry = stored(policy, env, tmp_path)
+    data = entry.read_bytes()
+    payload = data[len(cache.NATIVE_MAGIC) + cache.TAG_BYTES:]
+    magic = {"record": cache.FRONT_MAGIC, "plan": cache.MAGIC, "entry": cache.NATIVE_MAGIC}[kind]
+    entry.write_bytes(cache.NATIVE_MAGIC + cache._tag(secret(), magic, payload) + payload)
+    fields = cache.read_native(entry.read_bytes(), secret())
+    _, notes = front(["run", "--policy", str(policy), "--", "true"], env, tmp_path)
+    if kind == "entry":
+        assert fields is not None and notes["entry"] == "verified"
+    else:
+        assert fields is None
+        assert notes["fallback"] == "the entry's tag does not verify" and "entry" not in notes
 
 
 @pytest.mark.parametrize("attack", [True, False], ids=["forged", "control-real-key"])

@@ -528,7 +528,8 @@ def test_the_proxy_refuses_an_ambiguous_head_before_connecting(
     try:
         with socket.create_connection(proxy.address, timeout=30) as sock:
             sock.sendall(f"GET http://api.internal.test:{http_server.port}/ HTTP/1.1\r\n"
-                         f"Host: x\r\nProxy-Authorization: Basic {auth}\r\n{extra}\r\n"
+                         f"Host: api.internal.test:{http_server.port}\r\n"
+                         f"Proxy-Authorization: Basic {auth}\r\n{extra}\r\n"
                          "hello".encode("latin-1"))
             sock.shutdown(socket.SHUT_WR)
             answer = b""

@@ -642,6 +642,8 @@ class Sandbox:
         try:
             mediation = self._mediation()
             if mediation is not None:
+                if self._routes is not None:  # its connections to the route are this call's
+                    mediation.bind((session or self._routes.session).sid)  # type: ignore[attr-defined]
                 cmd = mediation.command(cmd)
             call = self._submit("exec", cmd, theirs, timeout, mediation=mediation,
                                 report_start=report_start, **fields)
@@ -693,7 +695,8 @@ class Sandbox:
             if self._closed:  # never start a mediator for a Sandbox that is closed
                 raise SandlockError("this Sandbox is closed")
             if self._mediator is None:  # its own sandlock-exec server: see WarmProcess
-                self._mediator = MediatorProcess(self.policy, self._native and nativeexec.enabled())
+                self._mediator = MediatorProcess(self.policy, self._native and nativeexec.enabled(),
+                                                 self._routes)
         # the signal gate (Landlock ABI < 6) rides on its listener (trace=True, whose
         # recorder would carry it, is refused under [network] allow: _trace_rules)
         return self._prepared("mediation", lambda ahead: RemoteMediation(  # type: ignore[no-any-return]

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from .compiler import Compiled
     from .grants import Witness
 
-FORMAT = 3
+FORMAT = 4
 MAGIC = b"sandlock-compiled-policy\x00%d\n" % FORMAT
 TAG_BYTES = 32
 ENV_NO_CACHE = "SANDLOCK_NO_CACHE"
@@ -275,12 +275,17 @@ def _cache_path(name: str) -> str:
     return state_path(name)
 
 
-def _tag(secret: bytes, payload: bytes) -> bytes:
+def _tag(secret: bytes, magic: bytes, payload: bytes) -> bytes:
+    """The keyed BLAKE2b of ``magic`` then ``payload``: one key tags the three kinds of file
+    (compiled plans, native entries, front-end records), and the tag says which kind it is
+    (a payload tagged as one never verifies as another)."""
     try:  # the builtin module: hashlib would load OpenSSL (milliseconds)
         from _blake2 import blake2b
     except ImportError:  # pragma: no cover
         from hashlib import blake2b
-    return bytes(blake2b(payload, key=secret, digest_size=TAG_BYTES).digest())
+    digest = blake2b(magic, key=secret, digest_size=TAG_BYTES)
+    digest.update(payload)
+    return bytes(digest.digest())
 
 
 def _digest(key: tuple[Any, ...]) -> str:
@@ -384,7 +389,7 @@ def _read(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
         return None
     from _operator import _compare_digest
 
-    if not _compare_digest(data[len(MAGIC):head], _tag(secret, data[head:])):
+    if not _compare_digest(data[len(MAGIC):head], _tag(secret, MAGIC, data[head:])):
         return None
     try:
         stored_key, value = marshal.loads(data[head:])
@@ -492,7 +497,7 @@ def _write(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
     """Write the entry under a temporary name, check it reads back whole (a short
     write, a full disk or a file-size limit leaves no entry), then rename it into place."""
     payload = marshal.dumps((key, value))
-    _put(directory, name, MAGIC + _tag(secret, payload) + payload)
+    _put(directory, name, MAGIC + _tag(secret, MAGIC, payload) + payload)
 
 
 def _put(directory: int, name: str, data: bytes, prune: bool = True) -> None:
@@ -555,7 +560,7 @@ def _prune(directory: int) -> None:
 # NATIVE_PREFIX and the hex unkeyed BLAKE2b (NATIVE_NAME_BYTES) of the key bytes: the C front end
 # (exec/helper/sandlock_run.c) computes both from what it sees and compares the key in full.
 
-NATIVE_FORMAT = 3
+NATIVE_FORMAT = 4
 #: Set by the front end when it hands a run over because its entry is stale.
 ENV_NATIVE_STALE = "SANDLOCK_NATIVE_STALE"
 #: The interpreter's variables that change what the grant checks protect (its import
@@ -794,7 +799,7 @@ def write_native(secret: bytes, key: bytes, value: dict[str, Any], compiled: Com
     if directory is None:
         return
     try:
-        _put(directory, native_name(key), NATIVE_MAGIC + _tag(secret, payload) + payload)
+        _put(directory, native_name(key), NATIVE_MAGIC + _tag(secret, NATIVE_MAGIC, payload) + payload)
         write_front(secret, directory)
         _prune(directory)
     finally:
@@ -811,7 +816,7 @@ def write_front(secret: bytes, directory: int) -> None:
         return
     payload = (_field(bytes.fromhex(name)) + _field(os.fsencode(sys.executable))
                + _field(os.fsencode(PACKAGE_DIR)))
-    _put(directory, FRONT_PREFIX + name, FRONT_MAGIC + _tag(secret, payload) + payload)
+    _put(directory, FRONT_PREFIX + name, FRONT_MAGIC + _tag(secret, FRONT_MAGIC, payload) + payload)
 
 
 class _Fields:
@@ -859,7 +864,7 @@ def read_native(data: bytes, secret: bytes) -> Optional[dict[str, Any]]:
         return None
     from _operator import _compare_digest
 
-    if not _compare_digest(data[len(NATIVE_MAGIC):head], _tag(secret, data[head:])):
+    if not _compare_digest(data[len(NATIVE_MAGIC):head], _tag(secret, NATIVE_MAGIC, data[head:])):
         return None
     r = _Fields(data[head:])
     try:

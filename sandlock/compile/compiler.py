@@ -398,8 +398,7 @@ def enforced(plan: ruleset.Plan, has: Optional[Callable[[str], bool]] = None
     gaps, kept = plan.gaps, []
     if not A.fs_handled(plan.abi):  # no Landlock at all: say why, and what to do
         gaps = tuple(ruleset.Gap(g.protection, g.needs_abi, f"{ruleset.landlock_missing()}: "
-                                 "every file the user can reach is reachable; "
-                                 f"{ruleset.NO_LANDLOCK_ADVICE}")
+                                 f"{ruleset.NO_LANDLOCK_REACH}; {ruleset.NO_LANDLOCK_ADVICE}")
                      if g.protection == "filesystem confinement" else g for g in gaps)
     for sub in plan.substitutes:
         why_not = kernel_lacks(sub.protection, has)

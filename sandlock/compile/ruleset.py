@@ -143,8 +143,7 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
     out = []
     fs, net, scopes = A.fs_handled(abi), A.net_handled(abi), A.scopes_known(abi)
     if not fs:
-        out.append(Gap("filesystem confinement", 1,
-                       "Landlock is unavailable: every file the user can reach is reachable"))
+        out.append(Gap("filesystem confinement", 1, f"Landlock is unavailable: {NO_LANDLOCK_REACH}"))
     # Without the truncate right (ABI 1-2) the seccomp substitute refuses truncation
     # (substitutes()): not a gap.
     if not net and policy.network.tcp:
@@ -237,6 +236,14 @@ def plan(policy: Policy, abi: int) -> Plan:
 #: gVisor's ``uname -v`` (google/gvisor pkg/sentry/syscalls/linux/linux64.go,
 #: _LINUX_VERSION): its user-space kernel implements no Landlock.
 GVISOR_VERSION = "#1 SMP Sun Jan 10 15:06:54 PST 2016"
+#: What a run without Landlock reaches: every file of the user, sandlock's own among them.
+#: Only a Landlock ruleset keeps a tool off what a later run trusts (the write grants
+#: :func:`sandlock.compile.grants.protected` refuses are grants of a ruleset): without
+#: one the tool may rewrite sandlock's installation, the plans it caches and, where the
+#: key is a file, read the key that authenticates them, so it persists across runs.
+NO_LANDLOCK_REACH = ("every file the user can reach is reachable, including sandlock's own "
+                     "code and state directory (~/.cache/sandlock: cached plans, key): a tool "
+                     "can change what later runs do")
 #: What to do without Landlock (the consequence of every message that says it is absent).
 NO_LANDLOCK_ADVICE = ("run the tool in a VM or on a host whose kernel has Landlock (Linux 5.13+, "
                       "\"landlock\" in the lsm= boot parameter), or pass --best-effort to run it "

@@ -556,7 +556,8 @@ def _mediated(compiled: Compiled, cmd: Command, timeout: Optional[float], forwar
         from ..net.connect import Mediation
 
         # Mediation reads only ``.network`` of what it is given: the plan's
-        with Mediation(compiled, report) as mediation:  # type: ignore[arg-type]  # proxy + connect gate
+        # the credential route's connections are admitted for this run (routes.RouteServer)
+        with Mediation(compiled, report, compiled.routes) as mediation:  # type: ignore[arg-type]
             return _run(compiled, mediation.command(cmd), timeout, forward_signals, mediation,
                         recorder, report, keep)
     return _run(compiled, cmd, timeout, forward_signals, _mediation, recorder, report, keep)

@@ -65,6 +65,7 @@ from ..linux.kernel import (
 from ..linux.notify import Listener, gate_unsupported
 from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 from ..policy.netrules import NetRules, format_target
+from .admit import Route, admitted, is_route
 from .proxy import Proxy
 
 if TYPE_CHECKING:
@@ -171,12 +172,14 @@ class ConnectGate(Listener):
     prefix = prefix()
 
     def __init__(self, ports: tuple[tuple[int, int], ...], rules: NetRules,
-                 proxy: tuple[str, int], report: Callable[[str], None]) -> None:
+                 proxy: tuple[str, int], report: Callable[[str], None],
+                 route: Optional[Route] = None) -> None:
         super().__init__(notify_filter())
         self.ports = ports
         self.rules = rules
         self.proxy = proxy
         self.report = report
+        self.route = route
         self._workers: dict[threading.Thread, int] = {}  #: -> the socket it is connecting
         self._lock = threading.Lock()
         self._reported: set[str] = set()
@@ -385,6 +388,8 @@ class ConnectGate(Listener):
         """A blocking connect to a remote host must not stall every other connect."""
         try:
             result = _connect(sock, raw, length)
+            if self.route is not None and is_route(self.route, *target):
+                result = admitted(self.route, sock, result)
             self._respond(ident, result)
             self._connected(inode, result, target)
         finally:
@@ -506,7 +511,10 @@ def _connect(fd: int, raw: bytes, length: int) -> int:
 class Mediation:
     """Everything a run with ``[network] allow`` needs: proxy, gate, environment."""
 
-    def __init__(self, policy: "Policy", report: Optional[Callable[[str], None]] = None) -> None:
+    def __init__(self, policy: "Policy", report: Optional[Callable[[str], None]] = None,
+                 route: Optional[Route] = None) -> None:
+        """``route``: the run's credential route, whose connections the gate and the proxy
+        admit (:func:`admitted`)."""
         check_support()
         self.events: list[str] = []
         self._report = report
@@ -514,9 +522,9 @@ class Mediation:
         network = policy.network
         rules = NetRules(network.allow, network.deny, network.hosts)
         ports = tuple((r.low, r.high) for r in network.connect)
-        self.proxy = Proxy(rules, self._event)
+        self.proxy = Proxy(rules, self._event, route, ports)
         try:
-            self.gate = ConnectGate(ports, rules, self.proxy.address, self._event)
+            self.gate = ConnectGate(ports, rules, self.proxy.address, self._event, route)
         except BaseException:
             self.proxy.stop()
             raise

@@ -232,8 +232,9 @@ def parse_request(sock: socket.socket, head: bytes, rest: bytes = b"") -> Reques
     whitespace before the colon, differing ``Content-Length`` values, a transfer coding
     other than ``chunked``), ``Content-Length`` beside ``Transfer-Encoding``, and an
     announced body over :data:`BODY_LIMIT`. A missing ``Host`` is not refused: neither
-    server uses the client's (the route names its upstream, the proxy reads the
-    absolute URL), so h11 is given an empty one to parse the head, never passed on."""
+    server passes the client's on (the route names its upstream; the proxy sends its
+    absolute URL's, after refusing a ``Host`` that names another site), so h11 is given
+    an empty one to parse the head, never passed on."""
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT + 64)
     lines = head.split(b"\r\n")
     synthetic = not any(line.split(b":", 1)[0].lower() == b"host" for line in lines[1:])
@@ -275,7 +276,8 @@ def read_request(sock: socket.socket) -> Request:
 
 def head_bytes(start: str, headers: Iterable[tuple[str, str]]) -> bytes:
     """A head as sent: the start line, ``Name: value`` lines, the blank line (for the
-    proxy, which passes the body through as sent; its headers come from :func:`read_head`)."""
+    proxy, which keeps the client's HTTP version and sends the body it held after it;
+    its headers come from :func:`parse_request`)."""
     return (start + "\r\n" + "".join(f"{n}: {v}\r\n" for n, v in headers) + "\r\n").encode("latin-1")
 
 

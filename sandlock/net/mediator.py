@@ -41,6 +41,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -59,6 +60,9 @@ if TYPE_CHECKING:
 #: Seconds the caller waits for the mediator's answer (start-up is ~30 ms).
 START_TIMEOUT = 30.0
 STOP = b"stop"  #: ends a call (its process answers with what it kept)
+#: Names a call's credential-route session (``session SID``): its gate and proxy admit
+#: the connections they make to the route for it (:class:`sandlock.net.routes.RouteServer`).
+SESSION = b"session "
 #: A new call (its socket rides along), and one whose gate also carries the signal gate.
 CALL, SIGNALS = b"call", b"call signals"
 #: The mediator's own sandlock-exec server, its control socket riding along (or alone:
@@ -141,11 +145,21 @@ class WarmProcess:
             theirs.close()
         return ours
 
+    def _config_fds(self) -> list[socket.socket]:
+        """Sockets sent with the config (each start gets new ones; ours are closed)."""
+        return []
+
     def _start(self) -> None:
         self._end()
         self._proc, self._sock = start_process(*self._main)
         self._owner = os.getpid()
-        self._sock.send(self._config)
+        given = self._config_fds()
+        try:
+            self._sock.sendmsg([self._config], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, b"".join(
+                s.fileno().to_bytes(4, sys.byteorder) for s in given))] if given else [])
+        finally:
+            for sock in given:
+                sock.close()
         if not self._native:
             return
         from ..exec import native as nativeexec
@@ -193,13 +207,20 @@ class MediatorProcess(WarmProcess):
     sockets its tool made) is never another call's. ``native``: see
     :class:`WarmProcess`."""
 
-    def __init__(self, policy: Policy, native: bool = False) -> None:
+    def __init__(self, policy: Policy, native: bool = False, routes: Any = None) -> None:
+        """``routes``: the Sandbox's :class:`sandlock.net.routes.Routes` (a remote route
+        server), whose connections its calls' gates and proxies admit (``ADMIT``)."""
         import pickle
 
         network = policy.network
+        self._routes = routes
         super().__init__(pickle.dumps((tuple((r.low, r.high) for r in network.connect),
-                                       network.allow, network.deny, network.hosts, native)),
+                                       network.allow, network.deny, network.hosts, native,
+                                       None if routes is None else routes.port)),
                          "serve", native=native)
+
+    def _config_fds(self) -> list[socket.socket]:
+        return [] if self._routes is None else [self._routes.server.admitter()]
 
     def open_call(self, signals: bool) -> socket.socket:
         """A new call's socket (see :class:`RemoteMediation`); ``signals``: its gate's
@@ -348,6 +369,12 @@ class RemoteMediation(RemoteCall):
         if self._own:
             self._process.close()
 
+    def bind(self, sid: str) -> None:
+        """The call's credential-route session (:attr:`sandlock.net.routes.Session.sid`):
+        the connections its gate and proxy make to the route are admitted for it."""
+        self.ready()
+        self._sock.send(SESSION + sid.encode())
+
     def command(self, cmd: Command) -> Command:
         """``cmd`` with the proxy variables set (they override the caller's)."""
         env = dict(cmd.env)
@@ -428,17 +455,23 @@ def serve(fd: int) -> None:
     import pickle
     from types import SimpleNamespace
 
-    def setup(config: bytes) -> tuple[Any, bool]:
-        ports, allow, deny, hosts, native = pickle.loads(config)
+    def setup(config: bytes, fds: list[int]) -> tuple[Any, bool]:
+        ports, allow, deny, hosts, native, route_port = pickle.loads(config)
+        admissions = None
+        if route_port is not None and len(fds) == 1:
+            admissions = _Admissions(route_port, socket.socket(fileno=fds[0]))
+        else:
+            for fd in fds:
+                os.close(fd)
         return SimpleNamespace(network=SimpleNamespace(
             connect=tuple(SimpleNamespace(low=low, high=high) for low, high in ports),
-            allow=allow, deny=deny, hosts=hosts)), native
+            allow=allow, deny=deny, hosts=hosts), admissions=admissions), native
 
     raise_nofile()  # room for MAX_CLIENTS clients and their upstreams, per call
     serve_warm(fd, setup, _serve_call, "sandlock-mediator-call")
 
 
-def serve_warm(fd: int, setup: Callable[[bytes], tuple[Any, bool]],
+def serve_warm(fd: int, setup: Callable[[bytes, list[int]], tuple[Any, bool]],
                serve_call: Callable[[Any, socket.socket, bool], None], name: str) -> None:
     """Main of a :class:`WarmProcess` (never returns): its config once (``setup`` makes
     (what each call needs, native) of it), its own sandlock-exec server handed over if
@@ -452,7 +485,8 @@ def serve_warm(fd: int, setup: Callable[[bytes], tuple[Any, bool]],
     calls: list[threading.Thread] = []
     reaper: Optional[threading.Thread] = None
     try:
-        state, native = setup(sock.recv(1 << 24))
+        config, given, _, _ = socket.recv_fds(sock, 1 << 24, 1)
+        state, native = setup(config, given)
         if native:
             from ..linux.kernel import set_child_subreaper
 
@@ -532,14 +566,70 @@ def hand_over_server(sock: socket.socket) -> Optional[threading.Thread]:
     return reaper
 
 
+class _Admissions:
+    """The mediator's socket to the Sandbox's route server (:meth:`RemoteRouteServer.admitter`):
+    its calls' gates and proxies admit there the connections they make to the route."""
+
+    def __init__(self, port: int, sock: socket.socket) -> None:
+        import threading
+
+        sock.set_inheritable(False)
+        self.port = port
+        self._sock = sock
+        self._lock = threading.Lock()
+
+    def admit(self, peer: tuple[str, int], sid: str, call: str) -> bool:
+        """Recorded by the route server (its ``ok``) before the tool's connect is answered."""
+        with self._lock:
+            try:
+                self._sock.send(f"ADMIT {peer[0]} {peer[1]} {sid} {call}".encode())
+                self._sock.settimeout(START_TIMEOUT)
+                return self._sock.recv(16) == b"ok"
+            except OSError:
+                return False
+            finally:
+                self._sock.settimeout(None)
+
+
+class _CallRoute:
+    """One call's route (:class:`sandlock.net.connect.Route`): its session's sid comes from
+    the caller (``session SID`` on the call's socket) before the tool may connect; a
+    connection made before it arrives waits for it."""
+
+    def __init__(self, admissions: _Admissions) -> None:
+        import threading
+
+        self.port = admissions.port
+        self._admissions = admissions
+        self._call = os.urandom(8).hex()  #: what the route server counts this call's requests by
+        self._sid: Optional[str] = None
+        self._known = threading.Event()
+
+    def bind(self, sid: str) -> None:
+        if self._sid is None:  # once: a call's session never changes
+            self._sid = sid
+        self._known.set()
+
+    def admit(self, peer: tuple[str, int]) -> bool:
+        if not self._known.wait(START_TIMEOUT) or self._sid is None:
+            return False
+        return self._admissions.admit(peer, self._sid, self._call)
+
+
+#: A session id as the caller sends it (a placeholder: URL-safe base64 and dashes).
+_SID = re.compile(r"[A-Za-z0-9_-]{1,200}")
+
+
 def _serve_call(policy: Any, sock: socket.socket, signals: bool) -> None:
     """One call: its own proxy and connect gate (a new listener, a new table of held
-    sockets), until the caller says ``stop`` or closes the call's socket."""
+    sockets), until the caller says ``stop`` or closes the call's socket. Under
+    ``[credentials]`` the caller names the call's session first (``session SID``)."""
     from .connect import Mediation
 
     mediation: Optional[Mediation] = None
+    route = None if policy.admissions is None else _CallRoute(policy.admissions)
     try:
-        mediation = Mediation(policy)
+        mediation = Mediation(policy, route=route)
         if signals:  # the signal gate rides on the connect gate's listener (before its bpf goes)
             from ..linux.signalgate import Signals
 
@@ -549,7 +639,12 @@ def _serve_call(policy: Any, sock: socket.socket, signals: bool) -> None:
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                        mediation.gate.child_end.to_bytes(4, sys.byteorder))])
         mediation.start()
-        said = sock.recv(16)  # "stop", or b"" when the caller is gone
+        said = sock.recv(512)  # "stop", or b"" when the caller is gone
+        while said.startswith(SESSION):
+            sid = said[len(SESSION):].decode(errors="replace")
+            if route is not None and _SID.fullmatch(sid):
+                route.bind(sid)
+            said = sock.recv(512)
         mediation.stop()
         if said == STOP:
             sock.send(json.dumps(list(mediation.events)[:1000]).encode())

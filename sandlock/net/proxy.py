@@ -16,8 +16,15 @@ proxy URLs, so other local users cannot borrow the tool's allowlist.
 
 A refusal answers HTTP 403 (SOCKS5: reply 0x02, "not allowed by ruleset") and
 is handed to ``report``, which the CLI prints on stderr. The HTTP request head is read
-and answered by :mod:`sandlock.net.http` (a malformed or ambiguous one is a 400); once
-the upstream is connected, bytes pass through both ways as sent.
+and answered by :mod:`sandlock.net.http` (a malformed or ambiguous one is a 400). A
+tunnel (CONNECT, SOCKS5) passes bytes through both ways as sent, once its target is
+connected. A plain ``http://`` request is forwarded alone: the upstream gets exactly
+one request per client connection, whose ``Host`` is the URL's authority (a ``Host``
+naming another site, or two of them, is a 403: an allowed address that serves many
+sites by ``Host``, a CDN or shared hosting, would otherwise serve the ones the
+allowlist does not name), with its body as the head frames it; what the client sends
+after it (a pipelined second request, with yet another ``Host``) is read and dropped,
+and only the response passes back.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Callable, Optional
 
 from ..policy.netrules import IPAddress, NetRules, Verdict, as_address, format_target, normalize_host
 from . import http
+from .admit import Route, admitted, is_route
 from .http import CONNECT_TIMEOUT, HEAD_TIMEOUT, HOP_HEADERS, HttpError
 from .listener import LoopbackServer
 
@@ -56,9 +64,15 @@ class Proxy(LoopbackServer):
     name = "sandlock-proxy"
     what = "proxy"
 
-    def __init__(self, rules: NetRules, report: Callable[[str], None]) -> None:
+    def __init__(self, rules: NetRules, report: Callable[[str], None],
+                 route: Optional[Route] = None, ports: tuple[tuple[int, int], ...] = ()) -> None:
+        """``route``: the run's credential route, whose connections are admitted for the run
+        (:mod:`sandlock.net.admit`); ``ports``: the policy's ``connect`` ports, which reach
+        any host (as the connect gate lets them)."""
         super().__init__(report)
         self.rules = rules
+        self.route = route
+        self.ports = ports
         self.token = secrets.token_urlsafe(18)
 
     def url(self, scheme: str) -> str:
@@ -76,13 +90,14 @@ class Proxy(LoopbackServer):
         try:
             client.settimeout(HEAD_TIMEOUT)
             first = client.recv(1, socket.MSG_PEEK)
+            tunnel = True
             if first == b"\x05":
                 upstream = self._socks(client)
             elif first:
-                upstream = self._http(client)
+                upstream, tunnel = self._http(client)
             if upstream is not None:
                 self._heard(client)  # SOCKS: its request is in
-                _pipe(client, upstream)
+                _pipe(client, upstream, forward=tunnel)
         except (OSError, ValueError, UnicodeError):
             pass
         finally:
@@ -96,7 +111,8 @@ class Proxy(LoopbackServer):
     def connect(self, host: str, port: int, via: str) -> socket.socket:
         """Check ``host:port``, resolve it, check each address, connect to a checked one."""
         host = normalize_host(host)
-        verdict = self.rules.check_name(host, port)
+        any_host = any(low <= port <= high for low, high in self.ports)
+        verdict = Verdict(True, "a connect port") if any_host else self.rules.check_name(host, port)
         if not verdict:
             self._deny(host, port, verdict.reason, via)
             raise Refused(403, verdict.reason, SOCKS_RULESET)
@@ -107,7 +123,8 @@ class Proxy(LoopbackServer):
         refusal: Optional[Verdict] = None
         failure = "no address"
         for address in addresses:
-            check = self.rules.check_address(host, address, port)
+            check = Verdict(True, "a connect port") if any_host else \
+                self.rules.check_address(host, address, port)
             if check and (str(address), port) == self.address:
                 check = Verdict(False, "that is the sandlock proxy itself")
             if not check:
@@ -122,6 +139,12 @@ class Proxy(LoopbackServer):
                 sock.settimeout(CONNECT_TIMEOUT)
                 sock.connect((str(address), port))
                 sock.settimeout(None)
+                if self.route is not None and is_route(self.route, str(address), port) \
+                        and admitted(self.route, sock.fileno(), 0) != 0:
+                    self._untrack(sock)
+                    sock.close()
+                    raise Refused(502, "the credential route did not admit the connection",
+                                  SOCKS_FAIL)
                 return sock
             except OSError as exc:
                 failure = f"{address}: {exc.strerror or exc}"
@@ -154,46 +177,80 @@ class Proxy(LoopbackServer):
 
     # ------------------------------------------------------------------ HTTP
 
-    def _http(self, client: socket.socket) -> Optional[socket.socket]:
+    def _http(self, client: socket.socket) -> tuple[Optional[socket.socket], bool]:
+        """(the upstream connected for ``client``'s request, or None when it was answered
+        here; whether the connection is a tunnel, CONNECT, rather than one forwarded
+        ``http://`` request)."""
         try:
             head, rest = http.read_head(client)
             self._heard(client)
-            request = http.parse_request(client, head)
+            request = http.parse_request(client, head, rest)
         except HttpError as bad:
             http.answer(client, bad.status, f"sandlock proxy: {bad}")
-            return None
-        method, target, version = request.method, request.target, request.version
+            return None, False
+        method = request.method
         if not self._http_authorized(request.values("proxy-authorization")):
             http.answer(client, 407, "sandlock proxy: use the proxy URL from HTTP_PROXY/"
                         "HTTPS_PROXY (it carries the credentials of this run)",
                         extra=[("Proxy-Authenticate", 'Basic realm="sandlock"')])
-            return None
+            return None, False
         if method == "CONNECT":
-            host, port = _host_port(target)
+            host, port = _host_port(request.target)
             via = "HTTPS proxy"
         else:
-            url = urllib.parse.urlsplit(target)
+            url = urllib.parse.urlsplit(request.target)
             if url.scheme != "http" or not url.hostname:
                 http.answer(client, 400, "sandlock proxy forwards http:// URLs; use CONNECT for TLS")
-                return None
+                return None, False
             host, port = url.hostname, url.port or 80
             via = "HTTP proxy"
+            other = _other_host(request.values("host"), url)
+            if other:
+                self._deny(normalize_host(host), port, other, via)
+                http.answer(client, 403, f"sandlock: {format_target(normalize_host(host), port)}: "
+                            f"{other}")
+                return None, False
         try:
             upstream = self.connect(host, port, via)
         except Refused as refused:
             status_text = f"sandlock: {format_target(normalize_host(host), port)}: {refused}"
             http.answer(client, refused.status, status_text)
-            return None
+            return None, False
         client.settimeout(None)
-        if method == "CONNECT":
-            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        else:
-            path = urllib.parse.urlunsplit(("", "", url.path or "/", url.query, ""))
-            kept = [(n, v) for n, v in request.headers if n.lower() not in HOP_HEADERS]
-            upstream.sendall(http.head_bytes(f"{method} {path} {version}",
-                                             [*kept, ("Connection", "close")]))
+        if method != "CONNECT":
+            return self._forward(client, request, url, upstream), False
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
         if rest:
             upstream.sendall(rest)
+        return upstream, True
+
+    def _forward(self, client: socket.socket, request: http.Request, url: urllib.parse.SplitResult,
+                 upstream: socket.socket) -> Optional[socket.socket]:
+        """Send ``request`` to ``upstream`` alone: its head with the ``Host`` of its URL, then
+        its whole body, read as the head frames it (:meth:`sandlock.net.http.Request.held_body`:
+        bounded, a client waiting for ``100 Continue`` gets it here) and sent with a
+        ``Content-Length``. What the client sent after the body stays unread, never sent.
+        None when the body is refused (answered here); the upstream is closed unless returned."""
+        try:
+            with request.held_body() as body:
+                framed = {n.lower() for n, _ in request.headers} & _FRAMING
+                size = body.seek(0, 2)
+                body.seek(0)
+                kept = [(n, v) for n, v in request.headers if n.lower() not in _NOT_FORWARDED]
+                length = [("Content-Length", str(size))] if framed else []
+                path = urllib.parse.urlunsplit(("", "", url.path or "/", url.query, ""))
+                upstream.sendall(http.head_bytes(
+                    f"{request.method} {path} {request.version}",
+                    [("Host", _authority(url)), *kept, *length, ("Connection", "close")]))
+                for data in http.chunks(body):
+                    upstream.sendall(data)
+        except BaseException as exc:  # the client cut short, or its body refused
+            self._untrack(upstream)
+            upstream.close()
+            if not isinstance(exc, HttpError):
+                raise
+            http.answer(client, exc.status, f"sandlock proxy: {exc}")
+            return None
         return upstream
 
     def _http_authorized(self, values: list[str]) -> bool:
@@ -258,6 +315,44 @@ def _recv_exact(sock: socket.socket, count: int) -> bytes:
     return data
 
 
+#: Headers that frame a request body: the proxy sends the body it read with its own length.
+_FRAMING = frozenset({"content-length", "transfer-encoding"})
+#: Request headers the proxy writes itself or that end with it: the hop's own, ``Host``
+#: (the URL's), the body's framing, and ``Expect`` (the proxy answered ``100 Continue``
+#: before it read the body; the upstream gets the body whole).
+_NOT_FORWARDED = HOP_HEADERS | _FRAMING | {"host", "expect"}
+
+
+def _authority(url: urllib.parse.SplitResult) -> str:
+    """The ``Host`` that names ``url``'s site: its host (IPv6 in brackets), and its port
+    unless it is 80, the default of ``http://`` (RFC 9110 section 7.2)."""
+    host = url.hostname or ""
+    literal = f"[{host}]" if ":" in host else host
+    return literal if (url.port or 80) == 80 else f"{literal}:{url.port}"
+
+
+def _other_host(values: list[str], url: urllib.parse.SplitResult) -> str:
+    """Why the ``Host`` headers ``values`` of a request for ``url`` name another site than
+    the URL's authority, or "" when they do not: one ``Host``, equal to the authority as
+    written or as :func:`_authority` writes it (any case, the default port present or
+    not), or none (the proxy sends the URL's). A server that serves many sites on one
+    address picks the site by ``Host``, not by the address the proxy checked. (Two
+    ``Host`` headers are a malformed head that h11 refuses first, 400 as RFC 9112
+    section 3.2 asks; they are refused here too, whatever reads the head.)"""
+    if len(values) > 1:
+        return f"{len(values)} Host headers (one request names one site: its URL's)"
+    if not values:
+        return ""
+    authority = _authority(url).lower()
+    same = {url.netloc.rpartition("@")[2].lower(), authority}
+    if (url.port or 80) == 80:
+        same.add(f"{authority}:80")
+    if values[0].strip().lower() in same:
+        return ""
+    shown = values[0] if len(values[0]) <= 100 else values[0][:100] + "..."
+    return f"the Host header {shown!r} names another site than the URL's host"
+
+
 def _host_port(target: str) -> tuple[str, int]:
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
@@ -269,9 +364,12 @@ def _socks_reply(sock: socket.socket, code: int) -> None:
     sock.sendall(bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0]))
 
 
-def _pipe(a: socket.socket, b: socket.socket) -> None:
-    """Copy bytes both ways until both sides have finished sending (poll: no FD_SETSIZE limit)."""
-    peer = {a.fileno(): (a, b), b.fileno(): (b, a)}
+def _pipe(client: socket.socket, upstream: socket.socket, forward: bool = True) -> None:
+    """Copy bytes both ways until both sides have finished sending (poll: no FD_SETSIZE
+    limit). ``forward`` False (a forwarded ``http://`` request, already sent): what the
+    client sends is read and dropped, never sent to the upstream, and its end still ends
+    the upstream's input; only the response passes."""
+    peer = {client.fileno(): (client, upstream), upstream.fileno(): (upstream, client)}
     poller = select.poll()
     for fd in peer:
         poller.register(fd, select.POLLIN)
@@ -280,7 +378,8 @@ def _pipe(a: socket.socket, b: socket.socket) -> None:
             source, sink = peer[fd]
             data = source.recv(65536)
             if data:
-                sink.sendall(data)
+                if forward or source is upstream:
+                    sink.sendall(data)
                 continue
             poller.unregister(fd)
             del peer[fd]

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Se
 from ..policy.credentials import PLACEHOLDER_PREFIX, Credential, tool_environment
 from . import http
 from .http import CONNECT_TIMEOUT, HEAD_TIMEOUT, HOP_HEADERS, HttpError
-from .listener import LoopbackServer
+from .listener import MAX_CLIENTS, LoopbackServer
 from .mediator import START_TIMEOUT, end_process, raise_nofile, start_process
 
 if TYPE_CHECKING:
@@ -57,6 +57,13 @@ if TYPE_CHECKING:
     from ..policy.credentials import CredentialError
     from ..policy.model import Policy
 
+#: Requests of one run (one session) under way through the route at once: under the API a
+#: Sandbox's calls share one route server, and a call must not hold all of its
+#: :data:`sandlock.net.listener.MAX_CLIENTS` slots with requests that wait on the upstream.
+MAX_PER_SESSION = MAX_CLIENTS // 4
+#: Admitted connections remembered at once (:meth:`RouteServer.admit`; each is forgotten
+#: when it ends): beyond, the oldest are.
+MAX_ADMITTED = 4096
 #: Request headers the route never forwards: they concern this hop, or would turn the
 #: connection into something other than one checked request (Upgrade, h2c).
 DROP_REQUEST = HOP_HEADERS | {"host", "te", "trailer", "upgrade", "http2-settings", "expect"}
@@ -80,6 +87,12 @@ class Session:
         self.server = server
         self.placeholders = placeholders  #: credential name -> placeholder
         self.secrets = secrets
+
+    @property
+    def sid(self) -> str:
+        """What names this session to the route server when a gate admits a connection of
+        its tool (:meth:`RouteServer.admit`): one of its placeholders (none is a secret)."""
+        return min(self.placeholders.values())
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
         """``env`` for the tool: see :func:`sandlock.policy.credentials.tool_environment`."""
@@ -106,6 +119,12 @@ class RouteServer(LoopbackServer):
         self._tls = {c.name: _tls_context(c) for c in credentials}  # ca_file read here
         super().__init__(report)
         self._sessions: dict[str, tuple[Credential, str]] = {}  #: placeholder -> (it, secret)
+        self._sid_of: dict[str, str] = {}  #: placeholder -> its session's sid
+        #: Connections a gate made for a tool, by their address as the server sees the peer
+        #: -> (the sid of that tool's session, its run) (:meth:`admit`), oldest first.
+        self._admitted: dict[tuple[str, int], tuple[str, str]] = {}
+        self._under_way: dict[str, int] = {}  #: run -> its requests being served
+        self._claimed: dict[socket.socket, str] = {}  #: connection -> the run it counts for
 
     def base_url(self, name: str) -> str:
         return f"http://{self.address[0]}:{self.address[1]}/{name}"
@@ -118,27 +137,53 @@ class RouteServer(LoopbackServer):
         with self._lock:
             for item in self.credentials:
                 self._sessions[placeholders[item.name]] = (item, secrets[item.name])
+                self._sid_of[placeholders[item.name]] = session.sid
         return session
 
     def _forget(self, session: Session) -> None:
         with self._lock:
             for placeholder in session.placeholders.values():
                 self._sessions.pop(placeholder, None)
+                self._sid_of.pop(placeholder, None)
 
     def _on_stop(self) -> None:
         self._sessions.clear()
+        self._sid_of.clear()
+        self._admitted.clear()
+
+    def admit(self, peer: tuple[str, int], sid: str, run: str = "") -> None:
+        """A connect gate made the connection whose local address is ``peer`` for a tool
+        whose session is ``sid``: the one connection that may carry that session's
+        placeholders (a placeholder is readable where the tool leaves it, such as its
+        command line in /proc: alone it is no key to the route). ``run`` names the call
+        (the API's calls may share a session), whose requests :data:`MAX_PER_SESSION` counts."""
+        with self._lock:
+            self._admitted.pop(peer, None)
+            self._admitted[peer] = (sid, run)
+            while len(self._admitted) > MAX_ADMITTED:  # connections never made or long gone
+                del self._admitted[next(iter(self._admitted))]
 
     def _serve(self, client: socket.socket) -> None:
         held: list[socket.socket] = [client]  # and the upstream, once connected
+        peer: Optional[tuple[str, int]] = None
         try:
+            peer = client.getpeername()[:2]
             client.settimeout(HEAD_TIMEOUT)
             try:
-                self._forward(client, held)
+                self._forward(client, held, peer)
             except HttpError as bad:
                 http.answer(client, bad.status, f"sandlock route: {bad}")
         except (OSError, ValueError, UnicodeError):
             pass
         finally:
+            with self._lock:  # one request per connection: its admission ends with it
+                if peer is not None:
+                    self._admitted.pop(peer, None)
+                run = self._claimed.pop(client, None)
+                if run is not None:
+                    self._under_way[run] -= 1
+                    if not self._under_way[run]:
+                        del self._under_way[run]
             self._done(*held)
 
     def _refuse(self, message: str) -> BadRequest:
@@ -147,7 +192,8 @@ class RouteServer(LoopbackServer):
 
     # ------------------------------------------------------------------ one request
 
-    def _forward(self, client: socket.socket, held: list[socket.socket]) -> None:
+    def _forward(self, client: socket.socket, held: list[socket.socket],
+                 peer: tuple[str, int]) -> None:
         request = http.read_request(client)
         method, target, headers = request.method, request.target, request.headers
         if not _METHOD.match(method):
@@ -159,7 +205,8 @@ class RouteServer(LoopbackServer):
             raise BadRequest(404, f"no credential route {route_name!r} (routes: "
                              f"{', '.join(self._by_name)})")
         where = f"{method} {item.origin}{path} (credential route {item.name})"
-        secret, placeholder = self._secret(item, headers, query, where)
+        secret, placeholder = self._secret(item, headers, query, where, peer)
+        self._claim(client, peer)
         allowed, rule = item.check(method, _decoded_path(path))
         if not allowed:
             raise self._refuse(f"{where}: {rule}")
@@ -192,9 +239,25 @@ class RouteServer(LoopbackServer):
         except HttpError:
             pass  # the head may be out: the tool sees the connection end
 
+    def _claim(self, client: socket.socket, peer: tuple[str, int]) -> None:
+        """Count the connection's request against its run's :data:`MAX_PER_SESSION` (503
+        beyond it); the count ends with the connection (:meth:`_serve`)."""
+        with self._lock:
+            run = self._admitted.get(peer, ("", ""))[1]
+            busy = self._under_way.get(run, 0) >= MAX_PER_SESSION
+            if not busy:
+                self._under_way[run] = self._under_way.get(run, 0) + 1
+                self._claimed[client] = run
+        if busy:
+            self._report_once(f"network: refused a request of the credential route: "
+                              f"{MAX_PER_SESSION} of this run's are under way")
+            raise BadRequest(503, f"{MAX_PER_SESSION} requests of this run are under way on the "
+                             "route (the limit per run)")
+
     def _secret(self, item: Credential, headers: list[tuple[str, str]], query: str,
-                where: str) -> tuple[str, str]:
-        """(secret, placeholder) of the run whose placeholder this request carries."""
+                where: str, peer: tuple[str, int]) -> tuple[str, str]:
+        """(secret, placeholder) of the run whose placeholder this request carries, if a
+        gate admitted its connection for that run's session (:meth:`admit`)."""
         if item.query is not None:
             values = [v for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True)
                       if k == item.query]
@@ -204,12 +267,22 @@ class RouteServer(LoopbackServer):
             values = [v for n, v in headers if n.lower() == item.header.lower()]
             place = f"header {item.header}"
         pattern = re.compile(re.escape(f"{PLACEHOLDER_PREFIX}{item.name}-") + r"[A-Za-z0-9_-]{32}")
+        foreign = None  # a placeholder of a session this connection was not admitted for
         with self._lock:
+            sid = self._admitted.get(peer, (None, ""))[0]
             for value in values:
                 for found in pattern.findall(value):
                     entry = self._sessions.get(found)
-                    if entry is not None and entry[0] is item:
+                    if entry is None or entry[0] is not item:
+                        continue
+                    if sid is not None and self._sid_of.get(found) == sid:
                         return entry[1], found
+                    foreign = found
+        if foreign is not None:
+            raise self._refuse(f"{where}: this connection was not made by a confined tool "
+                               "through its connect gate" if sid is None else
+                               f"{where}: the placeholder is not of the run whose tool made "
+                               "this connection")
         raise self._refuse(f"{where}: the request does not carry this run's placeholder of "
                            f"credentials.{item.name} in its {place}")
 
@@ -317,6 +390,13 @@ def _checked_target(target: str) -> tuple[str, str, str]:
             raise BadRequest(400, f"path {shown}: the escape {escape.group(0)!r} is refused "
                              f"(only {' '.join(sorted(PATH_ESCAPES))!r} may be "
                              "percent-encoded in a path)")
+    # Some upstreams trim each decoded segment (Spring's trimTokens before 4.3; IIS drops
+    # trailing dots and spaces): "..%20" would then be "..", and "admin%20" or "admin." a
+    # deny rule's "admin". A segment may not begin or end with a space, nor end with a dot.
+    for segment in urllib.parse.unquote(path).split("/")[1:]:
+        if segment != segment.strip(" ") or segment.endswith("."):
+            raise BadRequest(400, f"path {shown}: a segment that begins or ends with a space, "
+                             "or ends with a dot, is refused (an upstream may trim it)")
     for pair in re.split("[&;]", query):  # Rack < 3 splits on ';' too
         key = urllib.parse.unquote_plus(pair.partition("=")[0])
         # PHP reads '.', ' ' in a name as '_' and 'name[]' as name
@@ -495,6 +575,12 @@ class Routes:
         """The port the route server listens on, granted to the tool by compiling."""
         return int(self.server.port)
 
+    def admit(self, peer: tuple[str, int]) -> bool:
+        """The run's connect gate made a connection to the route from ``peer`` (in this
+        process: :class:`RouteServer`, for `sandlock run`, `trace` and `probe`)."""
+        self.server.admit(peer, self.session.sid)
+        return True
+
     def start(self) -> None:
         self.server.start()
 
@@ -578,6 +664,26 @@ class RemoteRouteServer:
         except (OSError, ValueError):
             pass  # gone: its placeholders went with it
 
+    def admitter(self) -> socket.socket:
+        """A socket for the Sandbox's mediator process, on which its connect gates admit
+        the connections they make to the route (``ADMIT host port sid call``, answered ``ok``:
+        :func:`serve_routes`)."""
+        import sys
+
+        mediator_end, route_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            with self._lock:
+                self._sock.sendmsg([marshal.dumps(("admitter", None))],
+                                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                     route_end.fileno().to_bytes(4, sys.byteorder))])
+                self._ask_json(None)
+        except BaseException:
+            mediator_end.close()
+            raise
+        finally:
+            route_end.close()
+        return mediator_end
+
     def start(self) -> None:
         """Serving since it answered its port."""
 
@@ -624,10 +730,19 @@ def serve_routes(fd: int) -> None:
         sock.send(json.dumps({"port": server.port}).encode())
         sessions: dict[str, Session] = {}
         while True:
-            data = sock.recv(1 << 20)  # from the trusted caller only
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)  # from the trusted caller only
             if not data or data == b"stop":
                 break
             op, arg = marshal.loads(data)
+            if op == "admitter" and len(fds) == 1:
+                import threading
+
+                threading.Thread(target=_admissions, args=(server, socket.socket(fileno=fds[0])),
+                                 name="sandlock-routes-admit", daemon=True).start()
+                sock.send(b"{}")
+                continue
+            for fd in fds:
+                os.close(fd)
             if op == "session":
                 session = server.session(arg)
                 for placeholder in session.placeholders.values():
@@ -647,6 +762,33 @@ def serve_routes(fd: int) -> None:
             server.stop()
         os._exit(code)
 
+
+
+#: An admission from a mediator process: ``ADMIT 127.0.0.1 PORT SID CALL`` (ASCII).
+_ADMISSION = re.compile(rb"ADMIT (127\.0\.0\.1|::1) ([0-9]{1,5}) ([A-Za-z0-9_-]{1,200}) ([0-9a-f]{1,64})")
+
+
+def _admissions(server: RouteServer, sock: socket.socket) -> None:
+    """Admissions of the Sandbox's mediator process (:meth:`RemoteRouteServer.admitter`),
+    answered ``ok`` once recorded (its gate answers the tool's connect only then). That
+    process parses the tools' traffic: its messages are matched as text, never
+    unmarshalled here."""
+    sock.set_inheritable(False)
+    with sock:
+        while True:
+            try:
+                data = sock.recv(512)
+            except OSError:
+                return
+            if not data:
+                return
+            said = _ADMISSION.fullmatch(data)
+            if said is not None and 0 < int(said[2]) < 65536:
+                server.admit((said[1].decode(), int(said[2])), said[3].decode(), said[4].decode())
+            try:
+                sock.send(b"ok" if said is not None else b"no")
+            except OSError:
+                return
 
 
 def policy_error(policy: "Policy", exc: "CredentialError") -> "PolicyError":

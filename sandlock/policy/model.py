@@ -584,14 +584,16 @@ def effective(policy: Policy, port: int) -> Policy:
     applied before compiling so the Landlock rules and the seccomp filter agree on it.
 
     - TCP connect to ``127.0.0.1:PORT`` (:func:`with_loopback_port`): that address only,
-      decided by the connect gate, unless the policy reaches other hosts by port anyway.
+      decided by the connect gate, which admits each connection to the route for its run
+      (:meth:`sandlock.net.routes.RouteServer.admit`): always through the gate, also for a
+      policy that reaches other hosts by port, so no other process borrows the route.
 
     The credentials stay in the policy (the executor serves them; a policy holding them
     is never stored in the compiled-policy cache, so no run's port outlives the run)."""
-    return with_loopback_port(policy, port, "credential routes")
+    return with_loopback_port(policy, port, "credential routes", gated=True)
 
 
-def with_loopback_port(policy: Policy, port: int, why: str) -> Policy:
+def with_loopback_port(policy: Policy, port: int, why: str, gated: bool = False) -> Policy:
     """``policy`` granting TCP connect to ``127.0.0.1:PORT``, whose text names ``why``.
 
     A Landlock port rule is a port on every address: as a ``connect`` entry the route's
@@ -601,11 +603,12 @@ def with_loopback_port(policy: Policy, port: int, why: str) -> Policy:
     policy that reaches no other host (no ``connect``, no ``udp``) as its one rule (the gate
     and proxy then run for it). A policy that already reaches every host on its
     ``connect`` ports, or by UDP, gets a ``connect`` entry as those are (it adds no host
-    the policy cannot reach already)."""
+    the policy cannot reach already), unless ``gated``: the gate decides every connect
+    to the port (its ``connect`` ports it lets reach any host, as Landlock would)."""
     from dataclasses import replace
 
     network = policy.network
-    if network.allow or not (network.connect or network.udp):
+    if gated or network.allow or not (network.connect or network.udp):
         from .netrules import parse_rules
 
         extra = parse_rules([f"127.0.0.1:{port}"], "allow")[0]

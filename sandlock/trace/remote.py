@@ -18,6 +18,7 @@ caller, which reads JSON only, with a size bound.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from typing import Any, Optional
@@ -76,7 +77,9 @@ class RemoteRecording(RemoteCall):
 def serve(fd: int) -> None:
     """Main of the recorder process (never returns): the rules once, then a thread per
     call; ends when the caller's socket and every call's have closed."""
-    def setup(config: bytes) -> tuple[Any, bool]:
+    def setup(config: bytes, fds: list[int]) -> tuple[Any, bool]:
+        for fd in fds:  # none is sent to a recorder
+            os.close(fd)
         abi, paths, ports, native = json.loads(config.decode())
         return (abi, [tuple(r) for r in paths], dict(ports)), native
 

@@ -90,7 +90,7 @@
 #define KEY_BYTES 32                         /* cachekey.KEY_BYTES */
 #define KEY_FILE "key"                       /* cachekey.KEY_FILE */
 #define TAG_BYTES 32                         /* cache.TAG_BYTES */
-#define NATIVE_FORMAT 3                      /* cache.NATIVE_FORMAT */
+#define NATIVE_FORMAT 4                      /* cache.NATIVE_FORMAT */
 #define NATIVE_PREFIX "n-"                   /* cache.NATIVE_PREFIX */
 #define NATIVE_DIR "native"                  /* cache.NATIVE_DIR */
 #define NATIVE_NAME_BYTES 20                 /* cache.NATIVE_NAME_BYTES */
@@ -640,8 +640,13 @@ static struct reader read_verified(int dir, const char *name, size_t max, const 
     size_t head = magic_len + TAG_BYTES;
     if (len < head || memcmp(data, magic, magic_len))
         fall_back("not a native entry of this format");
-    uint8_t tag[TAG_BYTES];
-    blake2b(tag, sizeof tag, secret, KEY_BYTES, data + head, len - head);
+    uint8_t tag[TAG_BYTES]; /* over the magic too: a payload tagged as another kind never verifies */
+    struct blake2b state;
+    if (blake2b_init(&state, sizeof tag, secret, KEY_BYTES) < 0)
+        fall_back("the entry's tag does not verify");
+    blake2b_update(&state, data, magic_len);
+    blake2b_update(&state, data + head, len - head);
+    blake2b_final(&state, tag);
     uint8_t diff = 0;
     for (size_t k = 0; k < TAG_BYTES; k++)
         diff |= (uint8_t)(tag[k] ^ data[magic_len + k]);
