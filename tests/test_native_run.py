@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-from conftest import require_tool, write_policy
+from conftest import require_abi, require_tool, write_policy
 
 from sandlock.cli import launch
 from sandlock.compile import cache, cachekey
@@ -1638,6 +1638,9 @@ def test_a_plan_another_command_stored_is_not_a_hit(second: str, tmp_path: Path,
     whose Python CLI refuses it; the tool cannot replace the second's Python CLI. The
     second: installed apart, or a copy of the first with the first's Python CLI linked
     beside it (ln -s). Control: through the first it runs and writes there."""
+    # below ABI 6 this policy's signal scope is the signal gate, whose listener only Python
+    # carries: the front end keeps no record of it and runs nothing itself
+    require_abi(6, "the native front end running a plan itself")
     one = installed(tmp_path / "one")
     cli = tmp_path / "two" / "sandlock-python"
     if second == "installed apart":
