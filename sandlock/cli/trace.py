@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 _CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
 
+#: Times learn lists the machine's readable paths and compiles them, when an entry listed
+#: is gone by the time its rule is made (a busy /tmp: CI's other lanes ran learn at once).
+LEARN_ATTEMPTS = 10
+
+
 def say(message: str) -> None:
     """One line on stderr, escaped: trace and learn messages name the tool's files."""
     _say_raw(printable(message))
@@ -281,7 +286,9 @@ def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: O
     check_cwd(cwd, home)
     tmpdir = os.path.realpath(tempfile.mkdtemp(prefix="sandlock-learn-"))
     try:
-        for attempt in range(3):  # an entry of a shared directory (/tmp) may vanish meanwhile
+        # An entry of a shared directory (/tmp: another program's temporary directory) may
+        # vanish between the listing and the rule made of it: listed and compiled again.
+        for attempt in range(LEARN_ATTEMPTS):
             text = recording_policy(cwd, tmpdir, home, allow_net=allow_net, allow_unix=allow_unix)
             policy = loads_policy(text, source="<learn>")
             if timeout is not None:
@@ -293,7 +300,7 @@ def learn_policy(argv: Sequence[str], *, extends: Sequence[str] = (), timeout: O
                 compiled = compiler.compile_policy(policy)
                 break
             except LandlockError:
-                if attempt == 2:
+                if attempt == LEARN_ATTEMPTS - 1:
                     raise
             except PolicyError as exc:  # a write grant `run` refuses: the working directory
                 raise SandlockError(f"learn: the recorded run may write its working directory "
