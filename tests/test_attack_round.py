@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 import test_credential_attacks as attacks
-from test_credential_attacks import ALLOWED, SECRET, _request, ask, ask_half_closed
+from test_credential_attacks import ALLOWED, SECRET, _request, ask, ask_half_closed, dial
 from test_credentials import Server
 
 from sandlock.net import http as H
@@ -117,7 +117,7 @@ def test_positive_control_h11_quotes_the_value_it_refuses() -> None:
 def _hold_a_body(server: Any, placeholder: str, size: int) -> socket.socket:
     """A connection that has sent all but the last byte of a ``size``-byte body, once the
     route holds it (its request is in the route, not yet at the upstream)."""
-    sock = socket.create_connection(server.address, timeout=30)
+    sock = dial(server, 30)
     head = ALLOWED.format(placeholder=placeholder) + f"Content-Length: {size}\r\n\r\n"
     sock.sendall(head.encode() + b"a" * (size - 1))
     held = getattr(H, "_HELD", None)
@@ -196,7 +196,7 @@ def _trickling(server: Any, placeholder: str, count: int) -> list[socket.socket]
     and one byte of a 100-byte body, once the route has read their heads."""
     held = []
     for _ in range(count):
-        sock = socket.create_connection(server.address, timeout=30)
+        sock = dial(server, 30)
         sock.sendall((ALLOWED.format(placeholder=placeholder)
                       + "Content-Length: 100\r\n\r\nx").encode())
         held.append(sock)
