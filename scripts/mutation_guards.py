@@ -1945,6 +1945,17 @@ GUARDS: tuple[Guard, ...] = (
           "                    if True:\n",
           ("tests/test_credentials.py::test_another_calls_placeholder_is_no_key_to_the_route",
            "tests/test_credentials.py::test_a_local_process_cannot_borrow_a_runs_route")),
+    Guard("routes: an admission that comes after its connection ended is dropped",
+          "sandlock/net/routes.py",
+          "            if self._ended.get(peer, -1) >= since:\n",
+          "            if False:\n",
+          (ATTACKS + "test_an_admission_ends_with_its_connection_even_one_never_served"
+           "[closed, then admitted]",)),
+    Guard("routes: a connection closed unserved ends its admission", "sandlock/net/listener.py",
+          "                self._unserved(client)\n",
+          "",
+          (ATTACKS + "test_an_admission_ends_with_its_connection_even_one_never_served"
+           "[admitted, then closed]",)),
     Guard("routes: an API call's gate admits its connections for the call's own session",
           "sandlock/api/sandbox.py",
           "                    mediation.bind((session or self._routes.session).sid)",

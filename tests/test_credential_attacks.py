@@ -17,6 +17,7 @@ import socket
 import ssl
 import subprocess
 import textwrap
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any, Iterator
@@ -172,9 +173,10 @@ def route(upstream: Server, certificate: tuple[Path, Path]) -> Iterator[Any]:
 def dial(server: R.RouteServer, timeout: float) -> socket.socket:
     """A connection to the route as a confined tool's is, made through its connect gate:
     admitted for the server's one session (:meth:`R.RouteServer.admit`)."""
+    since = time.monotonic_ns()
     sock = socket.create_connection(server.address, timeout=timeout)
     (sid,) = set(server._sid_of.values())
-    server.admit(sock.getsockname()[:2], sid)
+    server.admit(sock.getsockname()[:2], sid, since)
     return sock
 
 
@@ -887,3 +889,33 @@ def test_the_route_port_reaches_the_route_only(tmp_path: Path, upstream: Server,
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"127.0.0.2": "EACCES", "::1": "EACCES",
                                       "127.0.0.1": "connected"}, out.stderr
+
+
+@pytest.mark.parametrize("order", ["admitted, then closed", "closed, then admitted"])
+def test_an_admission_ends_with_its_connection_even_one_never_served(
+        route: Any, monkeypatch: pytest.MonkeyPatch, order: str) -> None:
+    """The route server, full, closed a tool's connection at once, never serving it; the
+    gate's admission of it came before or after (they race). Kept, it would serve another
+    process that takes that address later as the run (a reading of this change again). An
+    admission ends with its connection, and one that comes after the connection ended is
+    dropped. Control: a connection begun after that end, from the same address, is
+    admitted."""
+    from sandlock.net import listener
+
+    server, _ = route()
+    (sid,) = set(server._sid_of.values())
+    monkeypatch.setattr(listener, "MAX_CLIENTS", 0)  # every connection is closed at once
+    since = time.monotonic_ns()
+    with socket.create_connection(server.address, timeout=30) as victim:
+        peer = victim.getsockname()[:2]
+        if order == "admitted, then closed":
+            server.admit(peer, sid, since)
+        assert victim.recv(1) == b""  # closed by the server, unserved
+        deadline = time.monotonic() + 20
+        while peer not in server._ended and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if order == "closed, then admitted":
+            server.admit(peer, sid, since)
+    assert peer not in server._admitted
+    server.admit(peer, sid, time.monotonic_ns())  # control: a later connection's admission
+    assert server._admitted[peer] == (sid, "")

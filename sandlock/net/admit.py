@@ -11,6 +11,7 @@ import errno
 import ipaddress
 import os
 import socket
+import time
 from typing import Protocol
 
 
@@ -23,18 +24,25 @@ class Route(Protocol):
     def port(self) -> int:
         """Where the route server listens (on 127.0.0.1)."""
 
-    def admit(self, peer: tuple[str, int]) -> bool:
-        """Tell the route server this run's tool made the connection from ``peer``."""
+    def admit(self, peer: tuple[str, int], since: int) -> bool:
+        """Tell the route server this run's tool made the connection from ``peer``, begun
+        at ``since`` (CLOCK_MONOTONIC, ns: a connection from that address that ended later
+        was this one, and is not admitted)."""
 
 
 def is_route(route: Route | None, address: str, port: int) -> bool:
     return route is not None and (address, port) == ("127.0.0.1", route.port)
 
 
-def admitted(route: Route, fd: int, result: int) -> int:
-    """``result`` of a connect on ``fd`` to ``route`` made for the tool (0 or -errno), once
-    the route server knows the connection is this run's; else the connection is cut and
-    refused (EACCES)."""
+def began() -> int:
+    """When a connection to the route begins (taken before its connect: :func:`admitted`)."""
+    return time.monotonic_ns()
+
+
+def admitted(route: Route, fd: int, result: int, since: int) -> int:
+    """``result`` of a connect on ``fd`` to ``route`` made for the tool (0 or -errno), begun
+    at ``since`` (:func:`began`), once the route server knows the connection is this run's;
+    else the connection is cut and refused (EACCES)."""
     if result in (0, -errno.EINPROGRESS):
         try:
             with socket.socket(fileno=os.dup(fd)) as sock:
@@ -42,7 +50,7 @@ def admitted(route: Route, fd: int, result: int) -> int:
             address = ipaddress.ip_address(host)
             if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
                 host = str(address.ipv4_mapped)  # as the route's IPv4 listener sees the peer
-            if route.admit((host, port)):
+            if route.admit((host, port), since):
                 return result
         except (OSError, ValueError):
             pass

@@ -65,7 +65,7 @@ from ..linux.kernel import (
 from ..linux.notify import Listener, gate_unsupported
 from ..linux.syscalls import AUDIT_ARCH, MACHINE, NR
 from ..policy.netrules import NetRules, format_target
-from .admit import Route, admitted, is_route
+from .admit import Route, admitted, began, is_route
 from .proxy import Proxy
 
 if TYPE_CHECKING:
@@ -387,9 +387,10 @@ class ConnectGate(Listener):
                       target: tuple[str, int]) -> None:
         """A blocking connect to a remote host must not stall every other connect."""
         try:
+            since = began()
             result = _connect(sock, raw, length)
             if self.route is not None and is_route(self.route, *target):
-                result = admitted(self.route, sock, result)
+                result = admitted(self.route, sock, result, since)
             self._respond(ident, result)
             self._connected(inode, result, target)
         finally:

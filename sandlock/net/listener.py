@@ -81,6 +81,9 @@ class LoopbackServer:
     def _on_stop(self) -> None:
         """Called under the lock as the server stops (forget per-run state)."""
 
+    def _unserved(self, client: socket.socket) -> None:
+        """Called for a connection closed at once, never served (the server is full)."""
+
     def _serve(self, client: socket.socket) -> None:
         raise NotImplementedError
 
@@ -116,6 +119,7 @@ class LoopbackServer:
                 self._report_once(f"network: the {self.what} let an idle connection go: "
                                   f"{MAX_CLIENTS} are open (the limit per server)")
             if full:
+                self._unserved(client)
                 client.close()
                 self._report_once(f"network: refused a connection to the {self.what}: "
                                   f"{MAX_CLIENTS} are open (the limit per server)")

@@ -578,11 +578,11 @@ class _Admissions:
         self._sock = sock
         self._lock = threading.Lock()
 
-    def admit(self, peer: tuple[str, int], sid: str, call: str) -> bool:
+    def admit(self, peer: tuple[str, int], since: int, sid: str, call: str) -> bool:
         """Recorded by the route server (its ``ok``) before the tool's connect is answered."""
         with self._lock:
             try:
-                self._sock.send(f"ADMIT {peer[0]} {peer[1]} {sid} {call}".encode())
+                self._sock.send(f"ADMIT {peer[0]} {peer[1]} {since} {sid} {call}".encode())
                 self._sock.settimeout(START_TIMEOUT)
                 return self._sock.recv(16) == b"ok"
             except OSError:
@@ -610,10 +610,10 @@ class _CallRoute:
             self._sid = sid
         self._known.set()
 
-    def admit(self, peer: tuple[str, int]) -> bool:
+    def admit(self, peer: tuple[str, int], since: int) -> bool:
         if not self._known.wait(START_TIMEOUT) or self._sid is None:
             return False
-        return self._admissions.admit(peer, self._sid, self._call)
+        return self._admissions.admit(peer, since, self._sid, self._call)
 
 
 #: A session id as the caller sends it (a placeholder: URL-safe base64 and dashes).

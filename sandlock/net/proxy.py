@@ -40,7 +40,7 @@ from typing import Callable, Optional
 
 from ..policy.netrules import IPAddress, NetRules, Verdict, as_address, format_target, normalize_host
 from . import http
-from .admit import Route, admitted, is_route
+from .admit import Route, admitted, began, is_route
 from .http import CONNECT_TIMEOUT, HEAD_TIMEOUT, HOP_HEADERS, HttpError
 from .listener import LoopbackServer
 
@@ -137,10 +137,11 @@ class Proxy(LoopbackServer):
                 raise Refused(502, "the run is over", SOCKS_FAIL)
             try:
                 sock.settimeout(CONNECT_TIMEOUT)
+                since = began()
                 sock.connect((str(address), port))
                 sock.settimeout(None)
                 if self.route is not None and is_route(self.route, str(address), port) \
-                        and admitted(self.route, sock.fileno(), 0) != 0:
+                        and admitted(self.route, sock.fileno(), 0, since) != 0:
                     self._untrack(sock)
                     sock.close()
                     raise Refused(502, "the credential route did not admit the connection",

@@ -41,6 +41,7 @@ import re
 import secrets as _random
 import socket
 import ssl
+import time
 import urllib.parse
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
@@ -123,6 +124,9 @@ class RouteServer(LoopbackServer):
         #: Connections a gate made for a tool, by their address as the server sees the peer
         #: -> (the sid of that tool's session, its run) (:meth:`admit`), oldest first.
         self._admitted: dict[tuple[str, int], tuple[str, str]] = {}
+        #: When the last connection from each address ended (CLOCK_MONOTONIC, ns), oldest
+        #: first: an admission of a connection begun before then comes too late (it ended).
+        self._ended: dict[tuple[str, int], int] = {}
         self._under_way: dict[str, int] = {}  #: run -> its requests being served
         self._claimed: dict[socket.socket, str] = {}  #: connection -> the run it counts for
 
@@ -150,18 +154,40 @@ class RouteServer(LoopbackServer):
         self._sessions.clear()
         self._sid_of.clear()
         self._admitted.clear()
+        self._ended.clear()
 
-    def admit(self, peer: tuple[str, int], sid: str, run: str = "") -> None:
-        """A connect gate made the connection whose local address is ``peer`` for a tool
-        whose session is ``sid``: the one connection that may carry that session's
-        placeholders (a placeholder is readable where the tool leaves it, such as its
-        command line in /proc: alone it is no key to the route). ``run`` names the call
-        (the API's calls may share a session), whose requests :data:`MAX_PER_SESSION` counts."""
+    def admit(self, peer: tuple[str, int], sid: str, since: int, run: str = "") -> None:
+        """A connect gate made the connection whose local address is ``peer``, begun at
+        ``since`` (:func:`sandlock.net.admit.began`), for a tool whose session is ``sid``: the
+        one connection that may carry that session's placeholders (a placeholder is
+        readable where the tool leaves it, such as its command line in /proc: alone it is no
+        key to the route). Its admission ends with it; one that comes after it ended (the
+        server was full, or let it go) is dropped, or another process could take the address
+        later and be served as this run. ``run`` names the call (the API's calls may share a
+        session), whose requests :data:`MAX_PER_SESSION` counts."""
         with self._lock:
             self._admitted.pop(peer, None)
+            if self._ended.get(peer, -1) >= since:
+                return
             self._admitted[peer] = (sid, run)
             while len(self._admitted) > MAX_ADMITTED:  # connections never made or long gone
                 del self._admitted[next(iter(self._admitted))]
+
+    def _end(self, peer: tuple[str, int]) -> None:
+        """The connection from ``peer`` ended (under the lock): its admission with it."""
+        self._admitted.pop(peer, None)
+        self._ended.pop(peer, None)
+        self._ended[peer] = time.monotonic_ns()
+        while len(self._ended) > MAX_ADMITTED:
+            del self._ended[next(iter(self._ended))]
+
+    def _unserved(self, client: socket.socket) -> None:
+        try:
+            peer = client.getpeername()[:2]
+        except OSError:
+            return
+        with self._lock:
+            self._end(peer)
 
     def _serve(self, client: socket.socket) -> None:
         held: list[socket.socket] = [client]  # and the upstream, once connected
@@ -178,7 +204,7 @@ class RouteServer(LoopbackServer):
         finally:
             with self._lock:  # one request per connection: its admission ends with it
                 if peer is not None:
-                    self._admitted.pop(peer, None)
+                    self._end(peer)
                 run = self._claimed.pop(client, None)
                 if run is not None:
                     self._under_way[run] -= 1
@@ -575,10 +601,10 @@ class Routes:
         """The port the route server listens on, granted to the tool by compiling."""
         return int(self.server.port)
 
-    def admit(self, peer: tuple[str, int]) -> bool:
+    def admit(self, peer: tuple[str, int], since: int) -> bool:
         """The run's connect gate made a connection to the route from ``peer`` (in this
         process: :class:`RouteServer`, for `sandlock run`, `trace` and `probe`)."""
-        self.server.admit(peer, self.session.sid)
+        self.server.admit(peer, self.session.sid, since)
         return True
 
     def start(self) -> None:
@@ -666,7 +692,7 @@ class RemoteRouteServer:
 
     def admitter(self) -> socket.socket:
         """A socket for the Sandbox's mediator process, on which its connect gates admit
-        the connections they make to the route (``ADMIT host port sid call``, answered ``ok``:
+        the connections they make to the route (``ADMIT host port since sid call``, answered ``ok``:
         :func:`serve_routes`)."""
         import sys
 
@@ -764,8 +790,9 @@ def serve_routes(fd: int) -> None:
 
 
 
-#: An admission from a mediator process: ``ADMIT 127.0.0.1 PORT SID CALL`` (ASCII).
-_ADMISSION = re.compile(rb"ADMIT (127\.0\.0\.1|::1) ([0-9]{1,5}) ([A-Za-z0-9_-]{1,200}) ([0-9a-f]{1,64})")
+#: An admission from a mediator process: ``ADMIT 127.0.0.1 PORT SINCE SID CALL`` (ASCII).
+_ADMISSION = re.compile(rb"ADMIT (127\.0\.0\.1|::1) ([0-9]{1,5}) ([0-9]{1,20}) ([A-Za-z0-9_-]{1,200}) "
+                        rb"([0-9a-f]{1,64})")
 
 
 def _admissions(server: RouteServer, sock: socket.socket) -> None:
@@ -784,7 +811,8 @@ def _admissions(server: RouteServer, sock: socket.socket) -> None:
                 return
             said = _ADMISSION.fullmatch(data)
             if said is not None and 0 < int(said[2]) < 65536:
-                server.admit((said[1].decode(), int(said[2])), said[3].decode(), said[4].decode())
+                server.admit((said[1].decode(), int(said[2])), said[4].decode(), int(said[3]),
+                             said[5].decode())
             try:
                 sock.send(b"ok" if said is not None else b"no")
             except OSError:
