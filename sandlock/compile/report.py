@@ -184,9 +184,8 @@ def _user_tasks(uid: int) -> int:
     return count
 
 
-#: How `explain` shows the port a credential route gets when a run starts.
-ROUTE_PORT = "the credential route's port (chosen when the run starts)"
-#: The same, where the connect gate decides by address (policy.model.with_loopback_port).
+#: How `explain` shows the port a credential route gets when a run starts: an address of
+#: the host allowlist, which the connect gate decides (policy.model.effective).
 ROUTE_ALLOW = "127.0.0.1:the credential route's port (chosen when the run starts)"
 
 
@@ -216,8 +215,7 @@ def explain_policy(policy: Policy) -> dict[str, Any]:
         "abi": abi,
         "paths": [{"access": r.access.value, "path": r.path, "optional": r.optional,
                    "origin": r.origin} for r in policy.paths],
-        "network": {"connect": [str(p) for p in policy.network.connect]
-                    + ([ROUTE_PORT] if run.network.connect != policy.network.connect else []),
+        "network": {"connect": [str(p) for p in policy.network.connect],
                     "bind": [str(p) for p in policy.network.bind],
                     "udp": policy.network.udp, "unix": policy.network.unix,
                     "allow": [rule.text for rule in policy.network.allow]
