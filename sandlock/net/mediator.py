@@ -450,7 +450,7 @@ def start_process(main: str, module: str = "sandlock.net.mediator") -> tuple[Any
 
 
 def serve(fd: int) -> None:
-    """Main of the mediator process (never returns): the rules once, then a thread per
+    """Main of the mediator process (never returns): the rules once, then a thread for each
     call; ends when the caller's socket and every call's have closed."""
     import pickle
     from types import SimpleNamespace
@@ -475,15 +475,13 @@ def serve_warm(fd: int, setup: Callable[[bytes, list[int]], tuple[Any, bool]],
                serve_call: Callable[[Any, socket.socket, bool], None], name: str) -> None:
     """Main of a :class:`WarmProcess` (never returns): its config once (``setup`` makes
     (what each call needs, native) of it), its own sandlock-exec server handed over if
-    native, then a thread per call, ``serve_call(that, the call's socket, whether its
-    listener also carries the signal gate)``; ends when the caller's socket and every
-    call's have closed."""
-    import threading
-
+    native, then each call in a thread of :class:`_Workers`, ``serve_call(that, the call's
+    socket, whether its listener also carries the signal gate)``; ends when the caller's
+    socket and every call's have closed."""
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)
-    calls: list[threading.Thread] = []
-    reaper: Optional[threading.Thread] = None
+    calls = _Workers(serve_call, name)
+    reaper: "Optional[threading.Thread]" = None
     try:
         config, given, _, _ = socket.recv_fds(sock, 1 << 24, 1)
         state, native = setup(config, given)
@@ -502,19 +500,58 @@ def serve_warm(fd: int, setup: Callable[[bytes, list[int]], tuple[Any, bool]],
             call.set_inheritable(False)
             for extra in fds[1:]:
                 os.close(extra)
-            calls = [t for t in calls if t.is_alive()]
-            thread = threading.Thread(target=serve_call, args=(state, call, said == SIGNALS),
-                                      name=name, daemon=True)
-            thread.start()
-            calls.append(thread)
+            calls.submit(state, call, said == SIGNALS)
     except BaseException:  # noqa: BLE001 - the caller sees EOF on each call and reports it
         pass
-    for thread in calls:
-        thread.join()
+    calls.join()
     if reaper is not None:  # its server ends at the caller's EOF too: reaped here, never
         reaper.join(START_TIMEOUT)  # left to whichever subreaper is above this process
         _reap_all(time.monotonic() + START_TIMEOUT)
     os._exit(0)
+
+
+class _Workers:
+    """The threads of a :class:`WarmProcess`'s calls: each serves one call at a time and
+    then waits for the next; a call finding none idle starts one more. (A thread started
+    per call cost about as much as a traced call's own work.)"""
+
+    def __init__(self, serve: Callable[..., None], name: str) -> None:
+        import queue
+        import threading
+
+        self._serve, self._name = serve, name
+        self._jobs: "queue.SimpleQueue[Optional[tuple[Any, ...]]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, *job: Any) -> None:
+        import threading
+
+        with self._lock:
+            if not self._idle:
+                thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
+                self._idle += 1
+            self._idle -= 1  # this job's: no later job counts on it
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._serve(*job)
+            except Exception:  # noqa: BLE001 - the caller sees EOF on the call and reports it
+                pass
+            with self._lock:
+                self._idle += 1
+
+    def join(self) -> None:
+        """Once no call comes any more: wait for those under way, then end the threads."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()
 
 
 def _reap_all(deadline: float) -> None:

@@ -75,7 +75,7 @@ class RemoteRecording(RemoteCall):
 
 
 def serve(fd: int) -> None:
-    """Main of the recorder process (never returns): the rules once, then a thread per
+    """Main of the recorder process (never returns): the rules once, then a thread for each
     call; ends when the caller's socket and every call's have closed."""
     def setup(config: bytes, fds: list[int]) -> tuple[Any, bool]:
         for fd in fds:  # none is sent to a recorder
@@ -101,7 +101,7 @@ def _serve_call(rules: tuple[Any, ...], sock: socket.socket, signals: bool) -> N
         sock.sendmsg([json.dumps({"bpf": recorder.notify_bpf.hex()}).encode()],
                      [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
                        recorder.child_end.to_bytes(4, sys.byteorder))])
-        recorder.start()
+        recorder.run(sock.fileno())  # this thread records until the caller speaks or goes
         said = sock.recv(16)  # "stop", or b"" when the caller is gone
         recorder.stop()
         if said == STOP:
