@@ -164,12 +164,64 @@ def test_first_matching_rule_wins(tmp_path: Path) -> None:
     ("[[rule]]\nmatch = 'x'\n", b"rule[0]"),
     ("[[rule]]\nmatch = 'x'\ntool = 'git'\n", b"--registry"),
     ("[other]\n", b"other"),
-    ("not toml [", b"cannot read the rules"),
+    ("not toml [", b"TOML syntax error"),
+    # re.compile raises OverflowError, tomllib RecursionError: before, the hook ended 125
+    ("[[rule]]\nmatch = 'a{4294967296}'\npolicy = 'shell'\n", b"rule[0].match"),
+    ("x = " + "[" * 2000 + "]" * 2000 + "\n", b"nested more than"),
 ])
 def test_bad_rules_block(tmp_path: Path, text: str, says: bytes) -> None:
     done = hook(hook_input("true"), "--rules", str(_rules(tmp_path, text)), "--policy", "shell")
     assert done.returncode == claude_code.BLOCK and done.stdout == b""
     assert says in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_a_default_policy_nested_too_deep_never_lets_the_command_run(tmp_path: Path) -> None:
+    """A policy the rules name that the TOML reader cannot take (RecursionError): the hook
+    blocks, or answers with a command whose run refuses it; the command never runs."""
+    (tmp_path / "deep.toml").write_text("version = 1\nx = " + "[" * 2000 + "]" * 2000 + "\n")
+    rules = _rules(tmp_path, '[default]\npolicy = "deep.toml"\n')
+    mark = tmp_path / "ran"
+    done = hook(hook_input(f"touch {mark}", cwd=str(tmp_path)), "--rules", str(rules))
+    assert done.returncode in (0, claude_code.BLOCK), done.stderr
+    assert b"Traceback" not in done.stderr and b"internal error" not in done.stderr
+    if done.returncode == 0:
+        ran = bash(rewritten(done), tmp_path)
+        assert ran.returncode == 125 and "nested more than" in ran.stderr, ran.stderr
+    assert not mark.exists()
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity", b"1e400"])
+def test_a_number_json_has_not_is_blocked(value: bytes) -> None:
+    """Python's reader takes NaN and 1e400; written back into the answer they made it no
+    JSON, which Claude Code reads as no decision (the command as the model wrote it)."""
+    data = hook_input("true").replace(b'"description"', b'"n": ' + value + b', "description"')
+    done = hook(data, "--policy", "shell")
+    assert done.returncode == claude_code.BLOCK and done.stdout == b"", done.stdout
+    control = hook(data.replace(value, b"1.5"), "--policy", "shell")
+    assert json.loads(control.stdout)  # the same input with a finite number is answered
+
+
+_BROKEN_HOOK = """
+import sys
+import sandlock.integrations.claude_code as hook
+def answer(*args, **kwargs):
+    raise {error}
+hook.answer = answer
+from sandlock.cli.run import main
+main(["hook", "claude-code", "--policy", "shell"])
+"""
+
+
+@pytest.mark.parametrize("error", ["RuntimeError('a bug')", "KeyboardInterrupt()",
+                                   "MemoryError()", "UnicodeEncodeError('utf-8', '', 0, 1, 'x')"])
+def test_an_internal_error_blocks_the_command(error: str) -> None:
+    """Claude Code runs the command as the model wrote it, unconfined, after any hook exit
+    but 0 and 2: a bug in the hook (here one put in its place) must block."""
+    done = subprocess.run([sys.executable, "-c", _BROKEN_HOOK.format(error=error)],
+                          input=hook_input("true"), capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == claude_code.BLOCK, done.stderr
+    assert done.stdout == b"" and b"internal error, the command is blocked" in done.stderr
 
 
 def test_registry_tool(tmp_path: Path, workspace: Path, outside: Path) -> None:

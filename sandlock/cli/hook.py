@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Optional
+from typing import NoReturn, Optional
 
 import click
 
@@ -50,19 +50,35 @@ def claude_code(policy: Optional[str], registry: Optional[str], rules: Optional[
     command) whenever the command cannot be confined: invalid input, no rule and no
     default policy, a bad rules file.
     """
-    from ..integrations.claude_code import BLOCK, MAX_INPUT, answer
-    from ..integrations.shell_rules import load_rules
-    from ..policy.readfile import read_bounded
-
+    # Claude Code runs the command as the model wrote it, unconfined, after any hook
+    # exit but 0 and 2: every way this can end, an internal error or an answer that
+    # cannot be written included, is 0 with the answer written whole, or 2.
     try:
+        from ..integrations.claude_code import MAX_INPUT, answer
+        from ..integrations.shell_rules import load_rules
+        from ..policy.readfile import read_bounded
+
         data = read_bounded(0, MAX_INPUT)
         if data is None:
             raise SandlockError(f"the hook input is larger than {MAX_INPUT} bytes: refused")
         text = answer(data, load_rules(rules, policy, registry), parse_vars(variables), ask=ask)
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
     except (SandlockError, OSError) as exc:
-        say(printable(str(exc)))
-        raise click.exceptions.Exit(BLOCK) from None
-    sys.stdout.write(text + "\n")
+        _block(printable(str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - any other end lets the command run unconfined
+        _block(f"internal error, the command is blocked: {type(exc).__name__}: "
+               f"{printable(str(exc))}")
+
+
+def _block(why: str) -> NoReturn:
+    """Exit 2, ``why`` on stderr, nothing more on stdout (an answer in part would be none)."""
+    from ..integrations.claude_code import BLOCK
+    from .run import _silence_stdout
+
+    say(why)
+    _silence_stdout()  # what stays buffered goes nowhere, never fails the exit status
+    raise click.exceptions.Exit(BLOCK)
 
 
 SHELL_USAGE = ("sandlock shell [--policy P | --registry DIR] [--rules FILE] [--var NAME=VALUE]... "

@@ -46,12 +46,27 @@ class Call:
     session_id: Optional[str]
 
 
+def _not_json(name: str) -> Any:
+    """NaN and Infinity, which Python's reader takes and JSON has not: written back into
+    the answer, they would make it no JSON (no decision: the command would run)."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float; 1e400 (infinite as a float) is refused, as NaN is."""
+    value = float(text)
+    if value - value != 0:  # inf or nan
+        raise ValueError(f"{text[:20]} is out of range")
+    return value
+
+
 def parse(data: bytes) -> Call:
     """The Bash call in the hook's input; Refused for anything else."""
     if len(data) > MAX_INPUT:
         raise Refused(f"the hook input is larger than {MAX_INPUT} bytes")
     try:
-        found = json.loads(data.decode("utf-8"))
+        found = json.loads(data.decode("utf-8"), parse_constant=_not_json,
+                           parse_float=_finite)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise Refused(f"the hook input is not JSON ({type(exc).__name__})") from None
     if not isinstance(found, dict):
@@ -104,9 +119,10 @@ def answer(data: bytes, rules: Rules, variables: Mapping[str, str], *, ask: bool
     updated = dict(call.tool_input)
     updated["command"] = rewritten(choice, variables, call.command, prefix,
                                    keep=list(dict.fromkeys([*kept_paths(call.cwd), *rules.files])))
-    return json.dumps({"hookSpecificOutput": {
+    decision = {"hookSpecificOutput": {
         "hookEventName": EVENT,
         "permissionDecision": "ask" if ask else "allow",
         "permissionDecisionReason": f"sandlock: confined by {choice.name()}",
         "updatedInput": updated,
-    }})
+    }}
+    return json.dumps(decision, allow_nan=False)  # strict JSON, or ValueError: blocked

@@ -136,18 +136,15 @@ def load_rules(rules_file: Optional[str], policy: Optional[str],
             raise SandlockError("give --policy P, or --rules FILE (with --registry DIR for "
                                 "tools)")
         return Rules((), default, _files(None, [default], registry))
-    if sys.version_info >= (3, 11):
-        import tomllib as _toml
-    else:  # pragma: no cover - Python < 3.11
-        import tomli as _toml
-
+    from ..policy.model import _parse_text
     from ..policy.readfile import read_policy_bytes
 
     try:
-        data = _toml.loads(read_policy_bytes(rules_file).decode("utf-8"))
-    except (OSError, ValueError) as exc:  # UnicodeDecodeError, TOMLDecodeError
+        text = read_policy_bytes(rules_file).decode("utf-8")
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError
         raise PolicyError(f"cannot read the rules: {getattr(exc, 'strerror', None) or exc}",
                           source=rules_file) from None
+    data = _parse_text(text, rules_file)  # PolicyError as for a policy (nesting, syntax)
     base = os.path.dirname(os.path.abspath(rules_file))
     unknown = sorted(set(data) - {"rule", "default"})
     if unknown:
@@ -165,7 +162,7 @@ def load_rules(rules_file: Optional[str], policy: Optional[str],
             raise PolicyError("expected match = 'REGEX'", source=rules_file, key=f"{where}.match")
         try:
             pattern = re.compile(match)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:  # a{4294967296}; (((...)))
             raise PolicyError(f"not a regular expression: {exc}", source=rules_file,
                               key=f"{where}.match") from None
         rules.append(Rule(pattern, choice))
@@ -215,11 +212,7 @@ def _layers(policy_file: str) -> list[str]:
     """``policy_file`` and each file it extends, as the loader finds them (a path relative
     to the file that names it; a bare name is a shipped profile). A file that cannot be
     read or parsed ends the walk there: the run reports it."""
-    if sys.version_info >= (3, 11):
-        import tomllib as _toml
-    else:  # pragma: no cover - Python < 3.11
-        import tomli as _toml
-
+    from ..policy.model import _parse_text
     from ..policy.readfile import read_policy_bytes
 
     found: list[str] = []
@@ -230,8 +223,8 @@ def _layers(policy_file: str) -> list[str]:
             continue
         found.append(path)
         try:
-            extends = _toml.loads(read_policy_bytes(path).decode("utf-8")).get("extends", [])
-        except (OSError, ValueError, AttributeError):
+            extends = _parse_text(read_policy_bytes(path).decode("utf-8"), path).get("extends", [])
+        except (OSError, ValueError, AttributeError, SandlockError):  # PolicyError
             continue
         for name in extends if isinstance(extends, list) else []:
             if isinstance(name, str) and ("/" in name or name.endswith(".toml")):
