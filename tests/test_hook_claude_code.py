@@ -165,14 +165,25 @@ def test_first_matching_rule_wins(tmp_path: Path) -> None:
     ("[[rule]]\nmatch = 'x'\ntool = 'git'\n", b"--registry"),
     ("[other]\n", b"other"),
     ("not toml [", b"TOML syntax error"),
-    # re.compile raises OverflowError, tomllib RecursionError: before, the hook ended 125
-    ("[[rule]]\nmatch = 'a{4294967296}'\npolicy = 'shell'\n", b"rule[0].match"),
-    ("x = " + "[" * 2000 + "]" * 2000 + "\n", b"nested more than"),
 ])
 def test_bad_rules_block(tmp_path: Path, text: str, says: bytes) -> None:
     done = hook(hook_input("true"), "--rules", str(_rules(tmp_path, text)), "--policy", "shell")
     assert done.returncode == claude_code.BLOCK and done.stdout == b""
     assert says in done.stderr and b"Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("[[rule]]\nmatch = 'a{4294967296}'\npolicy = 'shell'\n", b"rule[0].match"),
+    ("[[rule]]\nmatch = '" + "(" * 1000 + ")" * 1000 + "'\npolicy = 'shell'\n", b"rule[0].match"),
+    ("x = " + "[" * 2000 + "]" * 2000 + "\n", b"nested more than"),
+], ids=["repeat", "groups", "nested"])
+def test_rules_the_readers_cannot_take_block_with_their_reason(tmp_path: Path, text: str,
+                                                               says: bytes) -> None:
+    """re.compile raises OverflowError (RecursionError), tomllib RecursionError: the hook
+    ended 125 on them (an internal error, and the command ran unconfined)."""
+    done = hook(hook_input("true"), "--rules", str(_rules(tmp_path, text)), "--policy", "shell")
+    assert done.returncode == claude_code.BLOCK and done.stdout == b""
+    assert says in done.stderr and b"internal error" not in done.stderr, done.stderr
 
 
 def test_a_default_policy_nested_too_deep_never_lets_the_command_run(tmp_path: Path) -> None:
@@ -197,6 +208,7 @@ def test_a_number_json_has_not_is_blocked(value: bytes) -> None:
     data = hook_input("true").replace(b'"description"', b'"n": ' + value + b', "description"')
     done = hook(data, "--policy", "shell")
     assert done.returncode == claude_code.BLOCK and done.stdout == b"", done.stdout
+    assert b"the hook input is not JSON" in done.stderr, done.stderr
     control = hook(data.replace(value, b"1.5"), "--policy", "shell")
     assert json.loads(control.stdout)  # the same input with a finite number is answered
 
@@ -213,7 +225,8 @@ main(["hook", "claude-code", "--policy", "shell"])
 
 
 @pytest.mark.parametrize("error", ["RuntimeError('a bug')", "KeyboardInterrupt()",
-                                   "MemoryError()", "UnicodeEncodeError('utf-8', '', 0, 1, 'x')"])
+                                   "MemoryError()", "UnicodeEncodeError('utf-8', '', 0, 1, 'x')"],
+                         ids=["bug", "interrupt", "memory", "encode"])
 def test_an_internal_error_blocks_the_command(error: str) -> None:
     """Claude Code runs the command as the model wrote it, unconfined, after any hook exit
     but 0 and 2: a bug in the hook (here one put in its place) must block."""
