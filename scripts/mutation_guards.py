@@ -2032,8 +2032,8 @@ GUARDS: tuple[Guard, ...] = (
           "sandlock/cli/hook.py",
           "    except BaseException as exc:  # noqa: BLE001 - any other end lets the command run unconfined\n"
           "        _block(",
-          "    except ZeroDivisionError as exc:  # noqa: BLE001 - any other end lets the command run unconfined\n"
-          "        _block(",
+          "    except ZeroDivisionError as exc:  # noqa: BLE001 - any other end lets the command run"
+          " unconfined\n        _block(",
           ("tests/test_hook_claude_code.py::test_an_internal_error_blocks_the_command[bug]",)),
     Guard("hook: NaN and 1e400 in the input are refused (the answer would be no JSON)",
           "sandlock/integrations/claude_code.py",
@@ -2041,6 +2041,12 @@ GUARDS: tuple[Guard, ...] = (
           ")",
           ("tests/test_hook_claude_code.py::test_a_number_json_has_not_is_blocked[1e400]",
            "tests/test_hook_claude_code.py::test_a_number_json_has_not_is_blocked[NaN]")),
+    Guard("keep: a policy file a running run keeps must be what it was before that run",
+          "sandlock/policy/readfile.py",
+          "            reading.check(data, path)\n",
+          "",
+          ("tests/test_hook_claude_code.py::test_a_command_running_beside_cannot_choose_the_policy_of_another[policy]",
+           "tests/test_hook_claude_code.py::test_a_command_running_beside_cannot_choose_the_policy_of_another[rules]")),
     Guard("shell rules: a regex too large to compile is a rules error",
           "sandlock/integrations/shell_rules.py",
           "except (re.error, OverflowError, RecursionError) as exc:",

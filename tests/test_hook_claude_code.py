@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -215,6 +216,7 @@ def test_a_number_json_has_not_is_blocked(value: bytes) -> None:
 
 _BROKEN_HOOK = """
 import sys
+import time
 import sandlock.integrations.claude_code as hook
 def answer(*args, **kwargs):
     raise {error}
@@ -429,3 +431,77 @@ def test_a_policy_reached_through_a_link_is_refused(tmp_path: Path) -> None:
                           capture_output=True, timeout=60, cwd=project,
                           env={**os.environ, "PYTHONPATH": str(REPO), "CLAUDE_PROJECT_DIR": str(project)})
     assert done.returncode == 2 and b"symbolic link" in done.stderr, done.stderr
+
+
+_READONLY = ('version = 1\nextends = ["base"]\n[filesystem]\nread = ["${workspace}"]\n'
+             'exec = ["/usr/bin", "/bin"]\n')
+
+
+@pytest.mark.parametrize("changed", ["policy", "extended", "rules", "control"])
+def test_a_command_running_beside_cannot_choose_the_policy_of_another(tmp_path: Path,
+                                                                      changed: str) -> None:
+    """A command run in the background (Claude Code's run_in_background), confined by a
+    policy that writes the project, rewrites a file that chooses the policy of the
+    others; its --keep puts the file back only when it ends. A command hooked meanwhile
+    must not run under what it wrote: its hook blocks, or its run refuses the file.
+    Control: the background command's line without the --keep of the file it rewrites,
+    and the other command writes outside the project."""
+    project = tmp_path / "project"
+    (project / "policies").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    rules = project / "rules.toml"
+    rules.write_text('[[rule]]\nmatch = "^true; "\npolicy = "shell"\n\n'
+                     '[default]\npolicy = "policies/readonly.toml"\n')
+    readonly = project / "policies" / "readonly.toml"
+    readonly.write_text('version = 1\nextends = ["more.toml"]\n')
+    more = project / "policies" / "more.toml"
+    more.write_text(_READONLY)
+    (project / "policies" / "evil.toml").write_text(
+        _READONLY + f'write = ["{outside}"]\n')
+    target, text = {
+        "policy": (readonly, f'[filesystem]\nwrite = ["{outside}"]\n'),
+        "extended": (more, f'write = ["{outside}"]\n'),
+        "rules": (rules, '\n[[rule]]\nmatch = "^echo "\npolicy = "policies/evil.toml"\n'),
+        "control": (more, f'write = ["{outside}"]\n'),
+    }[changed]
+    (project / "hold").touch()
+    options = ("--rules", str(rules), "--var", f"workspace={project}")
+    first = _hooked_in(project, f"true; cat >> {target} < {project}/add; "
+                                f"while [ -e {project}/hold ]; do sleep 0.05; done", *options)
+    assert f"--keep {target} " in first
+    if changed == "control":
+        first = first.replace(f"--keep {target} ", "")
+    (project / "add").write_text(text)
+    before = target.read_text()
+    background = subprocess.Popen(["bash", "-c", first], cwd=project, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        for _ in range(400):
+            if target.read_text() != before or background.poll() is not None:
+                break
+            time.sleep(0.05)
+        if target.read_text() == before:
+            background.kill()
+            raise AssertionError(f"the background command did not change the file: "
+                                 f"{background.communicate(timeout=60)}")
+        done = subprocess.run([sys.executable, "-P", "-m", "sandlock", "hook", "claude-code",
+                               *options], input=hook_input(f"echo pwned > {outside}/mark",
+                                                           cwd=str(project)),
+                              capture_output=True, timeout=60, cwd=project,
+                              env={**os.environ, "PYTHONPATH": str(REPO),
+                                   "CLAUDE_PROJECT_DIR": str(project)})
+        if done.returncode == 0:
+            ran = bash(rewritten(done), project)
+            if changed != "control":
+                assert ran.returncode == 125 and "running sandlock run" in ran.stderr, ran.stderr
+        else:
+            assert done.returncode == claude_code.BLOCK and changed == "rules", done.stderr
+            assert b"running sandlock run" in done.stderr, done.stderr
+    finally:
+        (project / "hold").unlink()
+        out, err = background.communicate(timeout=60)
+    assert (outside / "mark").exists() == (changed == "control")
+    if changed != "control":  # the background command's keep put the file back, and failed
+        assert background.returncode == 125 and target.read_text() == before, err

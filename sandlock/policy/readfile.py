@@ -4,7 +4,8 @@ A policy path is named by the caller, but what is there may be anything: a FIFO
 (``open`` would wait for a writer), a device (``/dev/zero`` never ends), or a file
 someone replaces while a run starts. The file is opened non-blocking, must be a
 regular file, and is read in full once, up to :data:`MAX_BYTES`; everything the run
-does (the cache key and the compiled policy alike) comes from these bytes.
+does (the cache key and the compiled policy alike) comes from these bytes. While a
+running run keeps the file (``--keep``), they must be what it was before that run.
 """
 
 from __future__ import annotations
@@ -27,14 +28,20 @@ def read_policy_bytes(path: str, dir_fd: Optional[int] = None, flags: int = 0) -
     """The bytes of ``path`` (relative to ``dir_fd`` if given, opened with the extra
     ``flags``); OSError (``strerror`` says why) if it is not a regular file of at most
     MAX_BYTES."""
+    from ..undo.held import Reading
+
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | flags,
                  dir_fd=dir_fd)
     try:
         if not S_ISREG(os.fstat(fd).st_mode):
             raise OSError(0, "not a regular file", path)
-        data = read_bounded(fd, MAX_BYTES)
-        if data is None:
-            raise FileTooLarge(0, f"larger than {MAX_BYTES} bytes", path)
+        # A run keeping it (--keep: the Claude Code hook's rules and policies) puts it back
+        # only when it ends: until then it must be what it was (ChangedByARun).
+        with Reading(fd) as reading:
+            data = read_bounded(fd, MAX_BYTES)
+            if data is None:
+                raise FileTooLarge(0, f"larger than {MAX_BYTES} bytes", path)
+            reading.check(data, path)
         return data
     finally:
         os.close(fd)

@@ -36,6 +36,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SandlockError
 from . import xattrs
+from .held import KEEP_DIR
+from .held import copy_name as _copy_name
 
 MAX_ENTRIES = 4096
 MAX_BYTES = 16 << 20
@@ -361,9 +363,6 @@ def _identity(info: os.stat_result) -> tuple[int, int]:
     return (info.st_dev, info.st_ino)
 
 
-#: Where the runs keeping a path share what it was: a directory of the private state
-#: directory (no write grant reaches it), one file per kept path.
-KEEP_DIR = "keep"
 
 
 def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Node]]]
@@ -448,11 +447,23 @@ def _entries(directory: int) -> list[str]:
         os.close(listing)
 
 
-def _copy_name(path: str) -> str:
-    """The name of a kept path's copy, and of its locks: by its real path."""
-    import hashlib
+def differs(directory: int, name: str, rel: str, data: bytes) -> bool:
+    """Whether ``data`` is not the file at ``rel`` (``.``: the kept path itself) in what the
+    kept path of the copy ``name`` was before the runs keeping it (its stored copy). A file
+    that was not there then, or was none, differs; so does a copy that cannot be read."""
+    import marshal
 
-    return hashlib.sha256(os.fsencode(path)).hexdigest()[:32]
+    try:
+        with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory),
+                  "rb") as stored:
+            _, node = marshal.loads(stored.read(MAX_BYTES + (1 << 20)))
+    except (OSError, ValueError, EOFError, TypeError):
+        return True
+    for part in [] if rel == "." else rel.split("/"):
+        if not isinstance(node, tuple) or node[0] != "d":
+            return True
+        node = node[2].get(part)
+    return not isinstance(node, tuple) or node[0] != "f" or node[2] != data
 
 
 #: The paths this process keeps now (a run's paths, or mcp serve's calls at once): a

@@ -1,0 +1,127 @@
+"""Which paths running runs keep now (``sandlock run --keep``), found by the locks of the
+keep directory alone: light enough for every read of a policy file.
+
+:mod:`sandlock.undo.keep` stores, per kept path (by its real path), what the path was
+before the runs keeping it began (``NAME``), and two locks: ``NAME.lock``, held by a run
+deciding what the path was, and ``NAME.held``, held shared by every run keeping it. Until
+the last of them ends, the path may hold what a tool of one of them wrote: a policy or
+rules file read then must be what it was before those runs, or it is no one's choice
+(:func:`sandlock.undo.keep.differs`, through :class:`Reading`).
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Optional
+
+#: The keep directory of the private state directory (no write grant reaches it).
+KEEP_DIR = "keep"
+
+
+def copy_name(path: str) -> str:
+    """The name of a kept path's copy, and of its locks: by its real path."""
+    import hashlib
+
+    return hashlib.sha256(os.fsencode(path)).hexdigest()[:32]
+
+
+def keep_directory(create: bool = False) -> Optional[int]:
+    """A descriptor of the keep directory, or None if there is none (or no private state
+    directory to hold one)."""
+    from ..compile.cachekey import key_directory, open_private_dir
+
+    where = key_directory()
+    if where is None:
+        return None
+    return open_private_dir(os.path.join(where, KEEP_DIR), create=create, private_from=2)
+
+
+def is_held(directory: int, name: str) -> bool:
+    """Whether a run keeps the path of the copy ``name`` now (its ``.held`` locked)."""
+    import fcntl
+
+    try:
+        held = os.open(f"{name}.held", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(held)
+
+
+class ChangedByARun(OSError):
+    """A file read while a running run keeps it (or a directory around it), which is not
+    what it was before that run began: its tool may have written it."""
+
+
+class Reading:
+    """Around the read of a file (its descriptor ``fd``): the ``.lock`` of its real path
+    and of each directory above it that a run ever kept, taken shared, so that no run
+    begins keeping one of them meanwhile (runs keeping one already go on); then
+    :meth:`check` of what was read."""
+
+    def __init__(self, fd: int) -> None:
+        self._locks: list[tuple[str, str, int]] = []  # (kept path, copy name, lock)
+        self._directory: Optional[int] = None
+        self._real = ""
+        try:
+            self._real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return  # no /proc: nothing is found kept (the keeping itself needs /proc)
+        if not self._real.startswith("/"):
+            return
+        self._directory = keep_directory()
+
+    def __enter__(self) -> "Reading":
+        import fcntl
+
+        directory = self._directory
+        if directory is None:
+            return self
+        path = self._real
+        while True:
+            name = copy_name(path)
+            try:
+                lock = os.open(f"{name}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                               dir_fd=directory)
+            except FileNotFoundError:
+                lock = -1
+            if lock >= 0:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_SH)  # a run deciding holds it a moment
+                except BaseException:
+                    os.close(lock)
+                    raise
+                self._locks.append((path, name, lock))
+            if path == "/":
+                return self
+            path = os.path.dirname(path)
+
+    def __exit__(self, *exc: object) -> None:
+        for _, _, lock in self._locks:
+            os.close(lock)
+        self._locks = []
+        if self._directory is not None:
+            os.close(self._directory)
+            self._directory = None
+
+    def check(self, data: bytes, name: str) -> None:
+        """ChangedByARun if ``data``, read from the file, is not what the file was before the
+        running runs that keep it (or a directory around it) began."""
+        for kept, copy, _ in self._locks:
+            if self._directory is None or not is_held(self._directory, copy):
+                continue
+            from .keep import differs
+
+            if differs(self._directory, copy, os.path.relpath(self._real, kept), data):
+                raise ChangedByARun(0, f"it is not what it was when a running sandlock run "
+                                       f"began keeping {kept!r} (its tool may have changed it; "
+                                       "it is put back when that run ends): run this again "
+                                       "then", name)
