@@ -623,7 +623,7 @@ GUARDS: tuple[Guard, ...] = (
           "        except ZeroDivisionError as exc:",
           ("tests/test_keep.py::test_a_kept_path_that_cannot_be_put_back_leaves_the_others_put_back",)),
     Guard("run --keep: runs keeping one path under two names share what was there",
-          "sandlock/undo/keep.py",
+          "sandlock/undo/held.py",
           "    return hashlib.sha256(os.fsencode(path)).hexdigest()[:32]",
           "    return hashlib.sha256(os.urandom(8) + os.fsencode(path)).hexdigest()[:32]",
           ("tests/test_keep.py::test_a_run_keeping_a_path_by_another_name_shares_what_was_there",)),
