@@ -13,6 +13,7 @@ import errno
 import os
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -543,3 +544,59 @@ def test_signal_gate_in_call_under_network_allow_control(
     with sandlock.Sandbox(policy) as box:
         box.call(os.kill, victim.pid, signal.SIGTERM)
     assert _reached(victim) and _dead(victim)  # seen at once, as the refusals are
+
+
+#: Signal-driven I/O on the terminal the tool inherits: the kernel makes the terminal's
+#: foreground process group the owner (tty_fasync), with no F_SETOWN for the gate to see.
+TTY_ASYNC = {
+    "o_async": "fcntl.fcntl(0, fcntl.F_SETFL, fcntl.fcntl(0, fcntl.F_GETFL) | os.O_ASYNC)",
+    "fioasync": "fcntl.ioctl(0, 0x5452, (1).to_bytes(4, sys.byteorder))",  # FIOASYNC
+}
+
+
+@pytest.mark.parametrize("way", sorted(TTY_ASYNC))
+@pytest.mark.parametrize("gate", [True, False], ids=["gated", "control"])
+def test_a_terminal_the_tool_inherits_signals_no_foreground_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate: bool, way: str) -> None:
+    """The caller's terminal on the tool's stdin, its foreground job a sleeper outside the
+    sandbox. O_ASYNC on it (FIOASYNC alike) makes each input byte a signal to that job.
+    Control: without the gate's seccomp half, the sleeper gets SIGTERM."""
+    import fcntl
+    import termios
+    import threading
+
+    master, slave = os.openpty()
+
+    def foreground() -> None:  # in the sleeper: its own session, the terminal its own
+        fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+        os.tcsetpgrp(slave, os.getpgrp())
+
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True, preexec_fn=foreground,
+                               pass_fds=(slave,))
+    saved = os.dup(0)
+    typing = threading.Timer(0.7, os.write, (master, b"x\n"))
+    try:
+        for _ in range(100):  # the sleeper's terminal's foreground group (stat's tpgid)
+            fields = Path(f"/proc/{sleeper.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[5]) == sleeper.pid:
+                break
+            time.sleep(0.02)
+        assert int(fields[5]) == sleeper.pid, fields
+        script = _program(tmp_path, "fcntl.fcntl(0, 10, signal.SIGTERM)\n"  # F_SETSIG
+                                    f"{TTY_ASYNC[way]}\ntime.sleep(1.5)")  # input comes
+        os.dup2(slave, 0)
+        typing.start()
+        code = _confined(tmp_path, 5, monkeypatch, [PYTHON, str(script), "0"], gate=gate)
+        typing.join()
+        if gate:
+            assert code == errno.EPERM and not _reached(sleeper), code
+        else:
+            assert _reached(sleeper) and _dead(sleeper), code
+    finally:
+        typing.cancel()
+        os.dup2(saved, 0)
+        os.close(saved)
+        sleeper.kill()
+        sleeper.wait()
+        os.close(master)
+        os.close(slave)

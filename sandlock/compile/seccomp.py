@@ -357,6 +357,10 @@ def truncate_rules() -> list[Rule]:
 #: fcntl(2) F_SETOWN_EX (owner in memory, a thread or a group); ioctl(2) FIOSETOWN and
 #: SIOCSPGRP (asm-generic/sockios.h: F_SETOWN by another route, the owner in memory).
 F_SETOWN_EX, FIOSETOWN, SIOCSPGRP = 15, 0x8901, 0x8902
+#: Signal-driven I/O turned on: fcntl(2) F_SETFL with O_ASYNC, ioctl(2) FIOASYNC. On a
+#: terminal the kernel itself makes the owner its foreground process group (tty_fasync in
+#: drivers/tty/tty_io.c): the caller's job, with no F_SETOWN the gate could judge.
+F_SETFL, O_ASYNC, FIOASYNC = 4, 0o20000, 0x5452
 
 
 def signal_rules() -> list[Rule]:
@@ -365,10 +369,13 @@ def signal_rules() -> list[Rule]:
     process of the tool stays in the session its first process leads; kill(-1) (every
     process the caller may signal) is refused; so are the SIGIO/SIGURG owner settings
     whose owner sits in memory the gate could only read racily (F_SETOWN_EX, FIOSETOWN,
-    SIOCSPGRP); F_SETOWN itself goes to the gate."""
+    SIOCSPGRP), and signal-driven I/O itself (O_ASYNC, FIOASYNC), whose owner the kernel
+    may pick; F_SETOWN itself goes to the gate."""
     return [Rule("setsid"), Rule("kill", args=(_eq32(0, LOW32),)),
             Rule("fcntl", args=(_eq32(1, F_SETOWN_EX),)),
-            Rule("ioctl", args=(_eq32(1, FIOSETOWN),)), Rule("ioctl", args=(_eq32(1, SIOCSPGRP),))]
+            Rule("fcntl", args=(_eq32(1, F_SETFL), Cmp(2, MASKED_EQ, O_ASYNC, O_ASYNC))),
+            Rule("ioctl", args=(_eq32(1, FIOSETOWN),)), Rule("ioctl", args=(_eq32(1, SIOCSPGRP),)),
+            Rule("ioctl", args=(_eq32(1, FIOASYNC),))]
 
 
 def plan(policy: Policy, abi: int = NEWEST_ABI, *, sockets_recorded: bool = False) -> tuple[Rule, ...]:
