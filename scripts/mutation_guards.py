@@ -1246,8 +1246,8 @@ GUARDS: tuple[Guard, ...] = (
           '        return func(*args, **kwargs)\n',
           ('tests/test_frameworks.py::test_openai_agents_tool_reads_its_grant_not_a_secret',)),
     Guard('agents sdk: the sandbox client confines', 'sandlock/integrations/openai_agents.py',
-          '        return [*self._sandlock_launcher, "--var", f"workspace={workspace_root}", '
-          '"--",\n                *command_parts]\n',
+          '        return ["/usr/bin/env", *launcher_environment(env), *self._sandlock_launcher,\n'
+          '                "--var", f"workspace={workspace_root}", "--", *command_parts]\n',
           '        return command_parts\n',
           ('tests/test_frameworks.py::test_openai_agents_sandbox_client_confines_commands',)),
     Guard("deepagents: execute under the backend's policy", 'sandlock/integrations/deepagents.py',
@@ -2057,6 +2057,18 @@ GUARDS: tuple[Guard, ...] = (
           "            Rule(\"ioctl\", args=(_eq32(1, FIOASYNC),))]",
           "            ]",
           ("tests/test_substitutes.py::test_a_terminal_the_tool_inherits_signals_no_foreground_job[gated-fioasync]",)),
+    Guard("openai agents: the launcher imports no package the session's PYTHONPATH names",
+          "sandlock/integrations/openai_agents.py",
+          '"-E", "-s", "-P", "-c", _LAUNCH.format(\n            os.path.dirname(PACKAGE_DIR)), "run"',
+          '"-P", "-m", "sandlock", "run"',
+          ("tests/test_frameworks.py::"
+           "test_openai_agents_sandbox_client_launcher_ignores_the_sessions_python_path",)),
+    Guard("openai agents: the launcher's loader and state variables are the caller's",
+          "sandlock/integrations/openai_agents.py",
+          '        return ["/usr/bin/env", *launcher_environment(env), *self._sandlock_launcher,',
+          '        return ["/usr/bin/env", *self._sandlock_launcher,',
+          ("tests/test_frameworks.py::"
+           "test_openai_agents_sandbox_client_launcher_keeps_its_own_loader_and_state",)),
     Guard("shell rules: a regex too large to compile is a rules error",
           "sandlock/integrations/shell_rules.py",
           "except (re.error, OverflowError, RecursionError) as exc:",

@@ -300,6 +300,77 @@ def test_openai_agents_sandbox_client_confines_commands(places: dict[str, str]) 
     assert (control.exit_code, control.stdout) == (0, SECRET.encode())
 
 
+_PLANTED = "import os\nopen({proof!r}, 'w').write('UNCONFINED %d' % os.getuid())\n"
+
+
+def test_openai_agents_sandbox_client_launcher_ignores_the_sessions_python_path(
+        tmp_path: Path) -> None:
+    """The SDK starts each command with the session's environment (the host's and the
+    manifest's); a manifest that puts a workspace directory on PYTHONPATH (for the
+    agent's Python commands) must not decide what sandlock's own launcher, unconfined,
+    imports: the model writes the workspace through the SDK's file operations, which
+    are not confined. Control: the launcher as it was started before (``-P -m
+    sandlock``, the session's environment) runs the planted package."""
+    need("agents")
+    import io
+
+    from agents.sandbox import Manifest
+
+    from sandlock.integrations.openai_agents import SandlockSandboxClient
+
+    workspace = tmp_path / "workspace"
+    (workspace / "src").mkdir(parents=True)
+    proof = tmp_path / "proof"
+    environment = {"PYTHONPATH": f"{workspace}/src"}
+
+    async def run() -> list[Any]:
+        client = SandlockSandboxClient("shell")
+        manifest = Manifest(root=str(workspace), environment={"value": environment})
+        session = await client.create(manifest=manifest)
+        async with session:
+            first = await session.exec("echo first")
+            await session.write("src/sandlock/__init__.py", io.BytesIO(b""))
+            await session.write("src/sandlock/__main__.py",
+                                io.BytesIO(_PLANTED.format(proof=str(proof)).encode()))
+            return [first, await session.exec("echo second")]
+
+    first, second = asyncio.run(run())
+    assert not proof.exists(), proof.read_text()
+    assert (first.exit_code, first.stdout) == (0, b"first\n"), first.stderr
+    assert (second.exit_code, second.stdout) == (0, b"second\n"), second.stderr
+    control = subprocess.run([sys.executable, "-P", "-m", "sandlock", "run", "--policy", "shell",
+                              "--", "true"], cwd="/", capture_output=True, timeout=60,
+                             env={**os.environ, **environment})
+    assert proof.read_text().startswith("UNCONFINED"), control.stderr
+
+
+def test_openai_agents_sandbox_client_launcher_keeps_its_own_loader_and_state(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variables that decide what the launcher loads or trusts are this process's,
+    whatever the session's environment says; the others stay the session's (the tool's)."""
+    need("agents")
+    import json
+    from types import SimpleNamespace
+
+    from sandlock.integrations.openai_agents import _SandlockSession
+
+    monkeypatch.setenv("SANDLOCK_NATIVE", "1")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    session = {"LD_PRELOAD": "/ws/evil.so", "SANDLOCK_NATIVE": "0", "SANDLOCK_ABI": "3",
+               "XDG_CACHE_HOME": "/ws", "PYTHONPATH": "/ws", "GREETING": "hello"}
+    # the session's command line, a program that prints its environment in the launcher's place
+    shown = SimpleNamespace(_sandlock_launcher=[
+        sys.executable, "-I", "-c", "import json, os; print(json.dumps(dict(os.environ)))"])
+    argv = _SandlockSession._confined_exec_command(
+        cast(Any, shown), command_parts=["true"], workspace_root=Path("/"), env=session)
+    done = subprocess.run(argv, env=session, capture_output=True, text=True, check=True)
+    seen = json.loads(done.stdout)
+    assert "LD_PRELOAD" not in seen and "SANDLOCK_ABI" not in seen
+    assert seen["SANDLOCK_NATIVE"] == "1" and seen["HOME"] == os.path.expanduser("~")
+    assert seen.get("XDG_CACHE_HOME") == os.environ.get("XDG_CACHE_HOME")
+    assert seen["PYTHONPATH"] == "/ws" and seen["GREETING"] == "hello"  # the tool's
+
+
 # ----------------------------------------------------------------------------
 # The examples, as a user runs them
 

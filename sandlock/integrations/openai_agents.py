@@ -28,6 +28,7 @@ from agents import FunctionTool, RunContextWrapper, function_tool
 from agents.function_schema import function_schema
 from agents.sandbox.sandboxes.unix_local import UnixLocalSandboxClient, UnixLocalSandboxSession
 
+from .. import PACKAGE_DIR
 from ._tools import confined_target, failure, sandbox_for
 
 if TYPE_CHECKING:
@@ -98,8 +99,12 @@ class SandlockSandboxClient(UnixLocalSandboxClient):
         # policy error is raised now rather than printed by each command.
         file = os.path.abspath(policy_file(policy))
         load_policy(file, {**(vars or {}), "workspace": "/session/workspace"}, check_paths=False)
-        self._launcher = ["/usr/bin/env", f"HOME={os.path.expanduser('~')}", sys.executable,
-                          "-P", "-m", "sandlock", "run", "--policy", file]
+        # -E -s: no PYTHON* variable and no user site decide what the launcher imports
+        # (the session's environment is the tool's, and the model writes the workspace
+        # through the SDK's own file operations); the sandlock this process runs is put
+        # first on its path by name instead.
+        self._launcher = [sys.executable, "-E", "-s", "-P", "-c", _LAUNCH.format(
+            os.path.dirname(PACKAGE_DIR)), "run", "--policy", file]
         for name, value in (vars or {}).items():
             self._launcher += ["--var", f"{name}={value}"]
 
@@ -127,5 +132,30 @@ class _SandlockSession(UnixLocalSandboxSession):
 
     def _confined_exec_command(self, *, command_parts: list[str], workspace_root: Path,
                                env: Mapping[str, str]) -> list[str]:
-        return [*self._sandlock_launcher, "--var", f"workspace={workspace_root}", "--",
-                *command_parts]
+        return ["/usr/bin/env", *launcher_environment(env), *self._sandlock_launcher,
+                "--var", f"workspace={workspace_root}", "--", *command_parts]
+
+
+#: The launcher's main, its package's directory put first on its import path.
+_LAUNCH = "import sys; sys.path.insert(0, {0!r}); from sandlock.cli.run import main; main()"
+
+
+def _launcher_variable(name: str) -> bool:
+    """Variables that decide what sandlock's own launcher loads or trusts: the dynamic
+    loader's, sandlock's, where its state and temporary files are, whose home."""
+    return (name.startswith(("LD_", "SANDLOCK_", "GCONV_", "MALLOC_", "GLIBC_"))
+            or name in ("HOME", "XDG_CACHE_HOME", "TMPDIR", "LOCPATH", "HOSTALIASES"))
+
+
+def launcher_environment(session: Mapping[str, str]) -> list[str]:
+    """``env`` arguments that give sandlock's launcher, which runs unconfined, this
+    process's value of each such variable (:func:`_launcher_variable`) instead of the
+    session's, which is the tool's: the SDK starts the command with the session's
+    environment (the host's and the manifest's), and a manifest's ``LD_PRELOAD`` or
+    ``SANDLOCK_*`` naming the workspace would otherwise reach the launcher. ``HOME`` is
+    always the caller's: sandlock's state directory is never in the session's home."""
+    mine = {**os.environ, "HOME": os.path.expanduser("~")}
+    unset = [arg for name in session if _launcher_variable(name) and name not in mine
+             for arg in ("-u", name)]
+    return [*unset, *(f"{name}={value}" for name, value in mine.items()
+                      if _launcher_variable(name))]
