@@ -325,7 +325,7 @@ def test_openai_agents_sandbox_client_launcher_ignores_the_sessions_python_path(
 
     async def run() -> list[Any]:
         client = SandlockSandboxClient("shell")
-        manifest = Manifest(root=str(workspace), environment={"value": environment})
+        manifest = Manifest(root=str(workspace), environment=cast(Any, {"value": environment}))
         session = await client.create(manifest=manifest)
         async with session:
             first = await session.exec("echo first")
