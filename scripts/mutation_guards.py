@@ -2069,6 +2069,11 @@ GUARDS: tuple[Guard, ...] = (
           '        return ["/usr/bin/env", *self._sandlock_launcher,',
           ("tests/test_frameworks.py::"
            "test_openai_agents_sandbox_client_launcher_keeps_its_own_loader_and_state",)),
+    Guard("ioctl substitute: devices bound outside /dev are devices",
+          "sandlock/compile/ruleset.py",
+          "    places = _device_mounts()\n",
+          "    places = ()\n",
+          ("tests/test_substitute_ioctl.py::test_devices_bound_elsewhere_get_the_substitute[found]",)),
     Guard("shell rules: a regex too large to compile is a rules error",
           "sandlock/integrations/shell_rules.py",
           "except (re.error, OverflowError, RecursionError) as exc:",

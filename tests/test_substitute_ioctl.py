@@ -296,3 +296,38 @@ def test_strict_refuses_when_the_gate_cannot_run(tmp_path: Path,
     monkeypatch.setenv("SANDLOCK_ABI", "4")
     with compiler.compile_policy(policy) as compiled:
         assert compiled.signal_gate
+
+
+@pytest.mark.parametrize("substitute", [True, False], ids=["found", "control"])
+def test_devices_bound_elsewhere_get_the_substitute(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    substitute: bool) -> None:
+    """A chroot's (or a container root's) ``dev``, bound from /dev, holds the same devices
+    under another name: a policy granting that tree got neither the substitute nor a gap,
+    and strict mode ran it silently at ABI 4. Control: with the mount table not consulted,
+    the driver answers."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("binds /dev elsewhere: needs root")
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    root = tmp_path / "root"
+    (root / "dev").mkdir(parents=True)
+    subprocess.run(["mount", "--rbind", "/dev", str(root / "dev")], check=True)
+    try:
+        if not substitute:
+            monkeypatch.setattr(ruleset, "_device_mounts", lambda: ())
+        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
+                                        f'[filesystem]\nread = ["{root}"]\n')
+        assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
+        import sandlock
+
+        with sandlock.Sandbox(policy) as box:
+            result = box.run([PYTHON, "-c", ATTACK.replace("/dev/ptmx", f"{root}/dev/ptmx")],
+                             capture_output=True, text=True)
+        said = str(result.stdout).strip() or str(result.stderr)
+        assert said == "refused EACCES" if substitute else said.startswith("pty "), said
+    finally:
+        subprocess.run(["umount", "-R", "-l", str(root / "dev")], check=False)

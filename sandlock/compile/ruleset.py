@@ -90,9 +90,32 @@ GAP_NAME = {"device ioctl restriction": "ioctl-dev", "signal scope": "signal-sco
 
 def grants_devices(policy: Policy) -> bool:
     """Whether ``policy`` grants a device (or a directory holding devices) whose ioctls
-    Landlock restricts from ABI 5 on."""
-    return any(r.path in ("/", "/dev") or r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
-               for r in policy.paths)
+    Landlock restricts from ABI 5 on: by its name under /dev, or by where /dev's
+    filesystems are mounted too (a chroot's or a container root's ``dev``, bound from
+    /dev: its devices are the same)."""
+    if any(r.path in ("/", "/dev") or r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
+           for r in policy.paths):
+        return True
+    places = _device_mounts()
+    return any(_nested(point, r.path) or _nested(r.path, point)
+               for r in policy.paths for point in places)
+
+
+def _nested(inner: str, outer: str) -> bool:
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def _device_mounts() -> tuple[str, ...]:
+    """Where a filesystem mounted on /dev or below it is mounted elsewhere (the same
+    superblock); ("/",) when the mount table cannot be read: every grant may hold them."""
+    from .grants import read_mounts
+
+    try:
+        mounts = list(read_mounts().values())
+    except Exception:  # noqa: BLE001 - unknown: the substitute applies, never a silent gap
+        return ("/",)
+    devices = {m.device for m in mounts if _nested(m.point, "/dev")}
+    return tuple(m.point for m in mounts if m.device in devices and not _nested(m.point, "/dev"))
 
 
 def substitutes(policy: Policy, abi: int) -> tuple[Substitute, ...]:
