@@ -63,6 +63,9 @@ def drift(text: str) -> list[str]:
                       for name in define(text, "FORWARDED_SIGNALS").split(","))
     if forwarded != process.FORWARDED_SIGNALS:
         out.append(f"FORWARDED_SIGNALS {forwarded} != {process.FORWARDED_SIGNALS}")
+    stops = tuple(int(signal.Signals[name.strip()]) for name in define(text, "JOB_STOPS").split(","))
+    if stops != process.JOB_STOPS:
+        out.append(f"JOB_STOPS {stops} != {process.JOB_STOPS}")
     names = c_array(text, "step_names")
     if names != list(spec.ORDER):
         out.append(f"step_names {names} != spec.ORDER")
@@ -106,6 +109,7 @@ def test_the_c_helpers_copies_are_the_python_tables() -> None:
 @pytest.mark.parametrize("old, new", [
     ("#define FORWARDED_SIGNALS SIGINT, SIGTERM, SIGHUP, SIGQUIT",
      "#define FORWARDED_SIGNALS SIGINT, SIGTERM, SIGHUP, SIGUSR1"),
+    ("#define JOB_STOPS SIGTSTP, SIGTTIN, SIGTTOU", "#define JOB_STOPS SIGTSTP, SIGTTIN"),
     ('"cgroup", "session",', '"session", "cgroup",'),
     ("S_NNP, S_SECCOMP}", "S_NNP}"),
     ("#define DEFAULTED_SIGNALS SIGPIPE, SIGXFSZ, FORWARDED_SIGNALS",

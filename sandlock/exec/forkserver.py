@@ -93,10 +93,12 @@ class ForkServer:
                 "import serve; serve(*map(int, sys.argv[2:]))")
         try:
             # Popen execs (vfork + exec on Linux): the server never holds the caller's memory.
+            # Its own process group: a terminal's job signals (Ctrl-C, Ctrl-Z, or a tool
+            # that made the caller's terminal send them) are the caller's, never stop it.
             self._proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", boot, root, *map(str, theirs)],
                 pass_fds=theirs, env={}, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, close_fds=True)
+                stdout=subprocess.DEVNULL, close_fds=True, process_group=0)
         finally:
             for pair in pairs:
                 pair[1].close()

@@ -31,7 +31,7 @@ import time
 
 from ..errors import ExecError, ExitCode, SetupError
 from ..linux import cgroups, kernel
-from ..linux.process import FORWARDED_SIGNALS, children, reap_descendants
+from ..linux.process import FORWARDED_SIGNALS, JOB_STOPS, children, reap_descendants
 from . import engine, spec
 from .spec import Command as Command  # data, defined with the steps; still importable here
 
@@ -628,6 +628,8 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
             try:
                 for signum in FORWARDED_SIGNALS:
                     previous[signum] = signal.signal(signum, lambda n, _f: child.send_signal(n))
+                for signum in JOB_STOPS:  # stopped, the launcher would never time out
+                    previous[signum] = signal.signal(signum, signal.SIG_IGN)
                 wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
                 try:
                     old_wakeup = signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)

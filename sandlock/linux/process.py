@@ -18,6 +18,11 @@ import signal
 #: ``kill``): the command decides what they mean, and the launcher waits for it.
 FORWARDED_SIGNALS: tuple[int, ...] = tuple(int(s) for s in (
     signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
+#: The stop signals a terminal sends its foreground job (Ctrl-Z; a background read or
+#: write), ignored by a launcher while its tool runs: the tool leads a session of its own
+#: and never gets them, and a tool given the terminal can make it send them (termios):
+#: a stopped launcher would never end the tool at its timeout.
+JOB_STOPS: tuple[int, ...] = (int(signal.SIGTSTP), int(signal.SIGTTIN), int(signal.SIGTTOU))
 #: Signals a command starts with at their default disposition. Python ignores SIGPIPE
 #: and SIGXFSZ, and an ignored disposition survives execve (caught ones do not): a tool
 #: would otherwise never die of a closed pipe or of its file-size limit. Plain ints, so

@@ -436,7 +436,8 @@ def start_process(main: str, module: str = "sandlock.net.mediator") -> tuple[Any
             [sys.executable, "-I", "-S", "-c", boot, root, str(theirs.fileno()),
              *found],
             pass_fds=[theirs.fileno()], env={}, stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
+            process_group=0)  # as the fork server: a terminal's job signals never stop it
     except BaseException:
         ours.close()
         raise

@@ -70,6 +70,8 @@ struct cap_data { unsigned int effective, permitted, inheritable; };
 #define TIMED_OUT 124       /* sandlock.errors.ExitCode.TIMEOUT */
 /* Passed on to the command (sandlock/linux/process.py FORWARDED_SIGNALS). */
 #define FORWARDED_SIGNALS SIGINT, SIGTERM, SIGHUP, SIGQUIT
+/* Ignored by a launcher while its tool runs (sandlock/linux/process.py JOB_STOPS). */
+#define JOB_STOPS SIGTSTP, SIGTTIN, SIGTTOU
 /* Set to their default disposition by the signals step (sandlock/linux/process.py
  * DEFAULTED_SIGNALS): an ignored disposition survives execve. */
 #define DEFAULTED_SIGNALS SIGPIPE, SIGXFSZ, FORWARDED_SIGNALS

@@ -1960,7 +1960,14 @@ static int n_spared;
 /* Before anything is forked: back to how this process was (a fallback execs the Python CLI). */
 static sigset_t caller_mask;
 
+/* JOB_STOPS (confine.h), ignored once the watchdog is forked; put back before a fallback. */
+static const int job_stops[] = {JOB_STOPS};
+static struct sigaction job_stops_were[3];
+static int job_stops_ignored;
+
 __attribute__((noreturn)) static void undo_and_fall_back(pid_t watchdog_pid, const char *why) {
+    for (size_t i = 0; job_stops_ignored && i < sizeof job_stops / sizeof *job_stops; i++)
+        sigaction(job_stops[i], &job_stops_were[i], NULL);
     if (watchdog_pid > 0)
         while (waitpid(watchdog_pid, NULL, 0) < 0 && errno == EINTR) {
         }
@@ -2054,6 +2061,12 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
         close(report[0]);
         watchdog(launcher, report[1], &spec);
     }
+    /* JOB_STOPS: stopped, this process would never end the tool at its timeout. */
+    struct sigaction ignore = {0};
+    ignore.sa_handler = SIG_IGN;
+    for (size_t i = 0; i < sizeof job_stops / sizeof *job_stops; i++)
+        sigaction(job_stops[i], &ignore, &job_stops_were[i]);
+    job_stops_ignored = 1;
     close(errpipe[1]);
     close(report[1]);
     if (ruleset >= 0)
