@@ -505,3 +505,77 @@ def test_a_command_running_beside_cannot_choose_the_policy_of_another(tmp_path: 
     assert (outside / "mark").exists() == (changed == "control")
     if changed != "control":  # the background command's keep put the file back, and failed
         assert background.returncode == 125 and target.read_text() == before, err
+
+
+@pytest.mark.parametrize("way", ["registry", "policy"])
+def test_a_kept_policy_replaced_by_a_link_is_not_read_through_it(tmp_path: Path, way: str) -> None:
+    """The background command replaces a kept policy (a registry's entry, a rule's policy)
+    by a symbolic link to one it wrote: read through the link, the file's own name is no
+    kept path. The name it was opened by is checked too."""
+    project = tmp_path / "project"
+    (project / "tools").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    rules = project / "rules.toml"
+    if way == "registry":
+        rules.write_text('[[rule]]\nmatch = "^echo "\ntool = "ro"\n\n'
+                         '[default]\npolicy = "shell"\n')
+        target = project / "tools" / "ro.toml"
+        options: tuple[str, ...] = ("--rules", str(rules), "--registry", str(project / "tools"),
+                                    "--var", f"workspace={project}")
+    else:
+        rules.write_text('[[rule]]\nmatch = "^echo "\npolicy = "ro.toml"\n\n'
+                         '[default]\npolicy = "shell"\n')
+        target = project / "ro.toml"
+        options = ("--rules", str(rules), "--var", f"workspace={project}")
+    target.write_text(_READONLY)
+    (project / "evil.toml").write_text(_READONLY + f'write = ["{outside}"]\n')
+    (project / "hold").touch()
+    second = _hooked_in(project, f"echo pwned > {outside}/mark", *options)  # before the link
+    first = _hooked_in(project, f"true; ln -sf {project}/evil.toml {target}; "
+                                f"while [ -e {project}/hold ]; do sleep 0.05; done", *options)
+    background = subprocess.Popen(["bash", "-c", first], cwd=project, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        for _ in range(400):
+            if target.is_symlink() or background.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert target.is_symlink(), background.communicate(timeout=60)
+        ran = bash(second, project)
+        assert ran.returncode == 125 and "running sandlock run" in ran.stderr, ran.stderr
+    finally:
+        (project / "hold").unlink()
+        background.communicate(timeout=60)
+    assert not (outside / "mark").exists()
+    assert not target.is_symlink() and target.read_text() == _READONLY
+
+
+def test_a_kept_policy_swapped_out_after_it_was_opened_is_still_checked(tmp_path: Path) -> None:
+    """The planted file is renamed over the kept one, opened, then the original renamed
+    back: the open file has no name any more ("... (deleted)"), and the name it was opened
+    by is what is checked."""
+    from sandlock.undo.held import ChangedByARun, Reading
+    from sandlock.undo.keep import keep
+
+    kept_file = tmp_path / "ro.toml"
+    kept_file.write_text(_READONLY)
+    held = keep(str(kept_file))
+    try:
+        (tmp_path / "planted").write_text(_READONLY + 'write = ["/"]\n')
+        os.rename(tmp_path / "ro.toml", tmp_path / "original")
+        os.rename(tmp_path / "planted", kept_file)
+        fd = os.open(kept_file, os.O_RDONLY)
+        try:
+            os.rename(tmp_path / "original", kept_file)  # the planted file: removed
+            assert os.readlink(f"/proc/self/fd/{fd}").endswith(" (deleted)")
+            data = os.read(fd, 1 << 16)
+            for named in (str(kept_file), None):  # by its name; by the name it had alone
+                with Reading(fd, named) as reading:
+                    with pytest.raises(ChangedByARun, match="running sandlock run"):
+                        reading.check(data, str(kept_file))
+        finally:
+            os.close(fd)
+    finally:
+        held.close()

@@ -24,6 +24,7 @@ from typing import Optional
 import pytest
 from conftest import IS_ROOT, REPO, require_abi
 
+from sandlock.undo import held
 from sandlock.undo import keep as keep_module
 
 SETTINGS = {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
@@ -591,7 +592,7 @@ def test_a_kept_paths_shared_copy_outlasts_many_others(tmp_path: Path) -> None:
 
     where = key_directory()
     assert where is not None
-    copies = [n for n in os.listdir(os.path.join(where, keep_module.KEEP_DIR))
+    copies = [n for n in os.listdir(os.path.join(where, held.KEEP_DIR))
               if not n.startswith(".") and "." not in n]
     assert len(copies) <= keep_module.MAX_COPIES + 1
 
@@ -716,9 +717,9 @@ def test_a_nested_probe_never_takes_the_lock_of_a_deciding_run(tmp_path: Path) -
 
     outer = tmp_path / ".claude"
     outer.mkdir()
-    directory = os.open(os.path.join(str(key_directory()), keep_module.KEEP_DIR),
+    directory = os.open(os.path.join(str(key_directory()), held.KEEP_DIR),
                         os.O_RDONLY | os.O_DIRECTORY)
-    name = keep_module._copy_name(str(outer))
+    name = held.copy_name(str(outer))
     deciding = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=directory)
     os.close(os.open(f"{name}.held", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=directory))
     try:

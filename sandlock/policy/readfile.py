@@ -37,7 +37,7 @@ def read_policy_bytes(path: str, dir_fd: Optional[int] = None, flags: int = 0) -
             raise OSError(0, "not a regular file", path)
         # A run keeping it (--keep: the Claude Code hook's rules and policies) puts it back
         # only when it ends: until then it must be what it was (ChangedByARun).
-        with Reading(fd) as reading:
+        with Reading(fd, _named(path, dir_fd)) as reading:
             data = read_bounded(fd, MAX_BYTES)
             if data is None:
                 raise FileTooLarge(0, f"larger than {MAX_BYTES} bytes", path)
@@ -45,6 +45,18 @@ def read_policy_bytes(path: str, dir_fd: Optional[int] = None, flags: int = 0) -
         return data
     finally:
         os.close(fd)
+
+
+def _named(path: str, dir_fd: Optional[int]) -> Optional[str]:
+    """``path`` as an absolute name, its links not followed (None if its directory has no
+    name here)."""
+    if os.path.isabs(path):
+        return path
+    try:
+        base = os.getcwd() if dir_fd is None else os.readlink(f"/proc/self/fd/{dir_fd}")
+    except OSError:
+        return None
+    return os.path.join(base, path) if base.startswith("/") else None
 
 
 def read_bounded(fd: int, limit: int) -> Optional[bytes]:

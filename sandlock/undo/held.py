@@ -62,22 +62,28 @@ class ChangedByARun(OSError):
 
 
 class Reading:
-    """Around the read of a file (its descriptor ``fd``): the ``.lock`` of its real path
-    and of each directory above it that a run ever kept, taken shared, so that no run
-    begins keeping one of them meanwhile (runs keeping one already go on); then
-    :meth:`check` of what was read."""
+    """Around the read of a file (its descriptor ``fd``, opened by the absolute name
+    ``named`` if known): the ``.lock`` of each directory above the file, by the name it
+    was opened by and by the name the kernel gives it now (a link followed, a file renamed
+    or removed since), and of those names themselves, taken shared where a run ever kept
+    one, so that no run begins keeping one of them meanwhile (runs keeping one already go
+    on); then :meth:`check` of what was read."""
 
-    def __init__(self, fd: int) -> None:
-        self._locks: list[tuple[str, str, int]] = []  # (kept path, copy name, lock)
-        self._directory: Optional[int] = None
-        self._real = ""
+    def __init__(self, fd: int, named: Optional[str] = None) -> None:
+        #: (kept path, copy name, lock, the file's paths under it)
+        self._locks: list[tuple[str, str, int, list[str]]] = []
+        self._names: list[str] = []
+        if named is not None and named.startswith("/"):
+            self._names.append(os.path.normpath(named))
         try:
-            self._real = os.readlink(f"/proc/self/fd/{fd}")
+            real = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
-            return  # no /proc: nothing is found kept (the keeping itself needs /proc)
-        if not self._real.startswith("/"):
-            return
-        self._directory = keep_directory()
+            real = ""  # no /proc: the name it was opened by still counts
+        if real.endswith(" (deleted)"):  # removed since it was opened: the name it had
+            real = real[:-len(" (deleted)")]
+        if real.startswith("/") and real not in self._names:
+            self._names.append(real)
+        self._directory = keep_directory() if self._names else None
 
     def __enter__(self) -> "Reading":
         import fcntl
@@ -85,27 +91,31 @@ class Reading:
         directory = self._directory
         if directory is None:
             return self
-        path = self._real
-        while True:
-            name = copy_name(path)
+        under: dict[str, list[str]] = {}
+        for name in self._names:
+            path = name
+            while True:
+                under.setdefault(path, []).append(os.path.relpath(name, path))
+                if path == "/":
+                    break
+                path = os.path.dirname(path)
+        for path, relatives in under.items():
+            copy = copy_name(path)
             try:
-                lock = os.open(f"{name}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
+                lock = os.open(f"{copy}.lock", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC,
                                dir_fd=directory)
             except FileNotFoundError:
-                lock = -1
-            if lock >= 0:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_SH)  # a run deciding holds it a moment
-                except BaseException:
-                    os.close(lock)
-                    raise
-                self._locks.append((path, name, lock))
-            if path == "/":
-                return self
-            path = os.path.dirname(path)
+                continue
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH)  # a run deciding holds it a moment
+            except BaseException:
+                os.close(lock)
+                raise
+            self._locks.append((path, copy, lock, relatives))
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        for _, _, lock in self._locks:
+        for _, _, lock, _ in self._locks:
             os.close(lock)
         self._locks = []
         if self._directory is not None:
@@ -113,14 +123,15 @@ class Reading:
             self._directory = None
 
     def check(self, data: bytes, name: str) -> None:
-        """ChangedByARun if ``data``, read from the file, is not what the file was before the
-        running runs that keep it (or a directory around it) began."""
-        for kept, copy, _ in self._locks:
+        """ChangedByARun if ``data``, read from the file, is not what the file was, under
+        each of its names, before the running runs that keep it (or a directory around
+        it) began."""
+        for kept, copy, _, relatives in self._locks:
             if self._directory is None or not is_held(self._directory, copy):
                 continue
             from .keep import differs
 
-            if differs(self._directory, copy, os.path.relpath(self._real, kept), data):
+            if any(differs(self._directory, copy, rel, data) for rel in relatives):
                 raise ChangedByARun(0, f"it is not what it was when a running sandlock run "
                                        f"began keeping {kept!r} (its tool may have changed it; "
                                        "it is put back when that run ends): run this again "
