@@ -1246,8 +1246,8 @@ GUARDS: tuple[Guard, ...] = (
           '        return func(*args, **kwargs)\n',
           ('tests/test_frameworks.py::test_openai_agents_tool_reads_its_grant_not_a_secret',)),
     Guard('agents sdk: the sandbox client confines', 'sandlock/integrations/openai_agents.py',
-          '        return ["/usr/bin/env", *launcher_environment(env), *self._sandlock_launcher,\n'
-          '                "--var", f"workspace={workspace_root}", "--", *command_parts]\n',
+          '        return [*self._sandlock_launcher, "--var", f"workspace={workspace_root}", "--",\n'
+          '                *command_parts]\n',
           '        return command_parts\n',
           ('tests/test_frameworks.py::test_openai_agents_sandbox_client_confines_commands',)),
     Guard("deepagents: execute under the backend's policy", 'sandlock/integrations/deepagents.py',
@@ -2065,10 +2065,10 @@ GUARDS: tuple[Guard, ...] = (
            "test_openai_agents_sandbox_client_launcher_ignores_the_sessions_python_path",)),
     Guard("openai agents: the launcher's loader and state variables are the caller's",
           "sandlock/integrations/openai_agents.py",
-          '        return ["/usr/bin/env", *launcher_environment(env), *self._sandlock_launcher,',
-          '        return ["/usr/bin/env", *self._sandlock_launcher,',
+          "        return launcher_environment(env), cwd\n",
+          "        return env, cwd\n",
           ("tests/test_frameworks.py::"
-           "test_openai_agents_sandbox_client_launcher_keeps_its_own_loader_and_state",)),
+           "test_openai_agents_sandbox_client_launcher_loads_no_preload_of_the_session",)),
     Guard("ioctl substitute: devices bound outside /dev are devices",
           "sandlock/compile/ruleset.py",
           "    places = _device_mounts()\n",

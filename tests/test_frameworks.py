@@ -349,26 +349,65 @@ def test_openai_agents_sandbox_client_launcher_keeps_its_own_loader_and_state(
     """The variables that decide what the launcher loads or trusts are this process's,
     whatever the session's environment says; the others stay the session's (the tool's)."""
     need("agents")
-    import json
-    from types import SimpleNamespace
-
-    from sandlock.integrations.openai_agents import _SandlockSession
+    from sandlock.integrations.openai_agents import launcher_environment
 
     monkeypatch.setenv("SANDLOCK_NATIVE", "1")
     monkeypatch.delenv("LD_PRELOAD", raising=False)
-    session = {"LD_PRELOAD": "/ws/evil.so", "SANDLOCK_NATIVE": "0", "SANDLOCK_ABI": "3",
-               "XDG_CACHE_HOME": "/ws", "PYTHONPATH": "/ws", "GREETING": "hello"}
-    # the session's command line, a program that prints its environment in the launcher's place
-    shown = SimpleNamespace(_sandlock_launcher=[
-        sys.executable, "-I", "-c", "import json, os; print(json.dumps(dict(os.environ)))"])
-    argv = _SandlockSession._confined_exec_command(
-        cast(Any, shown), command_parts=["true"], workspace_root=Path("/"), env=session)
-    done = subprocess.run(argv, env=session, capture_output=True, text=True, check=True)
-    seen = json.loads(done.stdout)
+    seen = launcher_environment({"LD_PRELOAD": "/ws/evil.so", "SANDLOCK_NATIVE": "0",
+                                 "SANDLOCK_ABI": "3", "XDG_CACHE_HOME": "/ws",
+                                 "PYTHONPATH": "/ws", "GREETING": "hello", "HOME": "/ws"})
     assert "LD_PRELOAD" not in seen and "SANDLOCK_ABI" not in seen
     assert seen["SANDLOCK_NATIVE"] == "1" and seen["HOME"] == os.path.expanduser("~")
     assert seen.get("XDG_CACHE_HOME") == os.environ.get("XDG_CACHE_HOME")
     assert seen["PYTHONPATH"] == "/ws" and seen["GREETING"] == "hello"  # the tool's
+
+
+_PRELOAD = """\
+#include <stdio.h>
+__attribute__((constructor)) static void ran(void) {
+    FILE *proof = fopen("%s", "w");
+    if (proof) fputs("UNCONFINED", proof), fclose(proof);
+}
+"""
+
+
+def test_openai_agents_sandbox_client_launcher_loads_no_preload_of_the_session(
+        tmp_path: Path) -> None:
+    """A manifest's LD_PRELOAD naming a library the model wrote into the workspace: the
+    loader of the command line's first program (unconfined) reads it before that program
+    could unset it. Control: a program started with the session's environment as the SDK
+    had it runs the library."""
+    need("agents")
+    import io
+    import shutil
+
+    from agents.sandbox import Manifest
+
+    from sandlock.integrations.openai_agents import SandlockSandboxClient
+
+    if not shutil.which("cc"):
+        pytest.skip("builds a library: needs a C compiler (build-essential)")
+    proof = tmp_path / "proof"
+    (tmp_path / "evil.c").write_text(_PRELOAD % proof)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(tmp_path / "evil.so"),
+                    str(tmp_path / "evil.c")], check=True)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    environment = {"LD_PRELOAD": f"{workspace}/x.so"}
+
+    async def run() -> Any:
+        client = SandlockSandboxClient("shell")
+        manifest = Manifest(root=str(workspace), environment=cast(Any, {"value": environment}))
+        session = await client.create(manifest=manifest)
+        async with session:
+            await session.write("x.so", io.BytesIO((tmp_path / "evil.so").read_bytes()))
+            return await session.exec("echo confined")
+
+    done = asyncio.run(run())
+    assert not proof.exists(), proof.read_text()
+    assert (done.exit_code, done.stdout) == (0, b"confined\n"), done.stderr
+    subprocess.run(["/usr/bin/env", "true"], env={**os.environ, **environment}, check=False)
+    assert proof.read_text() == "UNCONFINED"
 
 
 # ----------------------------------------------------------------------------

@@ -130,10 +130,18 @@ class _SandlockSession(UnixLocalSandboxSession):
 
     _sandlock_launcher: list[str]
 
+    async def _resolved_exec_context(self) -> tuple[dict[str, str], str]:
+        """The session's environment, which the SDK starts the command line with, with
+        this process's values of the variables that decide what sandlock's launcher
+        (unconfined, the command line's first program) loads or trusts
+        (:func:`launcher_environment`)."""
+        env, cwd = await super()._resolved_exec_context()
+        return launcher_environment(env), cwd
+
     def _confined_exec_command(self, *, command_parts: list[str], workspace_root: Path,
                                env: Mapping[str, str]) -> list[str]:
-        return ["/usr/bin/env", *launcher_environment(env), *self._sandlock_launcher,
-                "--var", f"workspace={workspace_root}", "--", *command_parts]
+        return [*self._sandlock_launcher, "--var", f"workspace={workspace_root}", "--",
+                *command_parts]
 
 
 #: The launcher's main, its package's directory put first on its import path.
@@ -147,15 +155,17 @@ def _launcher_variable(name: str) -> bool:
             or name in ("HOME", "XDG_CACHE_HOME", "TMPDIR", "LOCPATH", "HOSTALIASES"))
 
 
-def launcher_environment(session: Mapping[str, str]) -> list[str]:
-    """``env`` arguments that give sandlock's launcher, which runs unconfined, this
-    process's value of each such variable (:func:`_launcher_variable`) instead of the
-    session's, which is the tool's: the SDK starts the command with the session's
-    environment (the host's and the manifest's), and a manifest's ``LD_PRELOAD`` or
-    ``SANDLOCK_*`` naming the workspace would otherwise reach the launcher. ``HOME`` is
-    always the caller's: sandlock's state directory is never in the session's home."""
+def launcher_environment(session: Mapping[str, str]) -> dict[str, str]:
+    """The session's environment (the host's and the manifest's) with this process's value
+    of each variable that decides what sandlock's launcher loads or trusts
+    (:func:`_launcher_variable`) instead of the session's: the launcher, unconfined, is
+    started with it, and a manifest's ``LD_PRELOAD`` or ``SANDLOCK_*`` naming the workspace
+    (which the model writes through the SDK's file operations) would run or steer it. The
+    loader reads ``LD_PRELOAD`` before any program could unset it. ``HOME`` is the
+    caller's: sandlock's state directory is never in the session's home (the tool gets the
+    policy's). The other variables stay the session's, for the tool as the policy passes
+    them (``PYTHON*`` among them: the launcher runs ``-E``)."""
     mine = {**os.environ, "HOME": os.path.expanduser("~")}
-    unset = [arg for name in session if _launcher_variable(name) and name not in mine
-             for arg in ("-u", name)]
-    return [*unset, *(f"{name}={value}" for name, value in mine.items()
-                      if _launcher_variable(name))]
+    out = {name: value for name, value in session.items() if not _launcher_variable(name)}
+    out.update((name, value) for name, value in mine.items() if _launcher_variable(name))
+    return out
