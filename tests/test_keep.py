@@ -815,3 +815,108 @@ def test_a_kept_path_put_back_takes_no_acl_from_the_directory_around_it(project:
     # the positive control: a directory made there now takes the tool's ACL
     (project / "made").mkdir()
     assert "system.posix_acl_default" in attributes(project / "made")
+
+
+@pytest.mark.parametrize("which", ["keep", "state"])
+def test_a_tool_that_opens_sandlocks_directories_to_others_changes_nothing(
+        tmp_path: Path, which: str) -> None:
+    """A tool may chmod what its uid owns (Landlock does not govern it): sandlock's keep
+    directory, or its state directory, opened to the group made every later --keep run
+    fail, and the check of kept policy files skip (its directory no longer private). They
+    are made private again. The chmod itself is the control: it is done, confined."""
+    from conftest import PYTHON, run_confined, write_policy
+
+    from sandlock.compile.cachekey import key_directory
+    from sandlock.undo.held import ChangedByARun, Reading
+
+    state = Path(str(key_directory()))
+    target = state / held.KEEP_DIR if which == "keep" else state
+    kept_file = tmp_path / "kept.toml"
+    kept_file.write_text("version = 1\n")
+    keep_module.keep(str(kept_file)).close()  # the keep directory exists
+    before = target.stat().st_mode & 0o7777
+    policy = write_policy(tmp_path, 'version = 1\nextends = ["python"]\n')
+    try:
+        done = run_confined(policy, [PYTHON, "-c", f"import os; os.chmod({str(target)!r}, 0o770)"])
+        assert done.returncode == 0 and target.stat().st_mode & 0o777 == 0o770, done.stderr
+        first = keep_module.keep(str(kept_file))  # a run keeping it, as a hooked one does
+        try:
+            assert target.stat().st_mode & 0o077 == 0
+            kept_file.write_text('version = 1\n[filesystem]\nwrite = ["/"]\n')  # its tool
+            fd = os.open(kept_file, os.O_RDONLY)
+            try:
+                os.chmod(target, 0o770)  # again, while the run keeps it
+                with Reading(fd, str(kept_file)) as reading:
+                    with pytest.raises(ChangedByARun):
+                        reading.check(os.read(fd, 1 << 16), str(kept_file))
+            finally:
+                os.close(fd)
+        finally:
+            first.close()
+            kept_file.write_text("version = 1\n")
+    finally:
+        os.chmod(target, before)
+
+
+def test_a_keep_directory_that_cannot_be_trusted_refuses_the_read(tmp_path: Path) -> None:
+    """A directory above the keep directory opened to others (a tool may chmod its uid's
+    ~/.cache): whether a running run keeps a policy file cannot be told any more. The
+    read is refused; it was allowed unchecked."""
+    from sandlock.compile.cachekey import key_directory
+    from sandlock.undo.held import ChangedByARun, Reading
+
+    above = Path(str(key_directory())).parent
+    kept_file = tmp_path / "kept.toml"
+    kept_file.write_text("version = 1\n")
+    first = keep_module.keep(str(kept_file))
+    before = above.stat().st_mode & 0o7777
+    try:
+        kept_file.write_text('version = 1\n[filesystem]\nwrite = ["/"]\n')
+        os.chmod(above, 0o777)
+        fd = os.open(kept_file, os.O_RDONLY)
+        try:
+            with pytest.raises(ChangedByARun, match="cannot tell whether"):
+                with Reading(fd, str(kept_file)) as reading:
+                    reading.check(os.read(fd, 1 << 16), str(kept_file))
+        finally:
+            os.close(fd)
+    finally:
+        os.chmod(above, before)
+        first.close()
+
+
+def test_a_stored_copy_that_is_not_this_users_is_not_trusted(tmp_path: Path) -> None:
+    """What a kept path was is read from its copy in the keep directory; one that another
+    uid made there (the directory open to others a moment) says nothing: its content,
+    the changed file's own, must not vouch for the change."""
+    import marshal
+
+    from sandlock.undo.held import ChangedByARun, Reading, copy_name, keep_directory
+
+    if not IS_ROOT:
+        pytest.skip("gives a file to another uid: needs root")
+    kept_file = tmp_path / "kept.toml"
+    kept_file.write_text("version = 1\n")
+    first = keep_module.keep(str(kept_file))
+    try:
+        changed = b'version = 1\n[filesystem]\nwrite = ["/"]\n'
+        kept_file.write_bytes(changed)
+        directory = keep_directory()
+        assert directory is not None
+        name = copy_name(os.path.realpath(kept_file))
+        forged = os.open(f".{name}.forged", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600,
+                         dir_fd=directory)
+        os.write(forged, marshal.dumps((0o755, ("f", 0o644, changed, ()))))
+        os.fchown(forged, 54321, 54321)
+        os.close(forged)
+        os.rename(f".{name}.forged", name, src_dir_fd=directory, dst_dir_fd=directory)
+        os.close(directory)
+        fd = os.open(kept_file, os.O_RDONLY)
+        try:
+            with Reading(fd, str(kept_file)) as reading:
+                with pytest.raises(ChangedByARun):
+                    reading.check(os.read(fd, 1 << 16), str(kept_file))
+        finally:
+            os.close(fd)
+    finally:
+        first.close()

@@ -30,13 +30,57 @@ def copy_name(path: str) -> str:
 
 def keep_directory(create: bool = False) -> Optional[int]:
     """A descriptor of the keep directory, or None if there is none (or no private state
-    directory to hold one)."""
+    directory to hold one). A tool may change the mode of what its uid owns (Landlock does
+    not govern chmod): sandlock's own two directories are made private again first."""
     from ..compile.cachekey import key_directory, open_private_dir
 
     where = key_directory()
     if where is None:
         return None
-    return open_private_dir(os.path.join(where, KEEP_DIR), create=create, private_from=2)
+    path = os.path.join(where, KEEP_DIR)
+    for own in (where, path):
+        _private_again(own)
+    return open_private_dir(path, create=create, private_from=2)
+
+
+def _private_again(path: str) -> None:
+    """Take access for group and others off the directory ``path`` if this uid owns it
+    (reached without following a last symbolic link; anything else is left to
+    open_private_dir to refuse)."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        info = os.fstat(fd)
+        if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o077:
+            os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(info.st_mode) & 0o700)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _no_keep_directory() -> None:
+    """Without the keep directory no run keeps anything. But one that is there and cannot
+    be trusted (a directory above it writable by others, which a tool may have made so:
+    chmod) hides whether a running run keeps the file being read: refused."""
+    from ..compile.cachekey import key_directory, not_private
+
+    where = key_directory()
+    path = None if where is None else os.path.join(where, KEEP_DIR)
+    if path is not None and os.path.lexists(path):
+        raise ChangedByARun(0, "cannot tell whether a running sandlock run keeps it: "
+                               f"{not_private(path)}; make it so (chmod go-w the directories "
+                               "above it)", path)
+
+
+def own_file(fd: int) -> bool:
+    """Whether the keep directory's file ``fd`` is this uid's (no other could have made
+    it, unless the directory was open to others a moment)."""
+    return os.fstat(fd).st_uid == os.geteuid()
 
 
 def is_held(directory: int, name: str) -> bool:
@@ -84,6 +128,8 @@ class Reading:
         if real.startswith("/") and real not in self._names:
             self._names.append(real)
         self._directory = keep_directory() if self._names else None
+        if self._names and self._directory is None:
+            _no_keep_directory()  # none: no run keeps anything; one not private: refused
 
     def __enter__(self) -> "Reading":
         import fcntl

@@ -36,8 +36,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SandlockError
 from . import xattrs
-from .held import KEEP_DIR
 from .held import copy_name as _copy_name
+from .held import keep_directory, own_file
 
 MAX_ENTRIES = 4096
 MAX_BYTES = 16 << 20
@@ -382,11 +382,8 @@ def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Nod
     import marshal
 
     from ..compile.cache import _put  # written whole, read back, then renamed into place
-    from ..compile.cachekey import key_directory, open_private_dir
 
-    where = key_directory()
-    directory = None if where is None else open_private_dir(os.path.join(where, KEEP_DIR),
-                                                             create=True, private_from=2)
+    directory = keep_directory(create=True)
     if directory is None:
         raise KeepError("there is no private state directory to keep it in (~/.cache/sandlock "
                         "of the home in the password database)")
@@ -415,6 +412,8 @@ def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Nod
                 else:
                     with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                       dir_fd=directory), "rb") as stored:
+                        if not own_file(stored.fileno()):
+                            raise ValueError("the stored copy is not this user's")
                         before = marshal.loads(stored.read(MAX_BYTES + (1 << 20)))
                 fcntl.flock(held, fcntl.LOCK_SH)
                 # Held first, then looked for: of two runs keeping nested paths at once,
@@ -456,6 +455,8 @@ def differs(directory: int, name: str, rel: str, data: bytes) -> bool:
     try:
         with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory),
                   "rb") as stored:
+            if not own_file(stored.fileno()):
+                return True
             _, node = marshal.loads(stored.read(MAX_BYTES + (1 << 20)))
     except (OSError, ValueError, EOFError, TypeError):
         return True
