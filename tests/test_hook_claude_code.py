@@ -187,6 +187,34 @@ def test_rules_the_readers_cannot_take_block_with_their_reason(tmp_path: Path, t
     assert says in done.stderr and b"internal error" not in done.stderr, done.stderr
 
 
+_SLOW_HOOK = """
+import sandlock.cli.hook as hook
+hook.HOOK_SECONDS = 1.0
+from sandlock.cli.run import main
+main(["hook", "claude-code", "--rules", {rules!r}, "--policy", "shell"])
+"""
+
+
+def test_a_rule_that_backtracks_on_the_command_blocks_in_time(tmp_path: Path) -> None:
+    """A rule's regex that backtracks exponentially, a command of the model's choosing:
+    past Claude Code's hook timeout the command would run unconfined. The hook blocks
+    first (its limit made 1 s here). Control: the same match takes longer than that."""
+    import re
+
+    rules = _rules(tmp_path, "[[rule]]\nmatch = '^(\\w+\\s?)*;$'\npolicy = 'shell'\n")
+    command = "a" * 26 + "!"  # each more letter doubles the time: about 4 s here
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _SLOW_HOOK.format(rules=str(rules))],
+                          input=hook_input(command), capture_output=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == claude_code.BLOCK and b"no answer within 1 s" in done.stderr, \
+        done.stderr
+    assert time.monotonic() - started < 30
+    started = time.monotonic()  # the control: two letters fewer take longer than the limit
+    assert re.compile(r"^(\w+\s?)*;$").search("a" * 24 + "!") is None
+    assert time.monotonic() - started > 1.0
+
+
 def test_a_default_policy_nested_too_deep_never_lets_the_command_run(tmp_path: Path) -> None:
     """A policy the rules name that the TOML reader cannot take (RecursionError): the hook
     blocks, or answers with a command whose run refuses it; the command never runs."""

@@ -51,9 +51,21 @@ def claude_code(policy: Optional[str], registry: Optional[str], rules: Optional[
     default policy, a bad rules file.
     """
     # Claude Code runs the command as the model wrote it, unconfined, after any hook
-    # exit but 0 and 2: every way this can end, an internal error or an answer that
-    # cannot be written included, is 0 with the answer written whole, or 2.
+    # exit but 0 and 2, and after its hook timeout (60 s by default): every way this can
+    # end, an internal error, an answer that cannot be written or one that takes too long
+    # (a rule's regex and a command of the model's choosing) included, is 0 with the
+    # answer written whole, or 2.
+    import signal
+
+    def too_long(*_: object) -> None:
+        if _blocking:  # already on the way out with 2
+            return
+        raise TimeoutError(f"no answer within {HOOK_SECONDS:g} s (a rule's regular "
+                           "expression that backtracks on this command?)")
+
     try:
+        signal.signal(signal.SIGALRM, too_long)
+        signal.setitimer(signal.ITIMER_REAL, HOOK_SECONDS)
         from ..integrations.claude_code import MAX_INPUT, answer
         from ..integrations.shell_rules import load_rules
         from ..policy.readfile import read_bounded
@@ -64,6 +76,7 @@ def claude_code(policy: Optional[str], registry: Optional[str], rules: Optional[
         text = answer(data, load_rules(rules, policy, registry), parse_vars(variables), ask=ask)
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
+        signal.setitimer(signal.ITIMER_REAL, 0)
     except (SandlockError, OSError) as exc:
         _block(printable(str(exc)))
     except BaseException as exc:  # noqa: BLE001 - any other end lets the command run unconfined
@@ -71,11 +84,22 @@ def claude_code(policy: Optional[str], registry: Optional[str], rules: Optional[
                f"{printable(str(exc))}")
 
 
+#: Seconds the hook takes at most before it blocks the command (Claude Code's own hook
+#: timeout, 60 s by default, would let the command run unconfined).
+HOOK_SECONDS = 20.0
+_blocking = False
+
+
 def _block(why: str) -> NoReturn:
     """Exit 2, ``why`` on stderr, nothing more on stdout (an answer in part would be none)."""
+    import signal
+
     from ..integrations.claude_code import BLOCK
     from .run import _silence_stdout
 
+    global _blocking
+    _blocking = True
+    signal.setitimer(signal.ITIMER_REAL, 0)
     say(why)
     _silence_stdout()  # what stays buffered goes nowhere, never fails the exit status
     raise click.exceptions.Exit(BLOCK)
