@@ -59,7 +59,8 @@ def _lead() -> None:  # in the shell: a session, the terminal its own, its group
     os.tcsetpgrp(0, os.getpgrp())
 
 
-def _in_a_terminal(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, bytes]:
+def _in_a_terminal(argv: list[str], env: dict[str, str], cwd: Path,
+                   typed: bytes = b"q") -> tuple[int, str, bytes]:
     """Run ``argv`` as a terminal's foreground job; type "q" once the tool says ready.
     (the exit status, the sleeper's state, what the terminal showed)"""
     master, slave = os.openpty()
@@ -79,7 +80,7 @@ def _in_a_terminal(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int
                 except OSError:
                     break
         assert b"ready" in shown, shown
-        os.write(master, b"q")
+        os.write(master, typed)
         sleeper = int((cwd / "sleeper").read_text())
         state = "?"
         for _ in range(100):  # stopped by the terminal, while the run goes on
@@ -107,12 +108,41 @@ def _in_a_terminal(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int
         os.close(master)
 
 
+#: The tool: the terminal's output suspended (as Ctrl-S does), then it waits past its timeout.
+SUSPENDS = """\
+import termios, time
+print("ready", flush=True)
+time.sleep(0.5)
+termios.tcflow(1, termios.TCOOFF)
+time.sleep(30)
+"""
+
+
 @pytest.mark.parametrize("path", ["python", "native"])
 def test_a_tool_that_makes_the_terminal_stop_the_job_still_times_out(tmp_path: Path,
                                                                     path: str) -> None:
+    code, state, shown = _timed_out(tmp_path, path, TOOL, b"q")
+    assert state == "T", (state, shown)  # the control: the terminal stopped the job
+    assert code == 124 and b"timeout" in shown, (code, shown)
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_a_tool_that_suspends_the_terminals_output_does_not_hold_the_launcher(
+        tmp_path: Path, path: str) -> None:
+    """The launcher's line about the timeout would block for ever on the suspended output
+    (and with it the launcher: `sandlock run` never returned). The sleeper is still running:
+    nothing stopped the job."""
+    code, state, shown = _timed_out(tmp_path, path, SUSPENDS, b"")
+    assert code == 124 and b"timeout" in shown, (code, shown)
+    assert state != "T", state
+
+
+def _timed_out(tmp_path: Path, path: str, program: str, typed: bytes) -> tuple[int, str, bytes]:
+    """``program`` as a tool with a 2 s timeout, run through ``path`` (the Python CLI, or
+    the native front end on a plan it has stored) in a terminal."""
     (tmp_path / "tool").mkdir()
     tool = tmp_path / "tool" / "tool.py"
-    tool.write_text(TOOL)
+    tool.write_text(program)
     policy = write_policy(tmp_path, f"""\
         version = 1
         extends = ["python"]
@@ -134,8 +164,7 @@ def test_a_tool_that_makes_the_terminal_stop_the_job_still_times_out(tmp_path: P
         warm = subprocess.run([*argv[:-1], "-c", "pass"], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=60)
         assert warm.returncode == 0, warm.stderr
-    code, state, shown = _in_a_terminal(argv, env, tmp_path)
-    assert state == "T", (state, shown)  # the control: the terminal stopped the job
-    assert code == 124 and b"timeout" in shown, (code, shown)
+    code, state, shown = _in_a_terminal(argv, env, tmp_path, typed)
     if path == "native":
         assert b"hit: running it" in shown, shown
+    return code, state, shown

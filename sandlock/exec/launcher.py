@@ -656,7 +656,22 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
             signal.signal(signum, handler)
         if child.returncode is None:
             child.kill_tree()
+        resume_terminal_output()
     return child
+
+
+def resume_terminal_output() -> None:
+    """Once the tool is gone: output resumed on a terminal on stdout or stderr. A tool
+    given the terminal may have suspended it (tcflow TCOOFF): the launcher's own lines
+    (the timeout's among them) would then block for ever."""
+    import termios
+
+    for fd in (1, 2):
+        try:
+            if os.isatty(fd):
+                termios.tcflow(fd, termios.TCOON)
+        except OSError:
+            pass
 
 
 # -- the signal gate: the substitute for Landlock's signal scope below ABI 6 -------------

@@ -56,6 +56,7 @@
 #include <sys/sysmacros.h>
 #include <sys/prctl.h>
 #include <sys/utsname.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "blake2b.h"
@@ -2116,6 +2117,11 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
     }
     kill_descendants(spared, n_spared); /* the run's strays */
+    /* launcher.resume_terminal_output: a tool may have suspended the terminal's output
+     * (tcflow TCOOFF), and the lines below would block for ever. */
+    for (int fd = 1; fd <= 2; fd++)
+        if (isatty(fd))
+            tcflow(fd, TCOON);
 
     /* launch.execute's lines, then its exit code. */
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
