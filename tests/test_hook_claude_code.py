@@ -242,6 +242,19 @@ def test_a_number_json_has_not_is_blocked(value: bytes) -> None:
     assert json.loads(control.stdout)  # the same input with a finite number is answered
 
 
+def test_a_block_is_a_block_with_stderr_full() -> None:
+    """Its message cannot be written (stderr is /dev/full): the interpreter's last flush
+    of it failed too, and the exit status was 120 (Claude Code runs the command)."""
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run([sys.executable, "-m", "sandlock", "hook", "claude-code",
+                               "--policy", "shell"], input=b"not json", stdout=subprocess.PIPE,
+                              stderr=full, timeout=60,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                   "HOME": os.path.expanduser("~"), "LANG": "C.UTF-8",
+                                   "PYTHONPATH": str(REPO)})
+    assert done.returncode == claude_code.BLOCK and done.stdout == b""
+
+
 _BROKEN_HOOK = """
 import sys
 import time

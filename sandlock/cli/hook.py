@@ -7,6 +7,7 @@ Kept apart from :mod:`sandlock.cli.main`, which only registers them.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn, Optional
@@ -101,7 +102,15 @@ def _block(why: str) -> NoReturn:
     _blocking = True
     signal.setitimer(signal.ITIMER_REAL, 0)
     say(why)
-    _silence_stdout()  # what stays buffered goes nowhere, never fails the exit status
+    # What stays buffered (stdout; stderr if it could not be written: /dev/full) goes
+    # nowhere: the interpreter's last flush failing would make the exit status 120.
+    _silence_stdout()
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
     raise click.exceptions.Exit(BLOCK)
 
 
