@@ -925,7 +925,7 @@ GUARDS: tuple[Guard, ...] = (
     Guard("signal gate: F_SETOWN to another process", "sandlock/linux/signalgate.py",
           "            return CONTINUE if _s32(args[2]) == caller else (-errno.EPERM, 0)",
           "            return CONTINUE",
-          (SUBST + "test_signal_outside_refused[f_setown_sigio-5]",)),
+          (SUBST + "test_signal_outside_refused[f_setown_only-5]",)),
     Guard("signal gate: the API routes gated runs to the fork server", "sandlock/api/sandbox.py",
           "(gate is None and \"trace\" not in fields and not compiled.signal_gate)",
           "(gate is None and \"trace\" not in fields)",
