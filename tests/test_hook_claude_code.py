@@ -597,7 +597,7 @@ def test_a_kept_policy_swapped_out_after_it_was_opened_is_still_checked(tmp_path
     """The planted file is renamed over the kept one, opened, then the original renamed
     back: the open file has no name any more ("... (deleted)"), and the name it was opened
     by is what is checked."""
-    from sandlock.undo.held import ChangedByARun, Reading
+    from sandlock.policy.kept import ChangedByARun, Reading
     from sandlock.undo.keep import keep
 
     kept_file = tmp_path / "ro.toml"

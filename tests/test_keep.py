@@ -24,7 +24,7 @@ from typing import Optional
 import pytest
 from conftest import IS_ROOT, REPO, require_abi
 
-from sandlock.undo import held
+from sandlock.policy import kept as held
 from sandlock.undo import keep as keep_module
 
 SETTINGS = {"hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [
@@ -827,7 +827,7 @@ def test_a_tool_that_opens_sandlocks_directories_to_others_changes_nothing(
     from conftest import PYTHON, run_confined, write_policy
 
     from sandlock.compile.cachekey import key_directory
-    from sandlock.undo.held import ChangedByARun, Reading
+    from sandlock.policy.kept import ChangedByARun, Reading
 
     state = Path(str(key_directory()))
     target = state / held.KEEP_DIR if which == "keep" else state
@@ -863,7 +863,7 @@ def test_a_keep_directory_that_cannot_be_trusted_refuses_the_read(tmp_path: Path
     ~/.cache): whether a running run keeps a policy file cannot be told any more. The
     read is refused; it was allowed unchecked."""
     from sandlock.compile.cachekey import key_directory
-    from sandlock.undo.held import ChangedByARun, Reading
+    from sandlock.policy.kept import ChangedByARun, Reading
 
     above = Path(str(key_directory())).parent
     kept_file = tmp_path / "kept.toml"
@@ -891,7 +891,7 @@ def test_a_stored_copy_that_is_not_this_users_is_not_trusted(tmp_path: Path) -> 
     the changed file's own, must not vouch for the change."""
     import marshal
 
-    from sandlock.undo.held import ChangedByARun, Reading, copy_name, keep_directory
+    from sandlock.policy.kept import ChangedByARun, Reading, copy_name, keep_directory
 
     if not IS_ROOT:
         pytest.skip("gives a file to another uid: needs root")

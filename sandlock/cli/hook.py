@@ -16,7 +16,7 @@ import click
 
 from ..errors import ExitCode, SandlockError
 from ..trace.emit import printable
-from .launch import main_run, parse_vars, say
+from .launch import main_run, parse_vars, say, silence_stdout
 
 _RULES_HELP = "TOML rules choosing a policy by the command (see docs/integrations-agents-ci.md)."
 
@@ -96,7 +96,6 @@ def _block(why: str) -> NoReturn:
     import signal
 
     from ..integrations.claude_code import BLOCK
-    from .run import _silence_stdout
 
     global _blocking
     _blocking = True
@@ -104,7 +103,7 @@ def _block(why: str) -> NoReturn:
     say(why)
     # What stays buffered (stdout; stderr if it could not be written: /dev/full) goes
     # nowhere: the interpreter's last flush failing would make the exit status 120.
-    _silence_stdout()
+    silence_stdout()
     try:
         sys.stderr.flush()
     except (OSError, ValueError, AttributeError):

@@ -34,6 +34,19 @@ def say(message: str) -> None:
         pass
 
 
+def silence_stdout() -> None:
+    """Point descriptor 1 at /dev/null, so that the interpreter's last flush of output
+    that could not be written does not fail a second time on the way out."""
+    import os
+
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    except OSError:
+        pass
+
+
 def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
     out = {}
     for pair in pairs:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import ExitCode
-from .launch import main_run, say
+from .launch import main_run, say, silence_stdout
 
 TYPE_CHECKING = False  # importing typing alone costs several ms per call
 if TYPE_CHECKING:
@@ -87,19 +87,6 @@ def open_standard_streams() -> None:
         pass  # still closed: say() and exit_now() cope with a None stream
 
 
-def _silence_stdout() -> None:
-    """Point descriptor 1 at /dev/null, so that the interpreter's last flush of output
-    that could not be written does not fail a second time on the way out."""
-    import os
-
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.close(null)
-    except OSError:
-        pass
-
-
 def _click_main(args: list[str]) -> int:
     """The click CLI; an output that cannot be written, or any exception that escaped
     a command, ends as one ``sandlock:`` line and exit 125, never a traceback."""
@@ -115,7 +102,7 @@ def _click_main(args: list[str]) -> int:
             code = exc.code
         sys.stdout.flush()  # output still buffered fails here, not at interpreter exit
     except OSError as exc:
-        _silence_stdout()
+        silence_stdout()
         if exc.errno == errno.EPIPE:  # the reader went away: nothing to tell it
             return 1
         what = f"{exc.filename}: " if exc.filename else "cannot write the output: "

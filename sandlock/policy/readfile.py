@@ -28,7 +28,7 @@ def read_policy_bytes(path: str, dir_fd: Optional[int] = None, flags: int = 0) -
     """The bytes of ``path`` (relative to ``dir_fd`` if given, opened with the extra
     ``flags``); OSError (``strerror`` says why) if it is not a regular file of at most
     MAX_BYTES."""
-    from ..undo.held import Reading
+    from .kept import Reading
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY | flags,
                  dir_fd=dir_fd)

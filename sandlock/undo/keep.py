@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from ..errors import SandlockError
+from ..policy.kept import KEEP_DIR as KEEP_DIR
+from ..policy.kept import MAX_COPY, keep_directory, own_file
+from ..policy.kept import copy_name as _copy_name
 from . import xattrs
-from .held import copy_name as _copy_name
-from .held import keep_directory, own_file
 
 MAX_ENTRIES = 4096
 MAX_BYTES = 16 << 20
@@ -414,7 +415,7 @@ def _baseline(parent: str, entry: str, now: Callable[[], tuple[int, Optional[Nod
                                       dir_fd=directory), "rb") as stored:
                         if not own_file(stored.fileno()):
                             raise ValueError("the stored copy is not this user's")
-                        before = marshal.loads(stored.read(MAX_BYTES + (1 << 20)))
+                        before = marshal.loads(stored.read(MAX_COPY))
                 fcntl.flock(held, fcntl.LOCK_SH)
                 # Held first, then looked for: of two runs keeping nested paths at once,
                 # each holds its own before it looks, so one at least sees the other.
@@ -444,27 +445,6 @@ def _entries(directory: int) -> list[str]:
         return [name for name in os.listdir(listing) if not name.startswith(".")]
     finally:
         os.close(listing)
-
-
-def differs(directory: int, name: str, rel: str, data: bytes) -> bool:
-    """Whether ``data`` is not the file at ``rel`` (``.``: the kept path itself) in what the
-    kept path of the copy ``name`` was before the runs keeping it (its stored copy). A file
-    that was not there then, or was none, differs; so does a copy that cannot be read."""
-    import marshal
-
-    try:
-        with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory),
-                  "rb") as stored:
-            if not own_file(stored.fileno()):
-                return True
-            _, node = marshal.loads(stored.read(MAX_BYTES + (1 << 20)))
-    except (OSError, ValueError, EOFError, TypeError):
-        return True
-    for part in [] if rel == "." else rel.split("/"):
-        if not isinstance(node, tuple) or node[0] != "d":
-            return True
-        node = node[2].get(part)
-    return not isinstance(node, tuple) or node[0] != "f" or node[2] != data
 
 
 #: The paths this process keeps now (a run's paths, or mcp serve's calls at once): a

@@ -1,12 +1,13 @@
 """Which paths running runs keep now (``sandlock run --keep``), found by the locks of the
-keep directory alone: light enough for every read of a policy file.
+keep directory alone: light enough for every read of a policy file
+(:mod:`sandlock.policy.readfile`), below the layer that keeps them.
 
 :mod:`sandlock.undo.keep` stores, per kept path (by its real path), what the path was
 before the runs keeping it began (``NAME``), and two locks: ``NAME.lock``, held by a run
 deciding what the path was, and ``NAME.held``, held shared by every run keeping it. Until
 the last of them ends, the path may hold what a tool of one of them wrote: a policy or
 rules file read then must be what it was before those runs, or it is no one's choice
-(:func:`sandlock.undo.keep.differs`, through :class:`Reading`).
+(:func:`differs`, through :class:`Reading`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
 #: The keep directory of the private state directory (no write grant reaches it).
 KEEP_DIR = "keep"
+#: Bytes of a stored copy read at most (keep.MAX_BYTES of content, and the rest).
+MAX_COPY = (16 << 20) + (1 << 20)
 
 
 def copy_name(path: str) -> str:
@@ -32,7 +35,7 @@ def keep_directory(create: bool = False) -> Optional[int]:
     """A descriptor of the keep directory, or None if there is none (or no private state
     directory to hold one). A tool may change the mode of what its uid owns (Landlock does
     not govern chmod): sandlock's own two directories are made private again first."""
-    from ..compile.cachekey import key_directory, open_private_dir
+    from ..linux.statedir import key_directory, open_private_dir
 
     where = key_directory()
     if where is None:
@@ -67,7 +70,7 @@ def _no_keep_directory() -> None:
     """Without the keep directory no run keeps anything. But one that is there and cannot
     be trusted (a directory above it writable by others, which a tool may have made so:
     chmod) hides whether a running run keeps the file being read: refused."""
-    from ..compile.cachekey import key_directory, not_private
+    from ..linux.statedir import key_directory, not_private
 
     where = key_directory()
     path = None if where is None else os.path.join(where, KEEP_DIR)
@@ -175,10 +178,32 @@ class Reading:
         for kept, copy, _, relatives in self._locks:
             if self._directory is None or not is_held(self._directory, copy):
                 continue
-            from .keep import differs
-
             if any(differs(self._directory, copy, rel, data) for rel in relatives):
                 raise ChangedByARun(0, f"it is not what it was when a running sandlock run "
                                        f"began keeping {kept!r} (its tool may have changed it; "
                                        "it is put back when that run ends): run this again "
                                        "then", name)
+
+
+def differs(directory: int, name: str, rel: str, data: bytes) -> bool:
+    """Whether ``data`` is not the file at ``rel`` (``.``: the kept path itself) in what the
+    kept path of the copy ``name`` was before the runs keeping it (its stored copy, as
+    :mod:`sandlock.undo.keep` writes it: ``(mode, node)``, a node ``("f", mode, content,
+    attributes)`` or ``("d", mode, {name: node}, attributes)``). A file that was not there
+    then, or was none, differs; so does a copy that cannot be read, or that another uid
+    made."""
+    import marshal
+
+    try:
+        with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory),
+                  "rb") as stored:
+            if not own_file(stored.fileno()):
+                return True
+            _, node = marshal.loads(stored.read(MAX_COPY))
+    except (OSError, ValueError, EOFError, TypeError):
+        return True
+    for part in [] if rel == "." else rel.split("/"):
+        if not isinstance(node, tuple) or node[0] != "d":
+            return True
+        node = node[2].get(part)
+    return not isinstance(node, tuple) or node[0] != "f" or node[2] != data
