@@ -817,6 +817,19 @@ def test_a_kept_path_put_back_takes_no_acl_from_the_directory_around_it(project:
     assert "system.posix_acl_default" in attributes(project / "made")
 
 
+def _read_refused(path: Path, match: str = "running sandlock run") -> None:
+    """Reading ``path`` as a policy file is refused (what a running run keeps, changed)."""
+    from sandlock.policy.kept import ChangedByARun, Reading
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(ChangedByARun, match=match):
+            with Reading(fd, str(path)) as reading:
+                reading.check(os.read(fd, 1 << 16), str(path))
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("which", ["keep", "state"])
 def test_a_tool_that_opens_sandlocks_directories_to_others_changes_nothing(
         tmp_path: Path, which: str) -> None:
@@ -827,7 +840,6 @@ def test_a_tool_that_opens_sandlocks_directories_to_others_changes_nothing(
     from conftest import PYTHON, run_confined, write_policy
 
     from sandlock.compile.cachekey import key_directory
-    from sandlock.policy.kept import ChangedByARun, Reading
 
     state = Path(str(key_directory()))
     target = state / held.KEEP_DIR if which == "keep" else state
@@ -843,14 +855,8 @@ def test_a_tool_that_opens_sandlocks_directories_to_others_changes_nothing(
         try:
             assert target.stat().st_mode & 0o077 == 0
             kept_file.write_text('version = 1\n[filesystem]\nwrite = ["/"]\n')  # its tool
-            fd = os.open(kept_file, os.O_RDONLY)
-            try:
-                os.chmod(target, 0o770)  # again, while the run keeps it
-                with Reading(fd, str(kept_file)) as reading:
-                    with pytest.raises(ChangedByARun):
-                        reading.check(os.read(fd, 1 << 16), str(kept_file))
-            finally:
-                os.close(fd)
+            os.chmod(target, 0o770)  # again, while the run keeps it
+            _read_refused(kept_file)
         finally:
             first.close()
             kept_file.write_text("version = 1\n")
@@ -863,7 +869,6 @@ def test_a_keep_directory_that_cannot_be_trusted_refuses_the_read(tmp_path: Path
     ~/.cache): whether a running run keeps a policy file cannot be told any more. The
     read is refused; it was allowed unchecked."""
     from sandlock.compile.cachekey import key_directory
-    from sandlock.policy.kept import ChangedByARun, Reading
 
     above = Path(str(key_directory())).parent
     kept_file = tmp_path / "kept.toml"
@@ -873,13 +878,7 @@ def test_a_keep_directory_that_cannot_be_trusted_refuses_the_read(tmp_path: Path
     try:
         kept_file.write_text('version = 1\n[filesystem]\nwrite = ["/"]\n')
         os.chmod(above, 0o777)
-        fd = os.open(kept_file, os.O_RDONLY)
-        try:
-            with pytest.raises(ChangedByARun, match="cannot tell whether"):
-                with Reading(fd, str(kept_file)) as reading:
-                    reading.check(os.read(fd, 1 << 16), str(kept_file))
-        finally:
-            os.close(fd)
+        _read_refused(kept_file, "cannot tell whether")
     finally:
         os.chmod(above, before)
         first.close()
@@ -891,7 +890,7 @@ def test_a_stored_copy_that_is_not_this_users_is_not_trusted(tmp_path: Path) -> 
     the changed file's own, must not vouch for the change."""
     import marshal
 
-    from sandlock.policy.kept import ChangedByARun, Reading, copy_name, keep_directory
+    from sandlock.policy.kept import copy_name, keep_directory
 
     if not IS_ROOT:
         pytest.skip("gives a file to another uid: needs root")
@@ -911,12 +910,6 @@ def test_a_stored_copy_that_is_not_this_users_is_not_trusted(tmp_path: Path) -> 
         os.close(forged)
         os.rename(f".{name}.forged", name, src_dir_fd=directory, dst_dir_fd=directory)
         os.close(directory)
-        fd = os.open(kept_file, os.O_RDONLY)
-        try:
-            with Reading(fd, str(kept_file)) as reading:
-                with pytest.raises(ChangedByARun):
-                    reading.check(os.read(fd, 1 << 16), str(kept_file))
-        finally:
-            os.close(fd)
+        _read_refused(kept_file)
     finally:
         first.close()
