@@ -1280,8 +1280,12 @@ def test_a_caller_that_ignores_sigchld_gets_the_tools_exit_code(native: str, tmp
     done = wrapped("signal.signal(signal.SIGCHLD, signal.SIG_IGN)", policy,
                    ["sh", "-c", "exit 3"], env, native, ws)
     assert done.returncode == 3, done.stderr
-    # The native front end's own wait, not a fallback's (the Python CLI resets SIGCHLD too).
+    # The native front end's own wait, not a fallback's (the Python CLI resets SIGCHLD too):
+    # with SIGCHLD still ignored, a tool that ends before its watchdog opens a pidfd on it is
+    # reaped by the kernel at once, and the run would fall back and run it again.
     assert ("sandlock-run: hit: running it" in done.stderr) is (native == "1"), done.stderr
+    assert ("sandlock-run: fallback: off" in done.stderr) is (native == "0"), done.stderr
+    assert done.stderr.count("sandlock-run: fallback") == (native == "0"), done.stderr
 
 
 @pytest.mark.parametrize("case", ["warning", "hint"])
