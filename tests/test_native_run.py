@@ -1130,17 +1130,14 @@ def test_the_probe_gives_the_same_rows_natively(name: str, tmp_path: Path,
     through: dict[str, dict[str, str]] = {}
     for way in ("1", "0"):
         with harness.Harness(loaded) as target:
-            master, slave = os.openpty()
-            try:
-                done = subprocess.run(
-                    [str(FRONT), "run", "--policy", str(policy), *variables, "--",
-                     harness.INTERPRETER, "-I", "-S", "-B", "-c", source, json.dumps(target.cfg)],
-                    env={**env, harness.ENV_CANARY: target.canary, "SANDLOCK_NATIVE_RUN": way},
-                    cwd=ws, stdin=slave, capture_output=True, text=True, timeout=300,
-                    check=False)
-            finally:
-                os.close(master)
-                os.close(slave)
+            # No terminal: the front end hands a run with one to the Python CLI
+            # (test_terminal.py), which gives the tool a pty of its own.
+            done = subprocess.run(
+                [str(FRONT), "run", "--policy", str(policy), *variables, "--",
+                 harness.INTERPRETER, "-I", "-S", "-B", "-c", source, json.dumps(target.cfg)],
+                env={**env, harness.ENV_CANARY: target.canary, "SANDLOCK_NATIVE_RUN": way},
+                cwd=ws, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300,
+                check=False)
         if way == "1":
             assert "sandlock-run: hit: running it" in done.stderr, done.stderr[-2000:]
         rows = {}

@@ -566,11 +566,18 @@ def test_a_terminal_the_tool_inherits_signals_no_foreground_job(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate: bool, way: str) -> None:
     """The caller's terminal on the tool's stdin, its foreground job a sleeper outside the
     sandbox. O_ASYNC on it (FIOASYNC alike) makes each input byte a signal to that job.
-    Control: without the gate's seccomp half, the sleeper gets SIGTERM."""
+    Control: without the gate's seccomp half, the sleeper gets SIGTERM.
+
+    The launcher gives a tool a pty of its own in place of a terminal (test_terminal.py),
+    which keeps this route from the caller's terminal too: switched off here, so that the
+    seccomp half is what holds (a terminal handed over some other way, a tool's own pty)."""
     import fcntl
     import termios
     import threading
 
+    from sandlock.exec import launcher
+
+    monkeypatch.setattr(launcher, "_is_terminal", lambda _fd: False)
     master, slave = os.openpty()
 
     def foreground() -> None:  # in the sleeper: its own session, the terminal its own

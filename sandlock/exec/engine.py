@@ -51,17 +51,19 @@ class StepFailed(Exception):
 class Context:
     """What the steps act on, in the child. Plain attributes; -1/None when absent."""
 
-    __slots__ = ("parent", "group_fd", "stdio", "ruleset_fd", "fprog", "notify", "executable",
-                 "argv", "env")
+    __slots__ = ("parent", "group_fd", "stdio", "terminal", "ruleset_fd", "fprog", "notify",
+                 "executable", "argv", "env")
 
     def __init__(self, *, parent: int = -1, group_fd: int = -1,
-                 stdio: tuple[int, int, int] = (-1, -1, -1), ruleset_fd: int = -1,
+                 stdio: tuple[int, int, int] = (-1, -1, -1), terminal: int = -1,
+                 ruleset_fd: int = -1,
                  fprog: Optional[SockFprog] = None, notify: Optional[Callable[[], None]] = None,
                  executable: str = "", argv: list[bytes] | None = None,
                  env: Optional[dict[bytes, bytes]] = None) -> None:
         self.parent = parent
         self.group_fd = group_fd
         self.stdio = stdio
+        self.terminal = terminal  # a pty of the tool's own (exec/terminal.py), or -1
         self.ruleset_fd = ruleset_fd
         self.fprog = fprog
         self.notify = notify
@@ -91,6 +93,11 @@ def apply(steps: Sequence[spec.Step], ctx: Context) -> None:
                     _signal.signal(signum, _signal.SIG_DFL)
                 _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
             elif name == "stdio":
+                if ctx.terminal >= 0:  # after the session step: the pty its controlling one
+                    import fcntl
+                    import termios
+
+                    fcntl.ioctl(ctx.terminal, termios.TIOCSCTTY, 0)
                 for target, source in enumerate(ctx.stdio):
                     if source >= 0 and source != target:
                         os.dup2(source, target)

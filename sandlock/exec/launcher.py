@@ -158,6 +158,8 @@ def _watchdog(steps: tuple[spec.Step, ...], ctx: engine.Context, errw: int,
             _child(steps, ctx, errw, body)
         os.close(errw)
         errw = -1
+        if ctx.terminal >= 0:  # the tool's; the pty hangs up once the tool's tree is gone
+            os.close(ctx.terminal)
         os.setpgid(0, 0)
         watched = os.pidfd_open(launcher)
         # The launcher's signals (blocked by run() until its handlers exist) stay blocked
@@ -393,14 +395,15 @@ class Starting:
                  body: Optional[Callable[[], None]] = None,
                  steps: Optional[tuple[spec.Step, ...]] = None,
                  signals: Optional[Signals] = None, watchdog: bool = False,
-                 keep: Sequence[Kept] = ()) -> None:
+                 keep: Sequence[Kept] = (), terminal: int = -1) -> None:
         """``steps``: the child's steps as a request carried them (checked by the
         caller); by default :func:`spec.child_steps` for ``compiled`` and ``cmd``.
         ``signals``: the signal gate's handler when another listener of the run carries it
         (:func:`carry_signals`); else a policy that needs the gate gets its own here.
         ``watchdog``: fork the tool from a watchdog (:func:`_watchdog`) that kills its
         whole tree if this process dies; ``keep``: the paths it puts back once the tree
-        is gone."""
+        is gone; ``terminal``: the pty the tool takes as its controlling terminal (its
+        slave, among ``stdio``: :mod:`sandlock.exec.terminal`)."""
         # fsencode, not encode: argv and environment are bytes on Linux, and Python keeps
         # bytes that are not UTF-8 as surrogate escapes.
         env = {os.fsencode(k): os.fsencode(v) for k, v in cmd.env}
@@ -435,7 +438,8 @@ class Starting:
             raise SetupError("malformed request: the notify step and the run's listeners disagree")
         group_fd = -1 if self.group is None else self.group.procs_fd
         ctx = engine.Context(parent=os.getpid(), group_fd=group_fd,
-                             stdio=stdio, ruleset_fd=compiled.ruleset_fd, fprog=compiled._fprog,
+                             stdio=stdio, terminal=terminal, ruleset_fd=compiled.ruleset_fd,
+                             fprog=compiled._fprog,
                              notify=hook, executable=cmd.executable, argv=argv, env=env)
         # Before fork: an orphan of the tool can never be among them.
         self.spared = frozenset(children())
@@ -616,12 +620,27 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
     previous = {}
     wakeup: Optional[tuple[int, int]] = None
     old_wakeup = -1
+    # The caller's terminal is never the tool's: a pty of its own, relayed (exec/terminal.py).
+    relay = None
+    stdio, tty = (-1, -1, -1), -1
+    if any(_is_terminal(fd) for fd in (0, 1, 2)):  # else nothing imported: every run's path
+        from .terminal import Relay
+
+        relay = Relay((0, 1, 2), interactive=True)
+        stdio, tty = relay.replace((0, 1, 2)), relay.slave
     try:
-        starting = Starting(compiled, cmd, stdio=(-1, -1, -1), hook=hook if hooks else None,
-                            signals=signals, watchdog=True, keep=keep)
-        if recorder is not None:
-            recorder.start()  # before confirm(): the child's own execve is notified
-        child = starting.confirm()
+        try:
+            starting = Starting(compiled, cmd, stdio=stdio, hook=hook if hooks else None,
+                                signals=signals, watchdog=True, keep=keep, terminal=tty)
+            if recorder is not None:
+                recorder.start()  # before confirm(): the child's own execve is notified
+            child = starting.confirm()
+            if relay is not None:
+                relay.start()
+        except BaseException:
+            if relay is not None:
+                relay.close()
+            raise
         if _mediation is not None:
             _mediation.start()  # threads only after fork
         if forward_signals:
@@ -630,6 +649,10 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
                     previous[signum] = signal.signal(signum, lambda n, _f: child.send_signal(n))
                 for signum in JOB_STOPS:  # stopped, the launcher would never time out
                     previous[signum] = signal.signal(signum, signal.SIG_IGN)
+                if relay is not None:
+                    resize = relay.resize
+                    previous[signal.SIGWINCH] = signal.signal(signal.SIGWINCH,
+                                                              lambda _n, _f: resize())
                 wakeup = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
                 try:
                     old_wakeup = signal.set_wakeup_fd(wakeup[1], warn_on_full_buffer=False)
@@ -652,26 +675,20 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
             for fd in wakeup:
                 os.close(fd)
             child.wakeup = -1
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         if child.returncode is None:
             child.kill_tree()
-        resume_terminal_output()
+        if relay is not None:
+            relay.close()  # the tool's last output, then the caller's terminal as it was
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return child
 
 
-def resume_terminal_output() -> None:
-    """Once the tool is gone: output resumed on a terminal on stdout or stderr. A tool
-    given the terminal may have suspended it (tcflow TCOOFF): the launcher's own lines
-    (the timeout's among them) would then block for ever."""
-    import termios
-
-    for fd in (1, 2):
-        try:
-            if os.isatty(fd):
-                termios.tcflow(fd, termios.TCOON)
-        except OSError:
-            pass
+def _is_terminal(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 # -- the signal gate: the substitute for Landlock's signal scope below ABI 6 -------------

@@ -56,7 +56,6 @@
 #include <sys/sysmacros.h>
 #include <sys/prctl.h>
 #include <sys/utsname.h>
-#include <termios.h>
 #include <unistd.h>
 
 #include "blake2b.h"
@@ -2006,6 +2005,9 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
     for (int i = 0; i < n_steps; i++)
         if (steps[i].kind == S_CHDIR)
             fall_back("steps this program does not run (the Python CLI does)");
+    for (int fd = 0; fd <= 2; fd++)
+        if (isatty(fd))
+            fall_back("a terminal on stdin, stdout or stderr (the Python CLI gives the tool a pty of its own)");
     if (!plain_text(argv[0]))
         fall_back("a command name the Python CLI escapes");
     for (size_t i = 0; i < sizeof chromium_names / sizeof *chromium_names; i++)
@@ -2117,11 +2119,6 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
     while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
     }
     kill_descendants(spared, n_spared); /* the run's strays */
-    /* launcher.resume_terminal_output: a tool may have suspended the terminal's output
-     * (tcflow TCOOFF), and the lines below would block for ever. */
-    for (int fd = 1; fd <= 2; fd++)
-        if (isatty(fd))
-            tcflow(fd, TCOON);
 
     /* launch.execute's lines, then its exit code. */
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
