@@ -577,7 +577,7 @@ def test_a_terminal_the_tool_inherits_signals_no_foreground_job(
 
     from sandlock.exec import launcher
 
-    monkeypatch.setattr(launcher, "_is_terminal", lambda _fd: False)
+    monkeypatch.setattr(launcher, "is_terminal", lambda _fd: False)
     master, slave = os.openpty()
 
     def foreground() -> None:  # in the sleeper: its own session, the terminal its own

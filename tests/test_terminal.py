@@ -405,3 +405,37 @@ def test_a_stop_signal_for_the_job_does_not_stop_the_launcher(tmp_path: Path,
         if run.poll() is None:
             os.killpg(run.pid, 9)
             run.wait()
+
+
+#: The agent: the tool run through the API with the agent's own stdio (its terminal),
+#: then one line of its own (it is still there).
+AGENT = """\
+import sys
+import sandlock
+with sandlock.Sandbox(sys.argv[1]) as box:
+    result = box.run(sys.argv[2:], timeout=2)
+print("agent: the call ended", result.returncode, flush=True)
+"""
+
+
+@pytest.mark.parametrize("character", sorted(SIGNALS))
+def test_an_api_call_cannot_make_the_agents_terminal_signal_its_job(tmp_path: Path,
+                                                                    character: str) -> None:
+    """The same attack through ``Sandbox.run`` from an agent whose stdio is its terminal
+    (the API's default: the caller's own): the tool gets a pty relayed for the call, with
+    no controlling terminal (nobody gets its signals), the caller's terminal never raw.
+    The agent and the sleeper beside it run on; the call ends at its timeout."""
+    policy, tool = _policy(tmp_path, TOOL)
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    term = Terminal([sys.executable, str(agent), str(policy), PYTHON, str(tool), character, "30"],
+                    {**os.environ, "PYTHONPATH": str(REPO)}, tmp_path)
+    try:
+        term.wait_for(b"ready")
+        os.write(term.master, b"q")
+        time.sleep(0.5)
+        assert _state(term.sleeper()) in ("S", "R"), term.shown
+        assert term.finish() == 0, term.shown
+        assert b"agent: the call ended 124" in term.shown, term.shown
+    finally:
+        term.close()

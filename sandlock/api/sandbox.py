@@ -44,6 +44,7 @@ from ..errors import (
 from ..exec import forkserver, launcher, spec
 from ..exec import native as nativeexec
 from ..exec.wire import setup_failure
+from ..linux.process import is_terminal
 from .pump import _earliest, _now, _Pump, _wait_readable
 from .results import Outcome, RemoteTraceback, Result, _decode, _denials, _result
 
@@ -103,6 +104,8 @@ class _Call:
     denials: tuple["Denial", ...] = ()  #: from a ``D`` report (``trace=True`` only)
     #: The call's own credential placeholders (``credentials=``), forgotten when it ends.
     session: Any = None
+    #: The pty in place of a terminal among the call's stdio, relayed until the call ends.
+    relay: Any = None
     #: A supervisor took the call and may have started the command (sandlock-exec's ``T``):
     #: if it vanishes, the command was killed with it, not "not started".
     taken = False
@@ -205,6 +208,9 @@ class _Call:
         session, self.session = self.session, None
         if session is not None:  # the route no longer knows the call's placeholders
             session.close()
+        relay, self.relay = self.relay, None
+        if relay is not None:  # the tool's last output, copied to the caller's terminal
+            relay.close()
 
 
 #: Native calls still running, for :func:`shutdown` (weak: a dropped call is closed).
@@ -751,7 +757,29 @@ class Sandbox:
                 timeout: Optional[float], extra_fds: Sequence[int] = (),
                 mediation: Optional[Mediation] = None, **fields: Any) -> _Call:
         """Hand one call to a supervisor. ``mediation`` is started here and stopped
-        when the call is closed (also if submitting fails)."""
+        when the call is closed (also if submitting fails). A terminal among ``stdio`` is
+        never the tool's: it gets a pty of its own, relayed (:mod:`sandlock.exec.terminal`;
+        the caller's terminal is never put in raw mode), until the call ends."""
+        if not any(fd >= 0 and is_terminal(fd) for fd in stdio):  # nothing imported
+            return self._submit_to(kind, cmd, stdio, timeout, extra_fds, mediation, **fields)
+        from ..exec.terminal import Relay
+
+        relay = Relay(stdio, interactive=False)
+        try:
+            call = self._submit_to(kind, cmd, relay.replace(stdio), timeout, extra_fds,
+                                   mediation, **fields)
+            relay.start()
+        except BaseException:
+            relay.close()
+            raise
+        call.relay = relay
+        if call.ended:
+            call._end_mediation()
+        return call
+
+    def _submit_to(self, kind: str, cmd: launcher.Command, stdio: Sequence[int],
+                   timeout: Optional[float], extra_fds: Sequence[int] = (),
+                   mediation: Optional[Mediation] = None, **fields: Any) -> _Call:
         with self._lock:
             if self._closed:
                 if mediation is not None:

@@ -31,7 +31,7 @@ import time
 
 from ..errors import ExecError, ExitCode, SetupError
 from ..linux import cgroups, kernel
-from ..linux.process import FORWARDED_SIGNALS, JOB_STOPS, children, reap_descendants
+from ..linux.process import FORWARDED_SIGNALS, JOB_STOPS, children, is_terminal, reap_descendants
 from . import engine, spec
 from .spec import Command as Command  # data, defined with the steps; still importable here
 
@@ -623,7 +623,7 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
     # The caller's terminal is never the tool's: a pty of its own, relayed (exec/terminal.py).
     relay = None
     stdio, tty = (-1, -1, -1), -1
-    if any(_is_terminal(fd) for fd in (0, 1, 2)):  # else nothing imported: every run's path
+    if any(is_terminal(fd) for fd in (0, 1, 2)):  # else nothing imported: every run's path
         from .terminal import Relay
 
         relay = Relay((0, 1, 2), interactive=True)
@@ -682,13 +682,6 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return child
-
-
-def _is_terminal(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False
 
 
 # -- the signal gate: the substitute for Landlock's signal scope below ABI 6 -------------

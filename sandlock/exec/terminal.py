@@ -39,6 +39,8 @@ import termios
 import threading
 from typing import Any, Optional, Sequence
 
+from ..linux.process import is_terminal
+
 #: termios(3)'s index of the local modes and of the control characters in tcgetattr's list.
 _LFLAG, _OFLAG, _CC = 3, 1, 6
 #: Echo flags cleared on a non-interactive pty: the caller's terminal echoed the input.
@@ -47,13 +49,6 @@ _ECHOES = termios.ECHO | termios.ECHOE | termios.ECHOK | termios.ECHONL
 _DISABLED = b"\0"
 #: The most bytes read at once from either side.
 _CHUNK = 65536
-
-
-def _is_terminal(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False
 
 
 def _in_front(fd: int) -> bool:
@@ -65,15 +60,10 @@ def _in_front(fd: int) -> bool:
         return True
 
 
-def has_terminal(stdio: Sequence[int]) -> bool:
-    """Whether any of the descriptors a tool would get as its stdio is a terminal."""
-    return any(fd >= 0 and _is_terminal(fd) for fd in stdio)
-
-
 class Relay:
     """The tool's pty and the thread that copies between it and the caller's terminal.
 
-    Made when :func:`has_terminal` says so, from ``stdio``: what the tool would get as its
+    Made when a terminal is among ``stdio``: what the tool would get as its
     stdin, stdout and stderr. :meth:`replace` gives it the pty's slave in place of each
     terminal; :attr:`slave` is its controlling terminal where the executor makes it one
     (``sandlock run``). :meth:`start` once the tool is forked; :meth:`close` once it has
@@ -81,7 +71,7 @@ class Relay:
     may be put in raw mode (``sandlock run``, never a library's caller)."""
 
     def __init__(self, stdio: Sequence[int], *, interactive: bool) -> None:
-        terminals = [fd >= 0 and _is_terminal(fd) for fd in stdio]
+        terminals = [fd >= 0 and is_terminal(fd) for fd in stdio]
         self.input = stdio[0] if terminals[0] and _in_front(stdio[0]) else -1
         self.output = next((stdio[i] for i in (1, 2) if terminals[i]), -1)
         self.interactive = (interactive and self.input >= 0 and terminals[1]

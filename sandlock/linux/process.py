@@ -30,6 +30,14 @@ JOB_STOPS: tuple[int, ...] = (int(signal.SIGTSTP), int(signal.SIGTTIN), int(sign
 DEFAULTED_SIGNALS: tuple[int, ...] = (int(signal.SIGPIPE), int(signal.SIGXFSZ), *FORWARDED_SIGNALS)
 
 
+def is_terminal(fd: int) -> bool:
+    """Whether ``fd`` is open on a terminal (a closed or bad descriptor is not)."""
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
 def _read(path: str) -> bytes:
     """The whole file (``children`` has no size limit: one number per child)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
