@@ -30,16 +30,17 @@ from test_native_run import FRONT, require_front
 
 from sandlock.compile import cache
 
-#: The tool: one of the terminal's signal characters made "q", then it waits (argv[2] s),
-#: saying which of the terminal's signals it got.
+#: The tool: one of the terminal's signal characters made "q" on the first terminal among its
+#: stdio, then it waits (argv[2] s), saying which of the terminal's signals it got.
 TOOL = """\
-import signal, sys, termios, time
+import os, signal, sys, termios, time
 for each in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
     signal.signal(each, lambda n, _: print("tool got", signal.Signals(n).name, flush=True))
-attrs = termios.tcgetattr(0)
+tty = next(fd for fd in (0, 1, 2) if os.isatty(fd))
+attrs = termios.tcgetattr(tty)
 attrs[3] |= termios.ISIG
 attrs[6][getattr(termios, sys.argv[1])] = b"q"
-termios.tcsetattr(0, termios.TCSANOW, attrs)
+termios.tcsetattr(tty, termios.TCSANOW, attrs)
 print("ready", flush=True)
 time.sleep(float(sys.argv[2]))
 """
@@ -151,7 +152,7 @@ class Terminal:
         os.close(self.master)
 
 
-def _policy(tmp_path: Path, program: str) -> tuple[Path, Path]:
+def _policy(tmp_path: Path, program: str, timeout: str = "2s") -> tuple[Path, Path]:
     (tmp_path / "tool").mkdir()
     tool = tmp_path / "tool" / "tool.py"
     tool.write_text(program)
@@ -161,7 +162,7 @@ def _policy(tmp_path: Path, program: str) -> tuple[Path, Path]:
         [filesystem]
         read = ["{tmp_path / 'tool'}"]
         [limits]
-        timeout = "2s"
+        timeout = "{timeout}"
         """)
     return policy, tool
 
@@ -294,30 +295,39 @@ def test_the_callers_terminal_is_left_as_it_was(tmp_path: Path) -> None:
         term.close()
 
 
-#: The tool in a pipeline: its input typed on the caller's terminal, to its end.
+#: The tool in a pipeline: what it reads of its stdin, then it waits, reading nothing.
 READS = """\
-import sys
-print("ready", file=sys.stderr, flush=True)
+import sys, time
 print("read", repr(sys.stdin.read()), "tty", sys.stdin.isatty(), flush=True)
+print("ready", file=sys.stderr, flush=True)
+time.sleep(1)
 """
 
+#: A reader beside the tool (a pager in the pipeline): what it gets of the terminal.
+PAGER = (f'"{PYTHON}" -c "import os; tty = os.open(\'/dev/tty\', os.O_RDONLY); '
+         f'open(\'paged\', \'wb\').write(os.read(tty, 100))" & exec "$@"')
 
-def test_a_pipelines_input_is_relayed_to_its_end(tmp_path: Path) -> None:
-    """stdout not a terminal: the caller's terminal stays cooked (it echoes and edits),
-    the lines and the end of input (Ctrl-D) reach the tool through its pty."""
+
+def test_a_pipelines_tool_reads_nothing_from_the_terminal(tmp_path: Path) -> None:
+    """stdout not a terminal: the tool's stdin is /dev/null, not the terminal (a relay would
+    take keys eagerly, before any tool asked: a pager's beside it, the shell's
+    type-ahead). The key typed while it runs goes to the reader beside it."""
     policy, tool = _policy(tmp_path, READS)
     launcher, env = _launcher(tmp_path, "python", policy)
     out = tmp_path / "out"
     with open(out, "wb") as sink:
-        term = Terminal([*launcher, PYTHON, str(tool)], env, tmp_path, stdout=sink.fileno())
+        term = Terminal(["sh", "-c", PAGER, "sh", *launcher, PYTHON, str(tool)], env, tmp_path,
+                        stdout=sink.fileno())
     try:
         term.wait_for(b"ready")
-        os.write(term.master, b"one\r")
-        term.wait_for(b"one")  # echoed by the caller's terminal
-        os.write(term.master, b"two\r\x04")
+        os.write(term.master, b"k\r")
         assert term.finish() == 0, term.shown
-        assert out.read_bytes() == b"read 'one\\ntwo\\n' tty True\n", (out.read_bytes(), term.shown)
-        assert term.shown.count(b"one") == 1, term.shown  # the pty echoes nothing more
+        assert out.read_bytes() == b"read '' tty False\n", (out.read_bytes(), term.shown)
+        for _ in range(100):
+            if (tmp_path / "paged").exists() and (tmp_path / "paged").read_bytes():
+                break
+            time.sleep(0.05)
+        assert (tmp_path / "paged").read_bytes() == b"k\n", term.shown
     finally:
         term.close()
 
@@ -437,5 +447,173 @@ def test_an_api_call_cannot_make_the_agents_terminal_signal_its_job(tmp_path: Pa
         assert _state(term.sleeper()) in ("S", "R"), term.shown
         assert term.finish() == 0, term.shown
         assert b"agent: the call ended 124" in term.shown, term.shown
+    finally:
+        term.close()
+
+
+def test_an_api_call_takes_no_input_from_the_agents_terminal(tmp_path: Path) -> None:
+    """The API never reads the agent's terminal for a call (its prompt's keys would be
+    taken while the call runs): a terminal on stdin is /dev/null to the tool."""
+    policy, tool = _policy(tmp_path, READS)
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    term = Terminal([sys.executable, str(agent), str(policy), PYTHON, str(tool)],
+                    {**os.environ, "PYTHONPATH": str(REPO)}, tmp_path)
+    try:
+        assert term.finish() == 0, term.shown
+        assert b"read '' tty False" in term.shown, term.shown
+        assert b"agent: the call ended 0" in term.shown, term.shown
+    finally:
+        term.close()
+
+
+# -- a hostile tool against the relay itself (attack round 28) ---------------------------
+
+#: The tool: output without end (its terminal's reader may never read it), then it waits.
+FLOODS = """\
+import os, sys
+print("ready", flush=True)
+block = b"x" * 65536
+while True:
+    os.write(1, block)
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("caller", ["run", "api"])
+def test_a_terminal_nobody_drains_does_not_hold_the_run(tmp_path: Path, caller: str) -> None:
+    """The tool floods its output and the caller's terminal is never read: the run still
+    ends soon after its timeout (the relay gives up on the terminal, sandlock's own lines
+    too), and the caller's terminal is left as it was (not raw)."""
+    policy, tool = _policy(tmp_path, FLOODS)
+    if caller == "run":
+        launcher, env = _launcher(tmp_path, "python", policy)
+        argv = [*launcher, PYTHON, str(tool)]
+    else:  # the agent says how the call ended in a file: its terminal takes nothing
+        agent = tmp_path / "agent.py"
+        agent.write_text(AGENT.replace('print("agent: the call ended", result.returncode, '
+                                       'flush=True)',
+                                       'open("agent.out", "w").write(str(result.returncode))'))
+        argv = [sys.executable, str(agent), str(policy), PYTHON, str(tool)]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+    term = Terminal(argv, env, tmp_path)
+    try:
+        started = time.monotonic()
+        code = term.job.wait(timeout=60)  # the terminal is not read meanwhile
+        assert time.monotonic() - started < 30, code
+        assert termios.tcgetattr(term.master) == term.mode
+        if caller == "run":
+            assert code == 124, code
+        else:
+            assert code == 0 and (tmp_path / "agent.out").read_text() == "124", code
+    finally:
+        if term.job.poll() is None:
+            os.killpg(term.job.pid, 9)
+        term.close()
+
+
+#: The tool: raw mode on its terminal, then never reads while input keeps coming.
+IGNORES_INPUT = """\
+import sys, termios, time, tty
+tty.setraw(0)
+print("ready", flush=True)
+time.sleep(3)
+"""
+
+
+def test_input_the_tool_never_reads_does_not_spin_the_relay(tmp_path: Path) -> None:
+    """The pty's input queue full (the tool reads nothing, input keeps coming): the relay
+    waits for room instead of polling in a loop. The launcher's CPU time over the run
+    (a spinning relay takes a core: about 3 s here) stays well under a second."""
+    policy, tool = _policy(tmp_path, IGNORES_INPUT, "20s")
+    launcher, env = _launcher(tmp_path, "python", policy)
+    term = Terminal([*launcher, PYTHON, str(tool)], env, tmp_path)
+    try:
+        term.wait_for(b"ready")
+        pid = _launcher_pid(term)
+        os.set_blocking(term.master, False)
+        until = time.monotonic() + 1  # more than the two terminals' input queues hold
+        while time.monotonic() < until:
+            try:
+                os.write(term.master, b"y" * 4096)
+            except BlockingIOError:
+                time.sleep(0.01)
+        before = _cpu_seconds(pid)
+        time.sleep(1.5)
+        spent = _cpu_seconds(pid) - before
+        os.set_blocking(term.master, True)
+        assert term.finish() == 0, term.shown
+        assert spent < 0.5, spent
+    finally:
+        term.close()
+
+
+def _launcher_pid(term: Terminal) -> int:
+    """The launcher: the job's shell exec'd it (the job's process group leader)."""
+    return int(Path(f"/proc/{term.job.pid}/task/{term.job.pid}/children").read_text().split()[0])
+
+
+#: The tool: 3 MB of output, then it exits.
+WRITES = """\
+import os
+data = b"z" * 3000000
+view = memoryview(data)
+while view:
+    view = view[os.write(1, view):]
+"""
+
+
+def test_a_non_blocking_terminal_gets_all_the_output(tmp_path: Path) -> None:
+    """The caller's terminal description is non-blocking (as an agent may leave it) and
+    read slowly: every byte the tool wrote reaches it."""
+    import fcntl
+
+    policy, tool = _policy(tmp_path, WRITES)
+    launcher, env = _launcher(tmp_path, "python", policy)
+    master, slave = os.openpty()
+    flags = fcntl.fcntl(slave, fcntl.F_GETFL)
+    fcntl.fcntl(slave, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    try:
+        run = subprocess.Popen([*launcher, PYTHON, str(tool)], env=env, cwd=tmp_path,
+                               stdin=subprocess.DEVNULL, stdout=slave, stderr=subprocess.PIPE)
+        os.close(slave)
+        slave = -1
+        got = 0
+        while True:
+            time.sleep(0.002)
+            if not select.select([master], [], [], 2)[0]:
+                if run.poll() is not None:
+                    break
+                continue
+            try:
+                got += os.read(master, 4096).count(b"z")
+            except OSError:
+                break
+        run.wait(timeout=60)
+        assert run.returncode == 0, run.stderr.read() if run.stderr else b""
+        assert got == 3000000
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+
+
+def test_a_launcher_in_another_session_leaves_the_terminal_alone(tmp_path: Path) -> None:
+    """A terminal on stdin and stdout that is not the launcher's controlling terminal
+    (setsid; an agent started in a session of its own): not interactive. The terminal is
+    not put in raw mode under whoever owns it, and the tool reads nothing of it."""
+    policy, tool = _policy(tmp_path, READS)
+    launcher, env = _launcher(tmp_path, "python", policy)
+    term = Terminal(["setsid", "-w", *launcher, PYTHON, str(tool)], env, tmp_path)
+    try:
+        term.wait_for(b"ready")
+        during = termios.tcgetattr(term.master)
+        assert term.finish() == 0, term.shown
+        assert during == term.mode
+        assert b"read '' tty False" in term.shown, term.shown
     finally:
         term.close()

@@ -26,12 +26,41 @@ if TYPE_CHECKING:
 
 
 def say(message: str) -> None:
-    """One line on stderr, prefixed so it cannot be mistaken for the tool's output."""
+    """One line on stderr, prefixed so it cannot be mistaken for the tool's output. A
+    terminal in raw mode (an interactive run's, exec/terminal.py) gets its carriage
+    return too; a terminal that takes nothing for a few seconds (nobody drains it) does
+    not get the line, rather than hold sandlock for ever."""
     try:
-        sys.stderr.write(f"sandlock: {message}\n")
-        sys.stderr.flush()
+        end = _end_of_line()
+        if end is not None:
+            sys.stderr.write(f"sandlock: {message}{end}")
+            sys.stderr.flush()
     except (OSError, ValueError, AttributeError):  # stderr full, closed, or None in-process
         pass
+
+
+def _end_of_line() -> "str | None":
+    """How a line on stderr ends; None when it is a terminal that cannot take one."""
+    import os
+
+    try:
+        fd = sys.stderr.fileno()
+        if not os.isatty(fd):
+            return "\n"
+    except (OSError, ValueError, AttributeError):  # not a file (in-process), or gone
+        return "\n"
+    import select
+    import termios
+
+    from ..exec.terminal import GRACE
+
+    sys.stderr.flush()
+    if not select.select([], [fd], [], GRACE)[1]:
+        return None
+    try:
+        return "\n" if termios.tcgetattr(fd)[1] & termios.OPOST else "\r\n"
+    except termios.error:
+        return "\n"
 
 
 def silence_stdout() -> None:
@@ -213,6 +242,9 @@ def execute(policy: Optional[str], variables: Mapping[str, str], timeout: Option
             compiled.close()  # the ruleset descriptor: the child is done with it
             if compiled.routes is not None:
                 compiled.routes.stop()
+        if child.output_dropped:
+            say(f"{child.output_dropped} bytes of {argv[0]}'s output were not shown: the "
+                "terminal took none of them for seconds")
         if child.timed_out:
             say(f"timeout: {argv[0]} ran longer than {compiled.timeout:g}s; killed its "
                 "process tree")

@@ -274,6 +274,8 @@ class Child:
         self.signal: Optional[int] = None
         #: The signal gate's own listener (Landlock ABI < 6): stopped once the tree is gone.
         self.gate: Optional[SignalGate] = None
+        #: Bytes of the tool's output the caller's terminal never took (exec/terminal.py).
+        self.output_dropped = 0
         #: Where a forwarded signal's arrival is written (signal.set_wakeup_fd), watched with
         #: the tool: a signal caught just before the wait began would otherwise wait with it.
         self.wakeup = -1
@@ -679,6 +681,7 @@ def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forwa
             child.kill_tree()
         if relay is not None:
             relay.close()  # the tool's last output, then the caller's terminal as it was
+            child.output_dropped = relay.dropped
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return child
