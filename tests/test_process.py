@@ -349,12 +349,12 @@ def test_syscall_through_the_i386_abi_kills_the_process(tmp_path: Path) -> None:
 
 TIOCSTI_PROBE = """\
 import ctypes, errno, fcntl, termios
-fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # our tty: only the filter can refuse TIOCSTI now
+fcntl.ioctl(2, termios.TIOCSCTTY, 0)  # our tty: only the filter can refuse TIOCSTI now
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 char = ctypes.c_char(b"x")
 for request in (termios.TIOCSTI, 0xDEADBEEF00000000 | termios.TIOCSTI):
-    result = libc.syscall(ctypes.c_long(16), ctypes.c_long(0), ctypes.c_ulong(request),
+    result = libc.syscall(ctypes.c_long(16), ctypes.c_long(2), ctypes.c_ulong(request),
                           ctypes.byref(char))
     print("OK" if result == 0 else errno.errorcode[ctypes.get_errno()])
 """
@@ -364,9 +364,11 @@ def run_on_a_pty(tmp_path: Path, extra_toml: str = "") -> subprocess.CompletedPr
     policy = write_policy(tmp_path, 'version = 1\nextends = ["python"]\n' + extra_toml)
     primary, secondary = os.openpty()
     try:
+        # On stderr: the tool gets a pty of its own there, its controlling terminal.
         return subprocess.run([sys.executable, "-m", "sandlock", "run", "--policy", str(policy),
-                               "--", PYTHON, "-c", TIOCSTI_PROBE], stdin=secondary,
-                              capture_output=True, text=True, timeout=60, check=False)
+                               "--", PYTHON, "-c", TIOCSTI_PROBE], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=secondary, text=True, timeout=60,
+                              check=False)
     finally:
         os.close(primary)
         os.close(secondary)

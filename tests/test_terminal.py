@@ -60,7 +60,10 @@ pid = os.fork()
 if pid == 0:
     os.setpgid(0, 0)
     os.execvp("sh", ["sh", "-c", sys.argv[1], "sh", *sys.argv[2:]])
-os.setpgid(pid, pid)
+try:
+    os.setpgid(pid, pid)
+except PermissionError:  # the child did it, and has exec'd since
+    pass
 os.tcsetpgrp(0, pid)
 sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
@@ -617,3 +620,75 @@ def test_a_launcher_in_another_session_leaves_the_terminal_alone(tmp_path: Path)
         assert b"read '' tty False" in term.shown, term.shown
     finally:
         term.close()
+
+
+# -- attack round 29 ---------------------------------------------------------------------
+
+def test_a_terminal_on_stdin_alone(tmp_path: Path) -> None:
+    """stdin a terminal, stdout and stderr not (`tool >log 2>&1` from a shell): the run
+    works (its size is read from the terminal on stdin) and the tool reads nothing."""
+    policy, tool = _policy(tmp_path, READS)
+    launcher, env = _launcher(tmp_path, "python", policy)
+    master, slave = os.openpty()
+    try:
+        done = subprocess.run([*launcher, PYTHON, str(tool)], env=env, cwd=tmp_path, stdin=slave,
+                              capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == b"read '' tty False\n", done.stdout
+        import sandlock
+
+        with sandlock.Sandbox(str(policy)) as box:
+            result = box.run([PYTHON, str(tool)], stdin=slave, capture_output=True)
+        assert result.returncode == 0 and result.stdout == b"read '' tty False\n", result
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_pty_master_given_as_stdout_gets_the_output(tmp_path: Path) -> None:
+    """A pty master as the tool's stdout (a terminal to isatty): the relay writes to it
+    (what its slave reads), never to a new pty of /dev/ptmx opened again from its path."""
+    import sandlock
+
+    policy, tool = _policy(tmp_path, 'print("HELLO-FROM-TOOL", flush=True)\n')
+    master, slave = os.openpty()
+    try:
+        with sandlock.Sandbox(str(policy)) as box:
+            result = box.run([PYTHON, str(tool)], stdin=subprocess.DEVNULL, stdout=master)
+        assert result.returncode == 0, result
+        got = _read_until(slave, b"", b"HELLO-FROM-TOOL", 10)
+        assert b"HELLO-FROM-TOOL" in got, got
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_relay_left_behind_closes_what_it_holds(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caller's terminal cannot be opened again (another user's, after su: the relay
+    uses the caller's blocking description) and takes nothing: the call still ends, and
+    the relay stuck writing, left behind, closes its descriptors once the terminal takes
+    the output (a long-lived agent would otherwise leak five a call)."""
+    import sandlock
+    from sandlock.exec import terminal
+
+    monkeypatch.setattr(terminal, "_own_description", lambda fd, _flags: os.dup(fd))
+    monkeypatch.setattr(terminal, "GRACE", 1.0)
+    policy, tool = _policy(tmp_path, WRITES)
+    master, slave = os.openpty()
+    try:
+        with sandlock.Sandbox(str(policy)) as box:
+            box.run([PYTHON, "-c", "pass"])  # its helper processes started
+            before = len(os.listdir("/proc/self/fd"))
+            result = box.run([PYTHON, str(tool)], stdin=subprocess.DEVNULL, stdout=slave)
+            assert result.returncode == 124, result  # killed at its timeout, writing
+            assert len(os.listdir("/proc/self/fd")) > before  # the relay, left behind
+            got = 0
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(os.listdir("/proc/self/fd")) > before:
+                if select.select([master], [], [], 0.1)[0]:
+                    got += len(os.read(master, 65536))
+            assert len(os.listdir("/proc/self/fd")) == before, got
+    finally:
+        os.close(master)
+        os.close(slave)

@@ -64,14 +64,29 @@ _CHUNK = 65536
 GRACE = 5.0
 
 
+#: TIOCGPTN (``_IOR('T', 0x30, unsigned int)``, ioctl_tty(2)): a pty master's number;
+#: answered by masters only.
+_TIOCGPTN = 0x80045430
+
+
 def _own_description(fd: int, flags: int) -> int:
     """The terminal ``fd`` is open on, opened again: a file description of the relay's
     own, non-blocking without touching the caller's. A dup of ``fd`` where it cannot be
-    opened again (a terminal of another user's, after su)."""
+    opened again as the same terminal: another user's (after su), or a pty master (its
+    path is /dev/ptmx, which opens a new pty)."""
     try:
-        return os.open(f"/proc/self/fd/{fd}", flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        fcntl.ioctl(fd, _TIOCGPTN, b"\0" * 4)
+        return os.dup(fd)  # a master
+    except OSError:
+        pass
+    try:
+        own = os.open(f"/proc/self/fd/{fd}", flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return os.dup(fd)
+    if os.fstat(own).st_rdev != os.fstat(fd).st_rdev:  # not the same terminal
+        os.close(own)
+        return os.dup(fd)
+    return own
 
 
 def _in_front(fd: int) -> bool:
@@ -104,9 +119,13 @@ class Relay:
         self.caller_mode: Optional[list[Any]] = None
         self.dropped = 0  #: bytes of the tool's output the caller's terminal never took
         self.master = self.slave = self.input = self.output = self._null = -1
-        self._stop_r = self._stop_w = -1
+        self._stop_r = self._stop_w = self._size_from = -1
         self._to_caller = b""  # output read from the pty, not yet taken by the terminal
         self._thread: Optional[threading.Thread] = None
+        #: Set by close() when the thread is stuck in a blocking description past GRACE:
+        #: the thread then stops at its next step, and closes the descriptors itself.
+        self._abandoned = False
+        self._lock = threading.Lock()
         try:
             self.master, self.slave = os.openpty()
             shown = next((stdio[i] for i in (1, 2) if terminals[i]), -1)
@@ -116,7 +135,8 @@ class Relay:
                 self.input = _own_description(stdio[0], os.O_RDONLY)
             elif terminals[0]:  # no input from the caller's terminal (the docstring above)
                 self._null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            mode = termios.tcgetattr(shown if shown >= 0 else stdio[0])
+            self._size_from = shown if shown >= 0 else stdio[0]  # the caller's, while it runs
+            mode = termios.tcgetattr(self._size_from)
             if self.interactive:
                 mode[_CC][termios.VSUSP] = _DISABLED
             else:
@@ -130,6 +150,9 @@ class Relay:
             raise SetupError(f"cannot give the tool a terminal of its own in place of yours "
                              f"({exc}); without a terminal on its stdin, stdout and stderr "
                              "(</dev/null, output to a file or a pipe) it needs none") from None
+        except BaseException:
+            self._close_all()
+            raise
 
     def replace(self, stdio: Sequence[int]) -> tuple[int, int, int]:
         """``stdio`` with the pty's slave in place of each terminal (/dev/null in place of
@@ -141,10 +164,9 @@ class Relay:
         """The caller's terminal's size, given to the pty (whose line discipline then
         sends the tool's group SIGWINCH)."""
         try:
-            size = fcntl.ioctl(self.output if self.output >= 0 else self.input,
-                               termios.TIOCGWINSZ, b"\0" * 8)
+            size = fcntl.ioctl(self._size_from, termios.TIOCGWINSZ, b"\0" * 8)
             fcntl.ioctl(self.master, termios.TIOCSWINSZ, size)
-        except OSError:
+        except (OSError, ValueError):  # closed since (an API caller's), or the relay's
             pass
 
     def start(self) -> None:
@@ -178,21 +200,29 @@ class Relay:
             if self._thread is not None:
                 os.write(self._stop_w, b"x")
                 self._thread.join(GRACE)
-                abandoned = self._thread.is_alive()  # stuck in a blocking description
+                with self._lock:  # stuck in a blocking description: it closes them itself
+                    abandoned = self._abandoned = self._thread.is_alive()
+                    if abandoned:
+                        self._restore()  # before the thread may close the description
                 self._thread = None
             if abandoned:  # it keeps its descriptors; its queue is lost
                 self.dropped += len(self._to_caller)
             else:
                 self._drain()
         finally:
-            if self.caller_mode is not None:
-                try:  # TCSANOW: TCSADRAIN would wait for a terminal nobody drains
-                    termios.tcsetattr(self.input, termios.TCSANOW, self.caller_mode)
-                except termios.error:
-                    pass
-                self.caller_mode = None
             if not abandoned:
+                self._restore()
                 self._close_all()
+
+    def _restore(self) -> None:
+        """The caller's terminal's settings as they were (TCSANOW: TCSADRAIN would wait
+        for a terminal nobody drains)."""
+        if self.caller_mode is not None:
+            try:
+                termios.tcsetattr(self.input, termios.TCSANOW, self.caller_mode)
+            except termios.error:
+                pass
+            self.caller_mode = None
 
     def _close_all(self) -> None:
         for fd in (self.master, self.slave, self._stop_r, self._stop_w, self.input,
@@ -206,6 +236,14 @@ class Relay:
         """The thread: pty output to the caller's terminal, the caller's input to the
         pty, until :meth:`close` says stop or the pty hangs up. Each side is waited on
         only while the other can take what it gives (no spin on a full side)."""
+        try:
+            self._copy_until_stopped()
+        finally:
+            with self._lock:
+                if self._abandoned:
+                    self._close_all()
+
+    def _copy_until_stopped(self) -> None:
         to_pty = b""  # input read, not yet taken by the pty (its input queue is full)
         master_open = True
         while True:
@@ -220,7 +258,7 @@ class Relay:
             if self.input >= 0 and not to_pty:
                 poller.register(self.input, select.POLLIN)
             events = dict(poller.poll())
-            if self._stop_r in events:
+            if self._stop_r in events or self._abandoned:
                 return
             if events.get(self.master, 0) & (select.POLLIN | select.POLLHUP | select.POLLERR):
                 master_open = self._from_pty()

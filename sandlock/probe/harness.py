@@ -31,6 +31,7 @@ import socket
 import stat
 import sys
 import tempfile
+import termios
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -1024,9 +1025,15 @@ def _serving(compiled: compiler.Compiled, command: launcher.Command
 
 def _spawn(compiled: compiler.Compiled, command: launcher.Command, executor: str = "launcher"
            ) -> tuple[list[dict[str, str]], str]:
-    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    # The payload's rows come on a pty, its stdin and stdout: an executor that gives a tool
+    # a pty of its own in place of a terminal (the API's) relays its output there, and its
+    # terminal probes have one to try (the launcher's spawn hands this one over as it is).
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     master, slave = os.openpty()
+    mode = termios.tcgetattr(slave)
+    mode[3] &= ~termios.ECHO  # a keystroke a probe pushes in is not a row's first byte
+    termios.tcsetattr(slave, termios.TCSANOW, mode)
+    out_r = master
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     readers = [threading.Thread(target=_drain, args=(fd, chunks[fd]), daemon=True)
                for fd in (out_r, err_r)]
@@ -1034,7 +1041,7 @@ def _spawn(compiled: compiler.Compiled, command: launcher.Command, executor: str
         for reader in readers:
             reader.start()
         was_subreaper = kernel.set_child_subreaper()
-        stdio = (slave, out_w, err_w)
+        stdio = (slave, os.dup(slave), err_w)
         try:
             if executor == "launcher":
                 _run_launcher(compiled, command, stdio)
@@ -1048,7 +1055,8 @@ def _spawn(compiled: compiler.Compiled, command: launcher.Command, executor: str
         for reader in readers:
             reader.join(RUN_TIMEOUT)
     finally:
-        os.close(master)
+        if not readers[0].is_alive() and readers[0].ident is None:  # never started
+            os.close(master)
     lines = []
     for line in b"".join(chunks[out_r]).decode(errors="replace").splitlines():
         try:
@@ -1112,6 +1120,8 @@ def _drain(fd: int, into: list[bytes]) -> None:
     try:
         while chunk := os.read(fd, 65536):
             into.append(chunk)
+    except OSError:  # EIO: a pty's every slave closed
+        pass
     finally:
         os.close(fd)
 

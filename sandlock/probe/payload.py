@@ -1482,17 +1482,24 @@ def _() -> Outcome:
     return "allowed", "opened /dev/tty"
 
 
+def _terminal() -> int:
+    """The first of stdin, stdout and stderr that is a terminal (the harness's pty, or
+    the pty of its own an executor gives a tool in its place), or -1."""
+    return next((fd for fd in (0, 1, 2) if os.isatty(fd)), -1)
+
+
 @probe("term.tiocsti")
 def _() -> Outcome:
     import fcntl
     import termios
-    if not os.isatty(0):
-        return "skipped", "stdin is not a terminal"
+    tty = _terminal()
+    if tty < 0:
+        return "skipped", "no terminal on stdin, stdout or stderr"
     try:
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # make the pty our controlling terminal
+        fcntl.ioctl(tty, termios.TIOCSCTTY, 0)  # make the pty our controlling terminal
     except OSError:
         pass
-    fcntl.ioctl(0, termios.TIOCSTI, b"#")
+    fcntl.ioctl(tty, termios.TIOCSTI, b"#")
     return "allowed", "pushed a keystroke into the terminal's input"
 
 
@@ -1502,20 +1509,22 @@ def _() -> Outcome:
     allows TIOCSETD at all; N_NULL would make the terminal discard everything)."""
     import fcntl
     import termios
-    if not os.isatty(0):
-        return "skipped", "stdin is not a terminal"
-    current = fcntl.ioctl(0, termios.TIOCGETD, b"\0" * 4)
-    fcntl.ioctl(0, termios.TIOCSETD, current)
+    tty = _terminal()
+    if tty < 0:
+        return "skipped", "no terminal on stdin, stdout or stderr"
+    current = fcntl.ioctl(tty, termios.TIOCGETD, b"\0" * 4)
+    fcntl.ioctl(tty, termios.TIOCSETD, current)
     return "allowed", f"TIOCSETD accepted (line discipline {struct.unpack('i', current)[0]})"
 
 
 @probe("term.tiocsti_high_bits")
 def _() -> Outcome:
     import termios
-    if not os.isatty(0):
-        return "skipped", "stdin is not a terminal"
+    tty = _terminal()
+    if tty < 0:
+        return "skipped", "no terminal on stdin, stdout or stderr"
     char = ctypes.c_char(b"#")
-    sys_call("ioctl", 0, termios.TIOCSTI | (1 << 32), ctypes.byref(char))
+    sys_call("ioctl", tty, termios.TIOCSTI | (1 << 32), ctypes.byref(char))
     return "allowed", "TIOCSTI with garbage in the upper 32 bits of the request"
 
 
