@@ -2074,6 +2074,12 @@ GUARDS: tuple[Guard, ...] = (
           "    places = _device_mounts()\n",
           "    places = ()\n",
           ("tests/test_substitute_ioctl.py::test_devices_bound_elsewhere_get_the_substitute[found]",)),
+    Guard("ioctl substitute: a device node granted by name outside /dev is a device",
+          "sandlock/compile/ruleset.py",
+          "    if any(_is_device(r.path) for r in policy.paths):  # a node root made elsewhere (mknod)\n"
+          "        return True\n",
+          "",
+          ("tests/test_substitute_ioctl.py::test_a_device_node_granted_outside_dev_gets_the_substitute[found]",)),
     Guard("launcher: the terminal's stop signals cannot stop it (its timeout holds)",
           "sandlock/exec/launcher.py",
           "                    previous[signum] = signal.signal(signum, signal.SIG_IGN)\n",

@@ -331,3 +331,47 @@ def test_devices_bound_elsewhere_get_the_substitute(tmp_path: Path,
         assert said == "refused EACCES" if substitute else said.startswith("pty "), said
     finally:
         subprocess.run(["umount", "-R", "-l", str(root / "dev")], check=False)
+
+
+#: A device's driver reached by an ioctl no allowlist holds: its own answer (ENOTTY, /dev/kmsg
+#: has no ioctls), or the substitute's refusal (EACCES).
+KMSG_IOCTL = """\
+import errno, fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+try:
+    fcntl.ioctl(fd, 0x4B3A, 0)  # KDSETMODE, which the kmsg driver does not know
+    print("done")
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+"""
+
+
+@pytest.mark.parametrize("substitute", [True, False], ids=["found", "control"])
+def test_a_device_node_granted_outside_dev_gets_the_substitute(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               substitute: bool) -> None:
+    """A device node root made outside /dev (mknod: a chroot's `dev`, a copy of /dev),
+    granted by its name: below ABI 5 the policy got neither the substitute nor a gap, and
+    its driver took any ioctl on a read grant (attack round 30: KVM_CREATE_VM). Control:
+    with the node's type not looked at, the driver answers."""
+    import stat
+
+    if os.geteuid() != 0:
+        pytest.skip("makes a device node: needs root")
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    kmsg = os.stat("/dev/kmsg").st_rdev
+    node = tmp_path / "scene" / "kmsg"
+    node.parent.mkdir()
+    os.mknod(node, stat.S_IFCHR | 0o600, kmsg)
+    if not substitute:
+        monkeypatch.setattr(ruleset, "_is_device", lambda _path: False)
+    policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
+                                    f'[filesystem]\nread = ["{node}"]\nwrite = ["{node}"]\n')
+    assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
+    import sandlock
+
+    with sandlock.Sandbox(policy) as box:
+        result = box.run([PYTHON, "-c", KMSG_IOCTL, str(node)], capture_output=True, text=True)
+    said = str(result.stdout).strip() or str(result.stderr)
+    assert said == ("EACCES" if substitute else "ENOTTY"), said
