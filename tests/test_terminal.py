@@ -34,8 +34,8 @@ from sandlock.compile import cache
 #: stdio, then it waits (argv[2] s), saying which of the terminal's signals it got.
 TOOL = """\
 import os, signal, sys, termios, time
-for each in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
-    signal.signal(each, lambda n, _: print("tool got", signal.Signals(n).name, flush=True))
+for each in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):  # os.write: no reentrant print
+    signal.signal(each, lambda n, _: os.write(1, f"tool got {signal.Signals(n).name}\\n".encode()))
 tty = next(fd for fd in (0, 1, 2) if os.isatty(fd))
 attrs = termios.tcgetattr(tty)
 attrs[3] |= termios.ISIG
