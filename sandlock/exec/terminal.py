@@ -119,7 +119,7 @@ class Relay:
         self.caller_mode: Optional[list[Any]] = None
         self.dropped = 0  #: bytes of the tool's output the caller's terminal never took
         self.master = self.slave = self.input = self.output = self._null = -1
-        self._stop_r = self._stop_w = self._size_from = -1
+        self._stop_r = self._stop_w = -1
         self._to_caller = b""  # output read from the pty, not yet taken by the terminal
         self._thread: Optional[threading.Thread] = None
         #: Set by close() when the thread is stuck in a blocking description past GRACE:
@@ -127,24 +127,13 @@ class Relay:
         self._abandoned = False
         self._lock = threading.Lock()
         try:
-            self.master, self.slave = os.openpty()
-            shown = next((stdio[i] for i in (1, 2) if terminals[i]), -1)
-            if shown >= 0:
-                self.output = _own_description(shown, os.O_WRONLY)
             if self.interactive:
                 self.input = _own_description(stdio[0], os.O_RDONLY)
             elif terminals[0]:  # no input from the caller's terminal (the docstring above)
                 self._null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-            self._size_from = shown if shown >= 0 else stdio[0]  # the caller's, while it runs
-            mode = termios.tcgetattr(self._size_from)
-            if self.interactive:
-                mode[_CC][termios.VSUSP] = _DISABLED
-            else:
-                mode[_OFLAG] &= ~termios.OPOST
-            termios.tcsetattr(self.slave, termios.TCSANOW, mode)
-            self.resize()
-            os.set_blocking(self.master, False)
-            self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+            shown = next((stdio[i] for i in (1, 2) if terminals[i]), -1)
+            if shown >= 0:  # a pty only where the tool's output is shown (interactive too)
+                self._open_pty(shown)
         except (OSError, termios.error) as exc:
             self._close_all()
             raise SetupError(f"cannot give the tool a terminal of its own in place of yours "
@@ -153,6 +142,21 @@ class Relay:
         except BaseException:
             self._close_all()
             raise
+
+    def _open_pty(self, shown: int) -> None:
+        """The pty, with the settings of terminal ``shown`` (the caller's stdout or
+        stderr), written through a description of the relay's own."""
+        self.master, self.slave = os.openpty()
+        self.output = _own_description(shown, os.O_WRONLY)
+        mode = termios.tcgetattr(self.output)
+        if self.interactive:
+            mode[_CC][termios.VSUSP] = _DISABLED
+        else:
+            mode[_OFLAG] &= ~termios.OPOST
+        termios.tcsetattr(self.slave, termios.TCSANOW, mode)
+        self.resize()
+        os.set_blocking(self.master, False)
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
 
     def replace(self, stdio: Sequence[int]) -> tuple[int, int, int]:
         """``stdio`` with the pty's slave in place of each terminal (/dev/null in place of
@@ -163,15 +167,20 @@ class Relay:
     def resize(self) -> None:
         """The caller's terminal's size, given to the pty (whose line discipline then
         sends the tool's group SIGWINCH)."""
+        if self.master < 0:
+            return
         try:
-            size = fcntl.ioctl(self._size_from, termios.TIOCGWINSZ, b"\0" * 8)
+            size = fcntl.ioctl(self.output, termios.TIOCGWINSZ, b"\0" * 8)
             fcntl.ioctl(self.master, termios.TIOCSWINSZ, size)
-        except (OSError, ValueError):  # closed since (an API caller's), or the relay's
+        except OSError:
             pass
 
     def start(self) -> None:
         """After the fork: the launcher's copy of the slave closed, the caller's terminal
-        raw if interactive, the copying thread started."""
+        raw if interactive, the copying thread started. Nothing without a pty (a terminal
+        on stdin alone, not interactive: /dev/null is all it takes)."""
+        if self.master < 0:
+            return
         os.close(self.slave)
         self.slave = -1
         if self.interactive:
@@ -253,7 +262,7 @@ class Relay:
                       | (select.POLLOUT if to_pty and master_open else 0))
             if wanted:
                 poller.register(self.master, wanted)
-            if self._to_caller and self.output >= 0:
+            if self._to_caller:
                 poller.register(self.output, select.POLLOUT)
             if self.input >= 0 and not to_pty:
                 poller.register(self.input, select.POLLIN)
@@ -286,9 +295,8 @@ class Relay:
             return False
         if not data:
             return False
-        if self.output >= 0:  # else no terminal to show it on: a pty for stdin only
-            self._to_caller += data
-            self._write_out()
+        self._to_caller += data
+        self._write_out()
         return True
 
     def _write_out(self) -> None:
@@ -312,8 +320,6 @@ class Relay:
                     break
                 if not data:
                     break
-                if self.output < 0:
-                    continue
                 self._to_caller = data
             poller = select.poll()
             poller.register(self.output, select.POLLOUT)
