@@ -1055,7 +1055,7 @@ def _spawn(compiled: compiler.Compiled, command: launcher.Command, executor: str
         for reader in readers:
             reader.join(RUN_TIMEOUT)
     finally:
-        if not readers[0].is_alive() and readers[0].ident is None:  # never started
+        if readers[0].ident is None:  # its reader never started (which closes it)
             os.close(master)
     lines = []
     for line in b"".join(chunks[out_r]).decode(errors="replace").splitlines():
