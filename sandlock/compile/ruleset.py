@@ -9,6 +9,7 @@ together: a second layered ruleset would deny cross-directory rename and link).
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from typing import Optional
 
@@ -92,26 +93,34 @@ GAP_NAME = {"device ioctl restriction": "ioctl-dev", "signal scope": "signal-sco
 
 
 def grants_devices(policy: Policy) -> bool:
-    """Whether ``policy`` grants a device (or a directory holding devices) whose ioctls
-    Landlock restricts from ABI 5 on: by its name under /dev, or by where /dev's
+    """Whether ``policy`` grants a device (or a directory that may hold devices) whose
+    ioctls Landlock restricts from ABI 5 on: by its name under /dev, by where /dev's
     filesystems are mounted too (a chroot's or a container root's ``dev``, bound from
-    /dev: its devices are the same)."""
+    /dev: its devices are the same), a device node root made elsewhere (mknod) granted by
+    its name, or a directory granted for reading or executing on a filesystem mounted
+    without ``nodev``, where root may have made such nodes (a debootstrap rootfs's
+    ``dev``, a ``cp -a`` of /dev) that no walk of the tree at compile time would keep up
+    with. A write grant is left out of the last: ABI 5 lets it reach devices too."""
     if any(r.path in ("/", "/dev") or r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
            for r in policy.paths):
         return True
     if any(_is_device(r.path) for r in policy.paths):  # a node root made elsewhere (mknod)
         return True
-    places = _device_mounts()
-    return any(_nested(point, r.path) or _nested(r.path, point)
-               for r in policy.paths for point in places)
+    try:
+        mounts = tuple(grants.read_mounts().values())
+    except Exception:  # noqa: BLE001 - unknown: the substitute applies, never a silent gap
+        return bool(policy.paths)
+    places = _device_mounts(mounts)
+    if any(_nested(point, r.path) or _nested(r.path, point)
+           for r in policy.paths for point in places):
+        return True
+    return any(_may_hold_devices(r.path, mounts) for r in policy.paths
+               if r.access is not Access.WRITE)
 
 
 def _is_device(path: str) -> bool:
     """Whether ``path`` is a character or block device other than the harmless ones,
-    wherever it lies (a node made with mknod in a chroot's ``dev`` or a copy of /dev). A
-    directory holding such nodes is not seen here (docs/design.md, the ioctl substitute)."""
-    import stat
-
+    wherever it lies (a node made with mknod in a chroot's ``dev`` or a copy of /dev)."""
     try:
         st = os.stat(path)
     except OSError:
@@ -120,19 +129,30 @@ def _is_device(path: str) -> bool:
         and st.st_rdev not in _HARMLESS_NUMBERS
 
 
+def _may_hold_devices(path: str, mounts: tuple[grants.Mount, ...]) -> bool:
+    """Whether directory ``path`` may hold device nodes that open as devices: the
+    filesystem it is on, or one mounted below it, is mounted without ``nodev``."""
+    try:
+        if not stat.S_ISDIR(os.stat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    real = os.path.realpath(path)
+    own = None  # the mount showing ``real``: the deepest point above it, the last on top
+    for mount in mounts:
+        if _nested(real, mount.point) and (own is None or len(mount.point) >= len(own.point)):
+            own = mount
+    return own is None or any(not m.nodev for m in mounts
+                              if m is own or _nested(m.point, real) and m.point != real)
+
+
 def _nested(inner: str, outer: str) -> bool:
     return inner == outer or inner.startswith(outer.rstrip("/") + "/")
 
 
-def _device_mounts() -> tuple[str, ...]:
+def _device_mounts(mounts: tuple[grants.Mount, ...]) -> tuple[str, ...]:
     """Where a filesystem mounted on /dev or below it is mounted elsewhere (the same
-    superblock); ("/",) when the mount table cannot be read: every grant may hold them."""
-    from .grants import read_mounts
-
-    try:
-        mounts = list(read_mounts().values())
-    except Exception:  # noqa: BLE001 - unknown: the substitute applies, never a silent gap
-        return ("/",)
+    superblock)."""
     devices = {m.device for m in mounts if _nested(m.point, "/dev")}
     return tuple(m.point for m in mounts if m.device in devices and not _nested(m.point, "/dev"))
 
