@@ -18,7 +18,7 @@ from conftest import ABI, POLICIES, require_abi, run_confined, sandlock, write_p
 from sandlock import __version__
 from sandlock.cli import launch
 from sandlock.cli.main import cli
-from sandlock.compile.ruleset import ENV_ABI, SIGNAL_HOW
+from sandlock.compile.ruleset import ENV_ABI, IOCTL_HOW, SIGNAL_HOW
 from sandlock.errors import PolicyError
 from sandlock.policy.model import load_policy
 
@@ -161,12 +161,16 @@ def test_explain_json_not_enforced_under_abi_3(tmp_path: Path) -> None:
         ("TCP port restriction (needs Landlock ABI 4): TCP connect/bind is possible to and on any "
          "port, not only the granted ones"),
     ]
-    # below ABI 6 the signal scope has its substitute, the signal gate
+    # below ABI 6 the signal scope has its substitute, the signal gate; below ABI 5 the
+    # device ioctl restriction has its own (the profile reads directories where root may
+    # have made device nodes)
     assert [(p["protection"], p["enforced_by"].split(":")[0]) for p in report["protections"]] == [
         ("filesystem confinement", "Landlock (ABI 1+)"), ("truncate restriction", "Landlock (ABI 3+)"),
-        ("TCP port restriction", "not enforced"), ("signal scope", "substitute")]
-    assert report["substitutes"] == [f"signal scope (Landlock ABI 6+ enforces it): substitute: "
-                                     f"{SIGNAL_HOW}"]
+        ("TCP port restriction", "not enforced"), ("device ioctl restriction", "substitute"),
+        ("signal scope", "substitute")]
+    assert report["substitutes"] == [
+        f"signal scope (Landlock ABI 6+ enforces it): substitute: {SIGNAL_HOW}",
+        f"device ioctl restriction (Landlock ABI 5+ enforces it): substitute: {IOCTL_HOW}"]
 
 
 def test_explain_text_without_description(tmp_path: Path) -> None:

@@ -437,12 +437,12 @@ def test_a_nodev_directory_with_a_device_mount_below_gets_the_substitute(tmp_pat
     scene.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "nodev", "tmpfs", str(scene)], check=True)
     try:
-        assert not ruleset._may_hold_devices(str(scene), tuple(grants.read_mounts().values()))
+        assert not ruleset._may_hold_devices(str(scene), grants.read_mounts())
         (scene / "inner").mkdir()
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(scene / "inner")], check=True)
         node = scene / "inner" / "fuse"
         os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
-        assert ruleset._may_hold_devices(str(scene), tuple(grants.read_mounts().values()))
+        assert ruleset._may_hold_devices(str(scene), grants.read_mounts())
         # The profile's own directories are on the root filesystem: this grant alone here.
         real = ruleset._may_hold_devices
         monkeypatch.setattr(ruleset, "_may_hold_devices",
@@ -458,6 +458,80 @@ def test_a_nodev_directory_with_a_device_mount_below_gets_the_substitute(tmp_pat
         assert said == "EACCES", said
     finally:
         subprocess.run(["umount", "-R", "-l", str(scene)], check=False)
+
+
+@pytest.mark.parametrize("substitute", [True, False], ids=["found", "control"])
+@pytest.mark.parametrize("scene", ["covered", "moved-beneath"])
+def test_a_mount_shown_over_a_nodev_one_is_the_one_judged(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          scene: str, substitute: bool) -> None:
+    """The filesystem a granted directory shows is the mount its descriptor is on, not the
+    last or deepest line of the mount table with its name (attack round 31): a nodev mount
+    at ``x/y`` covered by a mount at ``x`` without nodev, and a mount without nodev moved
+    over a nodev one at ``x`` (the table lists it first), both showed a node made there
+    and its driver took the ioctl while `explain` said every protection held. Control:
+    with the check off the driver answers."""
+    import shutil
+    import stat
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("mount") or not os.path.exists("/dev/fuse"):
+        pytest.skip("mounts and makes a device node: needs root and /dev/fuse")
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    base = tmp_path / "scene"
+    (base / "x" / "y").mkdir(parents=True)
+    (base / "old").mkdir()
+
+    def mount(*args: str) -> None:
+        subprocess.run(["mount", *args], check=True)
+
+    try:
+        if scene == "covered":
+            mount("-t", "tmpfs", "-o", "nodev", "tmpfs", str(base / "x" / "y"))
+            mount("-t", "tmpfs", "tmpfs", str(base / "x"))
+            (base / "x" / "y").mkdir()
+            granted = base / "x" / "y"
+        else:
+            mount("-t", "tmpfs", "tmpfs", str(base / "old"))
+            mount("-t", "tmpfs", "-o", "nodev", "tmpfs", str(base / "x"))
+            mount("--move", str(base / "old"), str(base / "x"))
+            granted = base / "x"
+        node = granted / "fuse"
+        os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
+        real = ruleset._may_hold_devices  # the profile's own directories: judged elsewhere
+        monkeypatch.setattr(ruleset, "_may_hold_devices", lambda path, mounts: (
+            substitute and path == str(granted) and real(path, mounts)))
+        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
+                                        f'[filesystem]\nread = ["{granted}"]\n')
+        assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
+        import sandlock
+
+        with sandlock.Sandbox(policy) as box:
+            result = box.run([PYTHON, "-c", KMSG_IOCTL.replace("os.O_WRONLY", "os.O_RDONLY"),
+                              str(node)], capture_output=True, text=True)
+        said = str(result.stdout).strip() or str(result.stderr)
+        assert said == ("EACCES" if substitute else "ENOTTY"), said
+    finally:  # a covered mount shows once the one over it is gone: until none is left
+        for _ in range(4):
+            for point in (base / "x" / "y", base / "x", base / "old"):
+                subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+
+
+def test_a_block_node_of_a_harmless_character_devices_numbers_is_a_device(tmp_path: Path) -> None:
+    """The harmless numbers are those of character devices (/dev/null is 1,3): a block
+    node with the same numbers is major 1 of the block devices (the RAM disk), whose
+    driver answers ioctls; it was taken for /dev/null (attack round 31)."""
+    import stat
+
+    if os.geteuid() != 0:
+        pytest.skip("makes a device node: needs root")
+    block = tmp_path / "b13"
+    os.mknod(block, stat.S_IFBLK | 0o600, os.makedev(1, 3))
+    char = tmp_path / "c13"
+    os.mknod(char, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    assert ruleset._is_device(str(block))
+    assert not ruleset._is_device(str(char))
 
 
 #: A device's driver reached by an ioctl no allowlist holds: its own answer (ENOTTY, /dev/kmsg

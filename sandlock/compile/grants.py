@@ -460,7 +460,7 @@ def _join(base: str, tail: str) -> str:
     return base if not tail else base.rstrip("/") + "/" + tail
 
 
-def _mount_id(fd: int) -> int:
+def mount_id(fd: int) -> int:
     """The id of the mount ``fd`` is on (proc(5), /proc/pid/fdinfo)."""
     info = os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -477,7 +477,7 @@ def _position(fd: int, mounts: dict[int, Mount]) -> tuple[str, str]:
     """(superblock, path from that filesystem's root) of the object open as ``fd``: its
     mount (from the descriptor) shows ``root`` at ``point``; the object lies below."""
     try:
-        mount = mounts.get(_mount_id(fd))
+        mount = mounts.get(mount_id(fd))
         here = os.readlink(f"/proc/self/fd/{fd}")
     except (OSError, ValueError) as exc:
         raise Unjudgeable(f"cannot tell which mount {fd} is on: {exc}") from None
@@ -606,7 +606,7 @@ def _exposures(mounts: dict[int, Mount],
             out.append((key, mount, how, None))
             continue
         try:
-            here = _mount_id(fd) == key and S_ISDIR(os.fstat(fd).st_mode)
+            here = mount_id(fd) == key and S_ISDIR(os.fstat(fd).st_mode)
         except (OSError, ValueError, Unjudgeable):
             here = False
         if not here:
@@ -745,7 +745,7 @@ class WriteCheck:
                 if here is None:
                     try:
                         here = os.readlink(f"/proc/self/fd/{got.fd}")
-                        own = _mount_id(got.fd)
+                        own = mount_id(got.fd)
                     except OSError as exc:
                         raise Unjudgeable(f"cannot tell where the grant is: {exc}") from None
                 below = key != own and _within(mount.point, here)

@@ -107,10 +107,10 @@ def grants_devices(policy: Policy) -> bool:
     if any(_is_device(r.path) for r in policy.paths):  # a node root made elsewhere (mknod)
         return True
     try:
-        mounts = tuple(grants.read_mounts().values())
+        mounts = grants.read_mounts()
     except Exception:  # noqa: BLE001 - unknown: the substitute applies, never a silent gap
         return bool(policy.paths)
-    places = _device_mounts(mounts)
+    places = _device_mounts(tuple(mounts.values()))
     if any(_nested(point, r.path) or _nested(r.path, point)
            for r in policy.paths for point in places):
         return True
@@ -119,31 +119,36 @@ def grants_devices(policy: Policy) -> bool:
 
 
 def _is_device(path: str) -> bool:
-    """Whether ``path`` is a character or block device other than the harmless ones,
-    wherever it lies (a node made with mknod in a chroot's ``dev`` or a copy of /dev)."""
+    """Whether ``path`` is a block device, or a character device other than the harmless
+    ones, wherever it lies (a node made with mknod in a chroot's ``dev`` or a copy of /dev)."""
     try:
         st = os.stat(path)
     except OSError:
         return False
-    return (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)) \
-        and st.st_rdev not in _HARMLESS_NUMBERS
+    return stat.S_ISBLK(st.st_mode) or stat.S_ISCHR(st.st_mode) and st.st_rdev not in _HARMLESS_NUMBERS
 
 
-def _may_hold_devices(path: str, mounts: tuple[grants.Mount, ...]) -> bool:
-    """Whether directory ``path`` may hold device nodes that open as devices: the
-    filesystem it is on, or one mounted below it, is mounted without ``nodev``."""
+def _may_hold_devices(path: str, mounts: dict[int, grants.Mount]) -> bool:
+    """Whether directory ``path`` may hold device nodes that open as devices: the mount
+    it is reached on (asked of its descriptor, not guessed from the names in the table:
+    a mount stacked over another, or moved beneath one, shows another filesystem there
+    than the last or deepest line says), or any mount at or below it, is without
+    ``nodev``. Unknown: it may."""
     try:
-        if not stat.S_ISDIR(os.stat(path).st_mode):
-            return False
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
-        return False
-    real = os.path.realpath(path)
-    own = None  # the mount showing ``real``: the deepest point above it, the last on top
-    for mount in mounts:
-        if _nested(real, mount.point) and (own is None or len(mount.point) >= len(own.point)):
-            own = mount
-    return own is None or any(not m.nodev for m in mounts
-                              if m is own or _nested(m.point, real) and m.point != real)
+        return False  # nothing there: no rule is made for it
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            return False
+        own = mounts.get(grants.mount_id(fd))
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except (OSError, ValueError, grants.Unjudgeable):
+        return True
+    finally:
+        os.close(fd)
+    return own is None or not own.nodev \
+        or any(not m.nodev for m in mounts.values() if _nested(m.point, real))
 
 
 def _nested(inner: str, outer: str) -> bool:

@@ -912,7 +912,7 @@ static struct mount *mount_by_id(unsigned long long id) {
     return NULL;
 }
 
-/* grants._mount_id: the id fdinfo shows, asked of statx(2) where it answers (the same
+/* grants.mount_id: the id fdinfo shows, asked of statx(2) where it answers (the same
  * field of the same mount: STATX_MNT_ID, not the 64-bit STATX_MNT_ID_UNIQUE), else read
  * from fdinfo; 0, or -1 when neither names one. */
 #define STATX_MNT_ID_BIT 0x1000U /* linux/stat.h STATX_MNT_ID */
