@@ -82,7 +82,8 @@ def kernel_report() -> dict[str, Any]:
     ioctl = bool(A.fs_handled(used) & A.Fs.IOCTL_DEV)
     features.append({"feature": "device ioctl restriction", "available": why is None or ioctl,
                      "detail": "Landlock" if ioctl else
-                     f"substitute (for a policy granting devices): {ruleset.IOCTL_HOW}"})
+                     "substitute (for a policy that may reach devices: nearly every one): "
+                     f"{ruleset.IOCTL_HOW}"})
     from .compiler import kernel_lacks
 
     scoped = bool(A.scopes_known(used) & A.Scope.SIGNAL)

@@ -134,9 +134,10 @@ TTY_DENY: tuple[int, ...] = (TIOCSTI, TIOCLINUX, TIOCSETD, TIOCCONS, TIOCVHANGUP
 TIOCSCTTY = 0x540E
 
 #: The ioctl requests allowed on every descriptor below Landlock ABI 5, where the policy
-#: grants devices whose ioctls Landlock would restrict (:func:`ioctl_rules`, the substitute
-#: for ``LANDLOCK_ACCESS_FS_IOCTL_DEV``); every other request is refused (EACCES, as
-#: Landlock answers). Disjoint from :data:`TTY_DENY` (tests/test_substitute_ioctl.py).
+#: may reach devices whose ioctls Landlock would restrict (ruleset.grants_devices;
+#: :func:`ioctl_rules`, the substitute for ``LANDLOCK_ACCESS_FS_IOCTL_DEV``); every other
+#: request is refused (EACCES, as Landlock answers). Disjoint from :data:`TTY_DENY`
+#: (tests/test_substitute_ioctl.py).
 #: Numbers from asm-generic/ioctls.h, linux/fs.h, asm-generic/sockios.h, linux/sockios.h
 #: (the same on x86_64 and aarch64).
 IOCTL_ALWAYS: dict[str, int] = {
