@@ -268,7 +268,7 @@ def test_the_mount_around_a_chroot_is_placed_from_the_root() -> None:
     filesystem's root (the chroot's place in it is unknown)."""
     fd = os.open("/tmp", os.O_PATH | os.O_CLOEXEC)
     try:
-        device, tree = grants._position(fd, {})  # no mount known, as in a chroot
+        device, tree = grants.position(fd, {})  # no mount known, as in a chroot
     finally:
         os.close(fd)
     assert tree == grants.ROOT_FRAME + "/tmp"

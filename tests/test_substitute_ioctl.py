@@ -21,7 +21,7 @@ import pytest
 from conftest import PYTHON, require_abi, run_confined, write_policy
 
 from sandlock.compile import abi as A
-from sandlock.compile import grants, ruleset
+from sandlock.compile import devices, grants, ruleset
 from sandlock.compile import seccomp as S
 from sandlock.policy.model import loads_policy
 
@@ -365,9 +365,9 @@ def test_devices_bound_elsewhere_get_the_substitute(tmp_path: Path,
     subprocess.run(["mount", "--rbind", "/dev", str(root / "dev")], check=True)
     try:
         # A bind of /dev is a filesystem without nodev under the grant too: this check alone.
-        monkeypatch.setattr(ruleset, "_may_hold_devices", lambda _path, _mounts: False)
+        monkeypatch.setattr(devices, "_may_hold_devices", lambda _path, _mounts: False)
         if not substitute:
-            monkeypatch.setattr(ruleset, "_device_mounts", lambda _mounts: ())
+            monkeypatch.setattr(devices, "_device_mounts", lambda _mounts: ())
         policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
                                         f'[filesystem]\nread = ["{root}"]\n')
         assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
@@ -405,7 +405,7 @@ def test_a_directory_holding_a_device_node_gets_the_substitute(tmp_path: Path,
     node = scene / "dev" / "fuse"
     os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
     if not substitute:
-        monkeypatch.setattr(ruleset, "_may_hold_devices", lambda _path, _mounts: False)
+        monkeypatch.setattr(devices, "_may_hold_devices", lambda _path, _mounts: False)
     policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
                                     f'[filesystem]\nread = ["{scene}"]\nwrite = ["{tmp_path / "out"}"]\n')
     (tmp_path / "out").mkdir()
@@ -437,15 +437,15 @@ def test_a_nodev_directory_with_a_device_mount_below_gets_the_substitute(tmp_pat
     scene.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "nodev", "tmpfs", str(scene)], check=True)
     try:
-        assert not ruleset._may_hold_devices(str(scene), grants.read_mounts())
+        assert not devices._may_hold_devices(str(scene), grants.read_mounts())
         (scene / "inner").mkdir()
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(scene / "inner")], check=True)
         node = scene / "inner" / "fuse"
         os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
-        assert ruleset._may_hold_devices(str(scene), grants.read_mounts())
+        assert devices._may_hold_devices(str(scene), grants.read_mounts())
         # The profile's own directories are on the root filesystem: this grant alone here.
-        real = ruleset._may_hold_devices
-        monkeypatch.setattr(ruleset, "_may_hold_devices",
+        real = devices._may_hold_devices
+        monkeypatch.setattr(devices, "_may_hold_devices",
                             lambda path, mounts: path == str(scene) and real(path, mounts))
         policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
                                         f'[filesystem]\nread = ["{scene}"]\n')
@@ -499,8 +499,8 @@ def test_a_mount_shown_over_a_nodev_one_is_the_one_judged(tmp_path: Path,
             granted = base / "x"
         node = granted / "fuse"
         os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
-        real = ruleset._may_hold_devices  # the profile's own directories: judged elsewhere
-        monkeypatch.setattr(ruleset, "_may_hold_devices", lambda path, mounts: (
+        real = devices._may_hold_devices  # the profile's own directories: judged elsewhere
+        monkeypatch.setattr(devices, "_may_hold_devices", lambda path, mounts: (
             substitute and path == str(granted) and real(path, mounts)))
         policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
                                         f'[filesystem]\nread = ["{granted}"]\n')
@@ -518,6 +518,122 @@ def test_a_mount_shown_over_a_nodev_one_is_the_one_judged(tmp_path: Path,
                 subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
 
 
+def _probe(box_policy: Path, node: Path) -> str:
+    """What an unknown ioctl on ``node`` answers a tool under ``box_policy`` (ABI set by
+    the caller): its driver's ENOTTY, or the substitute's EACCES."""
+    import sandlock
+
+    with sandlock.Sandbox(box_policy) as box:
+        result = box.run([PYTHON, "-c", KMSG_IOCTL.replace("os.O_WRONLY", "os.O_RDONLY"),
+                          str(node)], capture_output=True, text=True)
+    return str(result.stdout).strip() or str(result.stderr)
+
+
+def _only(monkeypatch: pytest.MonkeyPatch, granted: Path, on: bool = True) -> None:
+    """The mount check judges ``granted`` alone (the profile's own directories are on the
+    root filesystem, which would put the substitute on by themselves); off: nothing."""
+    real = devices._may_hold_devices
+    monkeypatch.setattr(devices, "_may_hold_devices", lambda path, mounts: (
+        on and path == str(granted) and real(path, mounts)))
+
+
+@pytest.mark.parametrize("substitute", [True, False], ids=["found", "control"])
+@pytest.mark.parametrize("scene", ["bound-with-dev", "bound-with-a-mount-below"])
+def test_a_directory_shown_by_another_mount_of_its_filesystem_is_judged_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scene: str, substitute: bool) -> None:
+    """Landlock's rule is on the directory, so a bind of its filesystem elsewhere shows it
+    with the grant: the directory granted on a nodev mount, the same filesystem bound at
+    another place without nodev (or still nodev, with a mount without it below the
+    directory there), and a node made through that other place answered KVM_CREATE_VM at
+    ABI 4 while `explain` said every protection held (attack round 32). Control: with the
+    check off the driver answers."""
+    import shutil
+    import stat
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("mount") or not os.path.exists("/dev/fuse"):
+        pytest.skip("mounts and makes a device node: needs root and /dev/fuse")
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+
+    def mount(*args: str) -> None:
+        subprocess.run(["mount", *args], check=True)
+
+    try:
+        mount("-t", "tmpfs", "-o", "nodev", "tmpfs", str(here))
+        (here / "D" / "sub").mkdir(parents=True)
+        mount("--bind", str(here), str(there))
+        if scene == "bound-with-dev":
+            mount("-o", "remount,bind,dev", str(there))
+            node = there / "D" / "fuse"
+        else:
+            mount("-t", "tmpfs", "tmpfs", str(there / "D" / "sub"))
+            node = there / "D" / "sub" / "fuse"
+        os.mknod(node, stat.S_IFCHR | 0o666, os.stat("/dev/fuse").st_rdev)
+        _only(monkeypatch, here / "D", substitute)
+        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
+                                        f'[filesystem]\nread = ["{here / "D"}"]\n')
+        assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
+        assert _probe(policy, node) == ("EACCES" if substitute else "ENOTTY")
+    finally:
+        for _ in range(3):
+            for point in (there / "D" / "sub", there, here):
+                subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+
+
+@pytest.mark.parametrize("recheck", [True, False], ids=["found", "control"])
+@pytest.mark.parametrize("change", ["a-mount-below", "a-node-for-the-file"])
+def test_a_cached_plan_judges_its_devices_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                change: str, recheck: bool) -> None:
+    """A plan compiled and cached while its grants reached no device: a mount without nodev
+    made below a granted nodev directory afterwards, or a device node put in a granted
+    file's place, and the next run (a cache hit) ran the stored filter without the
+    substitute: the driver answered at ABI 4 while a fresh compile would have put it on
+    (attack round 32). Control: with the hit's judgement off, the stale plan runs."""
+    import shutil
+    import stat
+    import subprocess
+
+    from sandlock.compile import cache
+
+    if os.geteuid() != 0 or not shutil.which("mount") or not os.path.exists("/dev/fuse"):
+        pytest.skip("mounts and makes a device node: needs root and /dev/fuse")
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    monkeypatch.delenv(cache.ENV_NO_CACHE, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    scene = tmp_path / "scene"
+    scene.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "nodev", "tmpfs", str(scene)], check=True)
+    try:
+        (scene / "sub").mkdir()
+        if change == "a-mount-below":
+            granted, node = scene, scene / "sub" / "fuse"
+        else:
+            granted = node = tmp_path / "file"
+            node.write_text("x")
+        _only(monkeypatch, scene)
+        if not recheck:
+            monkeypatch.setattr(cache, "_devices_fresh", lambda _value: True)
+        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
+                                        f'[filesystem]\nread = ["{granted}"]\n')
+        assert not ruleset.grants_devices(loads_policy(policy.read_text()))
+        _probe(policy, node)  # compiled and cached (no node yet, or a plain file)
+        if change == "a-mount-below":
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(scene / "sub")], check=True)
+        else:
+            node.unlink()
+        os.mknod(node, stat.S_IFCHR | 0o666, os.stat("/dev/fuse").st_rdev)
+        assert _probe(policy, node) == ("EACCES" if recheck else "ENOTTY")
+    finally:
+        for _ in range(3):
+            for point in (scene / "sub", scene):
+                subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+
+
 def test_a_block_node_of_a_harmless_character_devices_numbers_is_a_device(tmp_path: Path) -> None:
     """The harmless numbers are those of character devices (/dev/null is 1,3): a block
     node with the same numbers is major 1 of the block devices (the RAM disk), whose
@@ -530,8 +646,8 @@ def test_a_block_node_of_a_harmless_character_devices_numbers_is_a_device(tmp_pa
     os.mknod(block, stat.S_IFBLK | 0o600, os.makedev(1, 3))
     char = tmp_path / "c13"
     os.mknod(char, stat.S_IFCHR | 0o600, os.makedev(1, 3))
-    assert ruleset._is_device(str(block))
-    assert not ruleset._is_device(str(char))
+    assert devices._is_device(str(block))
+    assert not devices._is_device(str(char))
 
 
 #: A device's driver reached by an ioctl no allowlist holds: its own answer (ENOTTY, /dev/kmsg
@@ -566,9 +682,9 @@ def test_a_device_node_granted_outside_dev_gets_the_substitute(tmp_path: Path,
     node.parent.mkdir()
     os.mknod(node, stat.S_IFCHR | 0o600, kmsg)
     # The profile's own directories may hold devices too (below): this check alone here.
-    monkeypatch.setattr(ruleset, "_may_hold_devices", lambda _path, _mounts: False)
+    monkeypatch.setattr(devices, "_may_hold_devices", lambda _path, _mounts: False)
     if not substitute:
-        monkeypatch.setattr(ruleset, "_is_device", lambda _path: False)
+        monkeypatch.setattr(devices, "_is_device", lambda _path: False)
     policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
                                     f'[filesystem]\nread = ["{node}"]\nwrite = ["{node}"]\n')
     assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute

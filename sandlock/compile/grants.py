@@ -371,7 +371,7 @@ MOUNTINFO = "/proc/self/mountinfo"
 MAX_MOUNTINFO = 16 << 20
 FS_ENCODING = sys.getfilesystemencoding()  # as os.fsdecode, without its cost per field
 #: Marks a position given from this process's root rather than from its filesystem's
-#: root (:func:`_position`, for the mount around a chroot's root).
+#: root (:func:`position`, for the mount around a chroot's root).
 ROOT_FRAME = "root:"
 
 
@@ -473,7 +473,7 @@ def mount_id(fd: int) -> int:
     return int(data[start:data.find(b"\n", start)])
 
 
-def _position(fd: int, mounts: dict[int, Mount]) -> tuple[str, str]:
+def position(fd: int, mounts: dict[int, Mount]) -> tuple[str, str]:
     """(superblock, path from that filesystem's root) of the object open as ``fd``: its
     mount (from the descriptor) shows ``root`` at ``point``; the object lies below."""
     try:
@@ -503,7 +503,7 @@ def _ancestry(path: str, mounts: dict[int, Mount],
         Optional[tuple[int, int]], set[tuple[int, int]], Optional[tuple[str, str]]]:
     """(the object's own id or None if missing, ids of its nearest existing directory
     and every ancestor of that, found by walking ``..`` from descriptors, and where the
-    object is or would be created in its filesystem (:func:`_position`)). ``seen``: as
+    object is or would be created in its filesystem (:func:`position`)). ``seen``: as
     for :func:`_up`."""
     own = None
     probe = path
@@ -525,8 +525,8 @@ def _ancestry(path: str, mounts: dict[int, Mount],
         info = os.fstat(fd)
         if probe == path:
             own = (info.st_dev, info.st_ino)
-        device, inner = _position(fd, mounts)
-        position = (device, _join(inner, path[len(probe):]))
+        device, inner = position(fd, mounts)
+        placed = (device, _join(inner, path[len(probe):]))
         if not S_ISDIR(info.st_mode):
             # The directory that really holds the file: the name may be a symbolic link
             # into another directory, which is the one a grant must not cover.
@@ -538,7 +538,7 @@ def _ancestry(path: str, mounts: dict[int, Mount],
         if fd >= 0:
             os.close(fd)
         raise
-    return own, _up(fd, seen), position
+    return own, _up(fd, seen), placed
 
 
 def _up(fd: int, seen: Optional[dict[tuple[int, int], set[tuple[int, int]]]] = None
@@ -727,7 +727,7 @@ class WriteCheck:
         """Refuse ``got`` if the tree it is in its filesystem, or a mount below it, holds
         a protected object or lies inside one (the comment above :class:`Mount`)."""
         assert self._protected is not None
-        device, tree = _position(got.fd, self._mounts)
+        device, tree = position(got.fd, self._mounts)
         how = _reaches(device, tree, [(where, what, position) for where, what, _, _, position
                                       in self._protected])
         if how is not None:
@@ -821,7 +821,7 @@ def _policy_links(policy_files: Iterable[str], mounts: dict[int, Mount]) -> list
         for index, (where, fd, what) in enumerate(steps):
             try:
                 try:
-                    device, inner = _position(fd, mounts)
+                    device, inner = position(fd, mounts)
                 except BaseException:
                     os.close(fd)
                     raise

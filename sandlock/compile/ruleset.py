@@ -9,7 +9,6 @@ together: a second layered ruleset would deny cross-directory rename and link).
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,13 +17,8 @@ from ..linux import kernel
 from ..linux.process import PER_USER_LIMIT
 from ..policy.model import ACCEPTABLE_GAPS, Access, Policy
 from . import abi as A
-from . import grants
+from . import devices, grants
 
-#: Devices whose ioctls are harmless; granting them does not rely on IOCTL_DEV.
-HARMLESS_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-#: The same devices by their numbers (major 1, Documentation/admin-guide/devices.txt),
-#: wherever a node of them lies.
-_HARMLESS_NUMBERS = frozenset(os.makedev(1, minor) for minor in (3, 5, 7, 8, 9))
 ENV_ABI = "SANDLOCK_ABI"
 
 
@@ -93,73 +87,15 @@ GAP_NAME = {"device ioctl restriction": "ioctl-dev", "signal scope": "signal-sco
 
 
 def grants_devices(policy: Policy) -> bool:
-    """Whether ``policy`` grants a device (or a directory that may hold devices) whose
-    ioctls Landlock restricts from ABI 5 on: by its name under /dev, by where /dev's
-    filesystems are mounted too (a chroot's or a container root's ``dev``, bound from
-    /dev: its devices are the same), a device node root made elsewhere (mknod) granted by
-    its name, or a directory granted for reading or executing on a filesystem mounted
-    without ``nodev``, where root may have made such nodes (a debootstrap rootfs's
-    ``dev``, a ``cp -a`` of /dev) that no walk of the tree at compile time would keep up
-    with. A write grant is left out of the last: ABI 5 lets it reach devices too."""
-    if any(r.path in ("/", "/dev") or r.path.startswith("/dev/") and r.path not in HARMLESS_DEVICES
-           for r in policy.paths):
-        return True
-    if any(_is_device(r.path) for r in policy.paths):  # a node root made elsewhere (mknod)
-        return True
-    try:
-        mounts = grants.read_mounts()
-    except Exception:  # noqa: BLE001 - unknown: the substitute applies, never a silent gap
-        return bool(policy.paths)
-    places = _device_mounts(tuple(mounts.values()))
-    if any(_nested(point, r.path) or _nested(r.path, point)
-           for r in policy.paths for point in places):
-        return True
-    return any(_may_hold_devices(r.path, mounts) for r in policy.paths
-               if r.access is not Access.WRITE)
+    """Whether ``policy`` may let its tool open a device whose ioctls Landlock restricts
+    from ABI 5 on (:func:`sandlock.compile.devices.reachable`)."""
+    return devices.reachable(device_grants(policy))
 
 
-def _is_device(path: str) -> bool:
-    """Whether ``path`` is a block device, or a character device other than the harmless
-    ones, wherever it lies (a node made with mknod in a chroot's ``dev`` or a copy of /dev)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return stat.S_ISBLK(st.st_mode) or stat.S_ISCHR(st.st_mode) and st.st_rdev not in _HARMLESS_NUMBERS
-
-
-def _may_hold_devices(path: str, mounts: dict[int, grants.Mount]) -> bool:
-    """Whether directory ``path`` may hold device nodes that open as devices: the mount
-    it is reached on (asked of its descriptor, not guessed from the names in the table:
-    a mount stacked over another, or moved beneath one, shows another filesystem there
-    than the last or deepest line says), or any mount at or below it, is without
-    ``nodev``. Unknown: it may."""
-    try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except OSError:
-        return False  # nothing there: no rule is made for it
-    try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            return False
-        own = mounts.get(grants.mount_id(fd))
-        real = os.readlink(f"/proc/self/fd/{fd}")
-    except (OSError, ValueError, grants.Unjudgeable):
-        return True
-    finally:
-        os.close(fd)
-    return own is None or not own.nodev \
-        or any(not m.nodev for m in mounts.values() if _nested(m.point, real))
-
-
-def _nested(inner: str, outer: str) -> bool:
-    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
-
-
-def _device_mounts(mounts: tuple[grants.Mount, ...]) -> tuple[str, ...]:
-    """Where a filesystem mounted on /dev or below it is mounted elsewhere (the same
-    superblock)."""
-    devices = {m.device for m in mounts if _nested(m.point, "/dev")}
-    return tuple(m.point for m in mounts if m.device in devices and not _nested(m.point, "/dev"))
+def device_grants(policy: Policy) -> tuple[tuple[str, bool], ...]:
+    """What :func:`grants_devices` judges: each path, and whether it is granted for
+    reading or executing (a cached plan keeps them to judge again at each hit)."""
+    return tuple((r.path, r.access is not Access.WRITE) for r in policy.paths)
 
 
 def substitutes(policy: Policy, abi: int) -> tuple[Substitute, ...]:

@@ -997,7 +997,7 @@ static char *dirname_of(const char *p) {
     return copy_of(p, len);
 }
 
-/* grants._position: (device, path in its filesystem) of the object open as `fd`, whose
+/* grants.position: (device, path in its filesystem) of the object open as `fd`, whose
  * path /proc/self/fd shows is `here` and whose mount's id is `*known` (NULL: asked here) */
 static void position(int fd, const char *here, const unsigned long long *known, char **device,
                      char **inner) {
