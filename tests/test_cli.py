@@ -569,3 +569,56 @@ def test_bad_abi_override(workspace: Path, value: str, message: str) -> None:
     result = run_confined(READ_FILE, ["cat", str(workspace / "notes.md")],
                           variables={"workspace": str(workspace)}, env=env_with(**{ENV_ABI: value}))
     assert (result.returncode, result.stdout, result.stderr) == (125, "", message + "\n")
+
+
+#: Run in a fresh interpreter (which cannot start with a directory on stdin, stdout or
+#: stderr, so it takes one on stdout after it started): the Python CLI's `run`, argv[1:].
+PYTHON_CLI_WITH_A_DIRECTORY = """\
+import os, sys
+from sandlock.cli.run import main
+fd = os.open(os.environ["DIRECTORY"], os.O_RDONLY | os.O_DIRECTORY)
+os.dup2(fd, 1)
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("front", ["native", "python"])
+def test_a_directory_is_never_the_tools_stdio(tmp_path: Path, front: str) -> None:
+    """A run given a directory as stdin (the native front end, which the Python CLI could
+    not even start under) or stdout (the Python launcher) is refused with exit 125 and
+    says why; the tool never runs (attack round 33: a walk from a directory descriptor
+    reaches what the policy grants through a mount the table does not list)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    out.mkdir()
+    marker = out / "ran"
+    policy = write_policy(tmp_path, f"""\
+        version = 1
+        extends = ["base"]
+        [filesystem]
+        exec = ["/usr/bin/touch"]
+        write = ["{out}"]
+    """)
+    argv = ["run", "--policy", str(policy), "--", "/usr/bin/touch", str(marker)]
+    if front == "native":
+        helper = Path(launch.__file__).parents[1] / "exec" / "helper" / "sandlock-run"
+        if not helper.exists():
+            pytest.skip("the native front end is not built here")
+        directory = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            done = subprocess.run([str(helper), *argv], stdin=directory, capture_output=True,
+                                  text=True, timeout=60, cwd=tmp_path)
+        finally:
+            os.close(directory)
+        name = "stdin"
+    else:
+        done = subprocess.run([sys.executable, "-P", "-c", PYTHON_CLI_WITH_A_DIRECTORY, *argv],
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env={**os.environ, "DIRECTORY": str(tmp_path),
+                                   "PYTHONPATH": str(Path(launch.__file__).parents[2])})
+        name = "stdout"
+    assert done.returncode == 125, done.stderr
+    assert f"sandlock: {name} is a directory: a tool is never given one" in done.stderr, done.stderr
+    assert not marker.exists()

@@ -196,6 +196,8 @@ def drift(text: str) -> list[str]:
         out.append("cache.LIMITED is not what rlimits_for limits")
     if define(text, "PER_USER_LIMIT") != f'"{process.PER_USER_LIMIT}"':
         out.append("PER_USER_LIMIT")
+    if define(text, "DIRECTORY_STDIO") != f'"{process.DIRECTORY_STDIO}"':
+        out.append("DIRECTORY_STDIO")
     if define(text, "DEFAULT_PATH") != f'"{os.defpath}"':
         out.append("DEFAULT_PATH")
     if (int(define(text, "PY_SIGRTMIN")), int(define(text, "PY_SIGRTMAX"))) != (

@@ -634,6 +634,64 @@ def test_a_cached_plan_judges_its_devices_again(tmp_path: Path, monkeypatch: pyt
                 subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
 
 
+@pytest.mark.parametrize("refused", [True, False], ids=["found", "control"])
+def test_a_directory_descriptor_into_an_unlisted_mount_is_never_the_tools(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: bool) -> None:
+    """A tree unmounted lazily is in no mount table, yet a descriptor of it still walks it:
+    the directory granted through a nodev bind of the same filesystem, a descriptor of the
+    filesystem's other (detached, device-enabled) mount given to the tool as its stdin, and
+    the tool opened a node there through /proc/self/fd/0 and its driver answered at ABI 4
+    while nothing was reported (attack round 33). A directory is never a tool's stdio now.
+    Control: with that refusal off, the driver answers."""
+    import shutil
+    import stat
+    import subprocess
+
+    from sandlock.api import sandbox as api
+    from sandlock.errors import SetupError
+
+    if os.geteuid() != 0 or not shutil.which("mount") or not os.path.exists("/dev/fuse"):
+        pytest.skip("mounts and makes a device node: needs root and /dev/fuse")
+    require_abi(4, "pretending ABI 4")
+    monkeypatch.setenv("SANDLOCK_ABI", "4")
+    detached, shown = tmp_path / "detached", tmp_path / "shown"
+    detached.mkdir()
+    shown.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(detached)], check=True)
+    try:
+        (detached / "R").mkdir()
+        os.mknod(detached / "R" / "fuse", stat.S_IFCHR | 0o666, os.stat("/dev/fuse").st_rdev)
+        subprocess.run(["mount", "--bind", str(detached), str(shown)], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,nodev", str(shown)], check=True)
+        handle = os.open(detached, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        subprocess.run(["umount", "-l", str(detached)], check=True)
+        _only(monkeypatch, shown / "R")
+        if not refused:
+            monkeypatch.setattr(api, "refuse_directories", lambda _stdio: None)
+        shell = os.path.realpath("/bin/sh")
+        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
+                                        f'[filesystem]\nread = ["{shown / "R"}"]\n'
+                                        f'exec = ["{shell}"]\n')
+        assert not ruleset.grants_devices(loads_policy(policy.read_text()))
+        import sandlock
+
+        with sandlock.Sandbox(policy) as box:
+            # Python cannot start on a directory: the shell moves it to descriptor 5 first.
+            ask = [shell, "-c", 'exec 5<&0 0</dev/null; exec "$0" -c "$1" /proc/self/fd/5/R/fuse',
+                   PYTHON, KMSG_IOCTL.replace("os.O_WRONLY", "os.O_RDONLY")]
+            if refused:
+                with pytest.raises(SetupError, match="stdin is a directory"):
+                    box.run(ask, stdin=handle, capture_output=True, text=True)
+            else:
+                result = box.run(ask, stdin=handle, capture_output=True, text=True)
+                assert str(result.stdout).strip() == "ENOTTY", result
+        os.close(handle)
+    finally:
+        for _ in range(3):
+            for point in (shown, detached):
+                subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+
+
 def test_a_block_node_of_a_harmless_character_devices_numbers_is_a_device(tmp_path: Path) -> None:
     """The harmless numbers are those of character devices (/dev/null is 1,3): a block
     node with the same numbers is major 1 of the block devices (the RAM disk), whose

@@ -44,7 +44,7 @@ from ..errors import (
 from ..exec import forkserver, launcher, spec
 from ..exec import native as nativeexec
 from ..exec.wire import setup_failure
-from ..linux.process import is_terminal
+from ..linux.process import is_terminal, refuse_directories
 from .pump import _earliest, _now, _Pump, _wait_readable
 from .results import Outcome, RemoteTraceback, Result, _decode, _denials, _result
 
@@ -760,6 +760,12 @@ class Sandbox:
         when the call is closed (also if submitting fails). A terminal among ``stdio`` is
         never the tool's: it gets a pty of its own, relayed (:mod:`sandlock.exec.terminal`;
         the caller's terminal is never put in raw mode), until the call ends."""
+        try:
+            refuse_directories(tuple(stdio))
+        except SetupError:
+            if mediation is not None:
+                mediation.stop()
+            raise
         if not any(fd >= 0 and is_terminal(fd) for fd in stdio):  # nothing imported
             return self._submit_to(kind, cmd, stdio, timeout, extra_fds, mediation, **fields)
         from ..exec.terminal import Relay

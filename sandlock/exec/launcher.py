@@ -31,7 +31,14 @@ import time
 
 from ..errors import ExecError, ExitCode, SetupError
 from ..linux import cgroups, kernel
-from ..linux.process import FORWARDED_SIGNALS, JOB_STOPS, children, is_terminal, reap_descendants
+from ..linux.process import (
+    FORWARDED_SIGNALS,
+    JOB_STOPS,
+    children,
+    is_terminal,
+    reap_descendants,
+    refuse_directories,
+)
 from . import engine, spec
 from .spec import Command as Command  # data, defined with the steps; still importable here
 
@@ -602,6 +609,7 @@ def _run(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_sig
 def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
                _mediation: Optional[Mediation], recorder: Optional[Recorder],
                keep: Sequence[Kept] = ()) -> Child:
+    refuse_directories((0, 1, 2))
     if recorder is not None and _mediation is not None:
         # One listener per process: the connect gate rides on the recorder's (its filter,
         # the new-listener refusal included, goes first in the recorder's program).

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 
 #: Signals a launcher passes on to its command (the terminal's Ctrl-C, a caller's
 #: ``kill``): the command decides what they mean, and the launcher waits for it.
@@ -28,6 +29,28 @@ JOB_STOPS: tuple[int, ...] = (int(signal.SIGTSTP), int(signal.SIGTTIN), int(sign
 #: would otherwise never die of a closed pipe or of its file-size limit. Plain ints, so
 #: that a forked child touching them causes no copy-on-write of enum objects.
 DEFAULTED_SIGNALS: tuple[int, ...] = (int(signal.SIGPIPE), int(signal.SIGXFSZ), *FORWARDED_SIGNALS)
+
+
+#: What a run or call given a directory as its stdin, stdout or stderr is refused with,
+#: after the descriptor's name: a walk from it reaches what the policy grants through
+#: whatever mount it is on, and one the mount table does not list (a tree unmounted
+#: lazily, another namespace's) is one the grant checks cannot judge: below Landlock ABI
+#: 5 a device node there would escape the ioctl substitute (attack round 33).
+DIRECTORY_STDIO = (" is a directory: a tool is never given one (a walk from it may reach "
+                   "what the policy grants through mounts sandlock cannot judge)")
+
+
+def refuse_directories(stdio: tuple[int, ...] | list[int]) -> None:
+    """Raise SetupError if a directory is among ``stdio`` (stdin, stdout, stderr; -1 for
+    none): see :data:`DIRECTORY_STDIO`. A closed or bad descriptor is not one."""
+    for name, fd in zip(("stdin", "stdout", "stderr"), stdio):
+        try:
+            if fd >= 0 and stat.S_ISDIR(os.fstat(fd).st_mode):
+                from ..errors import SetupError
+
+                raise SetupError(name + DIRECTORY_STDIO)
+        except OSError:
+            pass
 
 
 def is_terminal(fd: int) -> bool:

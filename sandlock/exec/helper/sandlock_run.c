@@ -1690,6 +1690,7 @@ static void recheck(const uint8_t *facts, size_t len) {
 
 /* Copies of Python facts: tests/test_native_run.py compares each with what it copies. */
 #define PER_USER_LIMIT "per-sandbox process limit" /* sandlock/linux/process.py */
+#define DIRECTORY_STDIO " is a directory: a tool is never given one (a walk from it may reach what the policy grants through mounts sandlock cannot judge)" /* process.DIRECTORY_STDIO */
 #define WATCHDOG_GRACE_MS 2000                     /* launcher.WATCHDOG_GRACE */
 #define SIGNAL_BASE 128                            /* sandlock.errors.ExitCode.SIGNAL_BASE */
 #define DEFAULT_PATH "/bin:/usr/bin"               /* os.defpath */
@@ -2321,6 +2322,16 @@ int main(int argc, char **argv) {
         fall_back("off (SANDLOCK_NATIVE_RUN=0)");
     if (argc < 2 || strcmp(argv[1], "run"))
         fall_back("not a run");
+    /* process.refuse_directories, before any fallback: the Python CLI cannot start at all
+     * with a directory on stdin (its own refusal is for the others). */
+    static const char *const stdio_names[] = {"stdin", "stdout", "stderr"};
+    for (int fd = 0; fd <= 2; fd++) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+            SAY(stdio_names[fd], DIRECTORY_STDIO);
+            _exit(LAUNCHER_FAILED);
+        }
+    }
     if (getenv(ENV_NO_CACHE) && getenv(ENV_NO_CACHE)[0])
         fall_back("the cache is off");
     const char *log = getenv(ENV_LOG); /* logdir.directory: off when unset, empty or "0" */
