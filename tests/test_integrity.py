@@ -347,8 +347,7 @@ PRECOMPUTE = textwrap.dedent("""\
     value = {"source": sys.argv[1], "layers": (), "checks": (),
              "plan": (0, 0, 0, 0, (), (), int(FILE_ONLY), int(WRITE_RIGHTS)), "warnings": (),
              "bpf": bytes.fromhex(sys.argv[2]), "rlimits": (), "env": (("*",), ()),
-             "timeout": None, "cgroup": None, "signal_gate": False,
-             "devices": (False, False, ())}
+             "timeout": None, "cgroup": None, "signal_gate": False}
     payload = marshal.dumps((key, value))
     data = fastpath.MAGIC + bytes(fastpath.TAG_BYTES) + payload
     print(json.dumps({"name": fastpath._digest(key), "data": data.hex()}))

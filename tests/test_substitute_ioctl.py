@@ -16,12 +16,13 @@ import random
 import termios
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import PYTHON, require_abi, run_confined, write_policy
 
 from sandlock.compile import abi as A
-from sandlock.compile import devices, grants, ruleset
+from sandlock.compile import ruleset
 from sandlock.compile import seccomp as S
 from sandlock.policy.model import loads_policy
 
@@ -246,7 +247,8 @@ def test_ioctl_rules_in_the_plan() -> None:
     ('read = ["/dev"]', "", "substitute"),
     ('read = ["/"]', "", "substitute"),
     ('write = ["/dev/ptmx"]', "", "substitute"),
-    ('read = ["/dev/null", "/dev/urandom"]', "", None),
+    ('read = ["/dev/null", "/dev/urandom"]', "", "substitute"),  # every policy now
+    ("", "", "substitute"),
     ('read = ["/dev"]', '[syscalls]\nallow = ["ioctl"]\n', "gap"),
 ])
 def test_decision(paths: str, allow: str, want: str | None) -> None:
@@ -345,308 +347,171 @@ def test_strict_refuses_when_the_gate_cannot_run(tmp_path: Path,
         assert compiled.signal_gate
 
 
-@pytest.mark.parametrize("substitute", [True, False], ids=["found", "control"])
-def test_devices_bound_elsewhere_get_the_substitute(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch,
-                                                    substitute: bool) -> None:
-    """A chroot's (or a container root's) ``dev``, bound from /dev, holds the same devices
-    under another name: a policy granting that tree got neither the substitute nor a gap,
-    and strict mode ran it silently at ABI 4. Control: with the mount table not consulted,
-    the driver answers."""
-    import shutil
-    import subprocess
-
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("binds /dev elsewhere: needs root")
-    require_abi(4, "pretending ABI 4")
-    monkeypatch.setenv("SANDLOCK_ABI", "4")
-    root = tmp_path / "root"
-    (root / "dev").mkdir(parents=True)
-    subprocess.run(["mount", "--rbind", "/dev", str(root / "dev")], check=True)
-    try:
-        # A bind of /dev is a filesystem without nodev under the grant too: this check alone.
-        monkeypatch.setattr(devices, "_may_hold_devices", lambda _path, _mounts: False)
-        if not substitute:
-            monkeypatch.setattr(devices, "_device_mounts", lambda _mounts: ())
-        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
-                                        f'[filesystem]\nread = ["{root}"]\n')
-        assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
-        import sandlock
-
-        with sandlock.Sandbox(policy) as box:
-            result = box.run([PYTHON, "-c", ATTACK.replace("/dev/ptmx", f"{root}/dev/ptmx")],
-                             capture_output=True, text=True)
-        said = str(result.stdout).strip() or str(result.stderr)
-        assert said == "refused EACCES" if substitute else said.startswith("pty "), said
-    finally:
-        subprocess.run(["umount", "-R", "-l", str(root / "dev")], check=False)
+#: A device's driver reached by an ioctl no allowlist holds: its own answer (ENOTTY: the
+#: fuse driver does not know it), or the substitute's refusal (EACCES).
+ASK_DRIVER = """\
+import errno, fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+try:
+    fcntl.ioctl(fd, 0x4B3A, 0)  # KDSETMODE, which the fuse driver does not know
+    print("done")
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+"""
 
 
-@pytest.mark.parametrize("substitute", [True, False], ids=["found", "control"])
-def test_a_directory_holding_a_device_node_gets_the_substitute(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch,
-                                                               substitute: bool) -> None:
-    """A directory granted for reading that holds a device node root made there (a
-    debootstrap rootfs's ``dev``, a ``cp -a`` of /dev): below ABI 5 the policy got
-    neither the substitute nor a gap, and the node's driver took any ioctl (attack round
-    30, the part left open). A directory on a filesystem mounted without ``nodev`` may hold
-    such nodes, whatever it holds now. Control: with the mount's options not looked at,
-    the driver answers."""
-    import stat
-
-    if os.geteuid() != 0:
-        pytest.skip("makes a device node: needs root")
-    require_abi(4, "pretending ABI 4")
-    monkeypatch.setenv("SANDLOCK_ABI", "4")
-    scene = tmp_path / "scene"
-    (scene / "dev").mkdir(parents=True)
-    if not os.path.exists("/dev/fuse"):
-        pytest.skip("no /dev/fuse here: its numbers name no driver")
-    node = scene / "dev" / "fuse"
-    os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
-    if not substitute:
-        monkeypatch.setattr(devices, "_may_hold_devices", lambda _path, _mounts: False)
-    policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
-                                    f'[filesystem]\nread = ["{scene}"]\nwrite = ["{tmp_path / "out"}"]\n')
-    (tmp_path / "out").mkdir()
-    assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
-    import sandlock
-
-    with sandlock.Sandbox(policy) as box:
-        result = box.run([PYTHON, "-c", KMSG_IOCTL.replace("os.O_WRONLY", "os.O_RDONLY"),
-                          str(node)], capture_output=True, text=True)  # fuse: ENOTTY too
-    said = str(result.stdout).strip() or str(result.stderr)
-    assert said == ("EACCES" if substitute else "ENOTTY"), said
+#: Ways a tool reached a device node below ABI 5 when the substitute was put only on
+#: policies judged to reach a device from names and the mount table (attack rounds 30-34).
+SCENES = ("read-granted-directory", "granted-node", "bind-without-nodev", "cached-then-replaced",
+          "mounted-after-the-sandbox", "detached-working-directory", "detached-o-path-stdin")
 
 
-def test_a_nodev_directory_with_a_device_mount_below_gets_the_substitute(tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch
-                                                                         ) -> None:
-    """``nodev`` on the filesystem of a granted directory is not enough: one mounted below it
-    without ``nodev`` may hold a device node, and its driver took the ioctl. The tree alone
-    (nothing mounted below) is one where no node opens as a device."""
-    import shutil
-    import stat
-    import subprocess
+class Scene:
+    """Root's scene under ``tmp_path``: mounts to undo, processes to end."""
 
-    if os.geteuid() != 0 or not shutil.which("mount") or not os.path.exists("/dev/fuse"):
-        pytest.skip("mounts and makes a device node: needs root and /dev/fuse")
-    require_abi(4, "pretending ABI 4")
-    monkeypatch.setenv("SANDLOCK_ABI", "4")
-    scene = tmp_path / "scene"
-    scene.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "nodev", "tmpfs", str(scene)], check=True)
-    try:
-        assert not devices._may_hold_devices(str(scene), grants.read_mounts())
-        (scene / "inner").mkdir()
-        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(scene / "inner")], check=True)
-        node = scene / "inner" / "fuse"
-        os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
-        assert devices._may_hold_devices(str(scene), grants.read_mounts())
-        # The profile's own directories are on the root filesystem: this grant alone here.
-        real = devices._may_hold_devices
-        monkeypatch.setattr(devices, "_may_hold_devices",
-                            lambda path, mounts: path == str(scene) and real(path, mounts))
-        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
-                                        f'[filesystem]\nread = ["{scene}"]\n')
-        import sandlock
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.mounts: list[Path] = []
+        self.sleepers: list[Any] = []
 
-        with sandlock.Sandbox(policy) as box:
-            result = box.run([PYTHON, "-c", KMSG_IOCTL.replace("os.O_WRONLY", "os.O_RDONLY"),
-                              str(node)], capture_output=True, text=True)
-        said = str(result.stdout).strip() or str(result.stderr)
-        assert said == "EACCES", said
-    finally:
-        subprocess.run(["umount", "-R", "-l", str(scene)], check=False)
+    def mount(self, *args: str) -> None:
+        import subprocess
 
-
-@pytest.mark.parametrize("substitute", [True, False], ids=["found", "control"])
-@pytest.mark.parametrize("scene", ["covered", "moved-beneath"])
-def test_a_mount_shown_over_a_nodev_one_is_the_one_judged(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch,
-                                                          scene: str, substitute: bool) -> None:
-    """The filesystem a granted directory shows is the mount its descriptor is on, not the
-    last or deepest line of the mount table with its name (attack round 31): a nodev mount
-    at ``x/y`` covered by a mount at ``x`` without nodev, and a mount without nodev moved
-    over a nodev one at ``x`` (the table lists it first), both showed a node made there
-    and its driver took the ioctl while `explain` said every protection held. Control:
-    with the check off the driver answers."""
-    import shutil
-    import stat
-    import subprocess
-
-    if os.geteuid() != 0 or not shutil.which("mount") or not os.path.exists("/dev/fuse"):
-        pytest.skip("mounts and makes a device node: needs root and /dev/fuse")
-    require_abi(4, "pretending ABI 4")
-    monkeypatch.setenv("SANDLOCK_ABI", "4")
-    base = tmp_path / "scene"
-    (base / "x" / "y").mkdir(parents=True)
-    (base / "old").mkdir()
-
-    def mount(*args: str) -> None:
         subprocess.run(["mount", *args], check=True)
+        self.mounts.append(Path(args[-1]))
 
-    try:
-        if scene == "covered":
-            mount("-t", "tmpfs", "-o", "nodev", "tmpfs", str(base / "x" / "y"))
-            mount("-t", "tmpfs", "tmpfs", str(base / "x"))
-            (base / "x" / "y").mkdir()
-            granted = base / "x" / "y"
-        else:
-            mount("-t", "tmpfs", "tmpfs", str(base / "old"))
-            mount("-t", "tmpfs", "-o", "nodev", "tmpfs", str(base / "x"))
-            mount("--move", str(base / "old"), str(base / "x"))
-            granted = base / "x"
-        node = granted / "fuse"
-        os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/fuse").st_rdev)
-        real = devices._may_hold_devices  # the profile's own directories: judged elsewhere
-        monkeypatch.setattr(devices, "_may_hold_devices", lambda path, mounts: (
-            substitute and path == str(granted) and real(path, mounts)))
-        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
-                                        f'[filesystem]\nread = ["{granted}"]\n')
-        assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
-        import sandlock
+    def node(self, path: Path) -> Path:
+        import stat
 
-        with sandlock.Sandbox(policy) as box:
-            result = box.run([PYTHON, "-c", KMSG_IOCTL.replace("os.O_WRONLY", "os.O_RDONLY"),
-                              str(node)], capture_output=True, text=True)
-        said = str(result.stdout).strip() or str(result.stderr)
-        assert said == ("EACCES" if substitute else "ENOTTY"), said
-    finally:  # a covered mount shows once the one over it is gone: until none is left
-        for _ in range(4):
-            for point in (base / "x" / "y", base / "x", base / "old"):
+        os.mknod(path, stat.S_IFCHR | 0o666, os.stat("/dev/fuse").st_rdev)
+        return path
+
+    def detach(self, point: Path) -> None:
+        import subprocess
+
+        subprocess.run(["umount", "-l", str(point)], check=True)
+
+    def undo(self) -> None:
+        import subprocess
+
+        for sleeper in self.sleepers:
+            sleeper.kill()
+            sleeper.wait()
+        for _ in range(3):  # a covered mount shows once the one over it is gone
+            for point in reversed(self.mounts):
                 subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
 
 
-def _probe(box_policy: Path, node: Path) -> str:
-    """What an unknown ioctl on ``node`` answers a tool under ``box_policy`` (ABI set by
-    the caller): its driver's ENOTTY, or the substitute's EACCES."""
-    import sandlock
-
-    with sandlock.Sandbox(box_policy) as box:
-        result = box.run([PYTHON, "-c", KMSG_IOCTL.replace("os.O_WRONLY", "os.O_RDONLY"),
-                          str(node)], capture_output=True, text=True)
-    return str(result.stdout).strip() or str(result.stderr)
+def _policy(tmp_path: Path, read: Path) -> Path:
+    return write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
+                                  f'[filesystem]\nread = ["{read}"]\n')
 
 
-def _only(monkeypatch: pytest.MonkeyPatch, granted: Path, on: bool = True) -> None:
-    """The mount check judges ``granted`` alone (the profile's own directories are on the
-    root filesystem, which would put the substitute on by themselves); off: nothing."""
-    real = devices._may_hold_devices
-    monkeypatch.setattr(devices, "_may_hold_devices", lambda path, mounts: (
-        on and path == str(granted) and real(path, mounts)))
+def _ask(box: Any, path: str, **how: Any) -> str:
+    result = box.run([PYTHON, "-c", ASK_DRIVER, path], capture_output=True, text=True, **how)
+    return str(result.stdout).strip() or str(result.stderr).strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize("substitute", [True, False], ids=["found", "control"])
-@pytest.mark.parametrize("scene", ["bound-with-dev", "bound-with-a-mount-below"])
-def test_a_directory_shown_by_another_mount_of_its_filesystem_is_judged_there(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, scene: str, substitute: bool) -> None:
-    """Landlock's rule is on the directory, so a bind of its filesystem elsewhere shows it
-    with the grant: the directory granted on a nodev mount, the same filesystem bound at
-    another place without nodev (or still nodev, with a mount without it below the
-    directory there), and a node made through that other place answered KVM_CREATE_VM at
-    ABI 4 while `explain` said every protection held (attack round 32). Control: with the
-    check off the driver answers."""
+@pytest.mark.parametrize("scene", SCENES)
+def test_below_abi_5_no_policy_shape_reaches_a_devices_ioctl(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             scene: str, substitute: bool) -> None:
+    """Below ABI 5 every policy gets the ioctl substitute. It was put only on a policy
+    judged to reach a device, from its grants' names and the mount table, and each of
+    these reached one while `explain` said every protection held: a node root made in a
+    read-granted directory; a granted file that is a node; a directory granted on a nodev
+    mount whose filesystem is bound elsewhere without nodev (Landlock's rule is on the
+    inode); a granted file replaced by a node after the plan was cached; a mount made
+    under a granted directory after the Sandbox was made; a working directory, and an
+    O_PATH descriptor given as stdin, in a tree unmounted lazily (in no mount table).
+    Control: with the substitute's rule off, each reaches the fuse driver (ENOTTY)."""
     import shutil
-    import stat
     import subprocess
 
+    import sandlock
+
     if os.geteuid() != 0 or not shutil.which("mount") or not os.path.exists("/dev/fuse"):
-        pytest.skip("mounts and makes a device node: needs root and /dev/fuse")
+        pytest.skip("mounts and makes device nodes: needs root and /dev/fuse")
     require_abi(4, "pretending ABI 4")
     monkeypatch.setenv("SANDLOCK_ABI", "4")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    if not substitute:
+        monkeypatch.setattr(S, "ioctl_rules", lambda: [])
+    want = "EACCES" if substitute else "ENOTTY"
     here, there = tmp_path / "here", tmp_path / "there"
     here.mkdir()
     there.mkdir()
-
-    def mount(*args: str) -> None:
-        subprocess.run(["mount", *args], check=True)
-
+    stage = Scene(tmp_path)
     try:
-        mount("-t", "tmpfs", "-o", "nodev", "tmpfs", str(here))
-        (here / "D" / "sub").mkdir(parents=True)
-        mount("--bind", str(here), str(there))
-        if scene == "bound-with-dev":
-            mount("-o", "remount,bind,dev", str(there))
-            node = there / "D" / "fuse"
+        if scene == "read-granted-directory":
+            (here / "dev").mkdir()
+            node = stage.node(here / "dev" / "fuse")
+            with sandlock.Sandbox(_policy(tmp_path, here)) as box:
+                assert _ask(box, str(node)) == want
+        elif scene == "granted-node":
+            node = stage.node(here / "fuse")
+            with sandlock.Sandbox(_policy(tmp_path, node)) as box:
+                assert _ask(box, str(node)) == want
+        elif scene == "bind-without-nodev":
+            stage.mount("-t", "tmpfs", "-o", "nodev", "tmpfs", str(here))
+            (here / "D").mkdir()
+            stage.mount("--bind", str(here), str(there))
+            stage.mount("-o", "remount,bind,dev", str(there))
+            node = stage.node(there / "D" / "fuse")
+            with sandlock.Sandbox(_policy(tmp_path, here / "D")) as box:
+                assert _ask(box, str(node)) == want
+        elif scene == "cached-then-replaced":
+            granted = here / "file"
+            granted.write_text("x")
+            policy = _policy(tmp_path, granted)
+            with sandlock.Sandbox(policy) as box:
+                assert _ask(box, str(granted)) == ("EACCES" if substitute else "ENOTTY")
+            granted.unlink()
+            stage.node(granted)
+            with sandlock.Sandbox(policy) as box:  # a cache hit
+                assert _ask(box, str(granted)) == want
+        elif scene == "mounted-after-the-sandbox":
+            stage.mount("-t", "tmpfs", "-o", "nodev", "tmpfs", str(here))
+            (here / "sub").mkdir()
+            with sandlock.Sandbox(_policy(tmp_path, here)) as box:
+                _ask(box, str(here / "sub" / "fuse"))  # nothing there yet
+                stage.mount("-t", "tmpfs", "tmpfs", str(here / "sub"))
+                node = stage.node(here / "sub" / "fuse")
+                assert _ask(box, str(node)) == want
         else:
-            mount("-t", "tmpfs", "tmpfs", str(there / "D" / "sub"))
-            node = there / "D" / "sub" / "fuse"
-        os.mknod(node, stat.S_IFCHR | 0o666, os.stat("/dev/fuse").st_rdev)
-        _only(monkeypatch, here / "D", substitute)
-        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
-                                        f'[filesystem]\nread = ["{here / "D"}"]\n')
-        assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
-        assert _probe(policy, node) == ("EACCES" if substitute else "ENOTTY")
+            stage.mount("-t", "tmpfs", "tmpfs", str(here))
+            (here / "R").mkdir()
+            node = stage.node(here / "R" / "fuse")
+            stage.mount("--bind", str(here), str(there))
+            stage.mount("-o", "remount,bind,nodev", str(there))
+            sleeper = subprocess.Popen(["sleep", "120"], cwd=here / "R")
+            stage.sleepers.append(sleeper)
+            handle = os.open(node, os.O_PATH | os.O_CLOEXEC)
+            try:
+                stage.detach(here)
+                with sandlock.Sandbox(_policy(tmp_path, there / "R")) as box:
+                    if scene == "detached-working-directory":
+                        assert _ask(box, "fuse", cwd=f"/proc/{sleeper.pid}/cwd") == want
+                    else:
+                        assert _ask(box, "/proc/self/fd/0", stdin=handle) == want
+            finally:
+                os.close(handle)
     finally:
-        for _ in range(3):
-            for point in (there / "D" / "sub", there, here):
-                subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
-
-
-@pytest.mark.parametrize("recheck", [True, False], ids=["found", "control"])
-@pytest.mark.parametrize("change", ["a-mount-below", "a-node-for-the-file"])
-def test_a_cached_plan_judges_its_devices_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                change: str, recheck: bool) -> None:
-    """A plan compiled and cached while its grants reached no device: a mount without nodev
-    made below a granted nodev directory afterwards, or a device node put in a granted
-    file's place, and the next run (a cache hit) ran the stored filter without the
-    substitute: the driver answered at ABI 4 while a fresh compile would have put it on
-    (attack round 32). Control: with the hit's judgement off, the stale plan runs."""
-    import shutil
-    import stat
-    import subprocess
-
-    from sandlock.compile import cache
-
-    if os.geteuid() != 0 or not shutil.which("mount") or not os.path.exists("/dev/fuse"):
-        pytest.skip("mounts and makes a device node: needs root and /dev/fuse")
-    require_abi(4, "pretending ABI 4")
-    monkeypatch.setenv("SANDLOCK_ABI", "4")
-    monkeypatch.delenv(cache.ENV_NO_CACHE, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    scene = tmp_path / "scene"
-    scene.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "nodev", "tmpfs", str(scene)], check=True)
-    try:
-        (scene / "sub").mkdir()
-        if change == "a-mount-below":
-            granted, node = scene, scene / "sub" / "fuse"
-        else:
-            granted = node = tmp_path / "file"
-            node.write_text("x")
-        _only(monkeypatch, scene)
-        if not recheck:
-            monkeypatch.setattr(cache, "_devices_fresh", lambda _value: True)
-        policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
-                                        f'[filesystem]\nread = ["{granted}"]\n')
-        assert not ruleset.grants_devices(loads_policy(policy.read_text()))
-        _probe(policy, node)  # compiled and cached (no node yet, or a plain file)
-        if change == "a-mount-below":
-            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(scene / "sub")], check=True)
-        else:
-            node.unlink()
-        os.mknod(node, stat.S_IFCHR | 0o666, os.stat("/dev/fuse").st_rdev)
-        assert _probe(policy, node) == ("EACCES" if recheck else "ENOTTY")
-    finally:
-        for _ in range(3):
-            for point in (scene / "sub", scene):
-                subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
+        stage.undo()
 
 
 @pytest.mark.parametrize("refused", [True, False], ids=["found", "control"])
-def test_a_directory_descriptor_into_an_unlisted_mount_is_never_the_tools(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused: bool) -> None:
-    """A tree unmounted lazily is in no mount table, yet a descriptor of it still walks it:
-    the directory granted through a nodev bind of the same filesystem, a descriptor of the
-    filesystem's other (detached, device-enabled) mount given to the tool as its stdin, and
-    the tool opened a node there through /proc/self/fd/0 and its driver answered at ABI 4
-    while nothing was reported (attack round 33). A directory is never a tool's stdio now.
-    Control: with that refusal off, the driver answers."""
+def test_a_directory_descriptor_is_never_the_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   refused: bool) -> None:
+    """A directory is never a tool's stdin, stdout or stderr: a walk from a descriptor of a
+    tree no mount table lists (unmounted lazily) reaches what the policy grants through a
+    mount sandlock cannot judge (attack round 33: a device node there, reached through
+    /proc/self/fd/0 with the grant of the same directory on a listed nodev mount). Control:
+    with the refusal and the ioctl substitute off, the tool walks to the driver."""
     import shutil
-    import stat
-    import subprocess
 
+    import sandlock
     from sandlock.api import sandbox as api
     from sandlock.errors import SetupError
 
@@ -657,28 +522,26 @@ def test_a_directory_descriptor_into_an_unlisted_mount_is_never_the_tools(
     detached, shown = tmp_path / "detached", tmp_path / "shown"
     detached.mkdir()
     shown.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(detached)], check=True)
+    stage = Scene(tmp_path)
     try:
+        stage.mount("-t", "tmpfs", "tmpfs", str(detached))
         (detached / "R").mkdir()
-        os.mknod(detached / "R" / "fuse", stat.S_IFCHR | 0o666, os.stat("/dev/fuse").st_rdev)
-        subprocess.run(["mount", "--bind", str(detached), str(shown)], check=True)
-        subprocess.run(["mount", "-o", "remount,bind,nodev", str(shown)], check=True)
+        stage.node(detached / "R" / "fuse")
+        stage.mount("--bind", str(detached), str(shown))
+        stage.mount("-o", "remount,bind,nodev", str(shown))
         handle = os.open(detached, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        subprocess.run(["umount", "-l", str(detached)], check=True)
-        _only(monkeypatch, shown / "R")
+        stage.detach(detached)
         if not refused:
             monkeypatch.setattr(api, "refuse_directories", lambda _stdio: None)
+            monkeypatch.setattr(S, "ioctl_rules", lambda: [])
         shell = os.path.realpath("/bin/sh")
         policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
                                         f'[filesystem]\nread = ["{shown / "R"}"]\n'
                                         f'exec = ["{shell}"]\n')
-        assert not ruleset.grants_devices(loads_policy(policy.read_text()))
-        import sandlock
-
         with sandlock.Sandbox(policy) as box:
             # Python cannot start on a directory: the shell moves it to descriptor 5 first.
             ask = [shell, "-c", 'exec 5<&0 0</dev/null; exec "$0" -c "$1" /proc/self/fd/5/R/fuse',
-                   PYTHON, KMSG_IOCTL.replace("os.O_WRONLY", "os.O_RDONLY")]
+                   PYTHON, ASK_DRIVER]
             if refused:
                 with pytest.raises(SetupError, match="stdin is a directory"):
                     box.run(ask, stdin=handle, capture_output=True, text=True)
@@ -687,68 +550,4 @@ def test_a_directory_descriptor_into_an_unlisted_mount_is_never_the_tools(
                 assert str(result.stdout).strip() == "ENOTTY", result
         os.close(handle)
     finally:
-        for _ in range(3):
-            for point in (shown, detached):
-                subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
-
-
-def test_a_block_node_of_a_harmless_character_devices_numbers_is_a_device(tmp_path: Path) -> None:
-    """The harmless numbers are those of character devices (/dev/null is 1,3): a block
-    node with the same numbers is major 1 of the block devices (the RAM disk), whose
-    driver answers ioctls; it was taken for /dev/null (attack round 31)."""
-    import stat
-
-    if os.geteuid() != 0:
-        pytest.skip("makes a device node: needs root")
-    block = tmp_path / "b13"
-    os.mknod(block, stat.S_IFBLK | 0o600, os.makedev(1, 3))
-    char = tmp_path / "c13"
-    os.mknod(char, stat.S_IFCHR | 0o600, os.makedev(1, 3))
-    assert devices._is_device(str(block))
-    assert not devices._is_device(str(char))
-
-
-#: A device's driver reached by an ioctl no allowlist holds: its own answer (ENOTTY, /dev/kmsg
-#: has no ioctls), or the substitute's refusal (EACCES).
-KMSG_IOCTL = """\
-import errno, fcntl, os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY)
-try:
-    fcntl.ioctl(fd, 0x4B3A, 0)  # KDSETMODE, which the kmsg driver does not know
-    print("done")
-except OSError as exc:
-    print(errno.errorcode[exc.errno])
-"""
-
-
-@pytest.mark.parametrize("substitute", [True, False], ids=["found", "control"])
-def test_a_device_node_granted_outside_dev_gets_the_substitute(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch,
-                                                               substitute: bool) -> None:
-    """A device node root made outside /dev (mknod: a chroot's `dev`, a copy of /dev),
-    granted by its name: below ABI 5 the policy got neither the substitute nor a gap, and
-    its driver took any ioctl on a read grant (attack round 30: KVM_CREATE_VM). Control:
-    with the node's type not looked at, the driver answers."""
-    import stat
-
-    if os.geteuid() != 0:
-        pytest.skip("makes a device node: needs root")
-    require_abi(4, "pretending ABI 4")
-    monkeypatch.setenv("SANDLOCK_ABI", "4")
-    kmsg = os.stat("/dev/kmsg").st_rdev
-    node = tmp_path / "scene" / "kmsg"
-    node.parent.mkdir()
-    os.mknod(node, stat.S_IFCHR | 0o600, kmsg)
-    # The profile's own directories may hold devices too (below): this check alone here.
-    monkeypatch.setattr(devices, "_may_hold_devices", lambda _path, _mounts: False)
-    if not substitute:
-        monkeypatch.setattr(devices, "_is_device", lambda _path: False)
-    policy = write_policy(tmp_path, f'version = 1\nextends = ["python"]\n'
-                                    f'[filesystem]\nread = ["{node}"]\nwrite = ["{node}"]\n')
-    assert ruleset.grants_devices(loads_policy(policy.read_text())) == substitute
-    import sandlock
-
-    with sandlock.Sandbox(policy) as box:
-        result = box.run([PYTHON, "-c", KMSG_IOCTL, str(node)], capture_output=True, text=True)
-    said = str(result.stdout).strip() or str(result.stderr)
-    assert said == ("EACCES" if substitute else "ENOTTY"), said
+        stage.undo()

@@ -112,10 +112,6 @@ SHAPE: dict[str, Any] = {
     "timeout": frozenset({type(None), float, int}),
     "cgroup": object,  # only compared with what the caller finds now
     "signal_gate": bool,
-    # Whether the plan was judged for devices (below ABI 5), whether its grants reached one,
-    # and what that was judged from (ruleset.device_grants): judged again at each hit
-    # (_devices_fresh).
-    "devices": (bool, bool, [(str, bool)]),
 }
 
 
@@ -398,7 +394,7 @@ def _read(directory: int, name: str, secret: bytes, key: tuple[Any, ...],
     try:
         stored_key, value = marshal.loads(data[head:])
         if (stored_key != key or not well_formed(value) or value["plan"][0] > kernel.landlock_abi()
-                or not _fresh(value) or not _devices_fresh(value)):
+                or not _fresh(value)):
             return None
         return Entry(value, policy_file)
     except (ValueError, TypeError, KeyError, EOFError, IndexError):
@@ -420,23 +416,6 @@ def _fresh(value: dict[str, Any]) -> bool:
         if os.path.exists(path) != present:
             return False
     return bool(seccomp_ok())
-
-
-#: The protection whose substitute or gap the plan's device decision put on it (ruleset).
-DEVICE_IOCTL = "device ioctl restriction"
-
-
-def _devices_fresh(value: dict[str, Any]) -> bool:
-    """Whether a plan compiled below ABI 5 without the device ioctl restriction (its grants
-    reached no device then) still reaches none: a mount made under a granted directory, or
-    a device node put in a granted file's place, since then needs the substitute (or the
-    gap) that a compile now gives it. A plan that has it keeps it."""
-    judged, reached, granted = value["devices"]
-    if not judged or reached:
-        return True
-    from . import devices
-
-    return not devices.reachable(granted)
 
 
 def seccomp_ok() -> bool:
@@ -486,10 +465,8 @@ def _cgroup_key(found: Any, why: str) -> tuple[Any, ...]:
 
 def _value(policy: Policy, compiled: Compiled, policy_file: str) -> Optional[dict[str, Any]]:
     from ..linux import cgroups
-    from . import abi as A
     from .abi import FILE_ONLY, WRITE_RIGHTS
     from .compiler import Compiled as CompiledType
-    from .ruleset import device_grants
 
     plan = compiled.landlock
     if (type(compiled) is not CompiledType or not set(vars(compiled)) <= KNOWN_COMPILED
@@ -512,9 +489,6 @@ def _value(policy: Policy, compiled: Compiled, policy_file: str) -> Optional[dic
         "env": (tuple(compiled.env_passed), tuple(compiled.env_set)),
         "timeout": compiled.timeout,
         "cgroup": None if policy.limits.processes is None else _cgroup_key(*cgroups.find()),
-        "devices": (False, False, ()) if plan.handled_fs & A.Fs.IOCTL_DEV or not plan.handled_fs
-        else (True, any(s.protection == DEVICE_IOCTL for s in plan.substitutes)
-              or any(g.protection == DEVICE_IOCTL for g in plan.gaps), device_grants(policy)),
     }
 
 

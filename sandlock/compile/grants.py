@@ -378,16 +378,14 @@ ROOT_FRAME = "root:"
 class Mount:
     """One line of mountinfo (proc(5)): ``device`` the superblock's "major:minor",
     ``root`` the directory of that filesystem the mount shows, ``point`` where it is
-    mounted in this process's view, ``nodev`` whether its options say so (a device node
-    on it opens as no device)."""
+    mounted in this process's view."""
 
-    __slots__ = ("device", "root", "point", "nodev")
+    __slots__ = ("device", "root", "point")
 
-    def __init__(self, device: str, root: str, point: str, nodev: bool = False) -> None:
+    def __init__(self, device: str, root: str, point: str) -> None:
         self.device = device
         self.root = root
         self.point = point
-        self.nodev = nodev
 
 
 class Unjudgeable(Exception):
@@ -445,8 +443,7 @@ def parse_mounts(data: bytes) -> dict[int, Mount]:
         if len(fields) < 10 or b"-" not in fields[6:] or not fields[0].isdigit():
             raise Unjudgeable(f"{MOUNTINFO} has a line sandlock cannot read: {line[:200]!r}")
         mounts[int(fields[0])] = Mount(fields[2].decode("ascii", "replace"),
-                                       _unescape(fields[3]), _unescape(fields[4]),
-                                       b"nodev" in fields[5].split(b","))
+                                       _unescape(fields[3]), _unescape(fields[4]))
     return mounts
 
 

@@ -82,8 +82,7 @@ def kernel_report() -> dict[str, Any]:
     ioctl = bool(A.fs_handled(used) & A.Fs.IOCTL_DEV)
     features.append({"feature": "device ioctl restriction", "available": why is None or ioctl,
                      "detail": "Landlock" if ioctl else
-                     "substitute (for a policy that may reach devices: nearly every one): "
-                     f"{ruleset.IOCTL_HOW}"})
+                     f"substitute (every policy): {ruleset.IOCTL_HOW}"})
     from .compiler import kernel_lacks
 
     scoped = bool(A.scopes_known(used) & A.Scope.SIGNAL)

@@ -17,7 +17,7 @@ from ..linux import kernel
 from ..linux.process import PER_USER_LIMIT
 from ..policy.model import ACCEPTABLE_GAPS, Access, Policy
 from . import abi as A
-from . import devices, grants
+from . import grants
 
 ENV_ABI = "SANDLOCK_ABI"
 
@@ -86,18 +86,6 @@ CONSEQUENCE = {
 GAP_NAME = {"device ioctl restriction": "ioctl-dev", "signal scope": "signal-scope"}
 
 
-def grants_devices(policy: Policy) -> bool:
-    """Whether ``policy`` may let its tool open a device whose ioctls Landlock restricts
-    from ABI 5 on (:func:`sandlock.compile.devices.reachable`)."""
-    return devices.reachable(device_grants(policy))
-
-
-def device_grants(policy: Policy) -> tuple[tuple[str, bool], ...]:
-    """What :func:`grants_devices` judges: each path, and whether it is granted for
-    reading or executing (a cached plan keeps them to judge again at each hit)."""
-    return tuple((r.path, r.access is not Access.WRITE) for r in policy.paths)
-
-
 def substitutes(policy: Policy, abi: int) -> tuple[Substitute, ...]:
     """Protections ``policy`` relies on that Landlock ABI ``abi`` lacks and that a
     substitute enforces instead (the kernel's support for the substitute itself is the
@@ -107,9 +95,10 @@ def substitutes(policy: Policy, abi: int) -> tuple[Substitute, ...]:
         out.append(Substitute("truncate restriction", A.fs_since(A.Fs.TRUNCATE), TRUNCATE_HOW))
     if fs and policy.scope.signals and not A.scopes_known(abi) & A.Scope.SIGNAL:
         out.append(Substitute("signal scope", A.SCOPE_SINCE, SIGNAL_HOW))
-    # An ``ioctl`` in [syscalls] allow lifts every ioctl refusal, this one too: a gap then.
-    if fs and not fs & A.Fs.IOCTL_DEV and grants_devices(policy) \
-            and "ioctl" not in policy.syscalls.allow:
+    # Every policy: whether its grants reach no device cannot be known from the mount
+    # table (docs/design.md). An ``ioctl`` in [syscalls] allow lifts every ioctl refusal,
+    # this one too: a gap then.
+    if fs and not fs & A.Fs.IOCTL_DEV and "ioctl" not in policy.syscalls.allow:
         out.append(Substitute("device ioctl restriction", A.fs_since(A.Fs.IOCTL_DEV), IOCTL_HOW))
     return tuple(out)
 
@@ -153,8 +142,7 @@ def gaps(policy: Policy, abi: int) -> tuple[Gap, ...]:
         out.append(Gap("TCP port restriction", A.NET_SINCE,
                        "TCP connect/bind is possible to and on any port, not only the granted ones",
                        name="tcp-ports"))
-    if not fs & A.Fs.IOCTL_DEV and grants_devices(policy) \
-            and not substituted(policy, abi, "device ioctl restriction"):
+    if not fs & A.Fs.IOCTL_DEV and not substituted(policy, abi, "device ioctl restriction"):
         out.append(Gap("device ioctl restriction", A.fs_since(A.Fs.IOCTL_DEV),
                        CONSEQUENCE["device ioctl restriction"],
                        name=GAP_NAME["device ioctl restriction"]))

@@ -133,9 +133,8 @@ TTY_DENY: tuple[int, ...] = (TIOCSTI, TIOCLINUX, TIOCSETD, TIOCCONS, TIOCVHANGUP
 #: controlling terminal; with 0 it only adopts a terminal no session owns (a new pty).
 TIOCSCTTY = 0x540E
 
-#: The ioctl requests allowed on every descriptor below Landlock ABI 5, where the policy
-#: may reach devices whose ioctls Landlock would restrict (ruleset.grants_devices;
-#: :func:`ioctl_rules`, the substitute for ``LANDLOCK_ACCESS_FS_IOCTL_DEV``); every other
+#: The ioctl requests allowed on every descriptor below Landlock ABI 5 (:func:`ioctl_rules`,
+#: the substitute for ``LANDLOCK_ACCESS_FS_IOCTL_DEV``, on every policy there); every other
 #: request is refused (EACCES, as Landlock answers). Disjoint from :data:`TTY_DENY`
 #: (tests/test_substitute_ioctl.py).
 #: Numbers from asm-generic/ioctls.h, linux/fs.h, asm-generic/sockios.h, linux/sockios.h
