@@ -2110,6 +2110,26 @@ GUARDS: tuple[Guard, ...] = (
           "        if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {\n",
           "        if (fstat(fd, &st) == 0 && 0) {\n",
           ("tests/test_cli.py::test_a_directory_is_never_the_tools_stdio[native]",)),
+    Guard("a working directory on a mount of another table is refused: the check",
+          "sandlock/compile/grants.py",
+          "    if here not in _seen_mounts:\n        raise SetupError(",
+          "    if False:\n        raise SetupError(",
+          ("tests/test_mounts.py::test_a_working_directory_in_another_mount_namespace_is_refused"
+           "[api]",
+           "tests/test_mounts.py::test_a_working_directory_in_another_mount_namespace_is_refused"
+           "[python-cli]")),
+    Guard("a working directory on a mount of another table is refused: every API call",
+          "sandlock/api/sandbox.py",
+          "            refuse_foreign_directory(cmd.cwd)\n",
+          "            pass\n",
+          ("tests/test_mounts.py::test_a_working_directory_in_another_mount_namespace_is_refused"
+           "[api]",)),
+    Guard("a working directory on a mount of another table is refused: the Python launcher",
+          "sandlock/exec/launcher.py",
+          "    refuse_foreign_directory(cmd.cwd)\n",
+          "    pass\n",
+          ("tests/test_mounts.py::test_a_working_directory_in_another_mount_namespace_is_refused"
+           "[python-cli]",)),
     Guard("launcher: the terminal's stop signals cannot stop it (its timeout holds)",
           "sandlock/exec/launcher.py",
           "                    previous[signum] = signal.signal(signum, signal.SIG_IGN)\n",

@@ -278,3 +278,93 @@ def test_the_mount_around_a_chroot_is_placed_from_the_root() -> None:
     assert grants._reaches(device, grants.ROOT_FRAME + "/y", protected) is None
     assert "cannot place" in (grants._reaches(device, "/srv/elsewhere", protected) or "")
     assert grants._reaches("0:999", "/srv/elsewhere", protected) is None
+
+
+class _Namespace:
+    """A process in a mount namespace of its own (``unshare -m``, private), whose working
+    directory is ``ws`` with ``state`` bound at ``ws/st`` there only: this process's mount
+    table never shows that bind."""
+
+    def __init__(self, ws: Path, state: Path) -> None:
+        (state / "marker").write_text("x")
+        script = f"mount --bind '{state}' '{ws}/st' && cd '{ws}' && exec sleep 120"
+        self.process = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                         script])
+        self.cwd = f"/proc/{self.process.pid}/cwd"
+        for _ in range(200):
+            if os.path.exists(f"{self.cwd}/st/marker"):
+                return
+            import time
+
+            time.sleep(0.02)
+        self.close()
+        raise AssertionError("the namespace's bind did not show")
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.mark.parametrize("front", ["api", "api-control", "python-cli", "native"])
+def test_a_working_directory_in_another_mount_namespace_is_refused(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   front: str) -> None:
+    """A run whose working directory is another mount namespace's (reached through
+    /proc/PID/cwd) saw mounts there that no grant check saw: a bind of the state
+    directory under the write-granted workspace, and the tool wrote into it; a policy file
+    and the import path the same way, which the next run trusted (attack round 35). Every
+    run and call now refuses a working directory on a mount its own table does not show.
+    Control (the API with the check off): the tool writes into the state directory."""
+    if not IS_ROOT or not shutil.which("unshare"):
+        pytest.skip("makes a mount namespace: needs root")
+    from sandlock.errors import SetupError
+
+    ws, state = tmp_path / "ws", tmp_path / "state"
+    (ws / "st").mkdir(parents=True)
+    state.mkdir()
+    shell = os.path.realpath("/bin/sh")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'version = 1\nextends = ["base"]\n[filesystem]\nexec = ["{shell}"]\n'
+                      f'write = ["{ws}"]\n')
+    write = [shell, "-c", "echo x > st/planted"]
+    from sandlock.compile import cache
+
+    env = {**{k: v for k, v in os.environ.items() if k != cache.ENV_NO_CACHE},
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "PWD": str(ws), "PYTHONPATH": str(REPO)}
+    monkeypatch.setenv("XDG_CACHE_HOME", env["XDG_CACHE_HOME"])
+    namespace = _Namespace(ws, state)
+    try:
+        if front.startswith("api"):
+            if front == "api-control":
+                monkeypatch.setattr(grants, "refuse_foreign_directory", lambda _path: None)
+            with sandlock.Sandbox(str(policy)) as box:
+                if front == "api":
+                    with pytest.raises(SetupError, match="working directory"):
+                        box.run(write, cwd=namespace.cwd)
+                else:
+                    assert box.run(write, cwd=namespace.cwd).returncode == 0
+                    assert (state / "planted").exists()
+                    return
+        elif front == "python-cli":
+            done = subprocess.run([sys.executable, "-P", "-m", "sandlock", "run", "--policy",
+                                   str(policy), "--", *write], cwd=namespace.cwd, env=env,
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 125 and "working directory" in done.stderr, done.stderr
+        else:
+            front_end = Path(PACKAGE_DIR) / "exec" / "helper" / "sandlock-run"
+            if not front_end.exists():
+                pytest.skip("the native front end is not built here")
+            env = {name: value for name, value in env.items() if name not in cache.PYTHON_ENV}
+            env["SANDLOCK_NATIVE_RUN"] = "1"
+            run = [str(front_end), "run", "--policy", str(policy), "--", shell, "-c", "true"]
+            for _ in range(2):  # stored from the workspace itself, then a native hit there
+                done = subprocess.run(run, cwd=ws, env={**env, "SANDLOCK_NATIVE_DEBUG": "1"},
+                                      capture_output=True, text=True, timeout=60)
+                assert done.returncode == 0, done.stderr
+            assert "hit: running it" in done.stderr, done.stderr
+            done = subprocess.run([*run[:-1], "echo x > st/planted"], cwd=namespace.cwd, env=env,
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 125 and "working directory" in done.stderr, done.stderr
+        assert not (state / "planted").exists()
+    finally:
+        namespace.close()

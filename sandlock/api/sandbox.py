@@ -760,8 +760,11 @@ class Sandbox:
         when the call is closed (also if submitting fails). A terminal among ``stdio`` is
         never the tool's: it gets a pty of its own, relayed (:mod:`sandlock.exec.terminal`;
         the caller's terminal is never put in raw mode), until the call ends."""
+        from ..compile.grants import refuse_foreign_directory  # a plan's hit imported it
+
         try:
             refuse_directories(tuple(stdio))
+            refuse_foreign_directory(cmd.cwd)
         except SetupError:
             if mediation is not None:
                 mediation.stop()

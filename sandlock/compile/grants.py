@@ -37,7 +37,7 @@ import sys
 from stat import S_ISDIR, S_ISLNK, S_ISREG
 
 from .. import PACKAGE_DIR
-from ..errors import LandlockError, SandlockError
+from ..errors import LandlockError, SandlockError, SetupError
 from ..linux import kernel
 from ..policy.readfile import read_bounded
 from . import reviewdirs
@@ -468,6 +468,43 @@ def mount_id(fd: int) -> int:
     if start < 8:
         raise Unjudgeable(f"/proc/self/fdinfo/{fd} names no mount")
     return int(data[start:data.find(b"\n", start)])
+
+
+#: What a run or call whose working directory is on a mount this process's table does not
+#: show is refused with (another mount namespace's, reached through /proc/PID/cwd, or a
+#: tree unmounted lazily): mounts there under a granted directory are ones no grant check
+#: saw (attack round 35: the state directory, a policy file and the import path written
+#: through binds of another namespace under the workspace).
+FOREIGN_CWD = ("the working directory {where!r} is on a mount this process's mount table does "
+               "not show (another mount namespace, or a tree unmounted): the grant checks "
+               "cannot see what is mounted there; run from a directory of this namespace")
+#: The mount ids seen in the table by the last check (a new mount: the table is read again).
+_seen_mounts: frozenset[int] = frozenset()
+
+
+def refuse_foreign_directory(path: Optional[str]) -> None:
+    """Raise SetupError unless directory ``path`` (None: the working directory) is on a
+    mount of this process's mount table (:data:`FOREIGN_CWD`); a path that cannot be
+    opened is left to the run to report."""
+    global _seen_mounts
+    try:
+        fd = os.open(path or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        here = mount_id(fd)
+    except (OSError, ValueError, Unjudgeable):
+        here = -1
+    finally:
+        os.close(fd)
+    if here in _seen_mounts:
+        return
+    try:
+        _seen_mounts = frozenset(read_mounts())
+    except Unjudgeable:
+        _seen_mounts = frozenset()
+    if here not in _seen_mounts:
+        raise SetupError(FOREIGN_CWD.format(where=path or os.environ.get("PWD", ".")))
 
 
 def position(fd: int, mounts: dict[int, Mount]) -> tuple[str, str]:

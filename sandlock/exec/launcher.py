@@ -609,7 +609,10 @@ def _run(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_sig
 def _run_child(compiled: Compiled, cmd: Command, timeout: Optional[float], forward_signals: bool,
                _mediation: Optional[Mediation], recorder: Optional[Recorder],
                keep: Sequence[Kept] = ()) -> Child:
+    from ..compile.grants import refuse_foreign_directory  # the compile imported it
+
     refuse_directories((0, 1, 2))
+    refuse_foreign_directory(cmd.cwd)
     if recorder is not None and _mediation is not None:
         # One listener per process: the connect gate rides on the recorder's (its filter,
         # the new-listener refusal included, goes first in the recorder's program).
