@@ -361,13 +361,13 @@ def test_ctrl_z_does_not_stop_the_tool(tmp_path: Path) -> None:
 
 #: The tool: its size said at the start and on each SIGWINCH, until a line is read.
 RESIZES = """\
-import fcntl, signal, struct, sys, termios
-def say(*_):
+import fcntl, os, signal, struct, sys, termios
+def say(*_):  # os.write: a print here that interrupts the tool's own print would raise
     rows, columns = struct.unpack("HHHH", fcntl.ioctl(1, termios.TIOCGWINSZ, b"\\0" * 8))[:2]
-    print(f"size={rows}x{columns}", flush=True)
+    os.write(1, f"size={rows}x{columns}\\n".encode())
 signal.signal(signal.SIGWINCH, say)
 say()
-print("ready", flush=True)
+os.write(1, b"ready\\n")
 sys.stdin.readline()
 """
 
