@@ -487,17 +487,10 @@ def refuse_foreign_directory(path: Optional[str]) -> None:
     mount of this process's mount table (:data:`FOREIGN_CWD`); a path that cannot be
     opened is left to the run to report."""
     global _seen_mounts
-    try:
-        fd = os.open(path or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
+    here = _mount_of(path or ".")
+    if here is None or here in _seen_mounts:
         return
-    try:
-        here = mount_id(fd)
-    except (OSError, ValueError, Unjudgeable):
-        here = -1
-    finally:
-        os.close(fd)
-    if here in _seen_mounts:
+    if here == _mount_of("/"):  # a chroot's: the table lists no mount around the root
         return
     try:
         _seen_mounts = frozenset(read_mounts())
@@ -505,6 +498,21 @@ def refuse_foreign_directory(path: Optional[str]) -> None:
         _seen_mounts = frozenset()
     if here not in _seen_mounts:
         raise SetupError(FOREIGN_CWD.format(where=path or os.environ.get("PWD", ".")))
+
+
+def _mount_of(path: str) -> Optional[int]:
+    """The id of the mount directory ``path`` is on; None if it cannot be opened, -1 if the
+    kernel does not say."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return mount_id(fd)
+    except (OSError, ValueError, Unjudgeable):
+        return -1
+    finally:
+        os.close(fd)
 
 
 def position(fd: int, mounts: dict[int, Mount]) -> tuple[str, str]:

@@ -2018,9 +2018,13 @@ __attribute__((noreturn)) static void run_hit(char **argv) {
     if (here < 0 || mount_id(here, &here_id) < 0)
         fall_back("cannot tell which mount the working directory is on (the Python CLI says)");
     load_mounts();
-    if (!mount_by_id(here_id))
+    int top = openat(AT_FDCWD, "/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    unsigned long long top_id;
+    if (!mount_by_id(here_id) && !(top >= 0 && mount_id(top, &top_id) == 0 && top_id == here_id))
         fall_back("the working directory is on a mount this table does not show (the Python CLI refuses it)");
     close(here);
+    if (top >= 0)
+        close(top);
     if (!plain_text(argv[0]))
         fall_back("a command name the Python CLI escapes");
     for (size_t i = 0; i < sizeof chromium_names / sizeof *chromium_names; i++)
