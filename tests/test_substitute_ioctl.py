@@ -367,12 +367,11 @@ SCENES = ("read-granted-directory", "granted-node", "bind-without-nodev", "cache
 
 
 class Scene:
-    """Root's scene under ``tmp_path``: mounts to undo, processes to end."""
+    """Root's scene under ``tmp_path``: mounts to undo."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp = tmp_path
         self.mounts: list[Path] = []
-        self.sleepers: list[Any] = []
 
     def mount(self, *args: str) -> None:
         import subprocess
@@ -394,9 +393,6 @@ class Scene:
     def undo(self) -> None:
         import subprocess
 
-        for sleeper in self.sleepers:
-            sleeper.kill()
-            sleeper.wait()
         for _ in range(3):  # a covered mount shows once the one over it is gone
             for point in reversed(self.mounts):
                 subprocess.run(["umount", "-l", str(point)], check=False, capture_output=True)
@@ -427,7 +423,6 @@ def test_below_abi_5_no_policy_shape_reaches_a_devices_ioctl(tmp_path: Path,
     stdin, in a tree unmounted lazily (in no mount table).
     Control: with the substitute's rule off, each reaches the fuse driver (ENOTTY)."""
     import shutil
-    import subprocess
 
     import sandlock
 
@@ -485,8 +480,6 @@ def test_below_abi_5_no_policy_shape_reaches_a_devices_ioctl(tmp_path: Path,
             node = stage.node(here / "R" / "fuse")
             stage.mount("--bind", str(here), str(there))
             stage.mount("-o", "remount,bind,nodev", str(there))
-            sleeper = subprocess.Popen(["sleep", "120"], cwd=here / "R")
-            stage.sleepers.append(sleeper)
             handle = os.open(node, os.O_PATH | os.O_CLOEXEC)
             try:
                 stage.detach(here)
